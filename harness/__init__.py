@@ -1,0 +1,1 @@
+"""attnbench harness: the `bench` CLI and everything that measures."""

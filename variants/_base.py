@@ -1,0 +1,269 @@
+"""The one attention interface: `VariantSpec`, `AttentionVariant`, the registry and input checks.
+
+Every variant is an `nn.Module` with the same call:
+
+    out = attn(q, k, v, causal=False, key_padding_mask=None)
+    # q: (B, H, Nq, D)  k: (B, H, Nk, D)  v: (B, H, Nk, Dv)  ->  out: (B, H, Nq, Dv)
+    # key_padding_mask: bool (B, Nk), True = a real token, False = padding
+
+`AttentionVariant.forward` validates the inputs against the variant's `spec` and then calls
+`_attend`, which each variant implements on inputs it may trust.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass, field
+from typing import Callable
+
+import torch
+from torch import Tensor, nn
+
+
+@dataclass(frozen=True)
+class VariantSpec:
+    """What a variant is and what it can do; the harness reads only this and `flops`."""
+
+    name: str  # registered name, e.g. "sliding_window"
+    summary: str  # one line: what the method does
+    reference: str  # the paper (or library) it implements
+    time_complexity: str  # e.g. "O(N^2 D)"
+    memory_complexity: str  # extra memory beyond inputs and output, e.g. "O(N w)"
+    supports_causal: bool = True
+    supports_cross_attention: bool = True  # Nq != Nk
+    supports_key_padding_mask: bool = True
+    devices: tuple[str, ...] = ("cpu", "cuda")  # device types it runs on
+    backward_devices: tuple[str, ...] = ("cpu", "cuda")  # device types where backward works
+    dtypes: tuple[str, ...] = ("float32", "float64", "float16", "bfloat16")
+    subquadratic: bool = False  # memory (and, where the method is, time) below O(N^2)
+    notes: str = ""  # anything a user must know (e.g. what causal means for this method)
+
+
+def _exists(x) -> bool:
+    return x is not None
+
+
+class AttentionVariant(nn.Module):
+    """Base class of every attention implementation.
+
+    Subclasses set `spec`, implement `_attend(q, k, v, causal, key_padding_mask)` and `flops`,
+    and may override `memory_estimate` and `unavailable_reason`.
+
+    `num_heads` and `head_dim` are shape hints every variant accepts: variants with per-head
+    parameters need them to create those parameters; all variants check inputs against them.
+    """
+
+    spec: VariantSpec
+
+    def __init__(
+        self,
+        *,
+        scale: float | None = None,
+        num_heads: int | None = None,
+        head_dim: int | None = None,
+    ) -> None:
+        super().__init__()
+        if scale is not None and not (isinstance(scale, (int, float)) and math.isfinite(scale) and scale > 0):
+            raise ValueError(f"{self.spec.name}: option scale={scale!r} is invalid; expected a positive finite number or None (= D ** -0.5)")
+        for opt, val in (("num_heads", num_heads), ("head_dim", head_dim)):
+            if val is not None and not (isinstance(val, int) and not isinstance(val, bool) and val >= 1):
+                raise ValueError(f"{self.spec.name}: option {opt}={val!r} is invalid; expected a positive int or None")
+        self.scale = scale
+        self.num_heads = num_heads
+        self.head_dim = head_dim
+
+    # -- what the harness reads ---------------------------------------------------------------
+    def flops(self, n_q: int, n_k: int, d: int, dv: int, causal: bool) -> float:
+        """Useful FLOPs of one forward call, per (batch * head)."""
+        raise NotImplementedError
+
+    backward_flops_factor: float = 3.5  # fwd+bwd FLOPs = factor * forward FLOPs
+
+    def memory_estimate(
+        self, batch: int, heads: int, n_q: int, n_k: int, d: int, dv: int, element_size: int, causal: bool, backward: bool
+    ) -> int:
+        """Predicted peak extra bytes of one call (beyond q, k, v); used to skip cells that cannot fit."""
+        out = batch * heads * n_q * dv * element_size
+        return int(out * (4 if backward else 2))
+
+    @classmethod
+    def unavailable_reason(cls, device: str) -> str | None:
+        """None when the variant runs on `device` ("cpu", "cuda"), else why it does not."""
+        dev = torch.device(device).type
+        if dev not in cls.spec.devices:
+            return f"{cls.spec.name} runs on {', '.join(cls.spec.devices)}, not {dev}"
+        if dev == "cuda" and not torch.cuda.is_available():
+            return "no CUDA device is available"
+        return None
+
+    @classmethod
+    def backward_unsupported_reason(cls, device: str) -> str | None:
+        dev = torch.device(device).type
+        if dev not in cls.spec.backward_devices:
+            return f"{cls.spec.name} has no backward on {dev} (backward runs on: {', '.join(cls.spec.backward_devices) or 'none'})"
+        return None
+
+    def reference(self, q: Tensor, k: Tensor, v: Tensor, *, causal: bool = False, key_padding_mask: Tensor | None = None) -> Tensor:
+        """The variant's definition computed densely (O(Nq·Nk) memory): what `forward` must equal.
+
+        Used by the harness to check a variant on a device before timing it; only for small N.
+        Default: exact softmax attention with the causal and padding masks.
+        """
+        from ._utils import dense_attention
+
+        return dense_attention(q, k, v, dense_mask(q.shape[-2], k.shape[-2], causal, key_padding_mask, q.device), self._scale(q))
+
+    # -- the call -----------------------------------------------------------------------------
+    def forward(self, q: Tensor, k: Tensor, v: Tensor, *, causal: bool = False, key_padding_mask: Tensor | None = None) -> Tensor:
+        """Attention of q over (k, v). Shapes (B, H, Nq, D), (B, H, Nk, D), (B, H, Nk, Dv) -> (B, H, Nq, Dv)."""
+        check_inputs(self, q, k, v, causal, key_padding_mask)
+        if q.requires_grad or k.requires_grad or v.requires_grad:
+            reason = self.backward_unsupported_reason(q.device.type) if torch.is_grad_enabled() else None
+            if reason:
+                raise RuntimeError(f"{reason}; call it under torch.no_grad() or with inputs that do not require grad")
+        if q.shape[-2] == 0:
+            return q.new_zeros(*q.shape[:-1], v.shape[-1])
+        return self._attend(q, k, v, bool(causal), key_padding_mask)
+
+    def _attend(self, q: Tensor, k: Tensor, v: Tensor, causal: bool, key_padding_mask: Tensor | None) -> Tensor:
+        raise NotImplementedError
+
+    def _scale(self, q: Tensor) -> float:
+        return self.scale if self.scale is not None else q.shape[-1] ** -0.5
+
+    def extra_repr(self) -> str:
+        return f"name={self.spec.name!r}"
+
+
+def dense_mask(n_q: int, n_k: int, causal: bool, key_padding_mask: Tensor | None, device) -> Tensor | None:
+    """Bool (B|1, 1, Nq, Nk) mask of exact attention: True = query i may attend key j."""
+    allowed = None
+    if causal:
+        allowed = torch.ones(n_q, n_k, dtype=torch.bool, device=device).tril()[None, None]
+    if key_padding_mask is not None:
+        pad = key_padding_mask[:, None, None, :]
+        allowed = pad if allowed is None else allowed & pad
+    return allowed
+
+
+# -- input checks ------------------------------------------------------------------------------
+
+def check_inputs(attn: AttentionVariant, q: Tensor, k: Tensor, v: Tensor, causal: bool, key_padding_mask: Tensor | None) -> None:
+    """Raise a ValueError/TypeError naming the argument, the value and what is allowed."""
+    name = attn.spec.name
+    for arg, t in (("q", q), ("k", k), ("v", v)):
+        if not isinstance(t, Tensor):
+            raise TypeError(f"{name}: {arg} must be a torch.Tensor of shape (B, H, N, D), got {type(t).__name__}")
+        if t.dim() != 4:
+            raise ValueError(f"{name}: {arg} must have 4 dims (B, H, N, D), got shape {tuple(t.shape)}")
+        if not t.is_floating_point():
+            raise TypeError(f"{name}: {arg} must be a floating-point tensor, got dtype {t.dtype}")
+    if not (q.dtype == k.dtype == v.dtype):
+        raise TypeError(f"{name}: q, k, v must share one dtype, got {q.dtype}, {k.dtype}, {v.dtype}")
+    if not (q.device == k.device == v.device):
+        raise ValueError(f"{name}: q, k, v must be on one device, got {q.device}, {k.device}, {v.device}")
+    dtype = str(q.dtype).removeprefix("torch.")
+    if dtype not in attn.spec.dtypes:
+        raise TypeError(f"{name}: dtype {dtype} is not supported; allowed: {', '.join(attn.spec.dtypes)}")
+    if q.shape[:2] != k.shape[:2] or q.shape[:2] != v.shape[:2]:
+        raise ValueError(
+            f"{name}: batch and head dims must match: q {tuple(q.shape)}, k {tuple(k.shape)}, v {tuple(v.shape)}"
+        )
+    if q.shape[-1] != k.shape[-1]:
+        raise ValueError(f"{name}: q and k must share the head dim D, got q D={q.shape[-1]}, k D={k.shape[-1]}")
+    if k.shape[-2] != v.shape[-2]:
+        raise ValueError(f"{name}: k and v must share the key length Nk, got k Nk={k.shape[-2]}, v Nk={v.shape[-2]}")
+    if q.shape[-1] == 0 or k.shape[-2] == 0:
+        raise ValueError(f"{name}: head dim D and key length Nk must be >= 1, got q {tuple(q.shape)}, k {tuple(k.shape)}")
+    if attn.num_heads is not None and q.shape[1] != attn.num_heads:
+        raise ValueError(f"{name}: built for num_heads={attn.num_heads}, got H={q.shape[1]}")
+    if attn.head_dim is not None and q.shape[-1] != attn.head_dim:
+        raise ValueError(f"{name}: built for head_dim={attn.head_dim}, got D={q.shape[-1]}")
+    n_q, n_k = q.shape[-2], k.shape[-2]
+    if n_q != n_k and not attn.spec.supports_cross_attention:
+        raise ValueError(f"{name}: cross-attention (Nq={n_q} != Nk={n_k}) is not supported; this variant needs Nq == Nk")
+    if causal and not attn.spec.supports_causal:
+        raise ValueError(f"{name}: causal=True is not supported by this variant")
+    if causal and n_q != n_k:
+        raise ValueError(f"{name}: causal=True needs self-attention shapes (Nq == Nk), got Nq={n_q}, Nk={n_k}")
+    if key_padding_mask is not None:
+        if not attn.spec.supports_key_padding_mask:
+            raise ValueError(f"{name}: key_padding_mask is not supported by this variant")
+        if not isinstance(key_padding_mask, Tensor) or key_padding_mask.dtype != torch.bool:
+            got = key_padding_mask.dtype if isinstance(key_padding_mask, Tensor) else type(key_padding_mask).__name__
+            raise TypeError(f"{name}: key_padding_mask must be a bool tensor (True = real token), got {got}")
+        if tuple(key_padding_mask.shape) != (q.shape[0], n_k):
+            raise ValueError(
+                f"{name}: key_padding_mask must have shape (B, Nk) = {(q.shape[0], n_k)}, got {tuple(key_padding_mask.shape)}"
+            )
+        if key_padding_mask.device != q.device:
+            raise ValueError(f"{name}: key_padding_mask is on {key_padding_mask.device}, q on {q.device}")
+
+
+# -- registry ----------------------------------------------------------------------------------
+
+_REGISTRY: dict[str, type[AttentionVariant]] = {}
+
+
+def register(cls: type[AttentionVariant]) -> type[AttentionVariant]:
+    """Class decorator: make `cls` available under `cls.spec.name`."""
+    name = cls.spec.name
+    if name in _REGISTRY and _REGISTRY[name] is not cls:
+        raise ValueError(f"a variant named {name!r} is already registered ({_REGISTRY[name].__qualname__})")
+    _REGISTRY[name] = cls
+    return cls
+
+
+def unregister(name: str) -> None:
+    """Remove a registered variant (for test-only variants)."""
+    _REGISTRY.pop(name, None)
+
+
+def available() -> list[str]:
+    """Sorted names of every registered variant (whether or not it runs on this machine)."""
+    return sorted(_REGISTRY)
+
+
+def variant_class(name: str) -> type[AttentionVariant]:
+    """The class registered as `name`; ValueError listing the registered names otherwise."""
+    if not isinstance(name, str) or name not in _REGISTRY:
+        raise ValueError(f"unknown variant {name!r}; available: {', '.join(available())}")
+    return _REGISTRY[name]
+
+
+def build(name: str, *, device: str | torch.device | None = None, **options) -> AttentionVariant:
+    """Build the variant registered as `name`, with its options, on `device` (default: CPU).
+
+    Example:
+        >>> attn = build("full")
+        >>> q = k = v = torch.randn(1, 2, 16, 8)
+        >>> attn(q, k, v, causal=True).shape
+        torch.Size([1, 2, 16, 8])
+    """
+    cls = variant_class(name)
+    dev = torch.device(device) if device is not None else None
+    reason = cls.unavailable_reason(dev.type if dev is not None else "cpu")
+    if reason:
+        raise RuntimeError(f"variant {name!r} is unavailable: {reason}")
+    try:
+        module = cls(**options)
+    except TypeError as err:
+        allowed = _option_names(cls)
+        raise TypeError(f"{name}: invalid options {sorted(options)}: {err}; allowed options: {', '.join(allowed)}") from None
+    return module.to(dev) if dev is not None else module
+
+
+def _option_names(cls: type) -> list[str]:
+    import inspect
+
+    names: list[str] = []
+    for klass in cls.__mro__:  # subclass options first, then the shared ones (scale, num_heads, head_dim)
+        if "__init__" in vars(klass) and issubclass(klass, AttentionVariant):
+            params = inspect.signature(klass.__init__).parameters
+            names += [p for p, v in params.items() if v.kind is v.KEYWORD_ONLY and p not in names]
+    return names
+
+
+def option_names(name: str) -> list[str]:
+    """The keyword options the variant `name` accepts."""
+    return _option_names(variant_class(name))

@@ -1,0 +1,68 @@
+"""Small helpers shared by the variants."""
+
+from __future__ import annotations
+
+import torch
+import torch.nn.functional as F
+from torch import Tensor
+
+
+def exists(x) -> bool:
+    return x is not None
+
+
+def pad_to_multiple(x: Tensor, multiple: int, dim: int = -2, value: float = 0.0) -> tuple[Tensor, int]:
+    """Pad `x` along `dim` up to a multiple of `multiple`; returns (padded, pad_amount)."""
+    n = x.shape[dim]
+    pad = (-n) % multiple
+    if pad == 0:
+        return x, 0
+    dim = dim % x.dim()
+    widths = [0, 0] * (x.dim() - dim - 1) + [0, pad]
+    return F.pad(x, widths, value=value), pad
+
+
+def masked_softmax(scores: Tensor, allowed: Tensor | None, dim: int = -1) -> Tensor:
+    """Softmax over `dim` where `allowed` is False gives weight 0; a row with nothing allowed gives all zeros.
+
+    Half-precision scores are normalized in float32 and returned in their own dtype.
+    """
+    s = scores.float() if scores.dtype in (torch.float16, torch.bfloat16) else scores
+    if allowed is not None:
+        s = s.masked_fill(~allowed, float("-inf"))
+    row_max = s.amax(dim=dim, keepdim=True)
+    row_max = torch.where(torch.isfinite(row_max), row_max, torch.zeros_like(row_max)).detach()
+    p = torch.exp(s - row_max)
+    p = p / p.sum(dim=dim, keepdim=True).clamp_min(torch.finfo(p.dtype).tiny)
+    return p.to(scores.dtype)
+
+
+def dead_query_rows(key_padding_mask: Tensor | None, n_q: int, causal: bool) -> Tensor | None:
+    """(B, Nq) bool: queries that may see no key at all (every key padded, or every key j <= i padded).
+
+    For full attention these rows have an empty softmax; the variants return zeros there.
+    None when no row can be dead.
+    """
+    if key_padding_mask is None:
+        return None
+    if causal:  # query i sees keys j <= i: dead while no real token has appeared yet
+        dead = key_padding_mask.cumsum(dim=-1)[:, :n_q] == 0
+    else:
+        dead = ~key_padding_mask.any(dim=-1, keepdim=True).expand(-1, n_q)
+    return dead if bool(dead.any()) else None
+
+
+def zero_rows(out: Tensor, dead: Tensor | None) -> Tensor:
+    """Zero the output rows of dead queries; `out` is (B, H, Nq, Dv), `dead` (B, Nq) or None."""
+    if dead is None:
+        return out
+    return out.masked_fill(dead[:, None, :, None], 0.0)
+
+
+def dense_attention(q: Tensor, k: Tensor, v: Tensor, allowed: Tensor | None, scale: float) -> Tensor:
+    """softmax(q kᵀ · scale, masked by `allowed`) v, materializing every score: for checks at small N only.
+
+    allowed: bool, broadcastable to (B, H, Nq, Nk), or None. Rows with nothing allowed give zeros.
+    """
+    scores = torch.matmul(q, k.transpose(-1, -2)) * scale
+    return torch.matmul(masked_softmax(scores, allowed), v)

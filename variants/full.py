@@ -1,0 +1,77 @@
+"""Exact softmax attention through PyTorch's fused kernel (`scaled_dot_product_attention`).
+
+softmax(Q Kᵀ · scale) V, computed by the fused SDPA kernel (FlashAttention-style on CPU and CUDA),
+so the Nq × Nk score matrix is never stored: extra memory is linear in N, time quadratic.
+Vaswani et al. 2017, "Attention Is All You Need"; Dao et al. 2022, "FlashAttention".
+"""
+
+from __future__ import annotations
+
+import torch
+import torch.nn.functional as F
+from torch import Tensor
+
+from ._base import AttentionVariant, VariantSpec, register
+from ._utils import dead_query_rows, zero_rows
+
+
+def full_attention_pairs(n_q: int, n_k: int, causal: bool) -> int:
+    """Number of (query, key) pairs exact attention scores: all of them, or the lower triangle."""
+    return n_q * (n_q + 1) // 2 if causal else n_q * n_k
+
+
+def padding_and_causal_mask(key_padding_mask: Tensor, n_q: int, causal: bool, dead: Tensor | None) -> Tensor:
+    """Bool mask for SDPA-style kernels, True = may attend: (B, 1, 1, Nk), or (B, 1, Nq, Nk) when causal.
+
+    Dead query rows (no key to see) are opened to every key so no kernel produces NaN;
+    the caller zeroes those rows afterwards.
+    """
+    mask = key_padding_mask[:, None, None, :]  # (B, 1, 1, Nk)
+    if causal:  # the only case that needs a full Nq x Nk mask (bool, one byte a pair)
+        n_k = key_padding_mask.shape[-1]
+        tril = torch.ones(n_q, n_k, dtype=torch.bool, device=key_padding_mask.device).tril()
+        mask = mask & tril  # (B, 1, Nq, Nk)
+    if dead is not None:
+        mask = mask | dead[:, None, :, None]
+    return mask
+
+
+def sdpa(q: Tensor, k: Tensor, v: Tensor, **kwargs) -> Tensor:
+    """`scaled_dot_product_attention` that keeps to the fused kernel when D != Dv.
+
+    The CPU flash kernel needs one head dim for q, k and v; otherwise torch falls back to the math
+    kernel, which materializes the score matrix. Zero-padding the smaller of D, Dv changes no score
+    and no output value, only which kernel runs.
+    """
+    d, dv = q.shape[-1], v.shape[-1]
+    if d == dv:
+        return F.scaled_dot_product_attention(q, k, v, **kwargs)
+    kwargs.setdefault("scale", d**-0.5)
+    if d < dv:
+        q, k = F.pad(q, (0, dv - d)), F.pad(k, (0, dv - d))
+    else:
+        v = F.pad(v, (0, d - dv))
+    return F.scaled_dot_product_attention(q, k, v, **kwargs)[..., :dv]
+
+
+@register
+class FullAttention(AttentionVariant):
+    spec = VariantSpec(
+        name="full",
+        summary="exact softmax attention, fused SDPA kernel (scores never stored)",
+        reference="Vaswani et al. 2017; torch.nn.functional.scaled_dot_product_attention",
+        time_complexity="O(Nq Nk D)",
+        memory_complexity="O(N D) (causal + key padding: an Nq x Nk bool mask)",
+    )
+
+    def _attend(self, q: Tensor, k: Tensor, v: Tensor, causal: bool, key_padding_mask: Tensor | None) -> Tensor:
+        scale = self._scale(q)
+        if key_padding_mask is None:
+            return sdpa(q, k, v, is_causal=causal, scale=scale)
+        dead = dead_query_rows(key_padding_mask, q.shape[-2], causal)
+        mask = padding_and_causal_mask(key_padding_mask, q.shape[-2], causal, dead)
+        out = sdpa(q, k, v, attn_mask=mask, scale=scale)
+        return zero_rows(out, dead)
+
+    def flops(self, n_q: int, n_k: int, d: int, dv: int, causal: bool) -> float:
+        return 2.0 * full_attention_pairs(n_q, n_k, causal) * (d + dv)

@@ -1,0 +1,44 @@
+"""Textbook softmax attention, softmax(Q Kᵀ · scale) V, materializing the Nq × Nk score matrix.
+
+The O(N²)-memory baseline every efficient method is charted against (Vaswani et al. 2017).
+"""
+
+from __future__ import annotations
+
+import torch
+from torch import Tensor
+
+from ._base import AttentionVariant, VariantSpec, register
+from ._utils import masked_softmax
+from .full import full_attention_pairs
+
+
+@register
+class NaiveFullAttention(AttentionVariant):
+    spec = VariantSpec(
+        name="full_naive",
+        summary="exact softmax attention, textbook form: the Nq x Nk score matrix is materialized",
+        reference="Vaswani et al. 2017, 'Attention Is All You Need'",
+        time_complexity="O(Nq Nk D)",
+        memory_complexity="O(Nq Nk) per head",
+    )
+
+    def _attend(self, q: Tensor, k: Tensor, v: Tensor, causal: bool, key_padding_mask: Tensor | None) -> Tensor:
+        scores = torch.einsum("bhid,bhjd->bhij", q, k) * self._scale(q)  # (B, H, Nq, Nk)
+        allowed = None
+        if causal:
+            allowed = torch.ones(scores.shape[-2:], dtype=torch.bool, device=q.device).tril()  # (Nq, Nk)
+        if key_padding_mask is not None:
+            pad = key_padding_mask[:, None, None, :]  # (B, 1, 1, Nk)
+            allowed = pad if allowed is None else allowed & pad
+        weights = masked_softmax(scores, allowed)  # rows with no allowed key are all zeros
+        return torch.einsum("bhij,bhjd->bhid", weights, v)
+
+    def flops(self, n_q: int, n_k: int, d: int, dv: int, causal: bool) -> float:
+        # the textbook form computes every score, masked or not
+        return 2.0 * full_attention_pairs(n_q, n_k, False) * (d + dv)
+
+    def memory_estimate(self, batch, heads, n_q, n_k, d, dv, element_size, causal, backward):
+        # scores, exp and weights (+ their gradients in backward), each Nq x Nk per head
+        scores = batch * heads * n_q * n_k * max(element_size, 4)
+        return int(scores * (6 if backward else 3) + super().memory_estimate(batch, heads, n_q, n_k, d, dv, element_size, causal, backward))

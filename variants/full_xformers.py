@@ -1,0 +1,71 @@
+"""Exact softmax attention through xformers' `memory_efficient_attention` (CUDA only).
+
+Rabe & Staats 2021, "Self-attention Does Not Need O(n²) Memory"; xformers (Lefaudeux et al.).
+xformers is imported only when this variant is built for a CUDA device, never at `import variants`.
+"""
+
+from __future__ import annotations
+
+import functools
+import warnings
+
+import torch
+from torch import Tensor
+
+from ._base import AttentionVariant, VariantSpec, register
+from ._utils import dead_query_rows, zero_rows
+from .full import full_attention_pairs, padding_and_causal_mask
+
+
+@functools.lru_cache(maxsize=1)
+def _xformers_ops():
+    """Import xformers.ops quietly; returns (module, None) or (None, reason)."""
+    try:
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore")
+            import xformers.ops as xops  # noqa: PLC0415 — optional, CUDA-only dependency
+    except Exception as err:  # ImportError, or its extensions failing to load
+        return None, f"xformers cannot be imported ({type(err).__name__}: {err}); install the 'xformers' extra on a CUDA machine"
+    return xops, None
+
+
+@register
+class XformersFullAttention(AttentionVariant):
+    spec = VariantSpec(
+        name="full_xformers",
+        summary="exact softmax attention, xformers memory_efficient_attention kernel",
+        reference="Rabe & Staats 2021; facebookresearch/xformers",
+        time_complexity="O(Nq Nk D)",
+        memory_complexity="O(N D) (key padding: an Nq x Nk additive bias)",
+        devices=("cuda",),
+        backward_devices=("cuda",),
+        dtypes=("float32", "float16", "bfloat16"),
+    )
+
+    @classmethod
+    def unavailable_reason(cls, device: str) -> str | None:
+        reason = super().unavailable_reason(device)
+        if reason:
+            return reason
+        return _xformers_ops()[1]
+
+    def _attend(self, q: Tensor, k: Tensor, v: Tensor, causal: bool, key_padding_mask: Tensor | None) -> Tensor:
+        xops = _xformers_ops()[0]
+        if xops is None:
+            raise RuntimeError(f"full_xformers is unavailable: {_xformers_ops()[1]}")
+        # xformers takes (B, N, H, D)
+        q_, k_, v_ = (t.transpose(1, 2) for t in (q, k, v))
+        bias, dead = None, None
+        if key_padding_mask is not None:
+            dead = dead_query_rows(key_padding_mask, q.shape[-2], causal)
+            allowed = padding_and_causal_mask(key_padding_mask, q.shape[-2], causal, dead)
+            n_q, n_k = q.shape[-2], k.shape[-2]
+            bias = torch.zeros(allowed.shape, dtype=q.dtype, device=q.device).masked_fill(~allowed, float("-inf"))
+            bias = bias.expand(q.shape[0], q.shape[1], n_q, n_k)
+        elif causal:
+            bias = xops.LowerTriangularMask()
+        out = xops.memory_efficient_attention(q_, k_, v_, attn_bias=bias, scale=self._scale(q))
+        return zero_rows(out.transpose(1, 2), dead)
+
+    def flops(self, n_q: int, n_k: int, d: int, dv: int, causal: bool) -> float:
+        return 2.0 * full_attention_pairs(n_q, n_k, causal) * (d + dv)

@@ -1,0 +1,184 @@
+"""Memory-compressed attention: Liu et al. 2018, "Generating Wikipedia by Summarizing Long Sequences".
+
+Keys and values are shortened along the sequence by a learned strided 1-D convolution
+(kernel = stride = c, one per head), so N keys become M = ceil(N / c) slots; queries keep their full
+length and attend over the slots with the fused SDPA kernel. Time O(N·M·D) = O(N²·D / c),
+extra memory O(N·D).
+
+Causal: slot m summarizes positions mc .. mc+c-1 and is visible to query i only once all of them
+are <= i. Every query also sees the raw (uncompressed) keys of its own unfinished block, the
+positions floor((i+1)/c)·c .. i, so the positions <= i are covered exactly once — as slots or raw —
+and every query sees at least one key. Nothing from a position > i reaches output i.
+
+The two key sets share one softmax. The slots go through SDPA with a causal mask, and the raw keys'
+share enters as one extra "sink" key whose score is their log-sum-exp (carried in an extra query
+dimension) and whose value is zero, plus an extra value column of ones that reads back the slots'
+share α: out = SDPA(...)[:Dv] + (1 - α)·softmax_raw·V_raw. Key padding: padded positions are zeroed
+before compression, a slot of padding only is masked (through one more key dimension).
+"""
+
+from __future__ import annotations
+
+import math
+
+import torch
+import torch.nn.functional as F
+from torch import Tensor, nn
+
+from ._base import AttentionVariant, VariantSpec, register
+from ._utils import dead_query_rows, dense_attention, pad_to_multiple, zero_rows
+from .full import padding_and_causal_mask, sdpa
+
+MASKED = -1.0e4  # score of a masked slot / empty sink: exp(-1e4) is 0 in every float type
+
+
+def compress(x: Tensor, weight: Tensor, bias: Tensor, c: int, valid: Tensor | None) -> tuple[Tensor, Tensor | None]:
+    """Strided conv (kernel = stride = c) along N, per head.
+
+    x: (B, H, N, Din); weight: (H * Dout, Din, c) as in `F.conv1d(groups=H)`; bias: (H * Dout,);
+    valid: (B, N) bool or None. Returns slots (B, H, M, Dout) and slot validity (B, M) or None.
+    """
+    b, h, n, d_in = x.shape
+    if valid is not None:
+        x = x * valid[:, None, :, None].to(x.dtype)  # padded positions are zeroed before compression
+    x, _ = pad_to_multiple(x, c)
+    w = weight.view(h, -1, d_in, c)  # (H, Dout, Din, c)
+    slots = torch.einsum("bhmti,hoit->bhmo", x.unflatten(2, (-1, c)), w) + bias.view(h, 1, -1)  # (B, H, M, Dout)
+    slot_valid = None
+    if valid is not None:
+        slot_valid = pad_to_multiple(valid, c, dim=-1, value=False)[0].unflatten(1, (-1, c)).any(-1)  # (B, M)
+    return slots, slot_valid
+
+
+@register
+class MemoryCompressedAttention(AttentionVariant):
+    spec = VariantSpec(
+        name="memory_compressed",
+        summary="keys/values compressed by a strided conv (kernel = stride = c) per head; fused SDPA over the N/c slots",
+        reference="Liu et al. 2018, 'Generating Wikipedia by Summarizing Long Sequences'",
+        time_complexity="O(N^2 D / c)",
+        memory_complexity="O(N D)",
+        subquadratic=True,
+        notes="causal: complete slots <= i plus the raw keys of the query's unfinished block; needs num_heads and head_dim",
+    )
+
+    def __init__(self, *, compression: int = 3, value_dim: int | None = None, **base):
+        super().__init__(**base)
+        if not isinstance(compression, int) or isinstance(compression, bool) or compression < 1:
+            raise ValueError(f"memory_compressed: option compression={compression!r} is invalid; expected an int >= 1")
+        if self.num_heads is None or self.head_dim is None:
+            raise ValueError(
+                "memory_compressed: options num_heads and head_dim are required (the per-head convolutions are "
+                f"parameters), got num_heads={self.num_heads!r}, head_dim={self.head_dim!r}"
+            )
+        h, d = self.num_heads, self.head_dim
+        dv = d if value_dim is None else value_dim
+        if not isinstance(dv, int) or dv < 1:
+            raise ValueError(f"memory_compressed: option value_dim={value_dim!r} is invalid; expected an int >= 1 or None (= head_dim)")
+        self.compression, self.value_dim = compression, dv
+        # conv1d(groups=H) layout: (H * Dout, Din, c)
+        self.k_weight = nn.Parameter(torch.empty(h * d, d, compression))
+        self.k_bias = nn.Parameter(torch.empty(h * d))
+        self.v_weight = nn.Parameter(torch.empty(h * dv, dv, compression))
+        self.v_bias = nn.Parameter(torch.empty(h * dv))
+        self.reset_parameters()
+
+    def reset_parameters(self) -> None:
+        for w, bias in ((self.k_weight, self.k_bias), (self.v_weight, self.v_bias)):
+            bound = 1.0 / math.sqrt(w.shape[1] * w.shape[2])  # nn.Conv1d's default
+            nn.init.uniform_(w, -bound, bound)
+            nn.init.uniform_(bias, -bound, bound)
+
+    def compressed_kv(self, k: Tensor, v: Tensor, key_padding_mask: Tensor | None):
+        """(slots_k (B, H, M, D), slots_v (B, H, M, Dv), slot validity (B, M) or None)."""
+        if v.shape[-1] != self.value_dim:
+            raise ValueError(f"memory_compressed: built for value dim {self.value_dim}, got Dv={v.shape[-1]}")
+        kc, slot_valid = compress(k, self.k_weight, self.k_bias, self.compression, key_padding_mask)
+        vc, _ = compress(v, self.v_weight, self.v_bias, self.compression, key_padding_mask)
+        return kc, vc, slot_valid
+
+    def _attend(self, q: Tensor, k: Tensor, v: Tensor, causal: bool, key_padding_mask: Tensor | None) -> Tensor:
+        kc, vc, slot_valid = self.compressed_kv(k, v, key_padding_mask)
+        if causal:
+            out = self._causal(q, k, v, kc, vc, slot_valid, key_padding_mask)
+            return zero_rows(out, dead_query_rows(key_padding_mask, q.shape[-2], True))
+        if slot_valid is None:
+            return sdpa(q, kc, vc, scale=self._scale(q))
+        dead = dead_query_rows(slot_valid, q.shape[-2], False)
+        mask = padding_and_causal_mask(slot_valid, q.shape[-2], False, dead)
+        return zero_rows(sdpa(q, kc, vc, attn_mask=mask, scale=self._scale(q)), dead)
+
+    def _causal(self, q, k, v, kc, vc, slot_valid, key_padding_mask) -> Tensor:
+        b, h, n, d = q.shape
+        c, dv, scale = self.compression, v.shape[-1], self._scale(q)
+        m = kc.shape[2]
+        acc = torch.promote_types(q.dtype, torch.float32)
+        # split positions i = m·c + a into phases a; (B, H, M, c, ·)
+        qb = pad_to_multiple(q, c)[0].unflatten(2, (m, c))
+        kb = pad_to_multiple(k, c)[0].unflatten(2, (m, c))
+        vb = pad_to_multiple(v, c)[0].unflatten(2, (m, c))
+        raw_ok = torch.arange(n, device=q.device) < n if key_padding_mask is None else key_padding_mask
+        raw_ok = pad_to_multiple(raw_ok.expand(b, n), c, dim=-1, value=False)[0].unflatten(1, (m, c))  # (B, M, c)
+
+        # raw keys of the unfinished block: query phase a sees phases a' <= a of its own block
+        s_raw = torch.matmul(qb, kb.transpose(-1, -2)).to(acc) * scale  # (B, H, M, c, c)
+        seen = torch.ones(c, c, dtype=torch.bool, device=q.device).tril()
+        s_raw = s_raw.masked_fill(~(seen & raw_ok[:, None, :, None, :]), float("-inf"))
+        lse_raw = torch.logsumexp(s_raw, dim=-1)  # (B, H, M, c); -inf where nothing is seen
+        p_raw = torch.exp(s_raw - lse_raw.clamp_min(MASKED)[..., None])
+        out_raw = torch.matmul(p_raw.to(v.dtype), vb)  # (B, H, M, c, Dv)
+
+        # slots through SDPA, all in one head dim E (the fused kernel needs q, k, v to share it):
+        #   q_aug = [q, lse_raw, 1/scale, 0..]   slot key = [k_c, 0, mask_score, 0..]   sink key = [0, 1/scale, 0, 0..]
+        #   slot value = [v_c, 1, 0..]   sink value = 0
+        e = max(d + 2, dv + 1)
+        pen = torch.zeros(b, m, dtype=kc.dtype, device=q.device) if slot_valid is None else (~slot_valid).to(kc.dtype) * MASKED
+        k_aug = torch.cat([kc, kc.new_zeros(b, h, m, 1), pen[:, None, :, None].expand(b, h, m, 1), kc.new_zeros(b, h, m, e - d - 2)], -1)
+        v_aug = torch.cat([vc, vc.new_ones(b, h, m, 1), vc.new_zeros(b, h, m, e - dv - 1)], -1)
+        sink_k = kc.new_zeros(b, h, 1, e)
+        sink_k[..., d] = 1.0 / scale
+        q_sink = lse_raw.clamp_min(MASKED).to(q.dtype)[..., None]  # (B, H, M, c, 1)
+        q_aug = torch.cat([qb, q_sink, torch.full_like(q_sink, 1.0 / scale), qb.new_zeros(b, h, m, c, e - d - 2)], -1)
+
+        # phase c-1 closes its block: its own slot is complete, no raw keys -> slots <= m
+        last = q_aug[:, :, :, c - 1]  # (B, H, M, E)
+        o_last = F.scaled_dot_product_attention(last, k_aug, v_aug, is_causal=True, scale=scale)[..., :dv]
+        if c == 1:
+            return o_last[:, :, :n]
+        # phases a < c-1: keys [sink, slot_0 .. slot_{M-1}], causal -> query block m sees slots < m
+        first = q_aug[:, :, :, : c - 1].transpose(2, 3)  # (B, H, c-1, M, E)
+        keys = torch.cat([sink_k, k_aug], 2)[:, :, None].expand(b, h, c - 1, m + 1, e)
+        vals = torch.cat([torch.zeros_like(sink_k), v_aug], 2)[:, :, None].expand(b, h, c - 1, m + 1, e)
+        o_first = F.scaled_dot_product_attention(first, keys, vals, is_causal=True, scale=scale)  # (B, H, c-1, M, E)
+        alpha = o_first[..., dv : dv + 1].transpose(2, 3)  # share of the slots, (B, H, M, c-1, 1)
+        o_first = o_first[..., :dv].transpose(2, 3) + (1 - alpha) * out_raw[:, :, :, : c - 1]
+        out = torch.cat([o_first, o_last[:, :, :, None]], dim=3)  # (B, H, M, c, Dv)
+        return out.flatten(2, 3)[:, :, :n]
+
+    def reference(self, q, k, v, *, causal=False, key_padding_mask=None):
+        """The same compression, then dense softmax attention over [slots, raw keys] with the visibility mask."""
+        kc, vc, slot_valid = self.compressed_kv(k, v, key_padding_mask)
+        n_q, n_k, m, c = q.shape[-2], k.shape[-2], kc.shape[-2], self.compression
+        slot_ok = torch.ones(1, m, dtype=torch.bool, device=q.device) if slot_valid is None else slot_valid
+        if not causal:
+            return dense_attention(q, kc, vc, slot_ok[:, None, None, :], self._scale(q))
+        i = torch.arange(n_q, device=q.device)[:, None]
+        complete = (torch.arange(m, device=q.device)[None, :] + 1) * c - 1 <= i  # slot fully <= i
+        j = torch.arange(n_k, device=q.device)[None, :]
+        recent = (j >= (i + 1) // c * c) & (j <= i)  # raw keys of the unfinished block
+        raw_ok = torch.ones(1, n_k, dtype=torch.bool, device=q.device) if key_padding_mask is None else key_padding_mask
+        allowed = torch.cat([complete[None, None] & slot_ok[:, None, None, :], recent[None, None] & raw_ok[:, None, None, :]], -1)
+        return dense_attention(q, torch.cat([kc, k], 2), torch.cat([vc, v], 2), allowed, self._scale(q))
+
+    def flops(self, n_q: int, n_k: int, d: int, dv: int, causal: bool) -> float:
+        m = math.ceil(n_k / self.compression)
+        conv = 2.0 * m * self.compression * (d * d + dv * dv)
+        pairs = n_q * m / 2 if causal else n_q * m
+        return conv + 2.0 * pairs * (d + dv)
+
+    def memory_estimate(self, batch, heads, n_q, n_k, d, dv, element_size, causal, backward):
+        io = batch * heads * (n_q + n_k) * (d + dv) * element_size
+        return int(io * ((6 if causal else 2) * (2 if backward else 1)))
+
+    def extra_repr(self) -> str:
+        return f"compression={self.compression}, num_heads={self.num_heads}, head_dim={self.head_dim}"

@@ -1,0 +1,288 @@
+"""Sliding-window (local) attention with optional global tokens, as in Longformer (Beltagy et al. 2020).
+
+Query i attends to keys j with |i - j| <= w (causal: i - w <= j <= i). The first g positions are
+global: they attend to every key, and every query attends to them (causal: still only j <= i).
+
+How it is computed without an N x N matrix: the sequence is cut into blocks of b positions. The
+keys any query of block t can reach lie in blocks t-r .. t+r (r = ceil(w / b)), so each block's
+queries are scored against those (2r+1)·b keys plus the g global keys, and the exact band is masked
+inside that small rectangle. Time O(N·(w + g)·D), memory O(N·w) at most — and in practice less:
+blocks are processed in groups sized to a memory bound.
+
+Forward: each group of blocks goes through the fused SDPA kernel with the band as its mask, so
+no score is stored at all. Backward (`_BandAttention`) is written out here: it recomputes each
+group's weights and forms the gradients block by block, as FlashAttention does. (torch's CPU SDPA
+falls back to its score-materializing math kernel when a masked call needs grad.)
+"""
+
+from __future__ import annotations
+
+import math
+
+import torch
+from torch import Tensor
+
+from ._base import AttentionVariant, VariantSpec, dense_mask, register
+from ._utils import dense_attention, pad_to_multiple
+from .full import sdpa
+
+GROUP_SCORE_BYTES = 32 * 2**20  # scores held at once per group of blocks (a few such buffers live)
+
+
+def band_pairs(n: int, window: int, n_global: int, causal: bool) -> int:
+    """Number of (query, key) pairs the pattern allows (for FLOP counts)."""
+    w, g = min(window, n), min(n_global, n)
+    if causal:  # keys max(0, i-w)..i for each i
+        band = sum(min(i, w) + 1 for i in range(min(n, w + 1))) + max(0, n - w - 1) * (w + 1)
+    else:
+        band = n * (2 * w + 1) - w * (w + 1)  # clipped at both ends
+    # global rows/cols add what the band does not already cover; a close upper bound is enough here
+    extra = g * n * (1 if causal else 2)
+    return min(band + extra, n * (n + 1) // 2 if causal else n * n)
+
+
+def longformer_mask(n: int, window: int, n_global: int, causal: bool, key_padding_mask: Tensor | None, device) -> Tensor:
+    """Dense (B|1, 1, N, N) bool mask of the pattern, for reference checks at small N only."""
+    i = torch.arange(n, device=device)[:, None]
+    j = torch.arange(n, device=device)[None, :]
+    allowed = (i - j).abs() <= window
+    if n_global:
+        allowed = allowed | (i < n_global) | (j < n_global)
+    extra = dense_mask(n, n, causal, key_padding_mask, device)
+    return allowed[None, None] if extra is None else allowed[None, None] & extra
+
+
+def default_block_size(window: int, n: int) -> int:
+    """Block size b: half the window, within [32, 128] (few wasted keys, matmuls big enough), and <= N."""
+    return max(1, min(max(window // 2, 32), 128, n))
+
+
+class _Layout:
+    """Where the blocks are: sizes and the masks shared by every group."""
+
+    def __init__(self, n: int, window: int, block: int, n_global: int, causal: bool, key_valid: Tensor | None, device):
+        self.n, self.w, self.b, self.g, self.causal = n, window, block, n_global, causal
+        self.nb = math.ceil(n / block)
+        self.r = min(math.ceil(window / block), self.nb - 1)  # neighbour blocks on each side
+        self.span = (2 * self.r + 1) * block  # keys gathered per block
+        a = torch.arange(block, device=device)[:, None]
+        c = torch.arange(self.span, device=device)[None, :]
+        rel = (self.r * block + a) - c  # query position - key position, the same in every block
+        self.band = (rel >= 0) & (rel <= window) if causal else rel.abs() <= window  # (b, span)
+        # which gathered key positions are real: inside [0, N), not padding, not global (counted separately)
+        ext = torch.ones(n, dtype=torch.bool, device=device)[None] if key_valid is None else key_valid
+        ext = ext.clone()
+        ext[:, :n_global] = False
+        pad_right = self.nb * block - n + self.r * block
+        self.key_ok_ext = torch.nn.functional.pad(ext, (self.r * block, pad_right), value=False)  # (B|1, (nb+2r)·b)
+        self.uniform_inside = key_valid is None and n_global == 0
+        self._interior_masks: dict[int, tuple[Tensor, Tensor]] = {}
+        self.global_ok = None
+        if n_global:
+            self.global_ok = torch.ones(1, n_global, dtype=torch.bool, device=device) if key_valid is None else key_valid[:, :n_global]
+
+    def groups(self, batch: int, heads: int, extra_keys: int):
+        """Yield (t0, t1) block ranges whose scores fit GROUP_SCORE_BYTES."""
+        per_block = batch * heads * self.b * (self.span + extra_keys) * 4
+        step = max(1, GROUP_SCORE_BYTES // max(per_block, 1))
+        for t0 in range(0, self.nb, step):
+            yield t0, min(self.nb, t0 + step)
+
+    def mask(self, t0: int, t1: int) -> tuple[Tensor, Tensor]:
+        """For the queries of blocks t0..t1: (allowed (B|1, G, b, span + g), dead (B|1, G, b, 1)).
+
+        `dead` marks rows that may see no key; they are opened to every key in `allowed` so no
+        kernel produces NaN, and their outputs are set to zero.
+        """
+        # without padding or global tokens, every group clear of the sequence ends has the same mask
+        interior = self.uniform_inside and t0 >= self.r and t1 + self.r <= self.nb - 1
+        if interior and (t1 - t0) in self._interior_masks:
+            return self._interior_masks[t1 - t0]
+        result = self._mask(t0, t1)
+        if interior:
+            self._interior_masks[t1 - t0] = result
+        return result
+
+    def _mask(self, t0: int, t1: int) -> tuple[Tensor, Tensor]:
+        b, s = self.b, self.span
+        key_ok = self.key_ok_ext[:, t0 * b : (t1 + 2 * self.r) * b].unfold(1, s, b)  # (B|1, G, span)
+        allowed = self.band[None, None] & key_ok[:, :, None, :]  # (B|1, G, b, span)
+        if self.g:
+            q_pos = torch.arange(t0 * b, t1 * b, device=allowed.device).view(t1 - t0, b, 1)
+            glob = self.global_ok[:, None, None, :]  # (B|1, 1, 1, g)
+            if self.causal:
+                glob = glob & (torch.arange(self.g, device=allowed.device) <= q_pos)  # (B|1, G, b, g)
+            glob = glob.expand(allowed.shape[0], t1 - t0, b, self.g)
+            allowed = torch.cat([allowed.expand(glob.shape[0], *allowed.shape[1:]), glob], dim=-1)
+        dead = ~allowed.any(-1, keepdim=True)
+        return allowed | dead, dead
+
+
+def _gather(x_ext: Tensor, layout: _Layout, t0: int, t1: int, x_global: Tensor | None) -> Tensor:
+    """Keys/values each block of t0..t1 may reach: (B, H, G, span + g, D)."""
+    b, s = layout.b, layout.span
+    blocks = x_ext[:, :, t0 * b : (t1 + 2 * layout.r) * b].unfold(2, s, b).transpose(-1, -2)  # (B, H, G, span, D)
+    if x_global is None:
+        return blocks.contiguous()  # one copy, so the matmuls below run as plain batched GEMMs
+    glob = x_global[:, :, None].expand(-1, -1, t1 - t0, -1, -1)  # (B, H, G, g, D)
+    return torch.cat([blocks, glob], dim=-2)
+
+
+def _pad_ext(x: Tensor, layout: _Layout) -> Tensor:
+    """(B, H, N, D) -> (B, H, (nb + 2r)·b, D): r blocks of zeros before, padding to whole blocks after."""
+    left = layout.r * layout.b
+    right = layout.nb * layout.b - layout.n + left
+    return torch.nn.functional.pad(x, (0, 0, left, right))
+
+
+def _band_attention_fused(q: Tensor, k: Tensor, v: Tensor, layout: _Layout, scale: float, kv_ext=None) -> Tensor:
+    """Each group of blocks through the fused SDPA kernel, the band as its mask; no score is stored.
+
+    kv_ext: optional (k_ext, v_ext) already padded by `_pad_ext`.
+    """
+    B, H, N, _ = q.shape
+    b, g = layout.b, layout.g
+    q_blocks, _ = pad_to_multiple(q, b)
+    k_ext, v_ext = kv_ext if kv_ext is not None else (_pad_ext(k, layout), _pad_ext(v, layout))
+    k_glob, v_glob = (k[:, :, :g], v[:, :, :g]) if g else (None, None)
+    out = q.new_empty(B, H, layout.nb * b, v.shape[-1])
+    for t0, t1 in layout.groups(B, H, g):
+        G = t1 - t0
+
+        def blocks_first(x: Tensor) -> Tensor:  # (B, H, G, ·, ·) -> (B·G, H, ·, ·): the 4-D layout the fused kernel takes
+            return x.transpose(1, 2).flatten(0, 1)
+
+        qg = blocks_first(q_blocks[:, :, t0 * b : t1 * b].unflatten(2, (G, b)))  # (B·G, H, b, D)
+        kg = blocks_first(_gather(k_ext, layout, t0, t1, k_glob))  # (B·G, H, keys, D)
+        vg = blocks_first(_gather(v_ext, layout, t0, t1, v_glob))
+        allowed, dead = (m.expand(B, *m.shape[1:]).flatten(0, 1)[:, None] for m in layout.mask(t0, t1))  # (B·G, 1, b, ·)
+        o = sdpa(qg, kg, vg, attn_mask=allowed, scale=scale).masked_fill(dead, 0.0)  # (B·G, H, b, Dv)
+        out[:, :, t0 * b : t1 * b] = o.unflatten(0, (B, G)).transpose(1, 2).flatten(2, 3)
+    return out[:, :, :N]
+
+
+class _BandAttention(torch.autograd.Function):
+    """Blocked band(+global) attention: fused forward; backward recomputes each group's weights.
+
+    Storing every group's weights for backward would cost O(N·w) memory per head; recomputing them
+    (one matmul and a softmax per group) keeps backward within the same bound as forward.
+    """
+
+    @staticmethod
+    def forward(ctx, q, k, v, layout: _Layout, scale: float):
+        k_ext, v_ext = _pad_ext(k, layout), _pad_ext(v, layout)  # kept for backward in place of k, v
+        out = _band_attention_fused(q, k, v, layout, scale, kv_ext=(k_ext, v_ext))
+        ctx.save_for_backward(q, k_ext, v_ext, out)
+        ctx.layout, ctx.scale = layout, scale
+        return out
+
+    @staticmethod
+    def backward(ctx, grad_out):
+        q, k_ext, v_ext, out = ctx.saved_tensors
+        layout, scale = ctx.layout, ctx.scale
+        B, H, N, D = q.shape
+        b, g, r = layout.b, layout.g, layout.r
+        left = r * b
+        acc = torch.promote_types(q.dtype, torch.float32)  # weights in float32 at least
+        q_blocks, _ = pad_to_multiple(q * scale, b)  # scale folded into q
+        do_blocks, _ = pad_to_multiple(grad_out, b)
+        delta, _ = pad_to_multiple((grad_out.to(acc) * out.to(acc)).sum(-1, keepdim=True), b)  # rowsum(dO ∘ O)
+        k_glob, v_glob = (k_ext[:, :, left : left + g], v_ext[:, :, left : left + g]) if g else (None, None)
+        dq = torch.empty_like(q_blocks)
+        dk_ext, dv_ext = torch.zeros_like(k_ext), torch.zeros_like(v_ext)
+        dk_glob = k_ext.new_zeros(B, H, g, D) if g else None
+        dv_glob = v_ext.new_zeros(B, H, g, v_ext.shape[-1]) if g else None
+        for t0, t1 in layout.groups(B, H, g):
+            G = t1 - t0
+            rows = slice(t0 * b, t1 * b)
+            allowed, dead = layout.mask(t0, t1)  # (B|1, G, b, keys), (B|1, G, b, 1)
+            qg = q_blocks[:, :, rows].unflatten(2, (G, b))  # (B, H, G, b, D)
+            dog = do_blocks[:, :, rows].unflatten(2, (G, b)).masked_fill(dead[:, None], 0.0)  # dead rows were zeroed
+            kg, vg = _gather(k_ext, layout, t0, t1, k_glob), _gather(v_ext, layout, t0, t1, v_glob)
+            s = torch.matmul(qg, kg.transpose(-1, -2)).to(acc)  # (B, H, G, b, keys)
+            p = torch.softmax(s.masked_fill_(~allowed[:, None], float("-inf")), dim=-1)  # the forward's weights
+            dp = torch.matmul(dog, vg.transpose(-1, -2)).to(acc)
+            ds = dp.sub_(delta[:, :, rows].unflatten(2, (G, b))).mul_(p)  # d(loss)/d(scores)
+            p, ds = p.to(v_ext.dtype), ds.to(q.dtype)
+            dq[:, :, rows] = torch.matmul(ds, kg).flatten(2, 3) * scale
+            dkg = torch.matmul(ds.transpose(-1, -2), qg)  # (B, H, G, keys, D)
+            dvg = torch.matmul(p.transpose(-1, -2), dog)
+            for o in range(2 * r + 1):  # fold each neighbour offset back onto the positions it came from
+                keys = slice(o * b, (o + 1) * b)
+                dest = slice((t0 + o) * b, (t1 + o) * b)
+                dk_ext[:, :, dest].unflatten(2, (G, b)).add_(dkg[:, :, :, keys])
+                dv_ext[:, :, dest].unflatten(2, (G, b)).add_(dvg[:, :, :, keys])
+            if g:
+                dk_glob += dkg[:, :, :, layout.span :].sum(2)
+                dv_glob += dvg[:, :, :, layout.span :].sum(2)
+        dk, dv = dk_ext[:, :, left : left + N], dv_ext[:, :, left : left + N]
+        if g:
+            dk[:, :, :g] += dk_glob
+            dv[:, :, :g] += dv_glob
+        return dq[:, :, :N], dk, dv, None, None
+
+
+def _global_rows(q: Tensor, k: Tensor, v: Tensor, n_global: int, causal: bool, key_valid: Tensor | None, scale: float) -> Tensor:
+    """Rows of the g global queries: dense attention over every key, (B, H, g, Dv); O(g·N) memory."""
+    acc = torch.promote_types(q.dtype, torch.float32)
+    s = torch.matmul(q[:, :, :n_global], k.transpose(-1, -2)).to(acc) * scale  # (B, H, g, N)
+    allowed = torch.ones_like(s, dtype=torch.bool)
+    if causal:
+        allowed = allowed & torch.ones(s.shape[-2:], dtype=torch.bool, device=q.device).tril()
+    if key_valid is not None:
+        allowed = allowed & key_valid[:, None, None, :]
+    s = s.masked_fill(~allowed, float("-inf"))
+    m = s.amax(-1, keepdim=True)
+    p = torch.exp(s - torch.where(torch.isneginf(m), torch.zeros_like(m), m))
+    p = p / p.sum(-1, keepdim=True).clamp_min(torch.finfo(p.dtype).tiny)
+    return torch.matmul(p.to(v.dtype), v)
+
+
+@register
+class SlidingWindowAttention(AttentionVariant):
+    spec = VariantSpec(
+        name="sliding_window",
+        summary="Longformer sliding window (|i-j| <= w) + global tokens, blocked in pure PyTorch",
+        reference="Beltagy et al. 2020, 'Longformer: The Long-Document Transformer'",
+        time_complexity="O(N (w + g) D)",
+        memory_complexity="O(N D) + one group of block scores (bounded)",
+        supports_cross_attention=False,
+        subquadratic=True,
+        notes="self-attention only; w >= N equals full attention",
+    )
+
+    def __init__(self, *, window: int = 256, global_tokens: int = 0, block_size: int | None = None, **base):
+        super().__init__(**base)
+        if not isinstance(window, int) or isinstance(window, bool) or window < 1:
+            raise ValueError(f"sliding_window: option window={window!r} is invalid; expected an int >= 1")
+        if not isinstance(global_tokens, int) or isinstance(global_tokens, bool) or global_tokens < 0:
+            raise ValueError(f"sliding_window: option global_tokens={global_tokens!r} is invalid; expected an int >= 0")
+        if block_size is not None and (not isinstance(block_size, int) or isinstance(block_size, bool) or block_size < 1):
+            raise ValueError(f"sliding_window: option block_size={block_size!r} is invalid; expected an int >= 1 or None")
+        self.window, self.global_tokens, self.block_size = window, global_tokens, block_size
+
+    def _attend(self, q: Tensor, k: Tensor, v: Tensor, causal: bool, key_padding_mask: Tensor | None) -> Tensor:
+        n = q.shape[-2]
+        g = min(self.global_tokens, n)
+        block = min(self.block_size, n) if self.block_size else default_block_size(self.window, n)
+        layout = _Layout(n, self.window, block, g, causal, key_padding_mask, q.device)
+        needs_grad = torch.is_grad_enabled() and (q.requires_grad or k.requires_grad or v.requires_grad)
+        attend = _BandAttention.apply if needs_grad else _band_attention_fused  # same forward either way
+        out = attend(q, k, v, layout, self._scale(q))
+        if g:  # global queries see every key: replace their rows
+            out = torch.cat([_global_rows(q, k, v, g, causal, key_padding_mask, self._scale(q)), out[:, :, g:]], dim=2)
+        return out
+
+    def reference(self, q, k, v, *, causal=False, key_padding_mask=None):
+        allowed = longformer_mask(q.shape[-2], self.window, self.global_tokens, causal, key_padding_mask, q.device)
+        return dense_attention(q, k, v, allowed, self._scale(q))
+
+    def flops(self, n_q: int, n_k: int, d: int, dv: int, causal: bool) -> float:
+        return 2.0 * band_pairs(n_q, self.window, self.global_tokens, causal) * (d + dv)
+
+    def memory_estimate(self, batch, heads, n_q, n_k, d, dv, element_size, causal, backward):
+        io = batch * heads * n_q * (d + dv) * element_size
+        return int(GROUP_SCORE_BYTES * 4 + io * (6 if backward else 3))
+
+    def extra_repr(self) -> str:
+        return f"window={self.window}, global_tokens={self.global_tokens}"
