@@ -253,15 +253,25 @@ def build(name: str, *, device: str | torch.device | None = None, **options) -> 
     return module.to(dev) if dev is not None else module
 
 
-def _option_names(cls: type) -> list[str]:
+def _option_defaults(cls: type) -> dict[str, object]:
     import inspect
 
-    names: list[str] = []
+    defaults: dict[str, object] = {}
     for klass in cls.__mro__:  # subclass options first, then the shared ones (scale, num_heads, head_dim)
         if "__init__" in vars(klass) and issubclass(klass, AttentionVariant):
-            params = inspect.signature(klass.__init__).parameters
-            names += [p for p, v in params.items() if v.kind is v.KEYWORD_ONLY and p not in names]
-    return names
+            for p, param in inspect.signature(klass.__init__).parameters.items():
+                if param.kind is param.KEYWORD_ONLY and p not in defaults:
+                    defaults[p] = param.default
+    return defaults
+
+
+def _option_names(cls: type) -> list[str]:
+    return list(_option_defaults(cls))
+
+
+def effective_options(name: str, **given) -> dict[str, object]:
+    """Every option of variant `name` with the value it would run with: `given`, else its default."""
+    return {**_option_defaults(variant_class(name)), **given}
 
 
 def option_names(name: str) -> list[str]:

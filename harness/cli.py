@@ -1,0 +1,290 @@
+"""The `bench` command line.
+
+    bench list                                   # variants, what they support, where they run
+    bench run --variants all --max-len 16384     # the sweep: time, memory, FLOP/s per cell
+    bench run --resume results/<run>             # finish an interrupted run
+"""
+
+from __future__ import annotations
+
+import importlib
+import json
+import os
+import socket
+import sys
+from datetime import datetime
+from enum import Enum
+from pathlib import Path
+from typing import Annotated, Optional
+
+import typer
+from rich.console import Console
+
+import variants
+from harness.config import DTYPES, PASSES, ArgumentError, RunConfig, check_options, parse_lengths, parse_list, parse_option, parse_size, powers_of_two, resolve_variants
+
+app = typer.Typer(
+    help="attnbench: which attention should I use at my sequence length, on my hardware? Measure it.",
+    no_args_is_help=True,
+    add_completion=False,
+    pretty_exceptions_enable=False,
+)
+
+
+class CausalMode(str, Enum):
+    no = "no"
+    yes = "yes"
+    both = "both"
+
+
+class DType(str, Enum):
+    float32 = "float32"
+    float16 = "float16"
+    bfloat16 = "bfloat16"
+    float64 = "float64"
+
+
+def _console() -> Console:
+    return Console(stderr=False, highlight=False)
+
+
+def _import_modules(modules: list[str]) -> None:
+    for module in modules:
+        try:
+            importlib.import_module(module)
+        except ImportError as err:
+            raise ArgumentError(f"--import: cannot import {module!r} ({err})") from None
+
+
+@app.command("list")
+def list_variants(
+    import_: Annotated[Optional[list[str]], typer.Option("--import", help="Module to import first (it may register more variants).")] = None,
+) -> None:
+    """List the registered attention variants: what each computes, what it supports, where it runs.
+
+    Availability is checked per device; an unavailable variant shows why (for example, xformers is
+    CUDA-only, or not installed).
+    """
+    try:
+        _import_modules(import_ or [])
+    except ArgumentError as err:
+        raise typer.BadParameter(str(err)) from None
+    from rich.table import Table
+
+    console = _console()
+    table = Table(title="attnbench variants", title_justify="left")
+    for col in ("variant", "time", "extra memory", "causal", "cross", "padding", "cpu", "cuda"):
+        table.add_column(col)
+    unavailable = []
+    for name in variants.available():
+        cls = variants.variant_class(name)
+        spec = cls.spec
+
+        def where(device: str) -> str:
+            reason = cls.unavailable_reason(device)
+            if reason:
+                unavailable.append(f"{name} on {device}: {reason}")
+                return "[red]no[/]"
+            return "[green]fwd only[/]" if cls.backward_unsupported_reason(device) else "[green]yes[/]"
+
+        flags = ["yes" if f else "no" for f in (spec.supports_causal, spec.supports_cross_attention, spec.supports_key_padding_mask)]
+        table.add_row(name, spec.time_complexity, spec.memory_complexity, *flags, where("cpu"), where("cuda"))
+    console.print(table)
+    console.print("\n[bold]Methods[/]")
+    for name in variants.available():
+        spec = variants.variant_class(name).spec
+        console.print(f"  [bold]{name}[/]: {spec.summary}. [dim]{spec.reference}[/]" + (f" Note: {spec.notes}." if spec.notes else ""))
+    if unavailable:
+        console.print("\n[bold]Unavailable here[/]")
+        for line in unavailable:
+            console.print(f"  {line}")
+
+
+def _default_out_dir() -> Path:
+    stamp = datetime.now().strftime("%Y%m%d-%H%M%S")
+    return Path("results") / f"{stamp}-{socket.gethostname()}"
+
+
+def _devices(text: str) -> tuple[str, ...]:
+    import torch
+
+    if text.strip() == "auto":
+        return ("cpu", "cuda") if torch.cuda.is_available() else ("cpu",)
+    devices = parse_list(text, "--devices", ("cpu", "cuda"))
+    if "cuda" in devices and not torch.cuda.is_available():
+        raise ArgumentError("--devices: cuda was asked for, but no CUDA device is available (torch.cuda.is_available() is False)")
+    return devices
+
+
+def _budgets(text: str, devices: tuple[str, ...], machine: dict) -> tuple[tuple[str, int], ...]:
+    """auto: 60% of the available RAM for CPU cells, 90% of the free GPU memory for CUDA cells."""
+    from harness.machine import available_memory_bytes
+
+    if text.strip() != "auto":
+        size = parse_size(text)
+        if size <= 0:
+            raise ArgumentError(f"--memory-budget: {text!r} must be more than 0 bytes")
+        return tuple((device, size) for device in devices)
+    budgets = []
+    for device in devices:
+        if device == "cpu":
+            avail = available_memory_bytes()
+            if avail:
+                budgets.append(("cpu", int(avail * 0.6)))
+        else:
+            free = (machine.get("gpu") or {}).get("free_bytes")
+            if free:
+                budgets.append(("cuda", int(free * 0.9)))
+    return tuple(budgets)
+
+
+def build_config(
+    variants_: str, min_len: int, max_len: int, lengths: str | None, devices: str, passes: str, causal: CausalMode,
+    batch: int, heads: int, head_dim: int, dtype: DType, window: int | None, compression: int | None, option: list[str],
+    repeats: int, warmup: int, min_time: float, cell_timeout: float, threads: int, check_len: int, imports: list[str],
+) -> RunConfig:
+    for name, value, low in (("--batch", batch, 1), ("--heads", heads, 1), ("--head-dim", head_dim, 1), ("--repeats", repeats, 1),
+                             ("--warmup", warmup, 0), ("--threads", threads, 0), ("--check-len", check_len, 1)):
+        if value < low:
+            raise ArgumentError(f"{name}: {value} is not allowed; it must be >= {low}")
+    if min_time < 0 or cell_timeout <= 0:
+        raise ArgumentError(f"--min-time must be >= 0 and --cell-timeout > 0 (got {min_time}, {cell_timeout})")
+    device_list = _devices(devices)
+    names = resolve_variants(variants_, device_list)
+    if not names:
+        raise ArgumentError(f"--variants {variants_}: no registered variant runs on {', '.join(device_list)}")
+    options = dict(parse_option(text) for text in option)
+    if window is not None:
+        options["window"] = window
+    if compression is not None:
+        options["compression"] = compression
+    check_options(options, names)
+    return RunConfig(
+        variants=names,
+        lengths=parse_lengths(lengths) if lengths else powers_of_two(min_len, max_len),
+        devices=device_list,
+        passes=parse_list(passes, "--passes", PASSES),
+        causal={"no": (False,), "yes": (True,), "both": (False, True)}[causal.value],
+        batch=batch, heads=heads, head_dim=head_dim, dtype=dtype.value, options=tuple(sorted(options.items())),
+        repeats=repeats, warmup=warmup, min_time=min_time, cell_timeout=cell_timeout, threads=threads,
+        check_len=check_len, imports=tuple(imports),
+    )
+
+
+@app.command()
+def run(
+    variants_: Annotated[str, typer.Option("--variants", help="'all' (every variant available on the devices) or names, comma-separated.")] = "all",
+    min_len: Annotated[int, typer.Option(help="Smallest N; lengths are the powers of two from --min-len to --max-len.")] = 256,
+    max_len: Annotated[int, typer.Option(help="Largest N.")] = 4096,
+    lengths: Annotated[Optional[str], typer.Option(help="Explicit lengths instead, e.g. 1000,3000,10000.")] = None,
+    devices: Annotated[str, typer.Option(help="auto (cpu, plus cuda when present), cpu, cuda, or cpu,cuda.")] = "auto",
+    passes: Annotated[str, typer.Option(help="fwd (forward only), fwdbwd (forward + backward), or both: fwd,fwdbwd.")] = "fwd,fwdbwd",
+    causal: Annotated[CausalMode, typer.Option(help="Causal masking: no, yes, or both.")] = CausalMode.no,
+    batch: Annotated[int, typer.Option(help="Batch size B.")] = 1,
+    heads: Annotated[int, typer.Option(help="Heads H.")] = 8,
+    head_dim: Annotated[int, typer.Option(help="Head dimension D.")] = 64,
+    dtype: Annotated[DType, typer.Option(help="Data type of q, k, v.")] = DType.float32,
+    window: Annotated[Optional[int], typer.Option(help="Sliding-window width w (variants that take 'window'; default 256).")] = None,
+    compression: Annotated[Optional[int], typer.Option(help="Memory-compressed stride c (default 3).")] = None,
+    option: Annotated[Optional[list[str]], typer.Option(help="Any variant option as name=value, e.g. global_tokens=16; repeatable.")] = None,
+    repeats: Annotated[int, typer.Option(help="At most this many timed calls per cell.")] = 10,
+    warmup: Annotated[int, typer.Option(help="Untimed calls before timing.")] = 1,
+    min_time: Annotated[float, typer.Option(help="Stop timing a cell after 3 calls once this many seconds were timed.")] = 1.0,
+    cell_timeout: Annotated[float, typer.Option(help="Seconds a cell may take (check, warm-up, timing, memory) before it is killed.")] = 300.0,
+    memory_budget: Annotated[str, typer.Option(help="Memory a cell may use: auto (60% of free RAM, 90% of free GPU memory) or a size like 8GiB.")] = "auto",
+    threads: Annotated[int, typer.Option(help="CPU threads per cell (0: torch's default, all cores).")] = 0,
+    check_len: Annotated[int, typer.Option(help="N of the correctness check against the dense reference.")] = 320,
+    out: Annotated[Optional[Path], typer.Option(help="Run directory to create (default results/<timestamp>-<host>); never overwritten.")] = None,
+    resume: Annotated[Optional[Path], typer.Option(help="Finish this run: only its missing cells, with its original options.")] = None,
+    import_: Annotated[Optional[list[str]], typer.Option("--import", help="Module to import first (it may register more variants).")] = None,
+) -> None:
+    """Sweep variants x sequence length x device x pass: time, peak memory and FLOP/s of every cell.
+
+    Every cell runs in a process of its own, after the variant was checked against its dense
+    definition on that device; each finished cell is written to RUN_DIR/results.jsonl at once, so
+    an out-of-memory kill, a crash, a timeout or Ctrl-C loses nothing that finished
+    (continue with --resume RUN_DIR). Example:
+
+        bench run --variants full,sliding_window,linear --max-len 16384 --passes fwd
+    """
+    console = _console()
+    from harness import runner
+    from harness.machine import environment
+    from harness.storage import read_metadata, write_metadata
+
+    try:
+        if resume is not None:
+            metadata = read_metadata(resume)
+            config = RunConfig.from_json(metadata["config"])
+            _import_modules(list(config.imports))
+            run_dir = resume
+            console.print(f"resuming {run_dir} with its original options (other options given now are ignored)")
+        else:
+            _import_modules(import_ or [])
+            config = build_config(
+                variants_, min_len, max_len, lengths, devices, passes, causal, batch, heads, head_dim, dtype, window,
+                compression, option or [], repeats, warmup, min_time, cell_timeout, threads, check_len, import_ or [],
+            )
+            run_dir = out or _default_out_dir()
+            if run_dir.exists():
+                raise ArgumentError(f"--out: {run_dir} already exists; a run never overwrites one (use --resume {run_dir} to finish it)")
+    except (ArgumentError, FileNotFoundError) as err:
+        raise typer.BadParameter(str(err)) from None
+
+    if resume is None:
+        run_dir.mkdir(parents=True)
+        with console.status("measuring the machine's matmul peak"):
+            machine = runner.measure_machine(config)
+        try:
+            budgets = _budgets(memory_budget, config.devices, machine)
+        except ArgumentError as err:
+            run_dir.rmdir()
+            raise typer.BadParameter(str(err)) from None
+        config = RunConfig.from_json({**config.to_json(), "memory_budget": dict(budgets)})
+        write_metadata(run_dir, {"config": config.to_json(), "environment": environment(sys.argv), "machine": machine,
+                                 "argv": sys.argv})
+    _sweep_with_progress(config, run_dir, console)
+
+
+def _sweep_with_progress(config: RunConfig, run_dir: Path, console: Console) -> None:
+    from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn, TimeRemainingColumn
+
+    from harness import runner
+    from harness.summary import render_summary, summarize
+
+    todo = runner.todo_cells(config, run_dir)
+    progress = Progress(TextColumn("{task.description}"), BarColumn(), MofNCompleteColumn(), TimeElapsedColumn(),
+                        TextColumn("ETA"), TimeRemainingColumn(), console=console, transient=False)
+    counts: dict[str, int] = {}
+
+    def on_row(cell, row):
+        if row is None:
+            progress.update(task, description=f"[cyan]{cell.label()}[/]")
+            return
+        counts[row["status"]] = counts.get(row["status"], 0) + 1
+        progress.advance(task)
+
+    try:
+        with progress:
+            task = progress.add_task("starting", total=len(todo))
+            rows = runner.sweep(config, run_dir, on_row=on_row)
+    except KeyboardInterrupt:
+        kept = len(runner.read_rows(run_dir))
+        console.print(f"\n[yellow]interrupted[/]: {kept} finished cells are kept in {run_dir / 'results.jsonl'}")
+        console.print(f"resume with: [bold]bench run --resume {run_dir}[/]")
+        raise typer.Exit(130) from None
+    render_summary(summarize(rows), console)
+    statuses = ", ".join(f"{n} {s}" for s, n in sorted(counts.items()))
+    console.print(f"results: {run_dir / 'results.jsonl'}  (this session: {statuses or 'nothing left to run'})")
+    console.print(f"metadata: {run_dir / 'metadata.json'}")
+    if rows and not any(row["status"] == "ok" for row in rows):
+        console.print("[red]no cell ran successfully[/]; see the messages in results.jsonl and worker.log")
+        raise typer.Exit(1)
+
+
+def main() -> None:  # pragma: no cover
+    app()
+
+
+if __name__ == "__main__":  # pragma: no cover
+    main()

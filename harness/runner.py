@@ -1,0 +1,216 @@
+"""The sweep: decide each cell's fate, run it in its own process, append its row the moment it exists.
+
+The parent never runs attention. For each cell it decides, in order:
+  1. skipped by the variant's spec (device, causal, backward, dtype) or because its series already
+     stopped (oom / timeout / skipped at a smaller N), or predicted above the memory budget;
+  2. incorrect (or the check's own failure) when the variant disagrees with its dense definition
+     at a small N on that device — checked once per (device, variant, causal), before any timing;
+  3. otherwise measured in a child process: ok, oom, timeout or error.
+"""
+
+from __future__ import annotations
+
+import time
+from dataclasses import dataclass, field
+from datetime import datetime, timezone
+from pathlib import Path
+from typing import Callable
+
+import torch
+
+import variants
+from harness import worker
+from harness.config import Cell, RunConfig, plan
+from harness.isolation import Outcome, run_isolated
+from harness.storage import RowWriter, drop_torn_tail, read_rows
+
+STOPPING = ("oom", "timeout", "skipped")
+WORKER_LOG = "worker.log"  # what the cells' processes print (compiler warnings, tracebacks)  # a series that hits one of these does not try larger N
+
+
+def cell_key(row: dict) -> tuple:
+    return (row["device"], row["variant"], row["pass"], bool(row["causal"]), int(row["n"]))
+
+
+def fmt_bytes(n: float | None) -> str:
+    if n is None:
+        return "?"
+    for unit in ("B", "KiB", "MiB", "GiB", "TiB"):
+        if abs(n) < 1024 or unit == "TiB":
+            return f"{n:.0f} {unit}" if unit == "B" else f"{n:.1f} {unit}"
+        n /= 1024
+    return f"{n:.1f} TiB"
+
+
+@dataclass
+class SweepState:
+    """What the parent knows while it sweeps: finished cells, stopped series, checked variants."""
+
+    done: set = field(default_factory=set)
+    stopped: dict = field(default_factory=dict)  # series -> (n, status)
+    checks: dict = field(default_factory=dict)  # (device, variant, causal) -> (status, message) or None when it passed
+
+    @classmethod
+    def from_rows(cls, rows: list[dict]) -> "SweepState":
+        state = cls()
+        for row in sorted(rows, key=lambda r: int(r["n"])):
+            state.record(row)
+        return state
+
+    def record(self, row: dict) -> None:
+        key = cell_key(row)
+        self.done.add(key)
+        series = key[:4]
+        if row["status"] in STOPPING and series not in self.stopped:
+            self.stopped[series] = (key[4], row["status"])
+
+
+def static_skip_reason(config: RunConfig, cell: Cell) -> str | None:
+    """Why the spec says this cell cannot run, or None."""
+    cls = variants.variant_class(cell.variant)
+    reason = cls.unavailable_reason(cell.device)
+    if reason:
+        return f"unavailable: {reason}"
+    if cell.causal and not cls.spec.supports_causal:
+        return f"{cell.variant} does not support causal attention"
+    if cell.pass_ == "fwdbwd":
+        reason = cls.backward_unsupported_reason(cell.device)
+        if reason:
+            return reason
+    if config.dtype not in cls.spec.dtypes:
+        return f"{cell.variant} does not support {config.dtype} (supports {', '.join(cls.spec.dtypes)})"
+    return None
+
+
+def predicted_bytes(config: RunConfig, cell: Cell, attn) -> int:
+    """Inputs (and their gradients) plus the variant's own estimate of its extra memory."""
+    el = torch.empty((), dtype=config.torch_dtype).element_size()
+    backward = cell.pass_ == "fwdbwd"
+    inputs = 3 * config.batch * config.heads * cell.n * config.head_dim * el * (3 if backward else 1)
+    extra = attn.memory_estimate(config.batch, config.heads, cell.n, cell.n, config.head_dim, config.head_dim, el, cell.causal, backward)
+    return int(inputs + extra)
+
+
+def base_row(config: RunConfig, cell: Cell) -> dict:
+    return {
+        "device": cell.device, "variant": cell.variant, "pass": cell.pass_, "causal": cell.causal, "n": cell.n,
+        "batch": config.batch, "heads": config.heads, "head_dim": config.head_dim, "dtype": config.dtype,
+        "options": {k: v for k, v in variants.effective_options(cell.variant, **config.variant_options(cell.variant)).items()
+                    if k not in ("num_heads", "head_dim")},
+        "status": None, "message": "", "time_median_s": None, "time_min_s": None, "time_iqr_s": None, "timed_calls": 0,
+        "peak_bytes": None, "reserved_bytes": None, "predicted_bytes": None, "flops": None, "gflops": None,
+        "threads": None, "wall_s": None, "finished": None,
+    }
+
+
+def useful_flops(config: RunConfig, cell: Cell, attn) -> float:
+    d = config.head_dim
+    per_head = attn.flops(cell.n, cell.n, d, d, cell.causal)
+    if cell.pass_ == "fwdbwd":
+        per_head *= attn.backward_flops_factor
+    return per_head * config.batch * config.heads
+
+
+def outcome_status(outcome: Outcome) -> tuple[str, str]:
+    """(status, message) for a child that did not return a result normally."""
+    if outcome.kind == "timeout":
+        return "timeout", "killed after --cell-timeout"
+    if outcome.kind == "exception":
+        _, _, oom = outcome.value
+        return ("oom" if oom else "error"), outcome.describe()
+    if outcome.kind == "killed":
+        import signal
+
+        if outcome.signal == signal.SIGKILL:
+            return "oom", outcome.describe() + " (most likely the kernel's out-of-memory killer)"
+        return "error", outcome.describe()
+    return "error", outcome.describe()
+
+
+def run_cell(config: RunConfig, cell: Cell, state: SweepState, log_path: str | None = None) -> dict:
+    row = base_row(config, cell)
+    started = time.perf_counter()
+    status, message, measured = decide(config, cell, state, row, log_path)
+    row.update(status=status, message=message, **(measured or {}))
+    if status == "ok":
+        row["gflops"] = row["flops"] / row["time_median_s"] / 1e9 if row["time_median_s"] else None
+    row["wall_s"] = round(time.perf_counter() - started, 3)
+    row["finished"] = datetime.now(timezone.utc).isoformat(timespec="seconds")
+    return row
+
+
+def decide(config: RunConfig, cell: Cell, state: SweepState, row: dict, log_path: str | None = None):
+    reason = static_skip_reason(config, cell)
+    if reason:
+        return "skipped", reason, None
+    if cell.series in state.stopped:
+        n, status = state.stopped[cell.series]
+        return "skipped", f"series stopped at N={n} ({status})", None
+    attn = variants.build(cell.variant, **config.variant_options(cell.variant))
+    row["flops"] = useful_flops(config, cell, attn)
+    row["predicted_bytes"] = predicted = predicted_bytes(config, cell, attn)
+    budget = config.budget(cell.device)
+    if budget is not None and predicted > budget:
+        return "skipped", f"predicted {fmt_bytes(predicted)} > memory budget {fmt_bytes(budget)}", None
+    check = ensure_checked(config, cell, state, log_path)
+    if check is not None:
+        return check[0], check[1], None
+    outcome = run_isolated(worker.measure_cell, (config, cell), timeout=config.cell_timeout,
+                           imports=config.imports, log_path=log_path)
+    if outcome.kind == "result":
+        return "ok", "", outcome.value
+    return (*outcome_status(outcome), None)
+
+
+def ensure_checked(config: RunConfig, cell: Cell, state: SweepState, log_path: str | None = None):
+    """None when the variant matches its dense definition on this device; else (status, message) for its cells."""
+    key = (cell.device, cell.variant, cell.causal)
+    if key not in state.checks:
+        outcome = run_isolated(worker.check_variant, (config, cell.device, cell.variant, cell.causal),
+                               timeout=config.cell_timeout, imports=config.imports, log_path=log_path)
+        if outcome.kind == "result":
+            result = outcome.value
+            state.checks[key] = None if result["ok"] else ("incorrect", result["message"])
+        else:
+            status, message = outcome_status(outcome)
+            state.checks[key] = (status, f"correctness check failed: {message}")
+    return state.checks[key]
+
+
+def sweep(config: RunConfig, run_dir: Path, on_row: Callable[[Cell, dict | None], None] | None = None) -> list[dict]:
+    """Run every cell of the plan that has no row yet; returns all rows of the run."""
+    drop_torn_tail(run_dir)
+    rows = read_rows(run_dir)
+    state = SweepState.from_rows(rows)
+    todo = [cell for cell in plan(config) if cell.key not in state.done]
+    log_path = str(Path(run_dir) / WORKER_LOG)
+    with RowWriter(run_dir) as writer:
+        for cell in todo:
+            if on_row:
+                on_row(cell, None)
+            row = run_cell(config, cell, state, log_path)
+            writer.append(row)
+            state.record(row)
+            rows.append(row)
+            if on_row:
+                on_row(cell, row)
+    return rows
+
+
+def todo_cells(config: RunConfig, run_dir: Path) -> list[Cell]:
+    done = {cell_key(row) for row in read_rows(run_dir)}
+    return [cell for cell in plan(config) if cell.key not in done]
+
+
+def measure_machine(config: RunConfig) -> dict:
+    """Matmul peaks per device (run's dtype, and float32) and GPU details, each measured in a child."""
+    info: dict = {"matmul_peak_gflops": {}, "gpu": None}
+    for device in config.devices:
+        if device == "cuda":
+            outcome = run_isolated(worker.cuda_info, (), timeout=120)
+            info["gpu"] = outcome.value if outcome.kind == "result" else {"error": outcome.describe()}
+        for dtype in dict.fromkeys((config.dtype, "float32")):
+            outcome = run_isolated(worker.matmul_peak, (device, dtype, config.threads), timeout=120)
+            value = outcome.value["gflops"] if outcome.kind == "result" else None
+            info["matmul_peak_gflops"][f"{device}/{dtype}"] = value
+    return info

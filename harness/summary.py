@@ -1,0 +1,118 @@
+"""What a run's rows say: scaling exponents, crossovers against `full`, the summary table.
+
+Reads rows only (never measures). Used by `bench run` at the end and by the reports.
+"""
+
+from __future__ import annotations
+
+import math
+
+import numpy as np
+import pandas as pd
+
+PANEL = ["device", "pass", "causal"]
+
+
+def fit_exponent(ns, values, upper_fraction: float = 0.5) -> float | None:
+    """Least-squares slope of log(value) on log(N) over the upper lengths (at least 2 points)."""
+    points = sorted((n, v) for n, v in zip(ns, values) if v is not None and v > 0 and not math.isnan(v))
+    if len(points) < 2:
+        return None
+    keep = max(2, math.ceil(len(points) * upper_fraction))
+    points = points[-keep:]
+    x = np.log([p[0] for p in points])
+    y = np.log([p[1] for p in points])
+    if np.ptp(x) == 0:
+        return None
+    return float(np.polyfit(x, y, 1)[0])
+
+
+def crossover(variant: pd.DataFrame, baseline: pd.DataFrame) -> tuple[int | None, str]:
+    """Smallest N from which `variant` is faster than `baseline` at every larger common N.
+
+    Returns (N, note): note is "" or "always faster" / "never faster" / "no common N".
+    """
+    a = variant.set_index("n")["time_median_s"]
+    b = baseline.set_index("n")["time_median_s"]
+    common = sorted(set(a.index) & set(b.index))
+    if not common:
+        return None, "no common N"
+    faster = [a[n] < b[n] for n in common]
+    if not faster[-1]:
+        return None, "never faster"
+    i = len(faster) - 1
+    while i > 0 and faster[i - 1]:
+        i -= 1
+    return common[i], ("always faster" if i == 0 else "")
+
+
+def summarize(rows: list[dict] | pd.DataFrame, baseline: str = "full") -> pd.DataFrame:
+    """One line per (device, pass, causal, variant): largest N that ran, its time and memory, exponents, crossover."""
+    df = rows if isinstance(rows, pd.DataFrame) else pd.DataFrame(rows)
+    if df.empty:
+        return pd.DataFrame()
+    lines = []
+    for (device, pass_, causal, variant), group in df.groupby(PANEL + ["variant"], sort=False):
+        ok = group[group["status"] == "ok"].sort_values("n")
+        stop = group[group["status"] != "ok"].sort_values("n")
+        line = {"device": device, "pass": pass_, "causal": bool(causal), "variant": variant,
+                "max_n": None, "time_s": None, "peak_bytes": None, "time_exp": None, "mem_exp": None,
+                "crossover_n": None, "crossover_note": "", "stopped": ""}
+        if not ok.empty:
+            last = ok.iloc[-1]
+            line.update(max_n=int(last["n"]), time_s=float(last["time_median_s"]), peak_bytes=last["peak_bytes"],
+                        time_exp=fit_exponent(ok["n"], ok["time_median_s"]),
+                        mem_exp=fit_exponent(ok["n"], ok["peak_bytes"].astype(float)))
+            if variant != baseline:
+                base = df[(df["device"] == device) & (df["pass"] == pass_) & (df["causal"] == causal)
+                          & (df["variant"] == baseline) & (df["status"] == "ok")]
+                if not base.empty:
+                    line["crossover_n"], line["crossover_note"] = crossover(ok, base)
+        if not stop.empty:
+            first = stop.iloc[0]
+            reason = str(first.get("message") or "")
+            line["stopped"] = f"{first['status']} at N={int(first['n'])}"
+            if reason and not reason.startswith("series stopped"):
+                line["stopped"] += f": {reason[:60]}"
+        lines.append(line)
+    return pd.DataFrame(lines)
+
+
+def _fmt(value, fmt) -> str:
+    return "—" if value is None or pd.isna(value) else fmt(value)
+
+
+def crossover_text(line: dict) -> str:
+    note, n = line.get("crossover_note") or "", line.get("crossover_n")
+    if note in ("never faster", "no common N"):
+        return note
+    if n is None or pd.isna(n):
+        return "—"
+    return f"<= {int(n)}" if note == "always faster" else str(int(n))
+
+
+def render_summary(summary: pd.DataFrame, console, title: str = "Summary") -> None:
+    """Print the summary as rich tables, one per (device, pass, causal)."""
+    from rich.table import Table
+
+    from harness.runner import fmt_bytes
+
+    if summary.empty:
+        console.print("[yellow]no rows to summarize[/]")
+        return
+    for (device, pass_, causal), panel in summary.groupby(PANEL, sort=False):
+        table = Table(title=f"{title}: {device}, {pass_}, {'causal' if causal else 'non-causal'}", title_justify="left")
+        for col in ("variant", "largest N", "time", "peak mem", "time ~ N^", "mem ~ N^", "beats full from N", "stopped"):
+            table.add_column(col, justify="left" if col in ("variant", "stopped") else "right")
+        for line in panel.to_dict("records"):
+            table.add_row(
+                line["variant"],
+                _fmt(line["max_n"], lambda n: str(int(n))),
+                _fmt(line["time_s"], lambda t: f"{t * 1e3:.1f} ms"),
+                _fmt(line["peak_bytes"], fmt_bytes),
+                _fmt(line["time_exp"], lambda e: f"{e:.2f}"),
+                _fmt(line["mem_exp"], lambda e: f"{e:.2f}"),
+                "(baseline)" if line["variant"] == "full" else crossover_text(line),
+                line["stopped"],
+            )
+        console.print(table)

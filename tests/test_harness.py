@@ -1,0 +1,242 @@
+"""`bench run` and `bench list`: rows and statuses on tiny sweeps, faults, resume, bad arguments."""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pandas as pd
+import pytest
+from typer.testing import CliRunner
+
+from harness.cli import app
+from harness.storage import read_metadata, read_rows
+
+runner = CliRunner()
+TESTS = Path(__file__).resolve().parent
+FAST = ["--check-len", "32", "--repeats", "2", "--min-time", "0", "--warmup", "0", "--heads", "2", "--head-dim", "16"]
+
+
+def bench(*args: str):
+    result = runner.invoke(app, list(args), env={"COLUMNS": "200"})
+    return result
+
+
+def run_dir_rows(path: Path) -> pd.DataFrame:
+    return pd.read_json(path / "results.jsonl", lines=True)
+
+
+def test_tiny_sweep_writes_every_cell(tmp_path):
+    out = tmp_path / "run"
+    result = bench("run", "--variants", "full,linear,sliding_window", "--lengths", "32,64", "--causal", "both",
+                   "--window", "8", "--out", str(out), *FAST)
+    assert result.exit_code == 0, result.output
+    rows = run_dir_rows(out)
+    assert len(rows) == 3 * 2 * 2 * 2
+    assert set(rows["status"]) == {"ok"}
+    assert rows.duplicated(["device", "variant", "pass", "causal", "n"]).sum() == 0
+    for col in ("time_median_s", "time_min_s", "time_iqr_s", "peak_bytes", "flops", "gflops", "threads", "wall_s"):
+        assert rows[col].notna().all(), col
+    assert (rows["time_min_s"] <= rows["time_median_s"]).all()
+    sw = rows[rows["variant"] == "sliding_window"]
+    assert all(o == {"window": 8, "global_tokens": 0, "block_size": None, "scale": None} for o in sw["options"])
+    fwdbwd = rows[(rows["pass"] == "fwdbwd") & (rows["variant"] == "full") & (rows["n"] == 64) & ~rows["causal"]]
+    assert fwdbwd["flops"].iloc[0] == pytest.approx(3.5 * 2 * 64 * 64 * 32 * 2)  # 3.5 x forward, B=1, H=2, D+Dv=32
+    meta = read_metadata(out)
+    assert meta["config"]["lengths"] == [32, 64]
+    for key in ("command", "versions", "git", "cpu", "python"):
+        assert key in meta["environment"]
+    assert meta["machine"]["matmul_peak_gflops"]["cpu/float32"] > 0
+    assert "beats full from N" in result.output and "results:" in result.output
+
+
+def test_faults_cost_one_cell_each(tmp_path):
+    out = tmp_path / "faults"
+    result = bench("run", "--import", "fault_variants", "--variants", "test_raises,test_hangs,test_kills_itself,test_segfaults",
+                   "--lengths", "32,128,256", "--passes", "fwd", "--cell-timeout", "8", "--out", str(out), *FAST)
+    assert result.exit_code == 0, result.output
+    rows = run_dir_rows(out).set_index(["variant", "n"])
+    assert rows.loc[("test_raises", 32), "status"] == "ok"
+    assert rows.loc[("test_raises", 128), "status"] == "error"
+    assert "ValueError: deliberate failure" in rows.loc[("test_raises", 128), "message"]
+    assert rows.loc[("test_raises", 256), "status"] == "error"  # an error does not stop the series
+    assert rows.loc[("test_hangs", 128), "status"] == "timeout"
+    assert rows.loc[("test_kills_itself", 128), "status"] == "oom"
+    assert "SIGKILL" in rows.loc[("test_kills_itself", 128), "message"]
+    assert rows.loc[("test_segfaults", 128), "status"] == "error"
+    assert "SIGSEGV" in rows.loc[("test_segfaults", 128), "message"]
+    for name in ("test_hangs", "test_kills_itself"):  # timeout and oom stop the series
+        assert rows.loc[(name, 256), "status"] == "skipped"
+        assert "series stopped at N=128" in rows.loc[(name, 256), "message"]
+
+
+def test_memory_budget_predicts_and_enforces(tmp_path):
+    out = tmp_path / "budget"
+    result = bench("run", "--import", "fault_variants", "--variants", "test_hog,test_huge", "--lengths", "32,4096",
+                   "--passes", "fwd", "--memory-budget", "64MiB", "--out", str(out), *FAST)
+    assert result.exit_code == 0, result.output
+    rows = run_dir_rows(out).set_index(["variant", "n"])
+    assert rows.loc[("test_hog", 32), "status"] == "ok"
+    assert rows.loc[("test_hog", 4096), "status"] == "oom"  # 256 MiB asked for, 64 MiB allowed
+    assert rows.loc[("test_huge", 32), "status"] == "skipped"
+    assert "predicted 1024.0 TiB > memory budget 64.0 MiB" in rows.loc[("test_huge", 32), "message"]
+
+
+def test_reported_memory_is_what_the_call_allocates(tmp_path):
+    from fault_variants import ALLOC_MIB
+
+    out = tmp_path / "alloc"
+    result = bench("run", "--import", "fault_variants", "--variants", "test_alloc,full", "--lengths", "128",
+                   "--passes", "fwd", "--out", str(out), *FAST)
+    assert result.exit_code == 0, result.output
+    rows = run_dir_rows(out).set_index("variant")
+    extra = (rows.loc["test_alloc", "peak_bytes"] - rows.loc["full", "peak_bytes"]) / 2**20
+    assert ALLOC_MIB - 4 <= extra <= ALLOC_MIB + 8, f"reported {extra:.1f} MiB for a {ALLOC_MIB} MiB allocation"
+
+
+def test_incorrect_variant_is_never_timed(tmp_path):
+    out = tmp_path / "wrong"
+    result = bench("run", "--import", "fault_variants", "--variants", "test_wrong,full", "--lengths", "32,64",
+                   "--passes", "fwd", "--out", str(out), *FAST)
+    assert result.exit_code == 0, result.output
+    rows = run_dir_rows(out)
+    wrong = rows[rows["variant"] == "test_wrong"]
+    assert set(wrong["status"]) == {"incorrect"}
+    assert wrong["time_median_s"].isna().all()
+    assert "relative error vs dense float64" in wrong["message"].iloc[0]
+
+
+def test_every_cell_failing_exits_nonzero(tmp_path):
+    result = bench("run", "--import", "fault_variants", "--variants", "test_raises", "--lengths", "128,256",
+                   "--passes", "fwd", "--out", str(tmp_path / "bad"), *FAST)
+    assert result.exit_code == 1
+    assert "no cell ran successfully" in result.output
+
+
+def test_spec_limits_are_skipped_with_reason(tmp_path):
+    out = tmp_path / "spec"
+    result = bench("run", "--variants", "sliding_window_flex,full_xformers", "--lengths", "32", "--out", str(out), *FAST)
+    assert result.exit_code == 0, result.output
+    rows = run_dir_rows(out).set_index(["variant", "pass"])
+    assert rows.loc[("sliding_window_flex", "fwd"), "status"] == "ok"
+    assert rows.loc[("sliding_window_flex", "fwdbwd"), "status"] == "skipped"
+    assert "no backward on cpu" in rows.loc[("sliding_window_flex", "fwdbwd"), "message"]
+    assert "unavailable: full_xformers runs on cuda, not cpu" in rows.loc[("full_xformers", "fwd"), "message"]
+
+
+@pytest.mark.parametrize(
+    "args, message",
+    [
+        (["--variants", "full,nope"], "unknown variant(s) nope; available: all, full"),
+        (["--devices", "cuda"], "cuda was asked for, but no CUDA device is available"),
+        (["--devices", "tpu"], "--devices: 'tpu' is not allowed; choose from cpu, cuda"),
+        (["--lengths", "1k,2k"], "--lengths: '1k,2k' is not a comma-separated list of integers"),
+        (["--passes", "back"], "--passes: 'back' is not allowed; choose from fwd, fwdbwd"),
+        (["--memory-budget", "lots"], "--memory-budget: 'lots' is not a size"),
+        (["--option", "window"], "--option: 'window' must look like name=value"),
+        (["--window", "0", "--variants", "sliding_window"], "window=0 is invalid; expected an int >= 1"),
+        (["--compression", "3", "--variants", "full"], "option compression=3 is taken by none of the selected variants"),
+        (["--min-len", "512", "--max-len", "256"], "need 1 <= min-len <= max-len"),
+        (["--heads", "0"], "--heads: 0 is not allowed; it must be >= 1"),
+    ],
+    ids=["unknown-variant", "no-cuda", "bad-device", "bad-lengths", "bad-pass", "bad-size", "bad-option", "bad-window",
+         "unused-option", "bad-range", "bad-heads"],
+)
+def test_invalid_arguments(tmp_path, args, message):
+    if "cuda" in args and __import__("torch").cuda.is_available():
+        pytest.skip("this machine has CUDA")
+    result = bench("run", *args, "--out", str(tmp_path / "x"))
+    assert result.exit_code == 2
+    assert message in " ".join(result.output.split()).replace("│", "").replace("  ", " ") or message in result.output
+    assert not (tmp_path / "x").exists()
+
+
+def test_existing_out_dir_is_never_overwritten(tmp_path):
+    (tmp_path / "taken").mkdir()
+    result = bench("run", "--out", str(tmp_path / "taken"), "--lengths", "32")
+    assert result.exit_code == 2
+    assert "already exists" in result.output
+
+
+def _bench_process(*args: str) -> subprocess.Popen:
+    env = {**os.environ, "PYTHONPATH": f"{TESTS}{os.pathsep}{os.environ.get('PYTHONPATH', '')}", "COLUMNS": "200"}
+    return subprocess.Popen([sys.executable, "-m", "harness.cli", *args], env=env, stdout=subprocess.PIPE,
+                            stderr=subprocess.STDOUT, text=True, start_new_session=True)
+
+
+def _wait_for_rows(path: Path, count: int, proc: subprocess.Popen, limit: float = 120) -> None:
+    deadline = time.time() + limit
+    while time.time() < deadline:
+        if len(read_rows(path)) >= count:
+            return
+        if proc.poll() is not None:
+            pytest.fail(f"bench exited early: {proc.stdout.read()}")
+        time.sleep(0.1)
+    pytest.fail("no rows appeared")
+
+
+SLOW_RUN = ["--import", "fault_variants", "--variants", "test_slow,full", "--lengths", "65,66,67,68,69,70",
+            "--passes", "fwd", *FAST]
+
+
+def test_sigkill_mid_run_then_resume_gives_exactly_the_plan(tmp_path):
+    out = tmp_path / "killed"
+    proc = _bench_process("run", *SLOW_RUN, "--out", str(out))
+    _wait_for_rows(out, 2, proc)
+    os.killpg(proc.pid, signal.SIGKILL)  # the parent and everything it started
+    proc.wait()
+    kept = read_rows(out)
+    assert 2 <= len(kept) < 12
+    resumed = _bench_process("run", "--resume", str(out))
+    output, _ = resumed.communicate(timeout=300)
+    assert resumed.returncode == 0, output
+    rows = run_dir_rows(out)
+    keys = list(zip(rows["variant"], rows["n"]))
+    assert sorted(keys) == sorted((v, n) for v in ("test_slow", "full") for n in range(65, 71))  # complete, no duplicates
+    assert set(rows["status"]) == {"ok"}
+    assert "resuming" in output
+
+
+def test_ctrl_c_keeps_rows_and_says_how_to_resume(tmp_path):
+    out = tmp_path / "interrupted"
+    proc = _bench_process("run", *SLOW_RUN, "--out", str(out))
+    _wait_for_rows(out, 1, proc)
+    proc.send_signal(signal.SIGINT)
+    output, _ = proc.communicate(timeout=60)
+    assert proc.returncode == 130, output
+    assert f"bench run --resume {out}" in " ".join(output.split())
+    assert len(read_rows(out)) >= 1
+
+
+def test_torn_last_line_is_dropped_on_resume(tmp_path):
+    out = tmp_path / "torn"
+    assert bench("run", "--variants", "full", "--lengths", "32,64", "--passes", "fwd", "--out", str(out), *FAST).exit_code == 0
+    lines = (out / "results.jsonl").read_text().splitlines(keepends=True)
+    (out / "results.jsonl").write_text(lines[0] + lines[1][:20])  # as if killed mid-write of the second row
+    assert len(read_rows(out)) == 1
+    result = bench("run", "--resume", str(out))
+    assert result.exit_code == 0, result.output
+    rows = run_dir_rows(out)
+    assert sorted(rows["n"]) == [32, 64]
+
+
+def test_list_shows_variants_and_availability():
+    result = runner.invoke(app, ["list"], env={"COLUMNS": "250"})
+    assert result.exit_code == 0, result.output
+    for name in ("full", "full_naive", "full_xformers", "sliding_window", "sliding_window_flex", "linear", "memory_compressed"):
+        assert name in result.output
+    if not __import__("torch").cuda.is_available():
+        assert "no CUDA device is available" in result.output
+    assert "runs on cuda, not cpu" in result.output
+
+
+def test_help_explains_options():
+    result = runner.invoke(app, ["run", "--help"], env={"COLUMNS": "200"})
+    assert result.exit_code == 0
+    for text in ("--variants", "--memory-budget", "--resume", "--cell-timeout", "fwdbwd"):
+        assert text in result.output

@@ -1,0 +1,198 @@
+"""The one interface: registry, build, input validation, all-masked rows, shapes and dtypes."""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+
+import pytest
+import torch
+
+import variants
+from conftest import make_padding, make_qkv, ref_full
+
+# every variant that runs on CPU, with the options that make it exercise its method at small N
+CPU_VARIANTS = {
+    "full": {},
+    "full_naive": {},
+    "sliding_window": {"window": 3, "global_tokens": 1},
+    "linear": {"chunk_size": 4},
+    "memory_compressed": {"compression": 3, "num_heads": 2, "head_dim": 8},
+}
+
+
+def build_cpu(name, **extra):
+    return variants.build(name, **{**CPU_VARIANTS[name], **extra}).double()
+
+
+def test_available_lists_every_variant_sorted():
+    names = variants.available()
+    assert names == sorted(names)
+    assert {"full", "full_naive", "full_xformers", "sliding_window", "sliding_window_flex", "linear", "memory_compressed"} <= set(names)
+
+
+def test_importing_variants_does_not_import_xformers():
+    code = "import sys, variants; variants.available(); print('xformers' in sys.modules)"
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
+    assert out.stdout.strip() == "False"
+    assert "xformers" not in out.stderr.lower()
+
+
+def test_build_unknown_variant_lists_available():
+    with pytest.raises(ValueError, match=r"unknown variant 'nope'; available: .*full.*sliding_window"):
+        variants.build("nope")
+
+
+@pytest.mark.parametrize(
+    "name, options, pattern",
+    [
+        ("sliding_window", {"window": 0}, r"window=0 is invalid; expected an int >= 1"),
+        ("sliding_window", {"global_tokens": -1}, r"global_tokens=-1 is invalid"),
+        ("linear", {"feature_map": "relu"}, r"feature_map='relu' is invalid; allowed: 'elu'"),
+        ("linear", {"chunk_size": 0}, r"chunk_size=0 is invalid"),
+        ("memory_compressed", {"compression": 0, "num_heads": 2, "head_dim": 8}, r"compression=0 is invalid"),
+        ("memory_compressed", {}, r"num_heads and head_dim are required"),
+        ("full", {"scale": -1.0}, r"scale=-1.0 is invalid"),
+    ],
+    ids=["window0", "global-neg", "feature-map", "chunk0", "compression0", "mc-no-shape", "scale-neg"],
+)
+def test_build_invalid_option_value(name, options, pattern):
+    with pytest.raises(ValueError, match=pattern):
+        variants.build(name, **options)
+
+
+def test_build_unknown_option_names_allowed_ones():
+    with pytest.raises(TypeError, match=r"invalid options \['backend'\].*allowed options: window, global_tokens, block_size, scale"):
+        variants.build("sliding_window", backend="cuda-magic")
+
+
+def test_xformers_unavailable_on_cpu_says_why():
+    with pytest.raises(RuntimeError, match=r"'full_xformers' is unavailable: full_xformers runs on cuda, not cpu"):
+        variants.build("full_xformers")
+    assert "runs on cuda" in variants.variant_class("full_xformers").unavailable_reason("cpu")
+
+
+def test_spec_is_frozen_and_complete():
+    for name in variants.available():
+        spec = variants.variant_class(name).spec
+        assert spec.name == name and spec.summary and spec.reference
+        assert spec.time_complexity and spec.memory_complexity
+        with pytest.raises(AttributeError):
+            spec.name = "x"
+
+
+# -- input validation ---------------------------------------------------------------------------
+
+def _qkv(**kw):
+    return make_qkv(b=2, h=2, n_q=6, d=8, requires_grad=False, **kw)
+
+
+@pytest.mark.parametrize(
+    "make, pattern",
+    [
+        (lambda q, k, v: (q[0], k, v), r"q must have 4 dims \(B, H, N, D\), got shape \(2, 6, 8\)"),
+        (lambda q, k, v: (q, k[:1], v[:1]), r"batch and head dims must match"),
+        (lambda q, k, v: (q, k[..., :7], v), r"q and k must share the head dim D, got q D=8, k D=7"),
+        (lambda q, k, v: (q, k, v[:, :, :5]), r"k and v must share the key length Nk, got k Nk=6, v Nk=5"),
+        (lambda q, k, v: (q.long(), k, v), r"q must be a floating-point tensor, got dtype torch.int64"),
+        (lambda q, k, v: (q, k.float(), v), r"q, k, v must share one dtype"),
+        (lambda q, k, v: (q.tolist(), k, v), r"q must be a torch.Tensor"),
+    ],
+    ids=["rank", "batch-heads", "head-dim", "key-length", "int-dtype", "mixed-dtype", "not-tensor"],
+)
+@pytest.mark.parametrize("name", sorted(CPU_VARIANTS))
+def test_bad_tensors_raise_clear_errors(name, make, pattern):
+    attn = build_cpu(name)
+    with pytest.raises((ValueError, TypeError), match=pattern):
+        attn(*make(*_qkv()))
+
+
+@pytest.mark.parametrize("name", sorted(CPU_VARIANTS))
+def test_bad_mask_raises_clear_errors(name):
+    attn = build_cpu(name)
+    q, k, v = _qkv()
+    with pytest.raises(TypeError, match=r"key_padding_mask must be a bool tensor \(True = real token\), got torch.float32"):
+        attn(q, k, v, key_padding_mask=torch.ones(2, 6))
+    with pytest.raises(ValueError, match=r"key_padding_mask must have shape \(B, Nk\) = \(2, 6\), got \(2, 5\)"):
+        attn(q, k, v, key_padding_mask=torch.ones(2, 5, dtype=torch.bool))
+
+
+def test_cross_attention_rejected_where_unsupported():
+    q, _, _ = _qkv()
+    _, k, v = make_qkv(b=2, h=2, n_q=9, d=8, requires_grad=False)
+    with pytest.raises(ValueError, match=r"sliding_window: cross-attention \(Nq=6 != Nk=9\) is not supported"):
+        build_cpu("sliding_window")(q, k, v)
+
+
+def test_causal_cross_attention_rejected():
+    q, _, _ = _qkv()
+    _, k, v = make_qkv(b=2, h=2, n_q=9, d=8, requires_grad=False)
+    with pytest.raises(ValueError, match=r"causal=True needs self-attention shapes \(Nq == Nk\), got Nq=6, Nk=9"):
+        build_cpu("full")(q, k, v, causal=True)
+
+
+def test_shape_hints_are_checked():
+    attn = variants.build("full", num_heads=3)
+    with pytest.raises(ValueError, match=r"built for num_heads=3, got H=2"):
+        attn(*_qkv())
+
+
+# -- behaviour every variant shares ---------------------------------------------------------------
+
+@pytest.mark.parametrize("causal", [False, True], ids=["bidir", "causal"])
+@pytest.mark.parametrize("name", sorted(CPU_VARIANTS))
+def test_all_masked_rows_give_zeros_not_nan(name, causal):
+    attn = build_cpu(name)
+    q, k, v = make_qkv(b=3, h=2, n_q=10, d=8)
+    kpm = torch.ones(3, 10, dtype=torch.bool)
+    kpm[1] = False  # a batch element with no real key at all
+    kpm[2, :4] = False  # causal: its first 4 queries see no real key
+    out = attn(q, k, v, causal=causal, key_padding_mask=kpm)
+    assert torch.isfinite(out).all()
+    assert (out[1] == 0).all()
+    if causal:
+        assert (out[2, :, :4] == 0).all()
+    out.sum().backward()
+    assert all(torch.isfinite(t.grad).all() for t in (q, k, v))
+
+
+@pytest.mark.parametrize("name", sorted(CPU_VARIANTS))
+def test_length_one_and_odd_lengths(name):
+    attn = build_cpu(name)
+    for n in (1, 7):
+        q, k, v = make_qkv(b=1, h=2, n_q=n, d=8, requires_grad=False)
+        out = attn(q, k, v, causal=True)
+        assert out.shape == (1, 2, n, 8)
+        torch.testing.assert_close(out, attn.reference(q, k, v, causal=True))
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16, torch.float16], ids=["fp32", "bf16", "fp16"])
+@pytest.mark.parametrize("name", sorted(CPU_VARIANTS))
+def test_lower_precision_close_to_float64(name, dtype):
+    attn = variants.build(name, **CPU_VARIANTS[name]).to(dtype)
+    q, k, v = make_qkv(b=1, h=2, n_q=33, d=8, dtype=dtype, requires_grad=False)
+    kpm = make_padding(1, 33, all_padded_row=False)
+    out = attn(q, k, v, causal=True, key_padding_mask=kpm)
+    assert out.dtype == dtype
+    ref = attn.double().reference(q.double(), k.double(), v.double(), causal=True, key_padding_mask=kpm)
+    tol = {torch.float32: 1e-5, torch.bfloat16: 5e-2, torch.float16: 1e-2}[dtype]
+    torch.testing.assert_close(out.double(), ref, atol=tol, rtol=tol)
+
+
+@pytest.mark.parametrize("name", sorted(CPU_VARIANTS))
+def test_reference_method_matches_independent_reference_for_full(name):
+    # the variants' own dense references (used by the harness) agree with the tests' for exact attention
+    if name not in ("full", "full_naive"):
+        pytest.skip("exact attention only")
+    q, k, v = make_qkv(requires_grad=False)
+    kpm = make_padding(2, 16)
+    torch.testing.assert_close(build_cpu(name).reference(q, k, v, causal=True, key_padding_mask=kpm), ref_full(q, k, v, True, kpm))
+
+
+@pytest.mark.parametrize("name", sorted(CPU_VARIANTS))
+def test_gradcheck_float64(name):
+    attn = build_cpu(name, **({"num_heads": 1, "head_dim": 3} if name == "memory_compressed" else {}))
+    q, k, v = make_qkv(b=1, h=1, n_q=5, d=3)
+    kpm = torch.tensor([[True, False, True, True, True]])
+    assert torch.autograd.gradcheck(lambda q, k, v: attn(q, k, v, causal=True, key_padding_mask=kpm), (q, k, v))
+    assert torch.autograd.gradcheck(lambda q, k, v: attn(q, k, v), (q, k, v))
