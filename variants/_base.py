@@ -65,9 +65,8 @@ class AttentionVariant(nn.Module):
         super().__init__()
         if scale is not None and not (isinstance(scale, (int, float)) and math.isfinite(scale) and scale > 0):
             raise ValueError(f"{self.spec.name}: option scale={scale!r} is invalid; expected a positive finite number or None (= D ** -0.5)")
-        for opt, val in (("num_heads", num_heads), ("head_dim", head_dim)):
-            if val is not None and not (isinstance(val, int) and not isinstance(val, bool) and val >= 1):
-                raise ValueError(f"{self.spec.name}: option {opt}={val!r} is invalid; expected a positive int or None")
+        self._check_int("num_heads", num_heads, 1, allow_none=True)
+        self._check_int("head_dim", head_dim, 1, allow_none=True)
         self.scale = scale
         self.num_heads = num_heads
         self.head_dim = head_dim
@@ -127,6 +126,14 @@ class AttentionVariant(nn.Module):
 
     def _attend(self, q: Tensor, k: Tensor, v: Tensor, causal: bool, key_padding_mask: Tensor | None) -> Tensor:
         raise NotImplementedError
+
+    def _check_int(self, option: str, value, minimum: int, allow_none: bool = False) -> None:
+        """ValueError naming the option unless `value` is an int >= minimum (or None where allowed)."""
+        if allow_none and value is None:
+            return
+        if not isinstance(value, int) or isinstance(value, bool) or value < minimum:
+            allowed = f"an int >= {minimum}" + (" or None" if allow_none else "")
+            raise ValueError(f"{self.spec.name}: option {option}={value!r} is invalid; expected {allowed}")
 
     def _scale(self, q: Tensor) -> float:
         return self.scale if self.scale is not None else q.shape[-1] ** -0.5

@@ -80,8 +80,7 @@ class LinearAttention(AttentionVariant):
         super().__init__(**base)
         if feature_map != "elu":
             raise ValueError(f"linear: option feature_map={feature_map!r} is invalid; allowed: 'elu'")
-        if not isinstance(chunk_size, int) or isinstance(chunk_size, bool) or chunk_size < 1:
-            raise ValueError(f"linear: option chunk_size={chunk_size!r} is invalid; expected an int >= 1")
+        self._check_int("chunk_size", chunk_size, 1)
         if not (isinstance(eps, (int, float)) and eps > 0):
             raise ValueError(f"linear: option eps={eps!r} is invalid; expected a positive number")
         self.feature_map, self.chunk_size, self.eps = feature_map, chunk_size, float(eps)

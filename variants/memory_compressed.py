@@ -64,17 +64,15 @@ class MemoryCompressedAttention(AttentionVariant):
 
     def __init__(self, *, compression: int = 3, value_dim: int | None = None, **base):
         super().__init__(**base)
-        if not isinstance(compression, int) or isinstance(compression, bool) or compression < 1:
-            raise ValueError(f"memory_compressed: option compression={compression!r} is invalid; expected an int >= 1")
+        self._check_int("compression", compression, 1)
         if self.num_heads is None or self.head_dim is None:
             raise ValueError(
                 "memory_compressed: options num_heads and head_dim are required (the per-head convolutions are "
                 f"parameters), got num_heads={self.num_heads!r}, head_dim={self.head_dim!r}"
             )
         h, d = self.num_heads, self.head_dim
+        self._check_int("value_dim", value_dim, 1, allow_none=True)
         dv = d if value_dim is None else value_dim
-        if not isinstance(dv, int) or dv < 1:
-            raise ValueError(f"memory_compressed: option value_dim={value_dim!r} is invalid; expected an int >= 1 or None (= head_dim)")
         self.compression, self.value_dim = compression, dv
         # conv1d(groups=H) layout: (H * Dout, Din, c)
         self.k_weight = nn.Parameter(torch.empty(h * d, d, compression))

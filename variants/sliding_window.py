@@ -253,12 +253,9 @@ class SlidingWindowAttention(AttentionVariant):
 
     def __init__(self, *, window: int = 256, global_tokens: int = 0, block_size: int | None = None, **base):
         super().__init__(**base)
-        if not isinstance(window, int) or isinstance(window, bool) or window < 1:
-            raise ValueError(f"sliding_window: option window={window!r} is invalid; expected an int >= 1")
-        if not isinstance(global_tokens, int) or isinstance(global_tokens, bool) or global_tokens < 0:
-            raise ValueError(f"sliding_window: option global_tokens={global_tokens!r} is invalid; expected an int >= 0")
-        if block_size is not None and (not isinstance(block_size, int) or isinstance(block_size, bool) or block_size < 1):
-            raise ValueError(f"sliding_window: option block_size={block_size!r} is invalid; expected an int >= 1 or None")
+        self._check_int("window", window, 1)
+        self._check_int("global_tokens", global_tokens, 0)
+        self._check_int("block_size", block_size, 1, allow_none=True)
         self.window, self.global_tokens, self.block_size = window, global_tokens, block_size
 
     def _attend(self, q: Tensor, k: Tensor, v: Tensor, causal: bool, key_padding_mask: Tensor | None) -> Tensor:

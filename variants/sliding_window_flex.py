@@ -87,10 +87,8 @@ class FlexSlidingWindowAttention(AttentionVariant):
 
     def __init__(self, *, window: int = 256, global_tokens: int = 0, **base):
         super().__init__(**base)
-        if not isinstance(window, int) or isinstance(window, bool) or window < 1:
-            raise ValueError(f"sliding_window_flex: option window={window!r} is invalid; expected an int >= 1")
-        if not isinstance(global_tokens, int) or isinstance(global_tokens, bool) or global_tokens < 0:
-            raise ValueError(f"sliding_window_flex: option global_tokens={global_tokens!r} is invalid; expected an int >= 0")
+        self._check_int("window", window, 1)
+        self._check_int("global_tokens", global_tokens, 0)
         self.window, self.global_tokens = window, global_tokens
         self._masks: dict[tuple, object] = {}  # block masks without key padding, per (N, causal, device)
 
