@@ -73,7 +73,7 @@ def summarize(rows: list[dict] | pd.DataFrame, baseline: str = "full") -> pd.Dat
             reason = str(first.get("message") or "")
             line["stopped"] = f"{first['status']} at N={int(first['n'])}"
             if reason and not reason.startswith("series stopped"):
-                line["stopped"] += f": {reason[:60]}"
+                line["stopped"] += f": {reason[:120]}"
         lines.append(line)
     return pd.DataFrame(lines)
 

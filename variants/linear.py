@@ -33,9 +33,21 @@ def elu_feature_map(x: Tensor) -> Tensor:
     return x.clamp_max(0).exp_() + torch.relu(x)  # relu, not clamp_min: its gradient at 0 is 0
 
 
-def _groups(n: int, size: int):
-    """Slices covering 0..n in steps of `size`."""
-    return [slice(start, min(n, start + size)) for start in range(0, n, size)]
+def _split(size: int, *tensors: Tensor | None):
+    """Zip of the tensors cut along N into groups of `size` (None stays None).
+
+    `split`, not one slice per group: under autograd each slice's backward builds a gradient the
+    size of the whole input, which over N / size groups is quadratic in N; split's backward is one cat.
+    """
+    parts = [t.split(size, dim=2) if t is not None else None for t in tensors]
+    count = next(len(p) for p in parts if p is not None)
+    return zip(*[p if p is not None else [None] * count for p in parts])
+
+
+def _join(parts: list[Tensor]) -> Tensor:
+    """Concatenate the groups' outputs along N (one cat; writing into slices of a preallocated
+    output would, under autograd, again cost a full-size gradient per group)."""
+    return parts[0] if len(parts) == 1 else torch.cat(parts, dim=2)
 
 
 def _causal_group(q: Tensor, k: Tensor, v: Tensor, state: Tensor, norm: Tensor, chunk: int):
@@ -95,17 +107,17 @@ class LinearAttention(AttentionVariant):
         b, h, n_k, d = k.shape
         dv = v.shape[-1]
         state, norm = k.new_zeros(b, h, d, dv), k.new_zeros(b, h, d, 1)
-        for part in _groups(n_k, GROUP_POSITIONS):  # in groups: the features are never all held at once
-            kf = elu_feature_map(k[:, :, part])
-            if keep is not None:  # padded keys contribute to neither sum
-                kf = kf * keep[:, :, part]
-            state = state + torch.matmul(kf.transpose(-1, -2), v[:, :, part])  # Σ φ(k_j) v_jᵀ: (B, H, D, Dv)
+        for kg, vg, keep_g in _split(GROUP_POSITIONS, k, v, keep):  # in groups: features are never all held at once
+            kf = elu_feature_map(kg)
+            if keep_g is not None:  # padded keys contribute to neither sum
+                kf = kf * keep_g
+            state = state + torch.matmul(kf.transpose(-1, -2), vg)  # Σ φ(k_j) v_jᵀ: (B, H, D, Dv)
             norm = norm + kf.sum(-2)[..., None]  # Σ φ(k_j): (B, H, D, 1)
-        out = q.new_empty(b, h, q.shape[-2], dv)
-        for part in _groups(q.shape[-2], GROUP_POSITIONS):
-            qf = elu_feature_map(q[:, :, part])
-            out[:, :, part] = torch.matmul(qf, state) / (torch.matmul(qf, norm) + self.eps)
-        return out
+        outs = []
+        for (qg,) in _split(GROUP_POSITIONS, q):
+            qf = elu_feature_map(qg)
+            outs.append(torch.matmul(qf, state) / (torch.matmul(qf, norm) + self.eps))
+        return _join(outs)
 
     def _causal(self, q: Tensor, k: Tensor, v: Tensor, keep: Tensor | None) -> Tensor:
         b, h, n, d = q.shape
@@ -119,14 +131,14 @@ class LinearAttention(AttentionVariant):
         if keep is not None:
             keep, _ = pad_to_multiple(keep, chunk)  # the padding added here is masked like any padded key
         state, norm = q.new_zeros(b, h, d, dv), q.new_zeros(b, h, d, 1)
-        out = q.new_empty(b, h, q.shape[-2], dv)
-        for part in _groups(q.shape[-2], max(chunk, GROUP_POSITIONS // chunk * chunk)):
-            kf = elu_feature_map(k[:, :, part])
-            if keep is not None:
-                kf = kf * keep[:, :, part]
-            num, den, state, norm = _causal_group(elu_feature_map(q[:, :, part]), kf, v[:, :, part], state, norm, chunk)
-            out[:, :, part] = num / (den + self.eps)
-        return out[:, :, :n]
+        outs = []
+        for qg, kg, vg, keep_g in _split(max(chunk, GROUP_POSITIONS // chunk * chunk), q, k, v, keep):
+            kf = elu_feature_map(kg)
+            if keep_g is not None:
+                kf = kf * keep_g
+            num, den, state, norm = _causal_group(elu_feature_map(qg), kf, vg, state, norm, chunk)
+            outs.append(num / (den + self.eps))
+        return _join(outs)[:, :, :n]
 
     def reference(self, q, k, v, *, causal=False, key_padding_mask=None):
         """The explicit O(N²) form: A = φ(Q)φ(K)ᵀ (masked), rows normalized by their sums (+ eps), times V."""
