@@ -282,6 +282,151 @@ def _sweep_with_progress(config: RunConfig, run_dir: Path, console: Console) -> 
         raise typer.Exit(1)
 
 
+class Format(str, Enum):
+    png = "png"
+    svg = "svg"
+    pdf = "pdf"
+
+
+def _run_dir(path: Path) -> Path:
+    from harness.storage import read_metadata
+
+    try:
+        read_metadata(path)
+    except FileNotFoundError as err:
+        raise typer.BadParameter(str(err)) from None
+    return path
+
+
+@app.command()
+def plot(
+    run_dir: Annotated[Path, typer.Argument(help="A run directory written by bench run.")],
+    format: Annotated[Format, typer.Option("--format", help="Image format.")] = Format.png,
+    out: Annotated[Optional[Path], typer.Option(help="Where to write the figures (default RUN_DIR/figures).")] = None,
+) -> None:
+    """Draw the run's figures: time and memory vs N (log-log, fitted exponents), speed-up over full, fraction of the matmul peak.
+
+    Reads the run directory only (works on partial runs); the same run gives byte-identical files.
+    """
+    from harness.plots import plot_run
+
+    try:
+        paths = plot_run(_run_dir(run_dir), out, format.value)
+    except ValueError as err:
+        raise typer.BadParameter(str(err)) from None
+    for path in paths:
+        _console().print(f"wrote {path}")
+
+
+@app.command()
+def report(
+    run_dir: Annotated[Path, typer.Argument(help="A run directory written by bench run.")],
+) -> None:
+    """Write RUN_DIR/REPORT.md: command and environment, figures, per-panel tables, exponents, crossovers, cells that did not run."""
+    from harness.plots import plot_run
+    from harness.report import write_report
+
+    run_dir = _run_dir(run_dir)
+    try:
+        figures = plot_run(run_dir)
+    except ValueError as err:
+        raise typer.BadParameter(str(err)) from None
+    path = write_report(run_dir, figures)
+    _console().print(f"wrote {path} and {len(figures)} figures in {run_dir / 'figures'}")
+
+
+def _percent(text: str) -> float:
+    raw = text.strip().removesuffix("%")
+    try:
+        value = float(raw) / 100
+    except ValueError:
+        raise typer.BadParameter(f"--fail-if-slower: {text!r} is not a percentage (e.g. 10%)") from None
+    if value < 0:
+        raise typer.BadParameter(f"--fail-if-slower: {text!r} must be >= 0%")
+    return value
+
+
+@app.command()
+def compare(
+    run_a: Annotated[Path, typer.Argument(help="The reference run (A).")],
+    run_b: Annotated[Path, typer.Argument(help="The run to compare with it (B).")],
+    fail_if_slower: Annotated[Optional[str], typer.Option(help="Exit 1 when a variant's geometric-mean time ratio B/A exceeds 1 + this, e.g. 10%.")] = None,
+) -> None:
+    """Match the cells of two runs and print time and memory ratios B/A, with a geometric mean per variant.
+
+    For catching regressions between commits or machines: `bench compare results/old results/new --fail-if-slower 10%`.
+    """
+    from rich.table import Table
+
+    from harness.report import compare_runs
+
+    threshold = _percent(fail_if_slower) if fail_if_slower is not None else None
+    cells, per_variant = compare_runs(_run_dir(run_a), _run_dir(run_b))
+    console = _console()
+    if cells.empty:
+        console.print("[yellow]no matching ok cells[/] (same device, variant, pass, causal, N, B, H, D and dtype)")
+        raise typer.Exit(1 if threshold is not None else 0)
+    table = Table(title=f"B/A per cell  (A = {run_a}, B = {run_b})", title_justify="left")
+    for col in ("device", "variant", "pass", "causal", "N", "time A", "time B", "time B/A", "mem B/A"):
+        table.add_column(col, justify="right" if col not in ("device", "variant", "pass") else "left")
+    for r in cells.sort_values(["device", "variant", "pass", "causal", "n"]).to_dict("records"):
+        table.add_row(r["device"], r["variant"], r["pass"], "yes" if r["causal"] else "no", str(r["n"]),
+                      f"{r['time_median_s_a'] * 1e3:.3g} ms", f"{r['time_median_s_b'] * 1e3:.3g} ms",
+                      f"{r['time_ratio']:.3f}", "—" if r["mem_ratio"] != r["mem_ratio"] else f"{r['mem_ratio']:.3f}")
+    console.print(table)
+    summary = Table(title="geometric mean per variant", title_justify="left")
+    for col in ("device", "variant", "pass", "causal", "cells", "time B/A", "mem B/A", "verdict"):
+        summary.add_column(col)
+    failed = []
+    for r in per_variant.to_dict("records"):
+        slower = threshold is not None and r["time_geomean"] > 1 + threshold
+        if slower:
+            failed.append(f"{r['variant']} ({r['device']}, {r['pass']}{', causal' if r['causal'] else ''})")
+        verdict = "[red]slower[/]" if slower else ("ok" if threshold is not None else "")
+        summary.add_row(r["device"], r["variant"], r["pass"], "yes" if r["causal"] else "no", str(r["cells"]),
+                        f"{r['time_geomean']:.3f}", "—" if r["mem_geomean"] != r["mem_geomean"] else f"{r['mem_geomean']:.3f}", verdict)
+    console.print(summary)
+    if failed:
+        console.print(f"[red]slower by more than {threshold:.0%}[/]: {', '.join(failed)}")
+        raise typer.Exit(1)
+
+
+@app.command()
+def viz(
+    variants_: Annotated[str, typer.Option("--variants", help="'all' or names, comma-separated.")] = "all",
+    n: Annotated[int, typer.Option("--n", help="Sequence length of the picture.")] = 64,
+    causal: Annotated[bool, typer.Option("--causal/--no-causal", help="Draw the causal pattern.")] = False,
+    window: Annotated[int, typer.Option(help="Sliding window w for the picture (small, so the band shows).")] = 6,
+    global_tokens: Annotated[int, typer.Option(help="Global tokens for the sliding-window variants.")] = 2,
+    compression: Annotated[int, typer.Option(help="Memory-compressed stride c.")] = 4,
+    out: Annotated[Path, typer.Option(help="Image to write (.png, .svg or .pdf).")] = Path("attention_patterns.png"),
+    import_: Annotated[Optional[list[str]], typer.Option("--import", help="Module to import first (it may register more variants).")] = None,
+) -> None:
+    """Heat-maps, side by side, of the attention weights each variant applies to one random input.
+
+    Softmax variants show their weights, linear its normalized kernel matrix, memory_compressed the
+    weight each query gives each original position. The weights are read off the variant itself
+    (called with v = identity), so the picture is also a visual check of causality and of the window.
+    """
+    from harness.viz import attention_patterns, draw_patterns
+
+    try:
+        _import_modules(import_ or [])
+        names = tuple(variants.available()) if variants_.strip() == "all" else resolve_variants(variants_, ("cpu",))
+    except ArgumentError as err:
+        raise typer.BadParameter(str(err)) from None
+    if n < 1 or n > 2048:
+        raise typer.BadParameter(f"--n: {n} is not allowed; use 1 <= n <= 2048 (the picture holds an N x N matrix)")
+    if out.suffix.lstrip(".") not in ("png", "svg", "pdf"):
+        raise typer.BadParameter(f"--out: {out} must end in .png, .svg or .pdf")
+    result = attention_patterns(list(names), n, causal, {"window": window, "global_tokens": global_tokens, "compression": compression})
+    path = draw_patterns(result, out, n, causal)
+    console = _console()
+    for name, reason in result["skipped"].items():
+        console.print(f"skipped {name}: {reason}")
+    console.print(f"wrote {path}")
+
+
 def main() -> None:  # pragma: no cover
     app()
 

@@ -112,6 +112,16 @@ class AttentionVariant(nn.Module):
 
         return dense_attention(q, k, v, dense_mask(q.shape[-2], k.shape[-2], causal, key_padding_mask, q.device), self._scale(q))
 
+    def attention_matrix(self, q: Tensor, k: Tensor, *, causal: bool = False, key_padding_mask: Tensor | None = None) -> Tensor:
+        """The (B, H, Nq, Nk) weights the variant applies to the values: out = weights @ v.
+
+        Every variant here is linear in v, so calling it with v = identity (Dv = Nk) returns exactly
+        these weights. Variants that transform v first (memory_compressed) override this.
+        """
+        eye = torch.eye(k.shape[-2], dtype=q.dtype, device=q.device).expand(*k.shape[:2], -1, -1)
+        with torch.no_grad():
+            return self(q, k, eye, causal=causal, key_padding_mask=key_padding_mask)
+
     # -- the call -----------------------------------------------------------------------------
     def forward(self, q: Tensor, k: Tensor, v: Tensor, *, causal: bool = False, key_padding_mask: Tensor | None = None) -> Tensor:
         """Attention of q over (k, v). Shapes (B, H, Nq, D), (B, H, Nk, D), (B, H, Nk, Dv) -> (B, H, Nq, Dv)."""

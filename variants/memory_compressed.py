@@ -156,17 +156,38 @@ class MemoryCompressedAttention(AttentionVariant):
     def reference(self, q, k, v, *, causal=False, key_padding_mask=None):
         """The same compression, then dense softmax attention over [slots, raw keys] with the visibility mask."""
         kc, vc, slot_valid = self.compressed_kv(k, v, key_padding_mask)
+        values = torch.cat([vc, v], 2) if causal else vc
+        return self._reference_weights(q, k, kc, slot_valid, causal, key_padding_mask, values)
+
+    def _reference_weights(self, q, k, kc, slot_valid, causal, key_padding_mask, values):
+        """Dense attention of q over [slots (, raw keys when causal)] applied to `values`."""
         n_q, n_k, m, c = q.shape[-2], k.shape[-2], kc.shape[-2], self.compression
         slot_ok = torch.ones(1, m, dtype=torch.bool, device=q.device) if slot_valid is None else slot_valid
         if not causal:
-            return dense_attention(q, kc, vc, slot_ok[:, None, None, :], self._scale(q))
+            return dense_attention(q, kc, values, slot_ok[:, None, None, :], self._scale(q))
         i = torch.arange(n_q, device=q.device)[:, None]
         complete = (torch.arange(m, device=q.device)[None, :] + 1) * c - 1 <= i  # slot fully <= i
         j = torch.arange(n_k, device=q.device)[None, :]
         recent = (j >= (i + 1) // c * c) & (j <= i)  # raw keys of the unfinished block
         raw_ok = torch.ones(1, n_k, dtype=torch.bool, device=q.device) if key_padding_mask is None else key_padding_mask
         allowed = torch.cat([complete[None, None] & slot_ok[:, None, None, :], recent[None, None] & raw_ok[:, None, None, :]], -1)
-        return dense_attention(q, torch.cat([kc, k], 2), torch.cat([vc, v], 2), allowed, self._scale(q))
+        return dense_attention(q, torch.cat([kc, k], 2), values, allowed, self._scale(q))
+
+    def attention_matrix(self, q, k, *, causal=False, key_padding_mask=None):
+        """Weight each query gives each original position: a slot's weight is spread evenly over its c
+        positions (the conv mixes them with learned weights, so no single share is more right); raw
+        keys keep their own weight. Rows sum to 1, like the softmax weights of the other variants."""
+        with torch.no_grad():
+            n_k, c = k.shape[-2], self.compression
+            m = math.ceil(n_k / c)
+            kc, slot_valid = compress(k, self.k_weight, self.k_bias, c, key_padding_mask)
+            # the module's own definition with v = identity over [slots, raw keys] gives the weights on each
+            width = m + (n_k if causal else 0)
+            eye = torch.eye(width, dtype=q.dtype, device=q.device).expand(*q.shape[:2], -1, -1)
+            weights = self._reference_weights(q, k, kc, slot_valid, causal, key_padding_mask, eye)
+            slots, raw = weights[..., :m], weights[..., m:]
+            spread = slots.repeat_interleave(c, dim=-1)[..., :n_k] / c
+            return spread + raw if causal else spread
 
     def flops(self, n_q: int, n_k: int, d: int, dv: int, causal: bool) -> float:
         m = math.ceil(n_k / self.compression)

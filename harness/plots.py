@@ -1,0 +1,231 @@
+"""Figures of a run: time, memory, speed-up over `full`, and distance to the hardware's limit.
+
+Reads a run directory only (never measures). One figure per question, one panel per
+(device, pass, causal). Output is deterministic: the same run gives byte-identical files.
+"""
+
+from __future__ import annotations
+
+import math
+import zlib
+from pathlib import Path
+
+import pandas as pd
+
+from harness.storage import load_frame, read_metadata
+from harness.summary import PANEL, crossover, fit_exponent
+
+FORMATS = ("png", "svg", "pdf")
+BASELINE = "full"
+
+# fixed colour and marker per variant, the same in every figure and run; unknown names get a stable pick
+STYLE = {
+    "full": ("#1f77b4", "o"),
+    "full_naive": ("#7f7f7f", "x"),
+    "full_xformers": ("#17becf", "D"),
+    "sliding_window": ("#2ca02c", "s"),
+    "sliding_window_flex": ("#98df8a", "^"),
+    "linear": ("#d62728", "v"),
+    "memory_compressed": ("#9467bd", "P"),
+}
+_FALLBACK_COLORS = ["#8c564b", "#e377c2", "#bcbd22", "#ff7f0e", "#aec7e8", "#ffbb78", "#c5b0d5"]
+_FALLBACK_MARKERS = ["<", ">", "h", "*", "p", "d", "8"]
+STOP_MARKER = {"oom": "OOM", "timeout": "timeout", "skipped": "skipped", "error": "error", "incorrect": "incorrect"}
+
+
+def matplotlib_rc() -> None:
+    import matplotlib
+
+    matplotlib.use("Agg", force=True)
+    matplotlib.rcParams["svg.hashsalt"] = "attnbench"  # deterministic SVG ids
+
+
+def variant_style(name: str) -> tuple[str, str]:
+    if name in STYLE:
+        return STYLE[name]
+    h = zlib.crc32(name.encode())
+    return _FALLBACK_COLORS[h % len(_FALLBACK_COLORS)], _FALLBACK_MARKERS[(h // 7) % len(_FALLBACK_MARKERS)]
+
+
+def fmt_n(n: float) -> str:
+    n = int(n)
+    if n >= 1024 and n % 1024 == 0:
+        return f"{n // 1024}k"
+    return str(n)
+
+
+def caption(metadata: dict) -> str:
+    env, cfg = metadata.get("environment", {}), metadata.get("config", {})
+    gpu = (metadata.get("machine") or {}).get("gpu") or {}
+    cpu = env.get("cpu", {})
+    machine = f"{cpu.get('model') or 'CPU'} ({cpu.get('usable_cores') or cpu.get('cores')} cores)"
+    if gpu.get("name"):
+        machine += f", {gpu['name']}"
+    return (f"{machine} · {cfg.get('dtype')} · B={cfg.get('batch')} H={cfg.get('heads')} D={cfg.get('head_dim')}"
+            f" · torch {env.get('versions', {}).get('torch')}")
+
+
+def _panels(df: pd.DataFrame) -> list[tuple]:
+    return list(df[PANEL].drop_duplicates().itertuples(index=False, name=None))
+
+
+def _panel_title(panel: tuple) -> str:
+    device, pass_, causal = panel
+    return f"{device} · {'forward' if pass_ == 'fwd' else 'forward + backward'} · {'causal' if causal else 'non-causal'}"
+
+
+def _figure(n_panels: int, title: str, metadata: dict):
+    matplotlib_rc()
+    import matplotlib.pyplot as plt
+
+    cols = min(2, n_panels)
+    rows = math.ceil(n_panels / cols)
+    fig, axes = plt.subplots(rows, cols, figsize=(6.4 * cols, 4.8 * rows), squeeze=False, layout="constrained")
+    fig.suptitle(f"{title}\n{caption(metadata)}", fontsize=10)
+    for ax in axes.flat[n_panels:]:
+        ax.set_visible(False)
+    return fig, list(axes.flat[:n_panels])
+
+
+def _n_axis(ax, ns) -> None:
+    ax.set_xscale("log", base=2)
+    ticks = sorted(set(int(n) for n in ns))
+    ax.set_xticks(ticks)
+    ax.set_xticklabels([fmt_n(n) for n in ticks], fontsize=8)
+    ax.minorticks_off()
+    ax.set_xlabel("sequence length N")
+    ax.grid(True, which="major", alpha=0.3)
+
+
+def _guides(ax, ns, anchor: float) -> None:
+    """Faint O(N) and O(N²) lines through the smallest N at height `anchor`."""
+    lo, hi = min(ns), max(ns)
+    for power, label in ((1, "O(N)"), (2, "O(N²)")):
+        ys = [anchor * (n / lo) ** power for n in (lo, hi)]
+        ax.plot([lo, hi], ys, color="0.6", lw=0.8, ls=":", zorder=0)
+        ax.annotate(label, (hi, ys[1]), fontsize=7, color="0.5", xytext=(2, 0), textcoords="offset points")
+
+
+def _stop_marker(ax, group: pd.DataFrame, ycol: str, y_default: float, scale: float) -> None:
+    """Mark where a series stopped (oom, timeout, skipped...), at its last measured height (× scale)."""
+    failed = group[group["status"] != "ok"].sort_values("n")
+    if failed.empty:
+        return
+    first = failed.iloc[0]
+    ok = group[(group["status"] == "ok") & (group["n"] < first["n"])].sort_values("n")
+    y = float(ok.iloc[-1][ycol]) if not ok.empty and pd.notna(ok.iloc[-1][ycol]) and ok.iloc[-1][ycol] > 0 else y_default
+    y *= scale
+    color, _ = variant_style(first["variant"])
+    ax.scatter([first["n"]], [y], marker="X", s=60, color=color, edgecolor="black", linewidths=0.6, zorder=5)
+    ax.annotate(STOP_MARKER.get(first["status"], first["status"]), (first["n"], y), fontsize=7, color=color,
+                xytext=(4, -10), textcoords="offset points")
+
+
+def save_figure(fig, path: Path) -> Path:
+    """Save without the timestamps and version strings that would make two saves differ."""
+    fmt = path.suffix.lstrip(".") or "png"
+    metadata = {"png": {"Software": None}, "svg": {"Date": None, "Creator": None}, "pdf": {"CreationDate": None, "Creator": None, "Producer": None}}[fmt]
+    matplotlib_rc()
+    fig.savefig(path, format=fmt, dpi=110, metadata=metadata, bbox_inches="tight")
+    import matplotlib.pyplot as plt
+
+    plt.close(fig)
+    return path
+
+
+def _scaling_figure(df, metadata, ycol, ylabel, title, scale, path) -> Path:
+    panels = _panels(df)
+    fig, axes = _figure(len(panels), title, metadata)
+    for ax, panel in zip(axes, panels):
+        sub = df[(df["device"] == panel[0]) & (df["pass"] == panel[1]) & (df["causal"] == panel[2])]
+        ok_all = sub[(sub["status"] == "ok") & (sub[ycol] > 0)]
+        for variant, group in sub.groupby("variant", sort=False):
+            color, marker = variant_style(variant)
+            ok = group[(group["status"] == "ok") & (group[ycol] > 0)].sort_values("n")
+            if not ok.empty:
+                exponent = fit_exponent(ok["n"], ok[ycol].astype(float))
+                label = f"{variant}: n^{exponent:.2f}" if exponent is not None else variant
+                ax.plot(ok["n"], ok[ycol] * scale, color=color, marker=marker, ms=4, lw=1.4, label=label)
+            _stop_marker(ax, group, ycol, float(ok_all[ycol].min()) if not ok_all.empty else 1.0, scale)
+        if not ok_all.empty:
+            _guides(ax, sub["n"].tolist(), float(ok_all.sort_values("n").iloc[0][ycol]) * scale)
+        ax.set_yscale("log")
+        _n_axis(ax, sub["n"].tolist())
+        ax.set_ylabel(ylabel)
+        ax.set_title(_panel_title(panel), fontsize=9)
+        ax.legend(fontsize=7, loc="upper left")
+    return save_figure(fig, path)
+
+
+def _speedup_figure(df, metadata, path) -> Path:
+    panels = _panels(df)
+    fig, axes = _figure(len(panels), f"Speed-up over {BASELINE} (time of {BASELINE} / time of variant)", metadata)
+    for ax, panel in zip(axes, panels):
+        sub = df[(df["device"] == panel[0]) & (df["pass"] == panel[1]) & (df["causal"] == panel[2]) & (df["status"] == "ok")]
+        base = sub[sub["variant"] == BASELINE].set_index("n")["time_median_s"]
+        for variant, group in sub.groupby("variant", sort=False):
+            if variant == BASELINE or base.empty:
+                continue
+            color, marker = variant_style(variant)
+            ok = group.set_index("n")["time_median_s"]
+            common = sorted(set(ok.index) & set(base.index))
+            if not common:
+                continue
+            ax.plot(common, [base[n] / ok[n] for n in common], color=color, marker=marker, ms=4, lw=1.4, label=variant)
+            cross_n, note = crossover(group, sub[sub["variant"] == BASELINE])
+            if cross_n is not None and note != "always faster":
+                ax.scatter([cross_n], [base[cross_n] / ok[cross_n]], s=90, facecolors="none", edgecolors=color, linewidths=1.5, zorder=5)
+                ax.annotate(f"faster from {fmt_n(cross_n)}", (cross_n, base[cross_n] / ok[cross_n]), fontsize=7,
+                            color=color, xytext=(4, 6), textcoords="offset points")
+        ax.axhline(1.0, color="black", lw=0.8, ls="--")
+        ax.set_yscale("log")
+        _n_axis(ax, sub["n"].tolist() or [1])
+        ax.set_ylabel(f"speed-up over {BASELINE} (×)")
+        ax.set_title(_panel_title(panel), fontsize=9)
+        if ax.get_legend_handles_labels()[0]:
+            ax.legend(fontsize=7, loc="upper left")
+    return save_figure(fig, path)
+
+
+def _efficiency_figure(df, metadata, path) -> Path:
+    peaks = (metadata.get("machine") or {}).get("matmul_peak_gflops") or {}
+    dtype = metadata.get("config", {}).get("dtype", "float32")
+    panels = _panels(df)
+    fig, axes = _figure(len(panels), "Achieved useful FLOP/s as a fraction of the measured matmul peak", metadata)
+    for ax, panel in zip(axes, panels):
+        peak = peaks.get(f"{panel[0]}/{dtype}")
+        sub = df[(df["device"] == panel[0]) & (df["pass"] == panel[1]) & (df["causal"] == panel[2]) & (df["status"] == "ok")]
+        for variant, group in sub.groupby("variant", sort=False):
+            if not peak:
+                break
+            color, marker = variant_style(variant)
+            group = group.sort_values("n")
+            ax.plot(group["n"], group["gflops"] / peak, color=color, marker=marker, ms=4, lw=1.4, label=variant)
+        ax.axhline(1.0, color="black", lw=0.8, ls="--")
+        _n_axis(ax, sub["n"].tolist() or [1])
+        ax.set_ylabel(f"fraction of matmul peak ({peak:.0f} GFLOP/s)" if peak else "no matmul peak in metadata")
+        ax.set_title(_panel_title(panel), fontsize=9)
+        if ax.get_legend_handles_labels()[0]:
+            ax.legend(fontsize=7, loc="upper left")
+    return save_figure(fig, path)
+
+
+def plot_run(run_dir: Path, out_dir: Path | None = None, fmt: str = "png") -> list[Path]:
+    """Write the run's four figures into out_dir (default RUN_DIR/figures); returns their paths."""
+    if fmt not in FORMATS:
+        raise ValueError(f"format {fmt!r} is not supported; choose from {', '.join(FORMATS)}")
+    matplotlib_rc()
+    run_dir = Path(run_dir)
+    metadata = read_metadata(run_dir)
+    df = load_frame(run_dir)
+    if df.empty:
+        raise ValueError(f"{run_dir} has no results yet")
+    df["causal"] = df["causal"].astype(bool)
+    out_dir = Path(out_dir) if out_dir else run_dir / "figures"
+    out_dir.mkdir(parents=True, exist_ok=True)
+    return [
+        _scaling_figure(df, metadata, "time_median_s", "time per call (ms)", "Time per call vs sequence length", 1e3, out_dir / f"time.{fmt}"),
+        _scaling_figure(df, metadata, "peak_bytes", "peak extra memory (MiB)", "Peak extra memory vs sequence length", 1 / 2**20, out_dir / f"memory.{fmt}"),
+        _speedup_figure(df, metadata, out_dir / f"speedup.{fmt}"),
+        _efficiency_figure(df, metadata, out_dir / f"efficiency.{fmt}"),
+    ]

@@ -1,0 +1,128 @@
+"""REPORT.md of a run, and the comparison of two runs. Both read run directories only."""
+
+from __future__ import annotations
+
+import math
+from pathlib import Path
+
+import pandas as pd
+
+from harness.runner import fmt_bytes
+from harness.storage import load_frame, read_metadata
+from harness.summary import PANEL, crossover_text, summarize
+
+KEY = ["device", "variant", "pass", "causal", "n", "batch", "heads", "head_dim", "dtype"]
+
+
+def markdown_table(header: list[str], rows: list[list[str]]) -> str:
+    lines = ["| " + " | ".join(header) + " |", "|" + "|".join("---" for _ in header) + "|"]
+    lines += ["| " + " | ".join(str(c).replace("|", "\\|") for c in row) + " |" for row in rows]
+    return "\n".join(lines)
+
+
+def _cell_text(row: pd.Series) -> str:
+    if row["status"] != "ok":
+        return row["status"]
+    return f"{row['time_median_s'] * 1e3:.3g} ms / {fmt_bytes(row['peak_bytes'])}"
+
+
+def panel_tables(df: pd.DataFrame) -> list[tuple[tuple, str]]:
+    """Per (device, pass, causal): a variant x N table of 'time / memory' or the status."""
+    out = []
+    for panel, sub in df.groupby(PANEL, sort=False):
+        ns = sorted(sub["n"].unique())
+        rows = []
+        for variant, group in sub.groupby("variant", sort=False):
+            by_n = {int(r["n"]): _cell_text(r) for _, r in group.iterrows()}
+            rows.append([f"`{variant}`"] + [by_n.get(int(n), "") for n in ns])
+        out.append((panel, markdown_table(["variant"] + [f"N={int(n)}" for n in ns], rows)))
+    return out
+
+
+def _summary_table(summary: pd.DataFrame) -> str:
+    rows = []
+    for line in summary.to_dict("records"):
+        def num(value, fmt):
+            return "—" if value is None or (isinstance(value, float) and math.isnan(value)) else fmt(value)
+
+        rows.append([
+            line["device"], line["pass"], "yes" if line["causal"] else "no", f"`{line['variant']}`",
+            num(line["max_n"], lambda n: str(int(n))), num(line["time_s"], lambda t: f"{t * 1e3:.3g} ms"),
+            num(line["peak_bytes"], fmt_bytes), num(line["time_exp"], lambda e: f"{e:.2f}"), num(line["mem_exp"], lambda e: f"{e:.2f}"),
+            "(baseline)" if line["variant"] == "full" else crossover_text(line),
+        ])
+    return markdown_table(["device", "pass", "causal", "variant", "largest N", "time", "peak memory", "time ~ N^", "memory ~ N^", "beats full from N"], rows)
+
+
+def write_report(run_dir: Path, figures: list[Path]) -> Path:
+    """RUN_DIR/REPORT.md: command and environment, figures, tables, exponents, crossovers, cells that did not run."""
+    run_dir = Path(run_dir)
+    meta = read_metadata(run_dir)
+    df = load_frame(run_dir)
+    df["causal"] = df["causal"].astype(bool)
+    env, cfg, machine = meta.get("environment", {}), meta.get("config", {}), meta.get("machine", {})
+    cpu, git = env.get("cpu", {}), env.get("git", {})
+    peaks = ", ".join(f"{k}: {v:.0f} GFLOP/s" for k, v in (machine.get("matmul_peak_gflops") or {}).items() if v)
+    lines = [
+        f"# attnbench report: {run_dir.name}",
+        "",
+        f"Command: `{env.get('command', '?')}`",
+        "",
+        f"- Machine: {cpu.get('model')}, {cpu.get('usable_cores')} usable cores, {fmt_bytes(cpu.get('memory_bytes'))} RAM"
+        + (f"; GPU {machine['gpu'].get('name')} (driver {machine['gpu'].get('driver')})" if (machine.get("gpu") or {}).get("name") else ""),
+        f"- Software: Python {env.get('python')}, torch {env.get('versions', {}).get('torch')}, "
+        f"xformers {env.get('versions', {}).get('xformers') or 'not installed'}, attnbench {env.get('versions', {}).get('attnbench')} "
+        f"(git {str(git.get('commit'))[:10]}{' + local changes' if git.get('dirty') else ''})",
+        f"- Shape: B={cfg.get('batch')}, H={cfg.get('heads')}, D={cfg.get('head_dim')}, {cfg.get('dtype')}; "
+        f"options {cfg.get('options') or 'defaults'}; memory budget per cell "
+        + ", ".join(f"{d}: {fmt_bytes(b)}" for d, b in (cfg.get("memory_budget") or {}).items()),
+        f"- Measured matmul peak: {peaks or 'not measured'}",
+        f"- Started {env.get('started')}; {len(df)} cells, {int((df['status'] == 'ok').sum())} ok.",
+        "",
+        "Regenerate this report and its figures with `bench report " + str(run_dir) + "`.",
+        "",
+        "## Figures",
+        "",
+    ]
+    for fig in figures:
+        rel = Path(fig).resolve().relative_to(run_dir.resolve()) if Path(fig).resolve().is_relative_to(run_dir.resolve()) else Path(fig)
+        lines += [f"![{Path(fig).stem}]({rel.as_posix()})", ""]
+    lines += ["## Summary", "", "Exponents: least-squares slope of log(time) and log(memory) on log(N) over the upper half of the lengths that ran.", "",
+              _summary_table(summarize(df)), ""]
+    lines += ["## Every cell (median time / peak extra memory, or status)", ""]
+    for (device, pass_, causal), table in panel_tables(df):
+        lines += [f"### {device}, {pass_}, {'causal' if causal else 'non-causal'}", "", table, ""]
+    missing = df[df["status"] != "ok"]
+    lines += ["## Cells that did not run, and why", ""]
+    if missing.empty:
+        lines += ["Every cell ran.", ""]
+    else:
+        grouped = missing.groupby(["device", "variant", "pass", "causal", "status", "message"], sort=False)["n"].apply(lambda s: ", ".join(str(int(n)) for n in sorted(s)))
+        for (device, variant, pass_, causal, status, message), ns in grouped.items():
+            lines.append(f"- `{variant}` {device} {pass_}{' causal' if causal else ''}, N = {ns}: **{status}** — {message}")
+        lines.append("")
+    path = run_dir / "REPORT.md"
+    path.write_text("\n".join(lines))
+    return path
+
+
+def compare_runs(run_a: Path, run_b: Path) -> tuple[pd.DataFrame, pd.DataFrame]:
+    """(cells: ratios B/A per matched ok cell, per_variant: geometric means per variant)."""
+    a, b = load_frame(run_a), load_frame(run_b)
+    for df in (a, b):
+        df["causal"] = df["causal"].astype(bool)
+    a, b = a[a["status"] == "ok"], b[b["status"] == "ok"]
+    cols = KEY + ["time_median_s", "peak_bytes"]
+    merged = a[cols].merge(b[cols], on=KEY, suffixes=("_a", "_b"))
+    merged["time_ratio"] = merged["time_median_s_b"] / merged["time_median_s_a"]
+    merged["mem_ratio"] = merged["peak_bytes_b"].astype(float) / merged["peak_bytes_a"].astype(float).where(merged["peak_bytes_a"] > 0)
+    per_variant = merged.groupby(["device", "variant", "pass", "causal"], sort=False).agg(
+        cells=("n", "size"), time_geomean=("time_ratio", geomean), mem_geomean=("mem_ratio", geomean),
+    ).reset_index()
+    return merged, per_variant
+
+
+def geomean(values) -> float:
+    """Geometric mean of the positive, finite values; NaN when there is none."""
+    logs = [math.log(v) for v in values if v is not None and v > 0 and math.isfinite(v)]
+    return math.exp(sum(logs) / len(logs)) if logs else float("nan")

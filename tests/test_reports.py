@@ -1,0 +1,180 @@
+"""bench plot / report / compare / viz on small synthetic run directories (no measuring)."""
+
+from __future__ import annotations
+
+import hashlib
+import json
+from pathlib import Path
+
+import pytest
+import torch
+from typer.testing import CliRunner
+
+import variants
+from harness.cli import app
+from harness.storage import RowWriter, write_metadata
+from harness.summary import crossover, fit_exponent, summarize
+
+runner = CliRunner()
+NS = [256, 512, 1024, 2048, 4096]
+
+
+def make_run(path: Path, slow_factor: float = 1.0, partial: bool = False) -> Path:
+    """A run dir: full ~ n^2, linear ~ n, full_naive stops with oom at 2048, flex skipped for fwdbwd."""
+    path.mkdir(parents=True)
+    write_metadata(path, {
+        "config": {"dtype": "float32", "batch": 1, "heads": 8, "head_dim": 64, "options": {}, "memory_budget": {"cpu": 2**33}},
+        "environment": {"command": "bench run --test", "python": "3.11", "versions": {"torch": "2.13.0"},
+                        "cpu": {"model": "Test CPU", "usable_cores": 2, "memory_bytes": 2**34}, "git": {"commit": "abc", "dirty": False},
+                        "started": "2026-01-01T00:00:00+00:00"},
+        "machine": {"matmul_peak_gflops": {"cpu/float32": 100.0}, "gpu": None},
+    })
+    rows = []
+    for pass_ in ("fwd", "fwdbwd"):
+        for n in NS:
+            rows.append(_row("full", pass_, n, 1e-9 * n * n * slow_factor, 64 * n))
+            rows.append(_row("linear", pass_, n, 2e-6 * n * slow_factor, 256 * n))
+            if n < 2048:
+                rows.append(_row("full_naive", pass_, n, 3e-9 * n * n, 4 * n * n))
+            else:
+                rows.append(_row("full_naive", pass_, n, None, None, "oom" if n == 2048 else "skipped",
+                                 "killed" if n == 2048 else "series stopped at N=2048 (oom)"))
+            if pass_ == "fwd":
+                rows.append(_row("sliding_window_flex", pass_, n, 1e-6 * n, 128 * n))
+            else:
+                rows.append(_row("sliding_window_flex", pass_, n, None, None, "skipped", "sliding_window_flex has no backward on cpu"))
+    if partial:
+        rows = rows[: len(rows) // 2]
+    with RowWriter(path) as writer:
+        for row in rows:
+            writer.append(row)
+    return path
+
+
+def _row(variant, pass_, n, t, mem, status="ok", message=""):
+    return {"device": "cpu", "variant": variant, "pass": pass_, "causal": False, "n": n, "batch": 1, "heads": 8, "head_dim": 64,
+            "dtype": "float32", "options": {}, "status": status, "message": message, "time_median_s": t, "time_min_s": t,
+            "time_iqr_s": 0.0 if t else None, "peak_bytes": mem, "flops": 4.0 * n * n * 64 * 8 if t else None,
+            "gflops": (4.0 * n * n * 64 * 8 / t / 1e9) if t else None, "timed_calls": 3 if t else 0}
+
+
+def digest(path: Path) -> str:
+    return hashlib.sha256(path.read_bytes()).hexdigest()
+
+
+def test_fit_exponent_and_crossover():
+    assert fit_exponent(NS, [n**2 for n in NS]) == pytest.approx(2.0)
+    assert fit_exponent(NS, [3 * n for n in NS]) == pytest.approx(1.0)
+    assert fit_exponent([256], [1.0]) is None
+    import pandas as pd
+
+    base = pd.DataFrame({"n": NS, "time_median_s": [1e-9 * n * n for n in NS]})
+    fast = pd.DataFrame({"n": NS, "time_median_s": [1e-6 * n for n in NS]})
+    assert crossover(fast, base) == (1024, "")  # 1e-6 n < 1e-9 n^2  <=>  n > 1000
+    assert crossover(base, fast)[1] == "never faster"
+
+
+@pytest.mark.parametrize("fmt", ["png", "svg"])
+def test_plot_writes_figures_deterministically(tmp_path, fmt):
+    run = make_run(tmp_path / "run")
+    first = runner.invoke(app, ["plot", str(run), "--format", fmt, "--out", str(tmp_path / "a")])
+    second = runner.invoke(app, ["plot", str(run), "--format", fmt, "--out", str(tmp_path / "b")])
+    assert first.exit_code == 0 and second.exit_code == 0, first.output
+    names = sorted(p.name for p in (tmp_path / "a").iterdir())
+    assert names == sorted(f"{k}.{fmt}" for k in ("time", "memory", "speedup", "efficiency"))
+    for name in names:
+        assert digest(tmp_path / "a" / name) == digest(tmp_path / "b" / name), f"{name} differs between two runs"
+
+
+def test_plot_works_on_partial_runs(tmp_path):
+    run = make_run(tmp_path / "partial", partial=True)
+    result = runner.invoke(app, ["plot", str(run)])
+    assert result.exit_code == 0, result.output
+    assert (run / "figures" / "time.png").stat().st_size > 1000
+
+
+def test_plot_rejects_non_run_dirs(tmp_path):
+    result = runner.invoke(app, ["plot", str(tmp_path)])
+    assert result.exit_code == 2
+    assert "is not a run directory" in result.output
+
+
+def test_report_has_tables_exponents_and_reasons(tmp_path):
+    run = make_run(tmp_path / "run")
+    result = runner.invoke(app, ["report", str(run)])
+    assert result.exit_code == 0, result.output
+    text = (run / "REPORT.md").read_text()
+    assert "Command: `bench run --test`" in text
+    assert "![time](figures/time.png)" in text and "![memory](figures/memory.png)" in text
+    assert "| cpu | fwd | no | `full` | 4096 |" in text  # summary line of the baseline
+    assert "| 2.00 |" in text and "| 1.00 |" in text  # fitted exponents of full and linear
+    assert "`full_naive` cpu fwd, N = 2048: **oom** — killed" in text
+    assert "`sliding_window_flex` cpu fwdbwd, N = 256, 512, 1024, 2048, 4096: **skipped** — sliding_window_flex has no backward on cpu" in text
+    assert "| `linear` |" in text and "N=4096" in text
+
+
+def test_summary_crossover_of_synthetic_run(tmp_path):
+    from harness.storage import load_frame
+
+    summary = summarize(load_frame(make_run(tmp_path / "run"))).set_index(["pass", "variant"])
+    assert summary.loc[("fwd", "linear"), "crossover_n"] == 2048  # 2e-6 n < 1e-9 n^2  <=>  n > 2000
+    assert summary.loc[("fwd", "full_naive"), "stopped"].startswith("oom at N=2048")
+
+
+def test_compare_ratios_and_exit_codes(tmp_path):
+    a = make_run(tmp_path / "a")
+    b = make_run(tmp_path / "b", slow_factor=1.2)  # full and linear 20% slower, full_naive and flex unchanged
+    from harness.report import compare_runs
+
+    cells, per_variant = compare_runs(a, b)
+    ratios = per_variant.set_index(["variant", "pass"])["time_geomean"]
+    assert ratios[("full", "fwd")] == pytest.approx(1.2)
+    assert ratios[("full_naive", "fwd")] == pytest.approx(1.0)
+    assert len(cells) == 2 * 5 * 2 + 2 * 3 + 5  # full, linear: 10 each; naive: 6 ok; flex fwd: 5
+    ok = runner.invoke(app, ["compare", str(a), str(b), "--fail-if-slower", "25%"], env={"COLUMNS": "200"})
+    assert ok.exit_code == 0, ok.output
+    bad = runner.invoke(app, ["compare", str(a), str(b), "--fail-if-slower", "10%"], env={"COLUMNS": "200"})
+    assert bad.exit_code == 1
+    assert "slower by more than 10%" in bad.output and "linear" in bad.output
+    plain = runner.invoke(app, ["compare", str(a), str(b)], env={"COLUMNS": "200"})
+    assert plain.exit_code == 0 and "1.200" in plain.output
+    assert runner.invoke(app, ["compare", str(a), str(b), "--fail-if-slower", "fast"]).exit_code == 2
+
+
+@pytest.mark.parametrize("causal", [False, True], ids=["bidir", "causal"])
+def test_viz_draws_every_variant(tmp_path, causal):
+    out = tmp_path / "patterns.png"
+    args = ["viz", "--n", "32", "--out", str(out)] + (["--causal"] if causal else [])
+    result = runner.invoke(app, args, env={"COLUMNS": "200"})
+    assert result.exit_code == 0, result.output
+    assert out.stat().st_size > 1000
+    assert "skipped full_xformers" in result.output
+
+
+@pytest.mark.parametrize("name, options", [
+    ("full", {}), ("full_naive", {}), ("sliding_window", {"window": 3, "global_tokens": 2}),
+    ("sliding_window_flex", {"window": 3, "global_tokens": 2}), ("linear", {}),
+    ("memory_compressed", {"compression": 4}),
+])
+@pytest.mark.parametrize("causal", [False, True], ids=["bidir", "causal"])
+def test_attention_matrix_is_what_the_variant_applies(name, options, causal):
+    torch.manual_seed(0)
+    q, k, v = (torch.randn(1, 1, 24, 16) for _ in range(3))
+    attn = variants.build(name, num_heads=1, head_dim=16, **options)
+    w = attn.attention_matrix(q, k, causal=causal)
+    assert w.shape == (1, 1, 24, 24)
+    torch.testing.assert_close(w.sum(-1), torch.ones(1, 1, 24), atol=1e-4, rtol=0)  # rows are distributions
+    if causal:
+        assert (w[0, 0].triu(1) == 0).all(), "a query gives weight to a future position"
+    if name != "memory_compressed":  # out = weights @ v (memory_compressed transforms v first)
+        torch.testing.assert_close(w @ v, attn(q, k, v, causal=causal), atol=1e-5, rtol=1e-5)
+    if name.startswith("sliding_window"):
+        i, j = torch.arange(24)[:, None], torch.arange(24)[None]
+        outside = ((i - j).abs() > 3) & (i >= 2) & (j >= 2)
+        assert (w[0, 0][outside] == 0).all()
+
+
+def test_viz_bad_arguments(tmp_path):
+    assert runner.invoke(app, ["viz", "--n", "0"]).exit_code == 2
+    bad = runner.invoke(app, ["viz", "--out", str(tmp_path / "x.gif")], env={"COLUMNS": "200"})
+    assert bad.exit_code == 2 and "must end in .png, .svg or .pdf" in bad.output
