@@ -64,7 +64,7 @@ def environment(argv: list[str]) -> dict:
     import torch
 
     return {
-        "command": " ".join(argv),
+        "command": " ".join([Path(argv[0]).name, *argv[1:]]) if argv else "",
         "started": datetime.now(timezone.utc).isoformat(timespec="seconds"),
         "host": socket.gethostname(),
         "platform": platform.platform(),

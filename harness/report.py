@@ -7,7 +7,7 @@ from pathlib import Path
 
 import pandas as pd
 
-from harness.runner import fmt_bytes
+from harness.runner import fmt_bytes, fmt_time
 from harness.storage import load_frame, read_metadata
 from harness.summary import PANEL, crossover_text, summarize
 
@@ -23,7 +23,7 @@ def markdown_table(header: list[str], rows: list[list[str]]) -> str:
 def _cell_text(row: pd.Series) -> str:
     if row["status"] != "ok":
         return row["status"]
-    return f"{row['time_median_s'] * 1e3:.3g} ms / {fmt_bytes(row['peak_bytes'])}"
+    return f"{fmt_time(row['time_median_s'])} / {fmt_bytes(row['peak_bytes'])}"
 
 
 def panel_tables(df: pd.DataFrame) -> list[tuple[tuple, str]]:
@@ -47,7 +47,7 @@ def _summary_table(summary: pd.DataFrame) -> str:
 
         rows.append([
             line["device"], line["pass"], "yes" if line["causal"] else "no", f"`{line['variant']}`",
-            num(line["max_n"], lambda n: str(int(n))), num(line["time_s"], lambda t: f"{t * 1e3:.3g} ms"),
+            num(line["max_n"], lambda n: str(int(n))), num(line["time_s"], fmt_time),
             num(line["peak_bytes"], fmt_bytes), num(line["time_exp"], lambda e: f"{e:.2f}"), num(line["mem_exp"], lambda e: f"{e:.2f}"),
             "(baseline)" if line["variant"] == "full" else crossover_text(line),
         ])

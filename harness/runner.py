@@ -42,6 +42,14 @@ def fmt_bytes(n: float | None) -> str:
     return f"{n:.1f} TiB"
 
 
+def fmt_time(seconds: float | None) -> str:
+    if seconds is None:
+        return "?"
+    if seconds >= 1:
+        return f"{seconds:.2f} s"
+    return f"{seconds * 1e3:.3g} ms" if seconds < 1e-2 else f"{seconds * 1e3:.1f} ms"
+
+
 @dataclass
 class SweepState:
     """What the parent knows while it sweeps: finished cells, stopped series, checked variants."""

@@ -95,7 +95,7 @@ def render_summary(summary: pd.DataFrame, console, title: str = "Summary") -> No
     """Print the summary as rich tables, one per (device, pass, causal)."""
     from rich.table import Table
 
-    from harness.runner import fmt_bytes
+    from harness.runner import fmt_bytes, fmt_time
 
     if summary.empty:
         console.print("[yellow]no rows to summarize[/]")
@@ -108,7 +108,7 @@ def render_summary(summary: pd.DataFrame, console, title: str = "Summary") -> No
             table.add_row(
                 line["variant"],
                 _fmt(line["max_n"], lambda n: str(int(n))),
-                _fmt(line["time_s"], lambda t: f"{t * 1e3:.1f} ms"),
+                _fmt(line["time_s"], fmt_time),
                 _fmt(line["peak_bytes"], fmt_bytes),
                 _fmt(line["time_exp"], lambda e: f"{e:.2f}"),
                 _fmt(line["mem_exp"], lambda e: f"{e:.2f}"),

@@ -65,3 +65,26 @@ def test_measurement_sees_a_score_matrix():
     # the check above can fail: the textbook form at N=4096 holds 4096 x 4096 floats (64 MiB) at least
     n = 4096
     assert peak_bytes("full_naive", n, False) >= n * n * 4
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("name, options", [
+    ("sliding_window", {"window": 256, "global_tokens": 3}), ("linear", {}), ("memory_compressed", {"num_heads": 2, "head_dim": 32}),
+])
+@pytest.mark.parametrize("causal", [False, True], ids=["bidir", "causal"])
+def test_long_sequences_match_definition(name, options, causal):
+    """Opt-in (-m slow): N=4096, every group/chunk/block boundary of the defaults crossed many times."""
+    import torch
+
+    import variants
+
+    torch.manual_seed(0)
+    attn = variants.build(name, **options).double()
+    q, k, v = (torch.randn(1, 2, 4096, 32, dtype=torch.float64, requires_grad=True) for _ in range(3))
+    out = attn(q, k, v, causal=causal)
+    ref = attn.reference(q, k, v, causal=causal)
+    torch.testing.assert_close(out, ref)
+    grads = torch.autograd.grad(out.sum(), (q, k, v))
+    want = torch.autograd.grad(ref.sum(), (q, k, v))
+    for a, b in zip(grads, want):
+        torch.testing.assert_close(a, b)
