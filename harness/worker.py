@@ -34,8 +34,8 @@ def is_oom(err: BaseException) -> bool:
 
 def setup_process(config: RunConfig, device: str) -> None:
     """Per-child settings: thread count, deterministic seeds."""
-    if device == "cpu" and config.threads:
-        torch.set_num_threads(config.threads)
+    if device == "cpu":  # pinned, and recorded with each row: all usable cores unless --threads says otherwise
+        torch.set_num_threads(config.threads or len(os.sched_getaffinity(0)))
     torch.manual_seed(0)
 
 

@@ -60,7 +60,9 @@ class XformersFullAttention(AttentionVariant):
             dead = dead_query_rows(key_padding_mask, q.shape[-2], causal)
             allowed = padding_and_causal_mask(key_padding_mask, q.shape[-2], causal, dead)
             n_q, n_k = q.shape[-2], k.shape[-2]
-            bias = torch.zeros(allowed.shape, dtype=q.dtype, device=q.device).masked_fill(~allowed, float("-inf"))
+            # xformers wants the bias's last dim stored with a stride that is a multiple of 8: allocate wider, slice
+            storage = torch.zeros(*allowed.shape[:-2], n_q, -(-n_k // 8) * 8, dtype=q.dtype, device=q.device)
+            bias = storage[..., :n_k].masked_fill_(~allowed.expand(*allowed.shape[:-2], n_q, n_k), float("-inf"))
             bias = bias.expand(q.shape[0], q.shape[1], n_q, n_k)
         elif causal:
             bias = xops.LowerTriangularMask()
