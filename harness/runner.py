@@ -24,8 +24,8 @@ from harness.config import Cell, RunConfig, plan
 from harness.isolation import Outcome, run_isolated
 from harness.storage import RowWriter, drop_torn_tail, read_rows
 
-STOPPING = ("oom", "timeout", "skipped")
-WORKER_LOG = "worker.log"  # what the cells' processes print (compiler warnings, tracebacks)  # a series that hits one of these does not try larger N
+STOPPING = ("oom", "timeout", "skipped")  # a series that hits one of these does not try larger N
+WORKER_LOG = "worker.log"  # what the cells' processes print (compiler warnings, tracebacks)
 
 
 def cell_key(row: dict) -> tuple:
@@ -35,11 +35,12 @@ def cell_key(row: dict) -> tuple:
 def fmt_bytes(n: float | None) -> str:
     if n is None:
         return "?"
-    for unit in ("B", "KiB", "MiB", "GiB", "TiB"):
-        if abs(n) < 1024 or unit == "TiB":
-            return f"{n:.0f} {unit}" if unit == "B" else f"{n:.1f} {unit}"
+    if abs(n) < 1024:
+        return f"{n:.0f} B"
+    for unit in ("KiB", "MiB", "GiB", "TiB"):
         n /= 1024
-    return f"{n:.1f} TiB"
+        if abs(n) < 1024 or unit == "TiB":
+            return f"{n:.1f} {unit}"
 
 
 def fmt_time(seconds: float | None) -> str:

@@ -74,7 +74,7 @@ def test_fit_exponent_and_crossover():
     assert crossover(base, fast)[1] == "never faster"
 
 
-@pytest.mark.parametrize("fmt", ["png", "svg"])
+@pytest.mark.parametrize("fmt", ["png", "svg", "pdf"])
 def test_plot_writes_figures_deterministically(tmp_path, fmt):
     run = make_run(tmp_path / "run")
     first = runner.invoke(app, ["plot", str(run), "--format", fmt, "--out", str(tmp_path / "a")])
