@@ -28,9 +28,9 @@ def read_metadata(run_dir: Path) -> dict:
     return json.loads(path.read_text())
 
 
-def read_rows(run_dir: Path) -> list[dict]:
-    """Every complete row; a torn last line is ignored."""
-    path = Path(run_dir) / RESULTS
+def read_rows(run_dir: Path, name: str = RESULTS) -> list[dict]:
+    """Every complete row of RUN_DIR/name; a torn last line is ignored."""
+    path = Path(run_dir) / name
     if not path.is_file():
         return []
     rows = []
@@ -42,9 +42,9 @@ def read_rows(run_dir: Path) -> list[dict]:
     return rows
 
 
-def drop_torn_tail(run_dir: Path) -> None:
+def drop_torn_tail(run_dir: Path, name: str = RESULTS) -> None:
     """Cut a partial last line so appended rows start on a line of their own."""
-    path = Path(run_dir) / RESULTS
+    path = Path(run_dir) / name
     if not path.is_file():
         return
     data = path.read_bytes()
@@ -56,8 +56,8 @@ def drop_torn_tail(run_dir: Path) -> None:
 class RowWriter:
     """Appends rows to results.jsonl, each durable before `append` returns."""
 
-    def __init__(self, run_dir: Path):
-        self.path = Path(run_dir) / RESULTS
+    def __init__(self, run_dir: Path, name: str = RESULTS):
+        self.path = Path(run_dir) / name
         self._fd = os.open(self.path, os.O_WRONLY | os.O_APPEND | os.O_CREAT, 0o644)
 
     def append(self, row: dict) -> None:

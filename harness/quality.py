@@ -1,0 +1,132 @@
+"""Quality: train the same small decoder with each attention variant on copy and recall, and score it.
+
+Every variant gets the same model size, steps, learning rate and data; only the attention differs.
+`train_one` hands each evaluation row to a callback as soon as it exists, so a caller can append it
+to a results file at once. (The `bench quality` command that sweeps tasks x variants x lengths on top
+of this is still to be built.)
+"""
+
+from __future__ import annotations
+
+import math
+import time
+from dataclasses import asdict, dataclass
+from pathlib import Path
+
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+import variants
+from harness.tasks import make_task
+
+@dataclass(frozen=True)
+class TrainConfig:
+    """The model and training recipe shared by every variant."""
+
+    d_model: int = 64
+    layers: int = 2
+    heads: int = 4
+    steps: int = 600
+    batch: int = 32
+    lr: float = 3e-3
+    warmup: float = 0.1  # fraction of steps with a linear warm-up, then cosine decay to 0
+    weight_decay: float = 0.01
+    label_smoothing: float = 0.0
+    eval_every: int = 100
+    eval_examples: int = 256
+    seed: int = 0
+    threads: int = 0
+
+
+class TinyDecoder(nn.Module):
+    """Token embedding + sinusoidal positions + pre-norm TransformerBlocks (causal) + LM head."""
+
+    def __init__(self, vocab_size: int, cfg: TrainConfig, variant: str, max_len: int, **variant_options):
+        super().__init__()
+        self.embed = nn.Embedding(vocab_size, cfg.d_model)
+        self.pos = variants.SinusoidalPositionalEncoding(cfg.d_model, max_len)
+        self.blocks = nn.ModuleList(
+            variants.TransformerBlock(cfg.d_model, cfg.heads, 4 * cfg.d_model, variant=variant, norm="pre", **variant_options)
+            for _ in range(cfg.layers)
+        )
+        self.norm = nn.LayerNorm(cfg.d_model)
+        self.head = nn.Linear(cfg.d_model, vocab_size)
+
+    def forward(self, tokens: torch.Tensor) -> torch.Tensor:  # (B, T) -> (B, T, vocab)
+        h = self.pos(self.embed(tokens))
+        for block in self.blocks:
+            h = block(h, causal=True)
+        return self.head(self.norm(h))
+
+
+def lr_factor(step: int, total: int, warmup_fraction: float) -> float:
+    """Linear warm-up to 1, then cosine decay to 0."""
+    warm = max(1, int(total * warmup_fraction))
+    if step < warm:
+        return (step + 1) / warm
+    return 0.5 * (1 + math.cos(math.pi * (step - warm) / max(1, total - warm)))
+
+
+@torch.no_grad()
+def evaluate(model: nn.Module, task, cfg: TrainConfig) -> dict:
+    """Token accuracy (and exact match of whole answers) on a fixed held-out set, model in eval mode."""
+    model.eval()
+    g = torch.Generator().manual_seed(10_000 + cfg.seed)  # a stream of its own: never a training batch
+    inputs, targets, mask = task.batch(cfg.eval_examples, g)
+    pred = model(inputs).argmax(-1)
+    right = (pred == targets) & mask
+    model.train()
+    return {
+        "eval_accuracy": right.sum().item() / mask.sum().item(),
+        "eval_exact_match": (right.sum(1) == mask.sum(1)).float().mean().item(),
+    }
+
+
+def train_one(task_name: str, length: int, variant: str, options: dict, cfg: TrainConfig, on_eval=None) -> list[dict]:
+    """Train one model; returns the rows (one per evaluation). on_eval(row) is called as each exists."""
+    if cfg.threads:
+        torch.set_num_threads(cfg.threads)
+    torch.manual_seed(cfg.seed)
+    task = make_task(task_name, length)
+    model = TinyDecoder(task.vocab_size, cfg, variant, max_len=task.seq_len + 1, **options)
+    params = sum(p.numel() for p in model.parameters())
+    opt = torch.optim.AdamW(model.parameters(), lr=cfg.lr, betas=(0.9, 0.98), weight_decay=cfg.weight_decay)
+    g = torch.Generator().manual_seed(cfg.seed)
+    rows, start, loss_sum, loss_count = [], time.perf_counter(), 0.0, 0
+    for step in range(1, cfg.steps + 1):
+        for group in opt.param_groups:
+            group["lr"] = cfg.lr * lr_factor(step - 1, cfg.steps, cfg.warmup)
+        inputs, targets, mask = task.batch(cfg.batch, g)
+        logits = model(inputs)
+        loss = F.cross_entropy(logits[mask], targets[mask], label_smoothing=cfg.label_smoothing)
+        opt.zero_grad(set_to_none=True)
+        loss.backward()
+        torch.nn.utils.clip_grad_norm_(model.parameters(), 1.0)
+        opt.step()
+        loss_sum, loss_count = loss_sum + loss.item(), loss_count + 1
+        if step % cfg.eval_every == 0 or step == cfg.steps:
+            row = {"task": task_name, "variant": variant, "options": options, "length": length, "step": step,
+                   "final": step == cfg.steps, "train_loss": loss_sum / loss_count, **evaluate(model, task, cfg),
+                   "wall_s": round(time.perf_counter() - start, 2), "parameters": params, **{f"cfg_{k}": v for k, v in asdict(cfg).items()}}
+            loss_sum, loss_count = 0.0, 0
+            rows.append(row)
+            if on_eval:
+                on_eval(row)
+    return rows
+
+
+def variant_options_for(name: str, options: dict) -> dict:
+    """The options the variant takes, from the shared set (window, compression, ...)."""
+    accepted = set(variants.option_names(name))
+    return {k: v for k, v in options.items() if k in accepted}
+
+
+def trainable_variants(device: str = "cpu") -> list[str]:
+    """Every registered variant that runs, forward and backward, on `device`."""
+    names = []
+    for name in variants.available():
+        cls = variants.variant_class(name)
+        if cls.unavailable_reason(device) is None and cls.backward_unsupported_reason(device) is None and cls.spec.supports_causal:
+            names.append(name)
+    return names

@@ -1,0 +1,80 @@
+"""Quality building blocks: the task generators and the training loop (the `bench quality` command is not built yet)."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+from harness.quality import TinyDecoder, TrainConfig, lr_factor, train_one, trainable_variants
+from harness.tasks import CopyTask, RecallTask, make_task
+
+
+def test_copy_task_layout():
+    task = CopyTask(length=5, vocab=7)
+    inputs, targets, mask = task.batch(3, torch.Generator().manual_seed(0))
+    assert inputs.shape == targets.shape == mask.shape == (3, 10) and task.seq_len == 10
+    assert (inputs[:, 5] == 7).all()  # the separator
+    assert torch.equal(targets[:, 5:], inputs[:, :5])  # after the separator, the string again
+    assert mask[:, 5:].all() and not mask[:, :5].any()  # only the reproduced part is scored
+    assert int(inputs.max()) <= 7 and task.vocab_size == 8
+
+
+def test_recall_task_layout():
+    task = RecallTask(length=32, vocab=20)
+    inputs, targets, mask = task.batch(50, torch.Generator().manual_seed(0))
+    p = task.num_pairs
+    assert p == 8 and inputs.shape == (50, 31)
+    seq = torch.cat([inputs, targets[:, -1:]], dim=1)
+    keys, values = seq[:, 0 : 2 * p : 2], seq[:, 1 : 2 * p : 2]
+    assert (keys < 10).all() and (values >= 10).all()  # keys and values from disjoint halves
+    for row in keys:
+        assert len(set(row.tolist())) == p  # no key repeated in an example
+    assert mask.sum(1).eq(p).all()
+    for b in range(50):
+        bound = dict(zip(keys[b].tolist(), values[b].tolist()))
+        for t in mask[b].nonzero().flatten().tolist():
+            assert targets[b, t].item() == bound[inputs[b, t].item()]  # the answer is the value bound to the queried key
+
+
+def test_tasks_are_deterministic_and_validated():
+    for name in ("copy", "recall"):
+        task = make_task(name, 16)
+        a = task.batch(4, torch.Generator().manual_seed(3))
+        b = task.batch(4, torch.Generator().manual_seed(3))
+        assert all(torch.equal(x, y) for x, y in zip(a, b))
+    with pytest.raises(ValueError, match="pairs need a length of at least"):
+        RecallTask(length=8, pairs=3)
+    with pytest.raises(ValueError, match="unknown task 'sort'"):
+        make_task("sort", 8)
+
+
+def test_lr_schedule_warms_up_then_decays():
+    factors = [lr_factor(s, 100, 0.1) for s in range(100)]
+    assert factors[0] == pytest.approx(0.1) and factors[9] == pytest.approx(1.0)
+    assert factors[50] < 1.0 and factors[-1] < 0.01
+    assert all(a >= b for a, b in zip(factors[9:], factors[10:]))
+
+
+@pytest.mark.parametrize("variant", ["full", "sliding_window", "linear", "memory_compressed"])
+def test_training_lowers_the_loss(variant):
+    cfg = TrainConfig(d_model=32, layers=1, heads=2, steps=60, batch=16, lr=3e-3, eval_every=30, eval_examples=32)
+    rows = train_one("copy", 8, variant, {"window": 4} if variant == "sliding_window" else {}, cfg)
+    assert [r["step"] for r in rows] == [30, 60] and rows[-1]["final"]
+    assert rows[-1]["train_loss"] < rows[0]["train_loss"] < 3.0
+    assert 0.0 <= rows[-1]["eval_accuracy"] <= 1.0
+
+
+def test_decoder_is_causal():
+    torch.manual_seed(0)
+    model = TinyDecoder(10, TrainConfig(d_model=16, layers=2, heads=2), "full", max_len=20).eval()
+    x = torch.randint(0, 10, (2, 20))
+    x2 = x.clone()
+    x2[:, 12:] = (x2[:, 12:] + 1) % 10
+    with torch.no_grad():
+        assert torch.equal(model(x)[:, :12], model(x2)[:, :12])
+
+
+def test_trainable_variants_on_cpu():
+    names = trainable_variants("cpu")
+    assert {"full", "sliding_window", "linear", "memory_compressed"} <= set(names)
+    assert "sliding_window_flex" not in names and "full_xformers" not in names
