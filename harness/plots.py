@@ -229,3 +229,65 @@ def plot_run(run_dir: Path, out_dir: Path | None = None, fmt: str = "png") -> li
         _speedup_figure(df, metadata, out_dir / f"speedup.{fmt}"),
         _efficiency_figure(df, metadata, out_dir / f"efficiency.{fmt}"),
     ]
+
+
+def plot_quality(run_dir: Path, out_dir: Path | None = None, fmt: str = "png") -> list[Path]:
+    """Quality figures: final accuracy vs L per variant (a panel per task), and the training curves."""
+    from harness.storage import read_rows
+
+    matplotlib_rc()
+    import matplotlib.pyplot as plt
+
+    run_dir = Path(run_dir)
+    rows = read_rows(run_dir, "quality.jsonl")
+    if not rows:
+        return []
+    df = pd.DataFrame(rows)
+    out_dir = Path(out_dir) if out_dir else run_dir / "figures"
+    out_dir.mkdir(parents=True, exist_ok=True)
+    meta = read_metadata(run_dir)
+    final = df[df["final"]]
+    tasks = list(dict.fromkeys(df["task"]))
+    fig, axes = plt.subplots(1, len(tasks), figsize=(6.0 * len(tasks), 4.4), squeeze=False, layout="constrained")
+    for ax, task in zip(axes.flat, tasks):
+        for variant, group in final[final["task"] == task].groupby("variant", sort=False):
+            color, marker = variant_style(variant)
+            group = group.sort_values("length")
+            ax.plot(group["length"], group["eval_accuracy"], color=color, marker=marker, lw=1.4, label=variant)
+        ax.set_xscale("log", base=2)
+        ticks = sorted(df["length"].unique())
+        ax.set_xticks(ticks)
+        ax.set_xticklabels([str(int(t)) for t in ticks])
+        ax.minorticks_off()
+        ax.set_ylim(-0.02, 1.02)
+        ax.set_xlabel("length L")
+        ax.set_ylabel("held-out token accuracy")
+        ax.set_title(f"{task}", fontsize=9)
+        ax.grid(True, alpha=0.3)
+        ax.legend(fontsize=7, loc="lower left")
+    cfg = meta.get("config", {})
+    fig.suptitle(f"Accuracy after training, same model and recipe for every variant\n"
+                 f"d_model={cfg.get('d_model')}, layers={cfg.get('layers')}, steps={cfg.get('steps')}, options {cfg.get('options')}", fontsize=10)
+    paths = [save_figure(fig, out_dir / f"quality_accuracy.{fmt}")]
+
+    panels = list(dict.fromkeys(zip(df["task"], df["length"])))
+    cols = min(4, len(panels))
+    rows_n = math.ceil(len(panels) / cols)
+    fig, axes = plt.subplots(rows_n, cols, figsize=(4.2 * cols, 3.4 * rows_n), squeeze=False, layout="constrained")
+    for ax in axes.flat[len(panels):]:
+        ax.set_visible(False)
+    for ax, (task, length) in zip(axes.flat, panels):
+        sub = df[(df["task"] == task) & (df["length"] == length)]
+        for variant, group in sub.groupby("variant", sort=False):
+            color, marker = variant_style(variant)
+            group = group.sort_values("step")
+            ax.plot(group["step"], group["eval_accuracy"], color=color, lw=1.2, label=variant)
+        ax.set_ylim(-0.02, 1.02)
+        ax.set_title(f"{task}, L={length}", fontsize=9)
+        ax.set_xlabel("training step", fontsize=8)
+        ax.set_ylabel("held-out accuracy", fontsize=8)
+        ax.grid(True, alpha=0.3)
+        ax.legend(fontsize=6, loc="lower right")
+    fig.suptitle("Training curves", fontsize=10)
+    paths.append(save_figure(fig, out_dir / f"quality_curves.{fmt}"))
+    return paths

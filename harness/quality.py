@@ -1,14 +1,16 @@
 """Quality: train the same small decoder with each attention variant on copy and recall, and score it.
 
 Every variant gets the same model size, steps, learning rate and data; only the attention differs.
-`train_one` hands each evaluation row to a callback as soon as it exists, so a caller can append it
-to a results file at once. (The `bench quality` command that sweeps tasks x variants x lengths on top
-of this is still to be built.)
+`bench quality` sweeps tasks x variants x lengths; each evaluation row is appended to
+RUN_DIR/quality.jsonl the moment it exists, so an interrupted run keeps what finished and
+`--resume` retrains only the (task, variant, length) runs that had not finished.
 """
 
 from __future__ import annotations
 
+import json
 import math
+import os
 import time
 from dataclasses import asdict, dataclass
 from pathlib import Path
@@ -18,7 +20,10 @@ import torch.nn.functional as F
 from torch import nn
 
 import variants
+from harness.storage import RowWriter, drop_torn_tail, read_rows
 from harness.tasks import make_task
+
+QUALITY_RESULTS = "quality.jsonl"
 
 @dataclass(frozen=True)
 class TrainConfig:
@@ -27,7 +32,7 @@ class TrainConfig:
     d_model: int = 64
     layers: int = 2
     heads: int = 4
-    steps: int = 600
+    steps: int = 1500
     batch: int = 32
     lr: float = 3e-3
     warmup: float = 0.1  # fraction of steps with a linear warm-up, then cosine decay to 0
@@ -130,3 +135,43 @@ def trainable_variants(device: str = "cpu") -> list[str]:
         if cls.unavailable_reason(device) is None and cls.backward_unsupported_reason(device) is None and cls.spec.supports_causal:
             names.append(name)
     return names
+
+
+def run_key(row: dict) -> tuple:
+    return (row["task"], row["variant"], int(row["length"]))
+
+
+def keep_finished_runs(run_dir: Path) -> set[tuple]:
+    """Drop the rows of trainings that did not finish (they are redone whole); return the finished keys."""
+    drop_torn_tail(run_dir, QUALITY_RESULTS)
+    rows = read_rows(run_dir, QUALITY_RESULTS)
+    finished = {run_key(r) for r in rows if r.get("final")}
+    kept = [r for r in rows if run_key(r) in finished]
+    if len(kept) != len(rows):
+        path = Path(run_dir) / QUALITY_RESULTS
+        tmp = path.with_suffix(".tmp")
+        tmp.write_text("".join(json.dumps(r, sort_keys=True, default=str) + "\n" for r in kept))
+        os.replace(tmp, path)
+    return finished
+
+
+def sweep_quality(run_dir: Path, tasks: list[str], names: list[str], lengths: list[int], options: dict, cfg: TrainConfig,
+                  on_eval=None, on_start=None) -> list[dict]:
+    """Train every (task, length, variant) not finished yet; rows are appended as they exist."""
+    finished = keep_finished_runs(run_dir)
+    with RowWriter(run_dir, QUALITY_RESULTS) as writer:
+        for task in tasks:
+            for length in lengths:
+                for name in names:
+                    if (task, name, length) in finished:
+                        continue
+                    if on_start:
+                        on_start(task, length, name)
+
+                    def record(row):
+                        writer.append(row)
+                        if on_eval:
+                            on_eval(row)
+
+                    train_one(task, length, name, variant_options_for(name, options), cfg, on_eval=record)
+    return read_rows(run_dir, QUALITY_RESULTS)

@@ -54,15 +54,13 @@ def _summary_table(summary: pd.DataFrame) -> str:
     return markdown_table(["device", "pass", "causal", "variant", "largest N", "time", "peak memory", "time ~ N^", "memory ~ N^", "beats full from N"], rows)
 
 
-def write_report(run_dir: Path, figures: list[Path]) -> Path:
-    """RUN_DIR/REPORT.md: command and environment, figures, tables, exponents, crossovers, cells that did not run."""
+def write_report(run_dir: Path, figures: list[Path], quality_figures: list[Path] = ()) -> Path:
+    """RUN_DIR/REPORT.md: command and environment, then the speed part (figures, tables, exponents,
+    crossovers, cells that did not run) and the quality part, for whichever the run holds."""
     run_dir = Path(run_dir)
     meta = read_metadata(run_dir)
-    df = load_frame(run_dir)
-    df["causal"] = df["causal"].astype(bool)
-    env, cfg, machine = meta.get("environment", {}), meta.get("config", {}), meta.get("machine", {})
+    env, cfg, machine = meta.get("environment", {}), meta.get("config", {}), meta.get("machine", {}) or {}
     cpu, git = env.get("cpu", {}), env.get("git", {})
-    peaks = ", ".join(f"{k}: {v:.0f} GFLOP/s" for k, v in (machine.get("matmul_peak_gflops") or {}).items() if v)
     lines = [
         f"# attnbench report: {run_dir.name}",
         "",
@@ -73,37 +71,99 @@ def write_report(run_dir: Path, figures: list[Path]) -> Path:
         f"- Software: Python {env.get('python')}, torch {env.get('versions', {}).get('torch')}, "
         f"xformers {env.get('versions', {}).get('xformers') or 'not installed'}, attnbench {env.get('versions', {}).get('attnbench')} "
         f"(git {str(git.get('commit'))[:10]}{' + local changes' if git.get('dirty') else ''})",
+        f"- Started {env.get('started')}.",
+        "",
+        "Regenerate this report and its figures with `bench report " + str(run_dir) + "`.",
+        "",
+    ]
+    df = load_frame(run_dir)
+    if not df.empty:
+        lines += _speed_section(run_dir, df, cfg, machine, figures)
+    quality = _quality_section(run_dir, cfg, quality_figures)
+    lines += quality
+    path = run_dir / "REPORT.md"
+    path.write_text("\n".join(lines))
+    return path
+
+
+def _figure_links(run_dir: Path, figures) -> list[str]:
+    lines = []
+    for fig in figures:
+        fig = Path(fig).resolve()
+        rel = fig.relative_to(run_dir.resolve()) if fig.is_relative_to(run_dir.resolve()) else fig
+        lines += [f"![{fig.stem}]({rel.as_posix()})", ""]
+    return lines
+
+
+def _speed_section(run_dir: Path, df: pd.DataFrame, cfg: dict, machine: dict, figures) -> list[str]:
+    df["causal"] = df["causal"].astype(bool)
+    peaks = ", ".join(f"{k}: {v:.0f} GFLOP/s" for k, v in (machine.get("matmul_peak_gflops") or {}).items() if v)
+    lines = [
         f"- Shape: B={cfg.get('batch')}, H={cfg.get('heads')}, D={cfg.get('head_dim')}, {cfg.get('dtype')}; "
         f"options {cfg.get('options') or 'defaults'}; memory budget per cell "
         + ", ".join(f"{d}: {fmt_bytes(b)}" for d, b in (cfg.get("memory_budget") or {}).items()),
         f"- Measured matmul peak: {peaks or 'not measured'}",
-        f"- Started {env.get('started')}; {len(df)} cells, {int((df['status'] == 'ok').sum())} ok.",
-        "",
-        "Regenerate this report and its figures with `bench report " + str(run_dir) + "`.",
+        f"- {len(df)} cells, {int((df['status'] == 'ok').sum())} ok.",
         "",
         "## Figures",
         "",
+        *_figure_links(run_dir, figures),
+        "## Summary",
+        "",
+        "Exponents: least-squares slope of log(time) and log(memory) on log(N) over the upper half of the lengths that ran.",
+        "",
+        _summary_table(summarize(df)),
+        "",
+        "## Every cell (median time / peak extra memory, or status)",
+        "",
     ]
-    for fig in figures:
-        rel = Path(fig).resolve().relative_to(run_dir.resolve()) if Path(fig).resolve().is_relative_to(run_dir.resolve()) else Path(fig)
-        lines += [f"![{Path(fig).stem}]({rel.as_posix()})", ""]
-    lines += ["## Summary", "", "Exponents: least-squares slope of log(time) and log(memory) on log(N) over the upper half of the lengths that ran.", "",
-              _summary_table(summarize(df)), ""]
-    lines += ["## Every cell (median time / peak extra memory, or status)", ""]
     for (device, pass_, causal), table in panel_tables(df):
         lines += [f"### {device}, {pass_}, {'causal' if causal else 'non-causal'}", "", table, ""]
     missing = df[df["status"] != "ok"]
     lines += ["## Cells that did not run, and why", ""]
     if missing.empty:
-        lines += ["Every cell ran.", ""]
-    else:
-        grouped = missing.groupby(["device", "variant", "pass", "causal", "status", "message"], sort=False)["n"].apply(lambda s: ", ".join(str(int(n)) for n in sorted(s)))
-        for (device, variant, pass_, causal, status, message), ns in grouped.items():
-            lines.append(f"- `{variant}` {device} {pass_}{' causal' if causal else ''}, N = {ns}: **{status}** — {message}")
-        lines.append("")
-    path = run_dir / "REPORT.md"
-    path.write_text("\n".join(lines))
-    return path
+        return lines + ["Every cell ran.", ""]
+    grouped = missing.groupby(["device", "variant", "pass", "causal", "status", "message"], sort=False)["n"].apply(
+        lambda s: ", ".join(str(int(n)) for n in sorted(s)))
+    for (device, variant, pass_, causal, status, message), ns in grouped.items():
+        lines.append(f"- `{variant}` {device} {pass_}{' causal' if causal else ''}, N = {ns}: **{status}** — {message}")
+    return lines + [""]
+
+
+def quality_table(rows: list[dict]) -> str:
+    """Final held-out accuracy per variant (rows) and task/length (columns)."""
+    final = [r for r in rows if r.get("final")]
+    columns = list(dict.fromkeys((r["task"], int(r["length"])) for r in final))
+    by = {(r["variant"], r["task"], int(r["length"])): r for r in final}
+    body = []
+    for variant in dict.fromkeys(r["variant"] for r in final):
+        cells = []
+        for task, length in columns:
+            r = by.get((variant, task, length))
+            cells.append("" if r is None else f"{r['eval_accuracy']:.1%}" + (f" ({r['eval_exact_match']:.0%} exact)" if task == "copy" else ""))
+        body.append([f"`{variant}`"] + cells)
+    return markdown_table(["variant"] + [f"{t} L={n}" for t, n in columns], body)
+
+
+def _quality_section(run_dir: Path, cfg: dict, figures) -> list[str]:
+    from harness.storage import read_rows
+
+    rows = read_rows(run_dir, "quality.jsonl")
+    if not rows:
+        return []
+    total = sum(r["wall_s"] for r in rows if r.get("final"))
+    return [
+        "## Quality: copy and associative recall",
+        "",
+        f"Same model and recipe for every variant: d_model={cfg.get('d_model')}, layers={cfg.get('layers')}, heads={cfg.get('heads')}, "
+        f"steps={cfg.get('steps')}, batch={cfg.get('batch')}, lr={cfg.get('lr')} (AdamW, warm-up then cosine), seed={cfg.get('seed')}; "
+        f"variant options {cfg.get('options')}. Held-out token accuracy after the last step "
+        f"(copy: and the share of strings reproduced exactly); training took {total / 60:.1f} min in all.",
+        "",
+        quality_table(rows),
+        "",
+        *_figure_links(run_dir, figures),
+    ]
 
 
 def compare_runs(run_a: Path, run_b: Path) -> tuple[pd.DataFrame, pd.DataFrame]:

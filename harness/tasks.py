@@ -47,23 +47,27 @@ class RecallTask:
     """Multi-query associative recall (as in the Zoology work): key-value pairs, then queries of earlier keys.
 
     `pairs` distinct keys from the first half of the vocabulary, each bound to a value from the second
-    half; then the keys are queried in a random order, each query followed by its value. Scored: the
-    value after each query. The sequence is `length` tokens: 2·pairs of bindings, 2·pairs of queries.
+    half; the rest of the `length` tokens are queries — a bound key drawn at random, then its value —
+    so a key is recalled at various distances from its binding. Scored: the value after each query.
     """
 
     length: int
     vocab: int = 64
-    pairs: int | None = None  # default: length // 4 (every key queried once)
+    pairs: int | None = None  # default: length // 8
 
     def __post_init__(self):
-        if self.num_pairs * 4 > self.length:
-            raise ValueError(f"recall: {self.num_pairs} pairs need a length of at least {self.num_pairs * 4}, got {self.length}")
-        if self.num_pairs > self.vocab // 2:
+        if self.length < 2 * self.num_pairs + 2:
+            raise ValueError(f"recall: {self.num_pairs} pairs need a length of at least {2 * self.num_pairs + 2}, got {self.length}")
+        if not 1 <= self.num_pairs <= self.vocab // 2:
             raise ValueError(f"recall: {self.num_pairs} distinct keys need a vocabulary of at least {2 * self.num_pairs}, got {self.vocab}")
 
     @property
     def num_pairs(self) -> int:
-        return self.pairs if self.pairs is not None else self.length // 4
+        return self.pairs if self.pairs is not None else max(1, self.length // 8)
+
+    @property
+    def num_queries(self) -> int:
+        return (self.length - 2 * self.num_pairs) // 2
 
     @property
     def vocab_size(self) -> int:
@@ -71,17 +75,17 @@ class RecallTask:
 
     @property
     def seq_len(self) -> int:
-        return 4 * self.num_pairs - 1
+        return 2 * (self.num_pairs + self.num_queries) - 1
 
     def batch(self, size: int, generator: torch.Generator) -> tuple[Tensor, Tensor, Tensor]:
-        p, half = self.num_pairs, self.vocab // 2
+        p, q, half = self.num_pairs, self.num_queries, self.vocab // 2
         keys = torch.rand(size, half, generator=generator).argsort(dim=1)[:, :p]  # distinct keys per example
         values = torch.randint(half, self.vocab, (size, p), generator=generator)
-        order = torch.rand(size, p, generator=generator).argsort(dim=1)  # queries in random order: various distances
-        q_keys, q_values = keys.gather(1, order), values.gather(1, order)
+        asked = torch.randint(0, p, (size, q), generator=generator)  # which binding each query recalls
+        q_keys, q_values = keys.gather(1, asked), values.gather(1, asked)
         bindings = torch.stack([keys, values], dim=2).flatten(1)  # k1 v1 k2 v2 ...
         queries = torch.stack([q_keys, q_values], dim=2).flatten(1)  # q1 a1 q2 a2 ...
-        seq = torch.cat([bindings, queries], dim=1)  # (B, 4p)
+        seq = torch.cat([bindings, queries], dim=1)  # (B, 2p + 2q)
         inputs, targets = seq[:, :-1], seq[:, 1:]
         mask = torch.zeros_like(targets, dtype=torch.bool)
         mask[:, 2 * p :: 2] = True  # after each query key, its value
