@@ -437,7 +437,7 @@ class Task(str, Enum):
 @app.command()
 def quality(
     task: Annotated[Task, typer.Option(help="copy, recall, or all.")] = Task.all,
-    variants_: Annotated[str, typer.Option("--variants", help="'all' (every variant that trains on the CPU) or names, comma-separated.")] = "all",
+    variants_: Annotated[str, typer.Option("--variants", help="'all' (one variant per attention function that trains on the CPU: full_naive, the same function as full, is left out) or names, comma-separated.")] = "all",
     lengths: Annotated[str, typer.Option(help="Task lengths L: the copied string's length / the recall sequence's length.")] = "32,64",
     steps: Annotated[int, typer.Option(help="Training steps, the same for every variant.")] = 1500,
     d_model: Annotated[int, typer.Option(help="Model width.")] = 64,

@@ -38,7 +38,7 @@ class TrainConfig:
     warmup: float = 0.1  # fraction of steps with a linear warm-up, then cosine decay to 0
     weight_decay: float = 0.01
     label_smoothing: float = 0.0
-    eval_every: int = 100
+    eval_every: int = 250
     eval_examples: int = 256
     seed: int = 0
     threads: int = 0
@@ -127,10 +127,17 @@ def variant_options_for(name: str, options: dict) -> dict:
     return {k: v for k, v in options.items() if k in accepted}
 
 
+# implementations of a function another variant already computes (tested equal to float precision):
+# training them again would only repeat that variant's row
+SAME_FUNCTION_AS = {"full_naive": "full", "full_xformers": "full"}
+
+
 def trainable_variants(device: str = "cpu") -> list[str]:
-    """Every registered variant that runs, forward and backward, on `device`."""
+    """Every registered variant that runs, forward and backward, on `device` — one per attention function."""
     names = []
     for name in variants.available():
+        if name in SAME_FUNCTION_AS:
+            continue
         cls = variants.variant_class(name)
         if cls.unavailable_reason(device) is None and cls.backward_unsupported_reason(device) is None and cls.spec.supports_causal:
             names.append(name)

@@ -78,3 +78,67 @@ def test_trainable_variants_on_cpu():
     names = trainable_variants("cpu")
     assert {"full", "sliding_window", "linear", "memory_compressed"} <= set(names)
     assert "sliding_window_flex" not in names and "full_xformers" not in names
+    assert "full_naive" not in names  # the same function as full: its row would repeat full's
+
+
+# -- the bench quality command ------------------------------------------------------------------
+
+def _quality(*args):
+    from typer.testing import CliRunner
+
+    from harness.cli import app
+
+    return CliRunner().invoke(app, ["quality", *args], env={"COLUMNS": "200"})
+
+
+def test_quality_cli_writes_rows_and_report(tmp_path):
+    import pandas as pd
+
+    out = tmp_path / "q"
+    result = _quality("--variants", "full,linear", "--lengths", "8", "--steps", "20", "--d-model", "32", "--out", str(out))
+    assert result.exit_code == 0, result.output
+    rows = pd.read_json(out / "quality.jsonl", lines=True)
+    assert sorted(zip(rows["task"], rows["variant"])) == [("copy", "full"), ("copy", "linear"), ("recall", "full"), ("recall", "linear")]
+    assert rows["final"].all() and (rows["step"] == 20).all()
+    for col in ("train_loss", "eval_accuracy", "eval_exact_match", "wall_s", "parameters", "cfg_lr", "options"):
+        assert rows[col].notna().all(), col
+    assert "held-out token accuracy" in result.output
+    from harness.cli import app
+    from typer.testing import CliRunner
+
+    report = CliRunner().invoke(app, ["report", str(out)])
+    assert report.exit_code == 0, report.output
+    text = (out / "REPORT.md").read_text()
+    assert "## Quality: copy and associative recall" in text and "| `full` |" in text
+    assert (out / "figures" / "quality_accuracy.png").exists() and (out / "figures" / "quality_curves.png").exists()
+
+
+def test_quality_resume_redoes_only_unfinished_trainings(tmp_path):
+    import json
+
+    import pandas as pd
+
+    out = tmp_path / "q"
+    assert _quality("--variants", "full", "--lengths", "8", "--steps", "10", "--d-model", "32", "--out", str(out)).exit_code == 0
+    lines = (out / "quality.jsonl").read_text().splitlines()
+    assert len(lines) == 2  # copy and recall
+    unfinished = json.loads(lines[1])
+    unfinished.update(final=False, step=5)  # as if recall had been interrupted after an evaluation
+    (out / "quality.jsonl").write_text(lines[0] + "\n" + json.dumps(unfinished) + "\n" + '{"torn')
+    result = _quality("--resume", str(out))
+    assert result.exit_code == 0, result.output
+    rows = pd.read_json(out / "quality.jsonl", lines=True)
+    assert sorted(rows["task"]) == ["copy", "recall"] and rows["final"].all()  # no duplicate, no leftover partial row
+
+
+@pytest.mark.parametrize("args, message", [
+    (["--lengths", "2", "--task", "recall"], "pairs need a length of at least"),
+    (["--variants", "sliding_window_flex"], "cannot be trained here: sliding_window_flex has no backward on cpu"),
+    (["--d-model", "30"], "--d-model 30 must be divisible by --heads 4"),
+    (["--variants", "nope"], "unknown variant(s) nope"),
+])
+def test_quality_bad_arguments(tmp_path, args, message):
+    result = _quality(*args, "--out", str(tmp_path / "x"))
+    assert result.exit_code == 2
+    assert message in " ".join(result.output.replace("│", " ").split())
+    assert not (tmp_path / "x").exists()
