@@ -1,14 +1,24 @@
-"""Copy the summary table of a REPORT.md into README.md between the summary markers.
+"""Copy the tables of the committed reports into README.md, between their markers.
 
-    python scripts/readme_summary.py results/cpu-reference/REPORT.md
+    python scripts/readme_summary.py results/cpu-reference/REPORT.md results/quality-reference/REPORT.md
 """
 import re
 import sys
 from pathlib import Path
 
-report = Path(sys.argv[1]).read_text()
-table = report.split("## Summary", 1)[1].split("## Every cell", 1)[0].strip()
+
+def replace_block(readme: str, marker: str, body: str) -> str:
+    block = f"<!-- {marker}:start -->\n{body.strip()}\n<!-- {marker}:end -->"
+    return re.sub(rf"<!-- {marker}:start -->.*<!-- {marker}:end -->", lambda m: block, readme, flags=re.S)
+
+
+speed_report, quality_report = (Path(p).read_text() for p in sys.argv[1:3])
+summary = speed_report.split("## Summary", 1)[1].split("## Every cell", 1)[0].strip()
+summary_table = summary.split("\n", 2)[2]  # drop the report's sentence on exponents
+quality = quality_report.split("## Quality: copy and associative recall", 1)[1].split("![", 1)[0].strip()
 readme = Path("README.md").read_text()
-block = f"<!-- summary:start -->\nSummary from `results/cpu-reference/REPORT.md` (exponents fitted on the upper half of the lengths; \"beats full from N\": the smallest N from which the variant is faster at every larger N):\n\n{table.split(chr(10), 2)[2].strip()}\n<!-- summary:end -->"
-readme = re.sub(r"<!-- summary:start -->.*<!-- summary:end -->", lambda m: block, readme, flags=re.S)
+readme = replace_block(readme, "summary", (
+    f"Summary from [`results/cpu-reference/REPORT.md`]({sys.argv[1]}) (exponents fitted on the upper half of the lengths; "
+    f"\"beats full from N\": the smallest N from which the variant is faster at every larger N):\n\n{summary_table}"))
+readme = replace_block(readme, "quality", f"From [`results/quality-reference/REPORT.md`]({sys.argv[2]}): {quality}")
 Path("README.md").write_text(readme)

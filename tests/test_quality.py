@@ -23,13 +23,13 @@ def test_recall_task_layout():
     task = RecallTask(length=32, vocab=20)
     inputs, targets, mask = task.batch(50, torch.Generator().manual_seed(0))
     p = task.num_pairs
-    assert p == 8 and inputs.shape == (50, 31)
+    assert p == 4 and task.num_queries == 12 and inputs.shape == (50, 31)
     seq = torch.cat([inputs, targets[:, -1:]], dim=1)
     keys, values = seq[:, 0 : 2 * p : 2], seq[:, 1 : 2 * p : 2]
     assert (keys < 10).all() and (values >= 10).all()  # keys and values from disjoint halves
     for row in keys:
         assert len(set(row.tolist())) == p  # no key repeated in an example
-    assert mask.sum(1).eq(p).all()
+    assert mask.sum(1).eq(task.num_queries).all()
     for b in range(50):
         bound = dict(zip(keys[b].tolist(), values[b].tolist()))
         for t in mask[b].nonzero().flatten().tolist():
@@ -43,7 +43,7 @@ def test_tasks_are_deterministic_and_validated():
         b = task.batch(4, torch.Generator().manual_seed(3))
         assert all(torch.equal(x, y) for x, y in zip(a, b))
     with pytest.raises(ValueError, match="pairs need a length of at least"):
-        RecallTask(length=8, pairs=3)
+        RecallTask(length=8, pairs=4)
     with pytest.raises(ValueError, match="unknown task 'sort'"):
         make_task("sort", 8)
 
