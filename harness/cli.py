@@ -8,8 +8,6 @@
 from __future__ import annotations
 
 import importlib
-import json
-import os
 import socket
 import sys
 from datetime import datetime
@@ -21,7 +19,7 @@ import typer
 from rich.console import Console
 
 import variants
-from harness.config import DTYPES, PASSES, ArgumentError, RunConfig, check_options, parse_lengths, parse_list, parse_option, parse_size, powers_of_two, resolve_variants
+from harness.config import PASSES, ArgumentError, RunConfig, check_options, parse_lengths, parse_list, parse_option, parse_size, powers_of_two, resolve_variants
 
 app = typer.Typer(
     help="attnbench: which attention should I use at my sequence length, on my hardware? Measure it.",
@@ -100,9 +98,16 @@ def list_variants(
             console.print(f"  {line}")
 
 
-def _default_out_dir() -> Path:
+def _default_out_dir(prefix: str = "") -> Path:
     stamp = datetime.now().strftime("%Y%m%d-%H%M%S")
-    return Path("results") / f"{stamp}-{socket.gethostname()}"
+    return Path("results") / f"{prefix}{stamp}-{socket.gethostname()}"
+
+
+def _progress(console: Console):
+    from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn, TimeRemainingColumn
+
+    return Progress(TextColumn("{task.description}"), BarColumn(), MofNCompleteColumn(), TimeElapsedColumn(),
+                    TextColumn("ETA"), TimeRemainingColumn(), console=console)
 
 
 def _devices(text: str) -> tuple[str, ...]:
@@ -247,14 +252,11 @@ def run(
 
 
 def _sweep_with_progress(config: RunConfig, run_dir: Path, console: Console) -> None:
-    from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn, TimeRemainingColumn
-
     from harness import runner
     from harness.summary import render_summary, summarize
 
     todo = runner.todo_cells(config, run_dir)
-    progress = Progress(TextColumn("{task.description}"), BarColumn(), MofNCompleteColumn(), TimeElapsedColumn(),
-                        TextColumn("ETA"), TimeRemainingColumn(), console=console, transient=False)
+    progress = _progress(console)
     counts: dict[str, int] = {}
 
     def on_row(cell, row):
@@ -360,6 +362,7 @@ def compare(
     from rich.table import Table
 
     from harness.report import compare_runs
+    from harness.runner import fmt_time
 
     threshold = _percent(fail_if_slower) if fail_if_slower is not None else None
     cells, per_variant = compare_runs(_run_dir(run_a), _run_dir(run_b))
@@ -372,7 +375,7 @@ def compare(
         table.add_column(col, justify="right" if col not in ("device", "variant", "pass") else "left")
     for r in cells.sort_values(["device", "variant", "pass", "causal", "n"]).to_dict("records"):
         table.add_row(r["device"], r["variant"], r["pass"], "yes" if r["causal"] else "no", str(r["n"]),
-                      f"{r['time_median_s_a'] * 1e3:.3g} ms", f"{r['time_median_s_b'] * 1e3:.3g} ms",
+                      fmt_time(r["time_median_s_a"]), fmt_time(r["time_median_s_b"]),
                       f"{r['time_ratio']:.3f}", "—" if r["mem_ratio"] != r["mem_ratio"] else f"{r['mem_ratio']:.3f}")
     console.print(table)
     summary = Table(title="geometric mean per variant", title_justify="left")
@@ -460,10 +463,8 @@ def quality(
     """
     from dataclasses import asdict
 
-    from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn, TimeRemainingColumn
-
     from harness.machine import environment
-    from harness.quality import TrainConfig, sweep_quality, trainable_variants
+    from harness.quality import TrainConfig, keep_finished_runs, sweep_quality, trainable_variants
     from harness.storage import read_metadata, write_metadata
 
     console = _console()
@@ -498,15 +499,14 @@ def quality(
         train = TrainConfig(d_model=d_model, layers=layers, heads=heads, steps=steps, batch=batch, lr=lr, label_smoothing=label_smoothing, seed=seed)
         cfg_json = {**asdict(train), "tasks": tasks, "variants": names, "lengths": length_list,
                     "options": {"window": window, "compression": compression}}
-        run_dir = out or Path("results") / f"quality-{datetime.now().strftime('%Y%m%d-%H%M%S')}-{socket.gethostname()}"
+        run_dir = out or _default_out_dir("quality-")
         if run_dir.exists():
             raise typer.BadParameter(f"--out: {run_dir} already exists; a run never overwrites one (use --resume {run_dir})")
         run_dir.mkdir(parents=True)
         write_metadata(run_dir, {"config": cfg_json, "environment": environment(sys.argv), "argv": sys.argv})
     train = TrainConfig(**{k: cfg_json[k] for k in TrainConfig.__dataclass_fields__})
     total = len(cfg_json["tasks"]) * len(cfg_json["variants"]) * len(cfg_json["lengths"]) * train.steps
-    progress = Progress(TextColumn("{task.description}"), BarColumn(), MofNCompleteColumn(), TimeElapsedColumn(),
-                        TextColumn("ETA"), TimeRemainingColumn(), console=console)
+    progress = _progress(console)
     last_step = {"step": 0}
 
     def on_start(task_name, length, name):
@@ -519,29 +519,27 @@ def quality(
         progress.update(bar, description=f"[cyan]{row['task']} L={row['length']} {row['variant']}[/] "
                                          f"loss {row['train_loss']:.3f} acc {row['eval_accuracy']:.1%}")
 
-    from harness.quality import keep_finished_runs
-
-    done = len(keep_finished_runs(run_dir))
+    finished = keep_finished_runs(run_dir)
     try:
         with progress:
-            bar = progress.add_task("starting", total=total, completed=done * train.steps)
+            bar = progress.add_task("starting", total=total, completed=len(finished) * train.steps)
             rows = sweep_quality(run_dir, cfg_json["tasks"], cfg_json["variants"], cfg_json["lengths"], cfg_json["options"],
-                                 train, on_eval=on_eval, on_start=on_start)
+                                 train, on_eval=on_eval, on_start=on_start, finished=finished)
     except KeyboardInterrupt:
         console.print(f"\n[yellow]interrupted[/]: finished trainings are kept in {run_dir / 'quality.jsonl'}")
         console.print(f"resume with: [bold]bench quality --resume {run_dir}[/]")
         raise typer.Exit(130) from None
     from rich.table import Table
 
-    final = [r for r in rows if r.get("final")]
+    from harness.report import final_accuracy_grid
+
+    columns, grid = final_accuracy_grid(rows)
     table = Table(title="held-out token accuracy after training", title_justify="left")
-    columns = list(dict.fromkeys((r["task"], r["length"]) for r in final))
     table.add_column("variant")
     for t, n in columns:
         table.add_column(f"{t} L={n}", justify="right")
-    by = {(r["variant"], r["task"], r["length"]): r["eval_accuracy"] for r in final}
-    for name in dict.fromkeys(r["variant"] for r in final):
-        table.add_row(name, *[f"{by[(name, t, n)]:.1%}" if (name, t, n) in by else "" for t, n in columns])
+    for name, cells in grid:
+        table.add_row(name, *["" if r is None else f"{r['eval_accuracy']:.1%}" for r in cells])
     console.print(table)
     console.print(f"results: {run_dir / 'quality.jsonl'}; figures and REPORT.md: bench report {run_dir}")
 

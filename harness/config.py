@@ -11,8 +11,6 @@ import torch
 import variants
 
 PASSES = ("fwd", "fwdbwd")
-DTYPES = ("float32", "float16", "bfloat16", "float64")
-STATUSES = ("ok", "oom", "timeout", "error", "skipped", "incorrect")
 
 
 @dataclass(frozen=True)
@@ -40,8 +38,7 @@ class RunConfig:
 
     def variant_options(self, name: str) -> dict:
         """The options this variant accepts, plus the shape hints every variant takes."""
-        accepted = set(variants.option_names(name))
-        opts = {k: v for k, v in self.options if k in accepted}
+        opts = variants.options_taken(name, dict(self.options))
         opts.update(num_heads=self.heads, head_dim=self.head_dim)
         return opts
 

@@ -65,15 +65,6 @@ def peak_rss_bytes() -> int:
     return _status_kib("VmHWM") * 1024
 
 
-def cpu_peak_supported() -> bool:
-    try:
-        reset_peak_rss()
-        peak_rss_bytes()
-    except OSError:
-        return False
-    return True
-
-
 def measure_peak(fn, device: torch.device) -> dict:
     """Run fn() once; return {'peak_bytes': extra peak over the state before, 'reserved_bytes': CUDA only}."""
     if device.type == "cuda":

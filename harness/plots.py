@@ -13,7 +13,7 @@ from pathlib import Path
 import pandas as pd
 
 from harness.storage import load_frame, read_metadata
-from harness.summary import PANEL, crossover, fit_exponent
+from harness.summary import PANEL, crossover, fit_exponent, panel_rows
 
 FORMATS = ("png", "svg", "pdf")
 BASELINE = "full"
@@ -137,7 +137,7 @@ def _scaling_figure(df, metadata, ycol, ylabel, title, scale, path) -> Path:
     panels = _panels(df)
     fig, axes = _figure(len(panels), title, metadata)
     for ax, panel in zip(axes, panels):
-        sub = df[(df["device"] == panel[0]) & (df["pass"] == panel[1]) & (df["causal"] == panel[2])]
+        sub = panel_rows(df, panel)
         ok_all = sub[(sub["status"] == "ok") & (sub[ycol] > 0)]
         for variant, group in sub.groupby("variant", sort=False):
             color, marker = variant_style(variant)
@@ -161,7 +161,7 @@ def _speedup_figure(df, metadata, path) -> Path:
     panels = _panels(df)
     fig, axes = _figure(len(panels), f"Speed-up over {BASELINE} (time of {BASELINE} / time of variant)", metadata)
     for ax, panel in zip(axes, panels):
-        sub = df[(df["device"] == panel[0]) & (df["pass"] == panel[1]) & (df["causal"] == panel[2]) & (df["status"] == "ok")]
+        sub = panel_rows(df, panel, ok_only=True)
         base = sub[sub["variant"] == BASELINE].set_index("n")["time_median_s"]
         for variant, group in sub.groupby("variant", sort=False):
             if variant == BASELINE or base.empty:
@@ -194,7 +194,7 @@ def _efficiency_figure(df, metadata, path) -> Path:
     fig, axes = _figure(len(panels), "Achieved useful FLOP/s as a fraction of the measured matmul peak", metadata)
     for ax, panel in zip(axes, panels):
         peak = peaks.get(f"{panel[0]}/{dtype}")
-        sub = df[(df["device"] == panel[0]) & (df["pass"] == panel[1]) & (df["causal"] == panel[2]) & (df["status"] == "ok")]
+        sub = panel_rows(df, panel, ok_only=True)
         for variant, group in sub.groupby("variant", sort=False):
             if not peak:
                 break

@@ -121,12 +121,6 @@ def train_one(task_name: str, length: int, variant: str, options: dict, cfg: Tra
     return rows
 
 
-def variant_options_for(name: str, options: dict) -> dict:
-    """The options the variant takes, from the shared set (window, compression, ...)."""
-    accepted = set(variants.option_names(name))
-    return {k: v for k, v in options.items() if k in accepted}
-
-
 # implementations of a function another variant already computes (tested equal to float precision):
 # training them again would only repeat that variant's row
 SAME_FUNCTION_AS = {"full_naive": "full", "full_xformers": "full"}
@@ -163,9 +157,12 @@ def keep_finished_runs(run_dir: Path) -> set[tuple]:
 
 
 def sweep_quality(run_dir: Path, tasks: list[str], names: list[str], lengths: list[int], options: dict, cfg: TrainConfig,
-                  on_eval=None, on_start=None) -> list[dict]:
-    """Train every (task, length, variant) not finished yet; rows are appended as they exist."""
-    finished = keep_finished_runs(run_dir)
+                  on_eval=None, on_start=None, finished: set[tuple] | None = None) -> list[dict]:
+    """Train every (task, length, variant) not finished yet; rows are appended as they exist.
+
+    finished: the result of `keep_finished_runs(run_dir)` when the caller already called it.
+    """
+    finished = keep_finished_runs(run_dir) if finished is None else finished
     with RowWriter(run_dir, QUALITY_RESULTS) as writer:
         for task in tasks:
             for length in lengths:
@@ -180,5 +177,5 @@ def sweep_quality(run_dir: Path, tasks: list[str], names: list[str], lengths: li
                         if on_eval:
                             on_eval(row)
 
-                    train_one(task, length, name, variant_options_for(name, options), cfg, on_eval=record)
+                    train_one(task, length, name, variants.options_taken(name, options), cfg, on_eval=record)
     return read_rows(run_dir, QUALITY_RESULTS)

@@ -130,18 +130,22 @@ def _speed_section(run_dir: Path, df: pd.DataFrame, cfg: dict, machine: dict, fi
     return lines + [""]
 
 
-def quality_table(rows: list[dict]) -> str:
-    """Final held-out accuracy per variant (rows) and task/length (columns)."""
+def final_accuracy_grid(rows: list[dict]) -> tuple[list[tuple[str, int]], list[tuple[str, list[dict | None]]]]:
+    """The finished trainings as a grid: columns (task, length), and per variant its final row per column (or None)."""
     final = [r for r in rows if r.get("final")]
     columns = list(dict.fromkeys((r["task"], int(r["length"])) for r in final))
     by = {(r["variant"], r["task"], int(r["length"])): r for r in final}
-    body = []
-    for variant in dict.fromkeys(r["variant"] for r in final):
-        cells = []
-        for task, length in columns:
-            r = by.get((variant, task, length))
-            cells.append("" if r is None else f"{r['eval_accuracy']:.1%}" + (f" ({r['eval_exact_match']:.0%} exact)" if task == "copy" else ""))
-        body.append([f"`{variant}`"] + cells)
+    return columns, [(variant, [by.get((variant, t, n)) for t, n in columns]) for variant in dict.fromkeys(r["variant"] for r in final)]
+
+
+def quality_table(rows: list[dict]) -> str:
+    """Final held-out accuracy per variant (rows) and task/length (columns)."""
+    columns, grid = final_accuracy_grid(rows)
+    body = [
+        [f"`{variant}`"] + ["" if r is None else f"{r['eval_accuracy']:.1%}" + (f" ({r['eval_exact_match']:.0%} exact)" if r["task"] == "copy" else "")
+                            for r in cells]
+        for variant, cells in grid
+    ]
     return markdown_table(["variant"] + [f"{t} L={n}" for t, n in columns], body)
 
 

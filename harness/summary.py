@@ -13,6 +13,15 @@ import pandas as pd
 PANEL = ["device", "pass", "causal"]
 
 
+def panel_rows(df: pd.DataFrame, panel: tuple, ok_only: bool = False) -> pd.DataFrame:
+    """The rows of one (device, pass, causal) panel, optionally only those that ran."""
+    device, pass_, causal = panel
+    keep = (df["device"] == device) & (df["pass"] == pass_) & (df["causal"] == causal)
+    if ok_only:
+        keep &= df["status"] == "ok"
+    return df[keep]
+
+
 def fit_exponent(ns, values, upper_fraction: float = 0.5) -> float | None:
     """Least-squares slope of log(value) on log(N) over the upper lengths (at least 2 points)."""
     points = sorted((n, v) for n, v in zip(ns, values) if v is not None and v > 0 and not math.isnan(v))
@@ -64,8 +73,8 @@ def summarize(rows: list[dict] | pd.DataFrame, baseline: str = "full") -> pd.Dat
                         time_exp=fit_exponent(ok["n"], ok["time_median_s"]),
                         mem_exp=fit_exponent(ok["n"], ok["peak_bytes"].astype(float)))
             if variant != baseline:
-                base = df[(df["device"] == device) & (df["pass"] == pass_) & (df["causal"] == causal)
-                          & (df["variant"] == baseline) & (df["status"] == "ok")]
+                base = panel_rows(df, (device, pass_, causal), ok_only=True)
+                base = base[base["variant"] == baseline]
                 if not base.empty:
                     line["crossover_n"], line["crossover_note"] = crossover(ok, base)
         if not stop.empty:

@@ -26,8 +26,7 @@ def attention_patterns(names: list[str], n: int, causal: bool, options: dict, he
         if reason:
             skipped[name] = reason
             continue
-        accepted = set(variants.option_names(name))
-        opts = {key: val for key, val in options.items() if key in accepted}
+        opts = variants.options_taken(name, options)
         attn = variants.build(name, num_heads=1, head_dim=head_dim, **opts)
         patterns[name] = (attn.attention_matrix(q, k, causal=causal)[0, 0], opts)
     return {"patterns": patterns, "skipped": skipped}

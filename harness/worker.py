@@ -48,6 +48,11 @@ def _inputs(config: RunConfig, n: int, device: torch.device, requires_grad: bool
     )
 
 
+def _build(config: RunConfig, name: str, dev: torch.device):
+    """The variant with the run's options, on the cell's device, in the run's dtype."""
+    return variants.build(name, device=dev, **config.variant_options(name)).to(config.torch_dtype)
+
+
 def _sync(device: torch.device) -> None:
     if device.type == "cuda":
         torch.cuda.synchronize(device)
@@ -57,7 +62,7 @@ def check_variant(config: RunConfig, device: str, name: str, causal: bool) -> di
     """Compare the variant in the run's dtype with its dense float64 definition at N = check_len."""
     setup_process(config, device)
     dev = torch.device(device)
-    attn = variants.build(name, device=dev, **config.variant_options(name)).to(config.torch_dtype)
+    attn = _build(config, name, dev)
     ref_attn = copy.deepcopy(attn).to(torch.float64)
     backward = attn.backward_unsupported_reason(device) is None and "fwdbwd" in config.passes
     q, k, v = _inputs(config, config.check_len, dev, backward, batch=1, heads=config.heads)
@@ -102,7 +107,7 @@ def measure_cell(config: RunConfig, cell: Cell) -> dict:
     """Time the cell's call (median, min, IQR over repeats), then its peak extra memory."""
     setup_process(config, cell.device)
     dev = torch.device(cell.device)
-    attn = variants.build(cell.variant, device=dev, **config.variant_options(cell.variant)).to(config.torch_dtype)
+    attn = _build(config, cell.variant, dev)
     backward = cell.pass_ == "fwdbwd"
     q, k, v = _inputs(config, cell.n, dev, backward)
     grad_out = torch.randn_like(q.detach()) if backward else None  # the output's shape: (B, H, N, D)

@@ -13,8 +13,7 @@ Every variant is an `nn.Module` with the same call:
 from __future__ import annotations
 
 import math
-from dataclasses import dataclass, field
-from typing import Callable
+from dataclasses import dataclass
 
 import torch
 from torch import Tensor, nn
@@ -37,10 +36,6 @@ class VariantSpec:
     dtypes: tuple[str, ...] = ("float32", "float64", "float16", "bfloat16")
     subquadratic: bool = False  # memory (and, where the method is, time) below O(N^2)
     notes: str = ""  # anything a user must know (e.g. what causal means for this method)
-
-
-def _exists(x) -> bool:
-    return x is not None
 
 
 class AttentionVariant(nn.Module):
@@ -284,6 +279,12 @@ def _option_defaults(cls: type) -> dict[str, object]:
 
 def _option_names(cls: type) -> list[str]:
     return list(_option_defaults(cls))
+
+
+def options_taken(name: str, options: dict) -> dict:
+    """The subset of a shared set of options (window, compression, ...) that variant `name` accepts."""
+    accepted = set(option_names(name))
+    return {key: value for key, value in options.items() if key in accepted}
 
 
 def effective_options(name: str, **given) -> dict[str, object]:

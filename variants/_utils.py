@@ -7,10 +7,6 @@ import torch.nn.functional as F
 from torch import Tensor
 
 
-def exists(x) -> bool:
-    return x is not None
-
-
 def pad_to_multiple(x: Tensor, multiple: int, dim: int = -2, value: float = 0.0) -> tuple[Tensor, int]:
     """Pad `x` along `dim` up to a multiple of `multiple`; returns (padded, pad_amount)."""
     n = x.shape[dim]

@@ -15,7 +15,6 @@ from group to group, so peak memory stays O(group + N·Dv) whatever N.
 from __future__ import annotations
 
 import torch
-import torch.nn.functional as F
 from torch import Tensor
 
 from ._base import AttentionVariant, VariantSpec, dense_mask, register

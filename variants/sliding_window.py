@@ -238,8 +238,28 @@ def _global_rows(q: Tensor, k: Tensor, v: Tensor, n_global: int, causal: bool, k
     return torch.matmul(p.to(v.dtype), v)
 
 
+class LongformerPattern(AttentionVariant):
+    """What every implementation of the pattern shares: its options, its dense definition, its FLOPs."""
+
+    def __init__(self, *, window: int = 256, global_tokens: int = 0, **base):
+        super().__init__(**base)
+        self._check_int("window", window, 1)
+        self._check_int("global_tokens", global_tokens, 0)
+        self.window, self.global_tokens = window, global_tokens
+
+    def reference(self, q, k, v, *, causal=False, key_padding_mask=None):
+        allowed = longformer_mask(q.shape[-2], self.window, self.global_tokens, causal, key_padding_mask, q.device)
+        return dense_attention(q, k, v, allowed, self._scale(q))
+
+    def flops(self, n_q: int, n_k: int, d: int, dv: int, causal: bool) -> float:
+        return 2.0 * band_pairs(n_q, self.window, self.global_tokens, causal) * (d + dv)
+
+    def extra_repr(self) -> str:
+        return f"window={self.window}, global_tokens={self.global_tokens}"
+
+
 @register
-class SlidingWindowAttention(AttentionVariant):
+class SlidingWindowAttention(LongformerPattern):
     spec = VariantSpec(
         name="sliding_window",
         summary="Longformer sliding window (|i-j| <= w) + global tokens, blocked in pure PyTorch",
@@ -252,11 +272,9 @@ class SlidingWindowAttention(AttentionVariant):
     )
 
     def __init__(self, *, window: int = 256, global_tokens: int = 0, block_size: int | None = None, **base):
-        super().__init__(**base)
-        self._check_int("window", window, 1)
-        self._check_int("global_tokens", global_tokens, 0)
+        super().__init__(window=window, global_tokens=global_tokens, **base)
         self._check_int("block_size", block_size, 1, allow_none=True)
-        self.window, self.global_tokens, self.block_size = window, global_tokens, block_size
+        self.block_size = block_size
 
     def _attend(self, q: Tensor, k: Tensor, v: Tensor, causal: bool, key_padding_mask: Tensor | None) -> Tensor:
         n = q.shape[-2]
@@ -270,16 +288,6 @@ class SlidingWindowAttention(AttentionVariant):
             out = torch.cat([_global_rows(q, k, v, g, causal, key_padding_mask, self._scale(q)), out[:, :, g:]], dim=2)
         return out
 
-    def reference(self, q, k, v, *, causal=False, key_padding_mask=None):
-        allowed = longformer_mask(q.shape[-2], self.window, self.global_tokens, causal, key_padding_mask, q.device)
-        return dense_attention(q, k, v, allowed, self._scale(q))
-
-    def flops(self, n_q: int, n_k: int, d: int, dv: int, causal: bool) -> float:
-        return 2.0 * band_pairs(n_q, self.window, self.global_tokens, causal) * (d + dv)
-
     def memory_estimate(self, batch, heads, n_q, n_k, d, dv, element_size, causal, backward):
         io = batch * heads * n_q * (d + dv) * element_size
         return int(GROUP_SCORE_BYTES * 4 + io * (6 if backward else 3))
-
-    def extra_repr(self) -> str:
-        return f"window={self.window}, global_tokens={self.global_tokens}"

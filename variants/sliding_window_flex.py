@@ -16,9 +16,8 @@ import math
 import torch
 from torch import Tensor
 
-from ._base import AttentionVariant, VariantSpec, register
-from ._utils import dense_attention
-from .sliding_window import band_pairs, longformer_mask
+from ._base import VariantSpec, register
+from .sliding_window import LongformerPattern
 
 TILE = 128  # FlexAttention's default block size
 
@@ -71,7 +70,7 @@ def sliding_window_block_mask(n: int, window: int, n_global: int, causal: bool, 
 
 
 @register
-class FlexSlidingWindowAttention(AttentionVariant):
+class FlexSlidingWindowAttention(LongformerPattern):
     spec = VariantSpec(
         name="sliding_window_flex",
         summary="Longformer sliding window + global tokens via compiled FlexAttention and a block mask",
@@ -86,10 +85,7 @@ class FlexSlidingWindowAttention(AttentionVariant):
     )
 
     def __init__(self, *, window: int = 256, global_tokens: int = 0, **base):
-        super().__init__(**base)
-        self._check_int("window", window, 1)
-        self._check_int("global_tokens", global_tokens, 0)
-        self.window, self.global_tokens = window, global_tokens
+        super().__init__(window=window, global_tokens=global_tokens, **base)
         self._masks: dict[tuple, object] = {}  # block masks without key padding, per (N, causal, device)
 
     def _block_mask(self, n: int, causal: bool, key_padding_mask: Tensor | None, device):
@@ -103,13 +99,3 @@ class FlexSlidingWindowAttention(AttentionVariant):
     def _attend(self, q: Tensor, k: Tensor, v: Tensor, causal: bool, key_padding_mask: Tensor | None) -> Tensor:
         block_mask = self._block_mask(q.shape[-2], causal, key_padding_mask, q.device)
         return compiled_flex_attention()(q, k, v, block_mask=block_mask, scale=self._scale(q))
-
-    def reference(self, q, k, v, *, causal=False, key_padding_mask=None):
-        allowed = longformer_mask(q.shape[-2], self.window, self.global_tokens, causal, key_padding_mask, q.device)
-        return dense_attention(q, k, v, allowed, self._scale(q))
-
-    def flops(self, n_q: int, n_k: int, d: int, dv: int, causal: bool) -> float:
-        return 2.0 * band_pairs(n_q, self.window, self.global_tokens, causal) * (d + dv)
-
-    def extra_repr(self) -> str:
-        return f"window={self.window}, global_tokens={self.global_tokens}"
