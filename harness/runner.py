@@ -86,9 +86,7 @@ def static_skip_reason(config: RunConfig, cell: Cell) -> str | None:
         reason = cls.backward_unsupported_reason(cell.device)
         if reason:
             return reason
-    if config.dtype not in cls.spec.dtypes:
-        return f"{cell.variant} does not support {config.dtype} (supports {', '.join(cls.spec.dtypes)})"
-    return None
+    return cls.dtype_unsupported_reason(cell.device, config.dtype)
 
 
 def predicted_bytes(config: RunConfig, cell: Cell, attn) -> int:

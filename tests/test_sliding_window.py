@@ -60,6 +60,7 @@ FLEX_CASES = [  # each distinct shape compiles once (seconds on CPU): keep this 
     (257, 5, 3, True, True),
     (300, 64, 0, False, False),
     (1000, 100, 2, False, True),
+    (700, 300, 130, True, False),  # window > tile: full tiles (no mask evaluated), global rows span a tile
 ]
 
 
@@ -71,6 +72,51 @@ def test_flex_matches_reference_forward(n, window, g, causal, padded):
     kpm = make_padding(2, n) if padded else None
     out = variants.build("sliding_window_flex", window=window, global_tokens=g)(q, k, v, causal=causal, key_padding_mask=kpm)
     torch.testing.assert_close(out.double(), ref_sliding_window(q, k, v, window, g, causal, kpm), atol=2e-5, rtol=2e-5)
+
+
+@pytest.mark.parametrize("n, window, g, causal", [(5, 2, 0, False), (300, 3, 2, False), (1000, 300, 130, True), (1000, 129, 0, False),
+                                                 (1024, 255, 0, True), (1024, 383, 200, False), (129, 1000, 0, False)])
+def test_flex_tile_coverage_is_the_pattern_per_tile(n, window, g, causal):
+    """touched = some pair of the tile is in the pattern; full = all are (never on the ragged end)."""
+    from variants.sliding_window_flex import TILE, tile_coverage
+
+    touched, full = tile_coverage(n, window, g, causal, "cpu")
+    i, j = torch.arange(n)[:, None], torch.arange(n)[None, :]
+    dense = ((i - j).abs() <= window) | (i < g) | (j < g)
+    if causal:
+        dense = dense & (j <= i)
+    tiles = -(-n // TILE)
+    padded = torch.zeros(tiles * TILE, tiles * TILE, dtype=torch.bool)
+    padded[:n, :n] = dense
+    per_tile = padded.view(tiles, TILE, tiles, TILE).permute(0, 2, 1, 3).flatten(2)  # (T, T, TILE * TILE)
+    assert torch.equal(touched, per_tile.any(-1))
+    inner = tiles if n % TILE == 0 else tiles - 1  # the ragged last tile is never full
+    complete = torch.zeros_like(full)
+    complete[:inner, :inner] = per_tile[:inner, :inner].all(-1)
+    assert torch.equal(full, complete)
+
+
+def test_flex_small_head_dim_is_exact():
+    """torch's compiled CPU flex kernel is wrong below D = 32 on AVX2 machines: the variant pads D."""
+    q, k, v = make_qkv(b=1, h=1, n_q=24, d=8, dv=16, dtype=torch.float32, requires_grad=False)
+    out = variants.build("sliding_window_flex", window=3, global_tokens=2)(q, k, v)
+    assert out.shape == (1, 1, 24, 16)
+    torch.testing.assert_close(out.double(), ref_sliding_window(q, k, v, 3, 2), atol=2e-5, rtol=2e-5)
+
+
+def test_flex_padding_masks_do_not_recompile():
+    """A new padding mask per call must reuse the compiled kernel (Dynamo's fall-back past the limit is eager, N x N)."""
+    from torch._dynamo.utils import counters
+
+    q, k, v = make_qkv(b=2, h=2, n_q=257, d=32, dtype=torch.float32, requires_grad=False)
+    attn = variants.build("sliding_window_flex", window=5, global_tokens=3)
+    attn(q, k, v, causal=True, key_padding_mask=make_padding(2, 257, seed=0))
+    graphs = counters["stats"]["unique_graphs"]
+    for seed in range(1, 12):
+        kpm = make_padding(2, 257, seed=seed)
+        out = attn(q, k, v, causal=True, key_padding_mask=kpm)
+        torch.testing.assert_close(out.double(), ref_sliding_window(q, k, v, 5, 3, True, kpm), atol=2e-5, rtol=2e-5)
+    assert counters["stats"]["unique_graphs"] == graphs
 
 
 def test_flex_backward_on_cpu_is_a_clear_error():

@@ -91,6 +91,13 @@ class AttentionVariant(nn.Module):
         return None
 
     @classmethod
+    def dtype_unsupported_reason(cls, device: str, dtype: str) -> str | None:
+        """None when the variant computes in `dtype` ("float32", ...) on `device`, else why it does not."""
+        if dtype not in cls.spec.dtypes:
+            return f"{cls.spec.name} does not support {dtype} (supports {', '.join(cls.spec.dtypes)})"
+        return None
+
+    @classmethod
     def backward_unsupported_reason(cls, device: str) -> str | None:
         dev = torch.device(device).type
         if dev not in cls.spec.backward_devices:
@@ -174,9 +181,11 @@ def check_inputs(attn: AttentionVariant, q: Tensor, k: Tensor, v: Tensor, causal
         raise TypeError(f"{name}: q, k, v must share one dtype, got {q.dtype}, {k.dtype}, {v.dtype}")
     if not (q.device == k.device == v.device):
         raise ValueError(f"{name}: q, k, v must be on one device, got {q.device}, {k.device}, {v.device}")
-    dtype = str(q.dtype).removeprefix("torch.")
-    if dtype not in attn.spec.dtypes:
-        raise TypeError(f"{name}: dtype {dtype} is not supported; allowed: {', '.join(attn.spec.dtypes)}")
+    if q.device.type not in attn.spec.devices:
+        raise RuntimeError(f"{name}: inputs are on {q.device}, but this variant runs on {', '.join(attn.spec.devices)} only")
+    reason = attn.dtype_unsupported_reason(q.device.type, str(q.dtype).removeprefix("torch."))
+    if reason:
+        raise TypeError(f"{name}: {reason}")
     if q.shape[:2] != k.shape[:2] or q.shape[:2] != v.shape[:2]:
         raise ValueError(
             f"{name}: batch and head dims must match: q {tuple(q.shape)}, k {tuple(k.shape)}, v {tuple(v.shape)}"
@@ -244,7 +253,11 @@ def variant_class(name: str) -> type[AttentionVariant]:
 
 
 def build(name: str, *, device: str | torch.device | None = None, **options) -> AttentionVariant:
-    """Build the variant registered as `name`, with its options, on `device` (default: CPU).
+    """Build the variant registered as `name`, with its options, on `device`.
+
+    With a device, the variant must run there; without one (the module's parameters, if any, are
+    on the CPU until it is moved), it must run on at least one of its devices on this machine, and
+    each call checks the device of its inputs.
 
     Example:
         >>> attn = build("full")
@@ -254,9 +267,9 @@ def build(name: str, *, device: str | torch.device | None = None, **options) -> 
     """
     cls = variant_class(name)
     dev = torch.device(device) if device is not None else None
-    reason = cls.unavailable_reason(dev.type if dev is not None else "cpu")
-    if reason:
-        raise RuntimeError(f"variant {name!r} is unavailable: {reason}")
+    reasons = [cls.unavailable_reason(d) for d in ((dev.type,) if dev is not None else cls.spec.devices)]
+    if all(reasons):
+        raise RuntimeError(f"variant {name!r} is unavailable: {'; '.join(reasons)}")
     try:
         module = cls(**options)
     except TypeError as err:

@@ -1,8 +1,9 @@
 """Sliding-window + global-token attention (Longformer) through PyTorch's compiled FlexAttention.
 
 The same pattern as `sliding_window` — |i - j| <= w, the first g positions global, causal optional —
-given to `torch.nn.attention.flex_attention` as a block mask: only the 128 x 128 tiles that touch
-the band (or a global row/column) are computed, and the exact pattern is applied inside them.
+given to `torch.nn.attention.flex_attention` as a block mask over 128 x 128 tiles: tiles the pattern
+does not touch are skipped, tiles it covers entirely are "full" (no mask is evaluated inside them),
+and only the tiles on the band's edges evaluate the exact pattern (`mask_mod`) per element.
 The block mask is built from tile indices directly (O((N/128)²) integers, never an N x N mask)
 and cached per shape; the kernel is compiled once per shape by `torch.compile`.
 CPU: forward only (torch 2.13 has no FlexAttention backward on CPU).
@@ -14,17 +15,23 @@ import functools
 import math
 
 import torch
+import torch.nn.functional as F
 from torch import Tensor
 
 from ._base import VariantSpec, register
 from .sliding_window import LongformerPattern
 
 TILE = 128  # FlexAttention's default block size
+# the smallest head dim each backend computes correctly: torch 2.13's CPU template gives wrong
+# results (even NaN) for D < 32 on AVX2 machines; the CUDA template needs D >= 16. Smaller heads
+# are zero-padded (exact: zero columns add nothing to q·k, and padded value columns are cut off).
+MIN_HEAD_DIM = {"cpu": 32, "cuda": 16}
+RECOMPILE_LIMIT = 64  # shapes per process; past it, fail loudly instead of Dynamo's silent eager fallback
 
 
-@functools.lru_cache(maxsize=1)
-def compiled_flex_attention():
-    """`flex_attention` compiled once per process (recompiled by torch per new shape)."""
+@functools.lru_cache(maxsize=None)
+def compiled_flex_attention(device_type: str):
+    """`flex_attention` compiled once per process and device type (recompiled by torch per new shape)."""
     from torch.nn.attention.flex_attention import flex_attention
 
     return torch.compile(flex_attention, dynamic=False)
@@ -46,27 +53,50 @@ def sliding_window_mask_mod(window: int, n_global: int, causal: bool, key_valid:
     return mask_mod
 
 
-def sliding_window_block_mask(n: int, window: int, n_global: int, causal: bool, key_valid: Tensor | None, device):
-    """A BlockMask listing, per query tile, the key tiles the pattern touches."""
-    from torch.nn.attention.flex_attention import BlockMask
+def tile_coverage(n: int, window: int, n_global: int, causal: bool, device) -> tuple[Tensor, Tensor]:
+    """(touched, full): bool (T, T) over query tile x key tile, T = ceil(N / 128).
 
+    touched: some (i, j) of the tile pair is in the pattern; full: every (i, j) of it is (so the
+    kernel may skip the mask there). Tiles holding the ragged end of the sequence are never full.
+    """
     tiles = math.ceil(n / TILE)
     qt = torch.arange(tiles, device=device)[:, None]
     kt = torch.arange(tiles, device=device)[None, :]
-    # tile pair touches the band if the smallest |i - j| between them is <= w
-    gap = ((qt - kt).abs() - 1).clamp_min(0) * TILE + ((qt != kt) * 1)
-    touch = gap <= window
+    dist = (qt - kt).abs()
+    # smallest and largest |i - j| between two tiles
+    touched = (dist - 1).clamp_min(0) * TILE + (dist > 0) <= window
+    full = (dist + 1) * TILE - 1 <= window
     if n_global:
-        g_tiles = math.ceil(n_global / TILE)
-        touch = touch | (qt < g_tiles) | (kt < g_tiles)
+        touched = touched | (qt * TILE < n_global) | (kt * TILE < n_global)
+        full = full | ((qt + 1) * TILE <= n_global) | ((kt + 1) * TILE <= n_global)
     if causal:
-        touch = touch & (kt <= qt)
-    touch = touch[None, None]  # (1, 1, tiles, tiles)
-    num = touch.sum(-1, dtype=torch.int32)
-    # indices of touched tiles first, in ascending order
-    order = torch.argsort((~touch).to(torch.int8), dim=-1, stable=True).to(torch.int32)
+        touched = touched & (kt <= qt)
+        full = full & (kt < qt)
+    if n % TILE:
+        full = full & (qt < tiles - 1) & (kt < tiles - 1)
+    return touched, full
+
+
+def _kv_blocks(select: Tensor) -> tuple[Tensor, Tensor]:
+    """(count (1, 1, T), indices (1, 1, T, T)): per query tile, the selected key tiles first, ascending."""
+    select = select[None, None]
+    num = select.sum(-1, dtype=torch.int32)
+    order = torch.argsort((~select).to(torch.int8), dim=-1, stable=True).to(torch.int32)
+    return num, order
+
+
+def sliding_window_block_mask(n: int, window: int, n_global: int, causal: bool, key_valid: Tensor | None, device):
+    """A BlockMask listing, per query tile, the key tiles the pattern touches and those it fills."""
+    from torch.nn.attention.flex_attention import BlockMask
+
+    touched, full = tile_coverage(n, window, n_global, causal, device)
+    if key_valid is not None:  # padding may fall anywhere: every touched tile evaluates the mask
+        full = torch.zeros_like(full)
+    partial_num, partial_idx = _kv_blocks(touched & ~full)
+    full_num, full_idx = _kv_blocks(full)
     mask_mod = sliding_window_mask_mod(window, n_global, causal, key_valid)
-    return BlockMask.from_kv_blocks(num, order, BLOCK_SIZE=TILE, mask_mod=mask_mod, seq_lengths=(n, n))
+    return BlockMask.from_kv_blocks(partial_num, partial_idx, full_num, full_idx, BLOCK_SIZE=TILE,
+                                    mask_mod=mask_mod, seq_lengths=(n, n))
 
 
 @register
@@ -81,12 +111,19 @@ class FlexSlidingWindowAttention(LongformerPattern):
         backward_devices=("cuda",),
         dtypes=("float32", "float64", "float16", "bfloat16"),
         subquadratic=True,
-        notes="CPU: forward only (no FlexAttention backward on CPU in torch 2.13); compiles once per shape",
+        notes="CPU: forward only (no FlexAttention backward on CPU in torch 2.13); CUDA: no float64; "
+              "compiles once per shape; head dims below 32 (CPU) / 16 (CUDA) are zero-padded",
     )
 
     def __init__(self, *, window: int = 256, global_tokens: int = 0, **base):
         super().__init__(window=window, global_tokens=global_tokens, **base)
         self._masks: dict[tuple, object] = {}  # block masks without key padding, per (N, causal, device)
+
+    @classmethod
+    def dtype_unsupported_reason(cls, device: str, dtype: str) -> str | None:
+        if torch.device(device).type == "cuda" and dtype == "float64":
+            return "sliding_window_flex has no float64 on cuda (FlexAttention's CUDA kernel takes float32, float16, bfloat16)"
+        return super().dtype_unsupported_reason(device, dtype)
 
     def _block_mask(self, n: int, causal: bool, key_padding_mask: Tensor | None, device):
         if key_padding_mask is not None:  # depends on the data: built per call (cheap: tile indices only)
@@ -98,4 +135,14 @@ class FlexSlidingWindowAttention(LongformerPattern):
 
     def _attend(self, q: Tensor, k: Tensor, v: Tensor, causal: bool, key_padding_mask: Tensor | None) -> Tensor:
         block_mask = self._block_mask(q.shape[-2], causal, key_padding_mask, q.device)
-        return compiled_flex_attention()(q, k, v, block_mask=block_mask, scale=self._scale(q))
+        scale = self._scale(q)  # of the real head dim, before any padding
+        d, dv = q.shape[-1], v.shape[-1]
+        min_d = MIN_HEAD_DIM.get(q.device.type, 16)
+        if d < min_d:  # (B, H, N, D) -> (B, H, N, min_d)
+            q, k = F.pad(q, (0, min_d - d)), F.pad(k, (0, min_d - d))
+        if dv < min_d:
+            v = F.pad(v, (0, min_d - dv))
+        # a hard error, never Dynamo's silent fall-back to eager flex (which materializes N x N scores)
+        with torch._dynamo.config.patch(recompile_limit=RECOMPILE_LIMIT, fail_on_recompile_limit_hit=True):
+            out = compiled_flex_attention(q.device.type)(q, k, v, block_mask=block_mask, scale=scale)
+        return out[..., :dv]
