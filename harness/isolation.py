@@ -70,14 +70,27 @@ def _child(conn, imports, fn, args, log_path) -> None:
     except BaseException as err:  # noqa: BLE001 — everything is reported to the parent
         from harness.worker import is_oom
 
-        message = str(err).strip().splitlines()[0] if str(err).strip() else ""
-        if not message:
-            message = traceback.format_exc().strip().splitlines()[-1]
-        result = ("exception", (type(err).__name__, message[:500], is_oom(err)))
+        # the whole traceback goes to the log; the row keeps every line of the message (the reason
+        # of an Inductor or xformers failure is on the later lines), folded into one
+        what = ", ".join(a.label() for a in args if hasattr(a, "label")) or ", ".join(repr(a)[:80] for a in args[1:])
+        print(f"--- {getattr(fn, '__name__', fn)}({what}) failed in process {os.getpid()} ---", file=sys.stderr)
+        traceback.print_exc()
+        sys.stderr.flush()
+        result = ("exception", (type(err).__name__, error_message(err), is_oom(err)))
     try:
         conn.send(result)
     finally:
         conn.close()
+
+
+MESSAGE_LIMIT = 2000  # characters of an error message kept in a row
+
+
+def error_message(err: BaseException) -> str:
+    """The exception's message on one line (its lines joined by ' | '), at most MESSAGE_LIMIT characters."""
+    lines = [line.strip() for line in str(err).strip().splitlines() if line.strip()]
+    message = " | ".join(lines) if lines else traceback.format_exception_only(type(err), err)[-1].strip()
+    return message if len(message) <= MESSAGE_LIMIT else message[: MESSAGE_LIMIT - 3] + "..."
 
 
 PRELOAD = ["torch", "variants", "harness.worker", "harness.isolation"]

@@ -66,7 +66,9 @@ def peak_rss_bytes() -> int:
 
 
 def measure_peak(fn, device: torch.device) -> dict:
-    """Run fn() once; return {'peak_bytes': extra peak over the state before, 'reserved_bytes': CUDA only}."""
+    """Run fn() once; return {'peak_bytes': extra peak over the state before, 'reserved_bytes': CUDA only,
+    'kind': what was measured: 'rss' (CPU: the process's resident-set high-water mark) or 'allocator'
+    (CUDA: the caching allocator's peak of allocated bytes)}."""
     if device.type == "cuda":
         torch.cuda.synchronize(device)
         torch.cuda.empty_cache()
@@ -78,9 +80,10 @@ def measure_peak(fn, device: torch.device) -> dict:
         return {
             "peak_bytes": torch.cuda.max_memory_allocated(device) - base,
             "reserved_bytes": torch.cuda.max_memory_reserved(device) - base_reserved,
+            "kind": "allocator",
         }
     release_free_memory()
     base = rss_bytes()
     reset_peak_rss()
     fn()
-    return {"peak_bytes": max(0, peak_rss_bytes() - base), "reserved_bytes": None}
+    return {"peak_bytes": max(0, peak_rss_bytes() - base), "reserved_bytes": None, "kind": "rss"}

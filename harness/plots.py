@@ -65,6 +65,10 @@ def caption(metadata: dict) -> str:
             f" · torch {env.get('versions', {}).get('torch')}")
 
 
+# what "peak extra memory" measures on each device: not the same quantity, so each axis says which
+MEMORY_KIND = {"cpu": "\nprocess RSS high-water mark", "cuda": "\nCUDA allocator peak (allocated bytes)"}
+
+
 def _panels(df: pd.DataFrame) -> list[tuple]:
     return list(df[PANEL].drop_duplicates().itertuples(index=False, name=None))
 
@@ -151,7 +155,7 @@ def _scaling_figure(df, metadata, ycol, ylabel, title, scale, path) -> Path:
             _guides(ax, sub["n"].tolist(), float(ok_all.sort_values("n").iloc[0][ycol]) * scale)
         ax.set_yscale("log")
         _n_axis(ax, sub["n"].tolist())
-        ax.set_ylabel(ylabel)
+        ax.set_ylabel(ylabel + (MEMORY_KIND.get(panel[0], "") if ycol == "peak_bytes" else ""))
         ax.set_title(_panel_title(panel), fontsize=9)
         ax.legend(fontsize=7, loc="upper left")
     return save_figure(fig, path)

@@ -103,6 +103,8 @@ def _speed_section(run_dir: Path, df: pd.DataFrame, cfg: dict, machine: dict, fi
         f"options {cfg.get('options') or 'defaults'}; memory budget per cell "
         + ", ".join(f"{d}: {fmt_bytes(b)}" for d, b in (cfg.get("memory_budget") or {}).items()),
         f"- Measured matmul peak: {peaks or 'not measured'}",
+        "- Peak extra memory: on CPU the process's resident-set high-water mark above its state before the call; "
+        "on CUDA the caching allocator's peak of allocated bytes above the same (reserved bytes are in `reserved_bytes`).",
         f"- {len(df)} cells, {int((df['status'] == 'ok').sum())} ok.",
         "",
         "## Figures",

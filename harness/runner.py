@@ -89,6 +89,14 @@ def static_skip_reason(config: RunConfig, cell: Cell) -> str | None:
     return cls.dtype_unsupported_reason(cell.device, config.dtype)
 
 
+def shape_only_variant(config: RunConfig, name: str):
+    """The variant built on the meta device: parameters have shapes but no storage, nothing is computed,
+    and no device is touched (the parent never initializes CUDA, and a huge option costs no memory)."""
+    cls = variants.variant_class(name)
+    with torch.device("meta"):
+        return cls(**config.variant_options(name))
+
+
 def predicted_bytes(config: RunConfig, cell: Cell, attn) -> int:
     """Inputs (and their gradients) plus the variant's own estimate of its extra memory."""
     el = torch.empty((), dtype=config.torch_dtype).element_size()
@@ -153,9 +161,12 @@ def decide(config: RunConfig, cell: Cell, state: SweepState, row: dict, log_path
     if cell.series in state.stopped:
         n, status = state.stopped[cell.series]
         return "skipped", f"series stopped at N={n} ({status})", None
-    attn = variants.build(cell.variant, **config.variant_options(cell.variant))
-    row["flops"] = useful_flops(config, cell, attn)
-    row["predicted_bytes"] = predicted = predicted_bytes(config, cell, attn)
+    try:  # what the parent needs of the variant: its FLOPs and memory estimate, from a shape-only instance
+        attn = shape_only_variant(config, cell.variant)
+        row["flops"] = useful_flops(config, cell, attn)
+        row["predicted_bytes"] = predicted = predicted_bytes(config, cell, attn)
+    except Exception as err:  # noqa: BLE001 — a plug-in variant's fault costs its cells, not the sweep
+        return "error", f"cannot plan the cell: {type(err).__name__}: {err}"[:1000], None
     budget = config.budget(cell.device)
     if budget is not None and predicted > budget:
         return "skipped", f"predicted {fmt_bytes(predicted)} > memory budget {fmt_bytes(budget)}", None
@@ -218,6 +229,7 @@ def measure_machine(config: RunConfig) -> dict:
             info["gpu"] = outcome.value if outcome.kind == "result" else {"error": outcome.describe()}
         for dtype in dict.fromkeys((config.dtype, "float32")):
             outcome = run_isolated(worker.matmul_peak, (device, dtype, config.threads), timeout=120)
-            value = outcome.value["gflops"] if outcome.kind == "result" else None
-            info["matmul_peak_gflops"][f"{device}/{dtype}"] = value
+            value = outcome.value if outcome.kind == "result" else {}
+            info["matmul_peak_gflops"][f"{device}/{dtype}"] = value.get("gflops")
+            info.setdefault("matmul_peak_precision", {})[f"{device}/{dtype}"] = value.get("precision")
     return info

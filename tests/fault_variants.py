@@ -81,7 +81,7 @@ class Hog(_Exact):
     spec = _spec("test_hog", "allocates N * 64 KiB")
 
     def fault(self, q):
-        self._held = torch.ones(q.shape[-2] * 16384)  # float32: N * 64 KiB, written, so resident
+        self._held = torch.ones(q.shape[-2] * 16384, device=q.device)  # float32: N * 64 KiB, written, so resident
 
     def memory_estimate(self, *args, **kwargs):
         return 0
@@ -130,3 +130,56 @@ class Slow(_Exact):
 
     def fault(self, q):
         time.sleep(0.3)
+
+
+@_register
+class RaisesMultiline(_Exact):
+    """Raises an error whose reason is on its later lines, as Inductor's and xformers' errors do."""
+
+    spec = _spec("test_raises_multiline", "raises a multi-line error past N=64")
+
+    def fault(self, q):
+        raise RuntimeError("backend='inductor' raised:\nLoweringException: the real reason is here\n  target: flex_attention")
+
+
+@_register
+class NoFlops(_Exact):
+    """A plug-in variant without FLOPs: must cost its own cells, never the sweep."""
+
+    spec = _spec("test_no_flops", "has no flops")
+
+    def flops(self, n_q, n_k, d, dv, causal):
+        raise NotImplementedError("test_no_flops has no FLOP count")
+
+
+@_register
+class BatchBug(_Exact):
+    """Right for the first batch element, wrong for the others: a broadcasting bug the gate must see at B=1 runs."""
+
+    spec = _spec("test_batch_bug", "wrong past the first batch element")
+
+    def _attend(self, q, k, v, causal, key_padding_mask):
+        out = F.scaled_dot_product_attention(q, k, v, is_causal=causal)
+        return torch.cat([out[:1], out[1:] * 0.5])
+
+
+class _FlexWrongOrder(variants.variant_class("sliding_window_flex")):
+    """The flex band with a tile-skipping bug: key tiles listed in the wrong order. Right while every
+    tile pair touches the band (short sequences), wrong once some are skipped."""
+
+    spec = _spec("test_flex_wrong_order", "flex sliding window, tile order reversed")
+
+    def _block_mask(self, n, causal, key_padding_mask, device):
+        from torch.nn.attention.flex_attention import BlockMask
+
+        from variants.sliding_window_flex import TILE, sliding_window_mask_mod, tile_coverage
+
+        touched, _ = tile_coverage(n, self.window, self.global_tokens, causal, device)
+        touched = touched[None, None]
+        order = torch.argsort(touched.to(torch.int8), dim=-1, stable=True).to(torch.int32)  # bug: untouched first
+        return BlockMask.from_kv_blocks(touched.sum(-1, dtype=torch.int32), order, BLOCK_SIZE=TILE,
+                                        mask_mod=sliding_window_mask_mod(self.window, self.global_tokens, causal, None),
+                                        seq_lengths=(n, n))
+
+
+_register(_FlexWrongOrder)

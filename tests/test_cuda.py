@@ -21,7 +21,7 @@ OPTIONS = {
 }
 
 
-@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16], ids=["fp32", "bf16"])
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16, torch.float16], ids=["fp32", "bf16", "fp16"])
 @pytest.mark.parametrize("causal", [False, True], ids=["bidir", "causal"])
 @pytest.mark.parametrize("name", sorted(OPTIONS))
 def test_variant_on_cuda_matches_definition(name, causal, dtype):
@@ -47,17 +47,56 @@ def test_variant_on_cuda_matches_definition(name, causal, dtype):
         torch.testing.assert_close(a.double(), b, atol=tol * 5, rtol=tol * 5)
 
 
+def _bench(*args):
+    return CliRunner().invoke(app, ["run", "--devices", "cuda", *args], env={"COLUMNS": "200"})
+
+
 def test_cuda_sweep_runs_and_records_gpu(tmp_path):
-    out = tmp_path / "cuda"
-    result = CliRunner().invoke(app, ["run", "--devices", "cuda", "--variants", "full,sliding_window,linear", "--lengths", "256,1024",
-                                      "--dtype", "bfloat16", "--out", str(out), "--check-len", "128", "--repeats", "3"],
-                                env={"COLUMNS": "200"})
-    assert result.exit_code == 0, result.output
     import pandas as pd
 
+    out = tmp_path / "cuda"
+    names = ["full", "sliding_window", "sliding_window_flex", "linear", "memory_compressed"]
+    if variants.variant_class("full_xformers").unavailable_reason("cuda") is None:
+        names.append("full_xformers")
+    result = _bench("--variants", ",".join(names), "--lengths", "256,1024", "--dtype", "bfloat16", "--out", str(out),
+                    "--check-len", "128", "--repeats", "3", "--causal", "both")
+    assert result.exit_code == 0, result.output
     rows = pd.read_json(out / "results.jsonl", lines=True)
-    assert set(rows["status"]) == {"ok"}
-    assert rows["reserved_bytes"].notna().all()
+    assert set(rows["status"]) == {"ok"}, rows[rows["status"] != "ok"][["variant", "pass", "message"]].to_string()
+    assert rows["reserved_bytes"].notna().all() and set(rows["memory_kind"]) == {"allocator"}
+    small = rows[(rows["n"] == 256) & (rows["variant"] == "full") & (rows["pass"] == "fwd")]
+    assert (small["calls_per_sample"] > 1).all()  # microsecond kernels: several calls per event pair
+    assert rows[rows["variant"] == "full"]["kernel"].notna().all()
+    if "full_xformers" in names:
+        assert rows[rows["variant"] == "full_xformers"]["kernel"].notna().all()
     from harness.storage import read_metadata
 
-    assert read_metadata(out)["machine"]["gpu"]["name"]
+    machine = read_metadata(out)["machine"]
+    gpu = machine["gpu"]
+    assert gpu["name"] and gpu["sm_count"] > 0 and "error" not in gpu["nvidia_smi"], gpu
+    assert "TF32" in machine["matmul_peak_precision"]["cuda/float32"]
+
+
+def test_cuda_oom_is_recorded_as_oom(tmp_path):
+    import pandas as pd
+
+    out = tmp_path / "oom"
+    result = _bench("--import", "fault_variants", "--variants", "test_hog,full", "--lengths", "32,65536", "--passes", "fwd",
+                    "--memory-budget", "256MiB", "--out", str(out), "--check-len", "32", "--repeats", "2")
+    assert result.exit_code == 0, result.output
+    rows = pd.read_json(out / "results.jsonl", lines=True).set_index(["variant", "n"])
+    assert rows.loc[("test_hog", 32), "status"] == "ok"
+    assert rows.loc[("test_hog", 65536), "status"] == "oom", rows.loc[("test_hog", 65536), "message"]  # 4 GiB > 256 MiB
+
+
+def test_flex_on_cuda_uses_its_own_compiled_kernel():
+    from variants.sliding_window_flex import compiled_flex_attention
+
+    assert compiled_flex_attention("cuda") is not compiled_flex_attention("cpu")
+    attn = variants.build("sliding_window_flex", device="cuda", window=300, global_tokens=130)
+    q, k, v = (torch.randn(1, 2, 1000, 8, device="cuda", requires_grad=True) for _ in range(3))  # D=8: padded to 16
+    out = attn(q, k, v, causal=True)
+    ref = attn.reference(*(t.detach().double() for t in (q, k, v)), causal=True)
+    torch.testing.assert_close(out.double(), ref, atol=2e-3, rtol=2e-3)
+    out.sum().backward()
+    assert q.grad is not None and torch.isfinite(q.grad).all()

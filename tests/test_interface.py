@@ -68,7 +68,10 @@ def test_build_unknown_option_names_allowed_ones():
 
 def test_xformers_unavailable_on_cpu_says_why():
     with pytest.raises(RuntimeError, match=r"'full_xformers' is unavailable: full_xformers runs on cuda, not cpu"):
-        variants.build("full_xformers")
+        variants.build("full_xformers", device="cpu")
+    if not torch.cuda.is_available():  # without a device: unavailable on every device it runs on
+        with pytest.raises(RuntimeError, match=r"'full_xformers' is unavailable: no CUDA device is available"):
+            variants.build("full_xformers")
     assert "runs on cuda" in variants.variant_class("full_xformers").unavailable_reason("cpu")
 
 

@@ -104,6 +104,18 @@ class AttentionVariant(nn.Module):
             return f"{cls.spec.name} has no backward on {dev} (backward runs on: {', '.join(cls.spec.backward_devices) or 'none'})"
         return None
 
+    def kernel_name(self, q: Tensor, k: Tensor, v: Tensor, *, causal: bool = False, backward: bool = False) -> str | None:
+        """The library kernel a call with these inputs dispatches to, where the variant can tell (else None)."""
+        return None
+
+    def check_length(self, n: int) -> int:
+        """The N at which a correctness check exercises every path of the variant, given a default `n`.
+
+        Variants whose fast path skips work at long range (a band, tiles) return an N long enough
+        for that skipping to happen; the harness checks at this N (capped at the run's longest N).
+        """
+        return n
+
     def reference(self, q: Tensor, k: Tensor, v: Tensor, *, causal: bool = False, key_padding_mask: Tensor | None = None) -> Tensor:
         """The variant's definition computed densely (O(Nq·Nk) memory): what `forward` must equal.
 

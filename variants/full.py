@@ -75,3 +75,13 @@ class FullAttention(AttentionVariant):
 
     def flops(self, n_q: int, n_k: int, d: int, dv: int, causal: bool) -> float:
         return 2.0 * full_attention_pairs(n_q, n_k, causal) * (d + dv)
+
+    def kernel_name(self, q: Tensor, k: Tensor, v: Tensor, *, causal: bool = False, backward: bool = False) -> str | None:
+        """The SDPA backend torch picks for this call without a mask (flash, efficient, cudnn, math...)."""
+        from torch.nn.attention import SDPBackend
+
+        with torch.set_grad_enabled(backward):
+            choice = torch._fused_sdp_choice(q, k, v, is_causal=causal, scale=self._scale(q))
+        names = {int(b): b.name for b in (SDPBackend.ERROR, SDPBackend.MATH, SDPBackend.FLASH_ATTENTION,
+                                          SDPBackend.EFFICIENT_ATTENTION, SDPBackend.CUDNN_ATTENTION, SDPBackend.OVERRIDEABLE)}
+        return names.get(int(choice), str(choice)).lower()

@@ -7,6 +7,7 @@ xformers is imported only when this variant is built for a CUDA device, never at
 from __future__ import annotations
 
 import functools
+import importlib.util
 import warnings
 
 import torch
@@ -17,15 +18,29 @@ from ._utils import dead_query_rows, zero_rows
 from .full import full_attention_pairs, padding_and_causal_mask
 
 
+XFORMERS_EXTRA = "install the 'xformers' extra (pip install -e '.[xformers]') on a CUDA machine"
+
+
+@functools.lru_cache(maxsize=1)
+def _xformers_installed() -> str | None:
+    """None when xformers is installed, else why not — found without importing it: importing
+    xformers.ops probes the GPU, and the harness's parent process must never initialize CUDA."""
+    try:
+        found = importlib.util.find_spec("xformers") is not None
+    except (ImportError, ValueError):
+        found = False
+    return None if found else f"xformers is not installed; {XFORMERS_EXTRA}"
+
+
 @functools.lru_cache(maxsize=1)
 def _xformers_ops():
-    """Import xformers.ops quietly; returns (module, None) or (None, reason)."""
+    """Import xformers.ops quietly (only where a CUDA call needs it); returns (module, None) or (None, reason)."""
     try:
         with warnings.catch_warnings():
             warnings.simplefilter("ignore")
             import xformers.ops as xops  # noqa: PLC0415 — optional, CUDA-only dependency
     except Exception as err:  # ImportError, or its extensions failing to load
-        return None, f"xformers cannot be imported ({type(err).__name__}: {err}); install the 'xformers' extra on a CUDA machine"
+        return None, f"xformers cannot be imported ({type(err).__name__}: {err}); {XFORMERS_EXTRA}"
     return xops, None
 
 
@@ -47,7 +62,19 @@ class XformersFullAttention(AttentionVariant):
         reason = super().unavailable_reason(device)
         if reason:
             return reason
-        return _xformers_ops()[1]
+        return _xformers_installed()
+
+    def kernel_name(self, q: Tensor, k: Tensor, v: Tensor, *, causal: bool = False, backward: bool = False) -> str | None:
+        """The xformers operator its dispatcher picks for this call (e.g. fa2F, cutlassF-pt)."""
+        xops = _xformers_ops()[0]
+        if xops is None:
+            return None
+        from xformers.ops import fmha
+
+        bias = xops.LowerTriangularMask() if causal else None
+        inp = fmha.Inputs(query=q.transpose(1, 2), key=k.transpose(1, 2), value=v.transpose(1, 2), attn_bias=bias,
+                          scale=self._scale(q))
+        return fmha.dispatch._dispatch_fw(inp, backward).NAME
 
     def _attend(self, q: Tensor, k: Tensor, v: Tensor, causal: bool, key_padding_mask: Tensor | None) -> Tensor:
         xops = _xformers_ops()[0]

@@ -247,6 +247,11 @@ class LongformerPattern(AttentionVariant):
         self._check_int("global_tokens", global_tokens, 0)
         self.window, self.global_tokens = window, global_tokens
 
+    def check_length(self, n: int) -> int:
+        # long enough that some 128-wide tiles / blocks lie wholly outside the band (2w + 3 tiles),
+        # so the code that skips them is checked too
+        return max(n, 2 * self.window + 3 * 128 + self.global_tokens)
+
     def reference(self, q, k, v, *, causal=False, key_padding_mask=None):
         allowed = longformer_mask(q.shape[-2], self.window, self.global_tokens, causal, key_padding_mask, q.device)
         return dense_attention(q, k, v, allowed, self._scale(q))
