@@ -198,7 +198,7 @@ def run(
     cell_timeout: Annotated[float, typer.Option(help="Seconds a cell may take (check, warm-up, timing, memory) before it is killed.")] = 300.0,
     memory_budget: Annotated[str, typer.Option(help="Memory a cell may use: auto (60% of free RAM, 90% of free GPU memory) or a size like 8GiB.")] = "auto",
     threads: Annotated[int, typer.Option(help="CPU threads per cell (0: torch's default, all cores).")] = 0,
-    check_len: Annotated[int, typer.Option(help="N of the correctness check against the dense reference.")] = 320,
+    check_len: Annotated[int, typer.Option(help="N of the correctness gate against the dense reference (raised per variant where its sparse paths need a longer N, never past the longest N of the run).")] = 320,
     out: Annotated[Optional[Path], typer.Option(help="Run directory to create (default results/<timestamp>-<host>); never overwritten.")] = None,
     resume: Annotated[Optional[Path], typer.Option(help="Finish this run: only its missing cells, with its original options.")] = None,
     import_: Annotated[Optional[list[str]], typer.Option("--import", help="Module to import first (it may register more variants).")] = None,
