@@ -19,7 +19,7 @@ import typer
 from rich.console import Console
 
 import variants
-from harness.config import PASSES, ArgumentError, RunConfig, check_options, parse_lengths, parse_list, parse_option, parse_size, powers_of_two, resolve_variants
+from harness.config import PASSES, ArgumentError, check_number, RunConfig, check_options, parse_lengths, parse_list, parse_option, parse_size, powers_of_two, resolve_variants
 
 app = typer.Typer(
     help="attnbench: which attention should I use at my sequence length, on my hardware? Measure it.",
@@ -152,8 +152,8 @@ def build_config(
                              ("--warmup", warmup, 0), ("--threads", threads, 0), ("--check-len", check_len, 1)):
         if value < low:
             raise ArgumentError(f"{name}: {value} is not allowed; it must be >= {low}")
-    if min_time < 0 or cell_timeout <= 0:
-        raise ArgumentError(f"--min-time must be >= 0 and --cell-timeout > 0 (got {min_time}, {cell_timeout})")
+    check_number("--min-time", min_time, 0, 3600, "seconds")
+    check_number("--cell-timeout", cell_timeout, 1e-3, 86400, "seconds", low_inclusive=False)
     device_list = _devices(devices)
     names = resolve_variants(variants_, device_list)
     if not names:
@@ -201,7 +201,8 @@ def run(
     check_len: Annotated[int, typer.Option(help="N of the correctness gate against the dense reference (raised per variant where its sparse paths need a longer N, never past the longest N of the run).")] = 320,
     out: Annotated[Optional[Path], typer.Option(help="Run directory to create (default results/<timestamp>-<host>); never overwritten.")] = None,
     resume: Annotated[Optional[Path], typer.Option(help="Finish this run: only its missing cells, with its original options.")] = None,
-    import_: Annotated[Optional[list[str]], typer.Option("--import", help="Module to import first (it may register more variants).")] = None,
+    import_: Annotated[Optional[list[str]], typer.Option("--import", help="Module to import first (it may register more variants). With --resume, a run's modules must be named again: resuming runs their code.")] = None,
+    retry_failed: Annotated[bool, typer.Option("--retry-failed", help="With --resume: measure again the cells that ended in oom, timeout or error (and what their series skipped); their old rows move to superseded.jsonl.")] = False,
 ) -> None:
     """Sweep variants x sequence length x device x pass: time, peak memory and FLOP/s of every cell.
 
@@ -215,15 +216,19 @@ def run(
     console = _console()
     from harness import runner
     from harness.machine import environment
-    from harness.storage import read_metadata, write_metadata
+    from harness.storage import RunDirBusy, RunLock, create_run_dir, read_metadata
 
     try:
         if resume is not None:
             metadata = read_metadata(resume)
+            if metadata["kind"] != "sweep":
+                raise ArgumentError(f"--resume: {resume} is a {metadata['kind']} run; resume it with bench {metadata['kind']} --resume")
             config = RunConfig.from_json(metadata["config"])
+            _require_imports(config.imports, import_ or [], resume)
             _import_modules(list(config.imports))
             run_dir = resume
-            console.print(f"resuming {run_dir} with its original options (other options given now are ignored)")
+            device_names = (metadata.get("machine") or {}).get("device_names")
+            _check_same_devices(device_names, runner.current_device_names(config.devices), resume)
         else:
             _import_modules(import_ or [])
             config = build_config(
@@ -233,29 +238,63 @@ def run(
             run_dir = out or _default_out_dir()
             if run_dir.exists():
                 raise ArgumentError(f"--out: {run_dir} already exists; a run never overwrites one (use --resume {run_dir} to finish it)")
-    except (ArgumentError, FileNotFoundError) as err:
+    except (ArgumentError, FileNotFoundError, ValueError) as err:
         raise typer.BadParameter(str(err)) from None
+    if retry_failed and resume is None:
+        raise typer.BadParameter("--retry-failed goes with --resume RUN_DIR")
+    _warn_if_busy(console)
 
-    if resume is None:
-        run_dir.mkdir(parents=True)
+    if resume is None:  # nothing is written until every value is known: an interrupted start-up leaves no directory
         with console.status("measuring the machine's matmul peak"):
             machine = runner.measure_machine(config)
         try:
             budgets = _budgets(memory_budget, config.devices, machine)
         except ArgumentError as err:
-            run_dir.rmdir()
             raise typer.BadParameter(str(err)) from None
         config = RunConfig.from_json({**config.to_json(), "memory_budget": dict(budgets)})
-        write_metadata(run_dir, {"config": config.to_json(), "environment": environment(sys.argv), "machine": machine,
-                                 "argv": sys.argv})
-    _sweep_with_progress(config, run_dir, console)
+        device_names = machine["device_names"]
+        create_run_dir(run_dir, {"kind": "sweep", "config": config.to_json(), "environment": environment(sys.argv),
+                                 "machine": machine, "argv": sys.argv})
+    else:
+        console.print(f"resuming {run_dir} with its original options (other options given now are ignored)")
+    try:
+        with RunLock(run_dir):
+            if retry_failed:
+                moved = runner.retry_failed(run_dir, config, device_names)
+                console.print(f"--retry-failed: {moved} rows of failed cells set aside in {run_dir / 'superseded.jsonl'}; measuring them again")
+            _sweep_with_progress(config, run_dir, console, device_names)
+    except RunDirBusy as err:
+        raise typer.BadParameter(str(err)) from None
 
 
-def _sweep_with_progress(config: RunConfig, run_dir: Path, console: Console) -> None:
+def _require_imports(stored: tuple[str, ...], given: list[str], run_dir: Path) -> None:
+    """Resuming imports the run's modules in this process and every cell: only those named again here."""
+    missing = [module for module in stored if module not in given]
+    if missing:
+        raise ArgumentError(f"--resume: {run_dir} was run with --import {' --import '.join(stored)}; resuming would run that "
+                            f"code, so name it again to allow it: --import {' --import '.join(missing)}")
+
+
+def _check_same_devices(stored: dict | None, current: dict, run_dir: Path) -> None:
+    for device, name in (stored or {}).items():
+        if name and current.get(device) and current[device] != name:
+            raise ArgumentError(f"--resume: {run_dir} was measured on {device} '{name}', this machine's {device} is "
+                                f"'{current[device]}'; start a new run here (bench compare can put the two side by side)")
+
+
+def _warn_if_busy(console: Console) -> None:
+    from harness.noise import machine_busy
+
+    busy = machine_busy()
+    if busy:
+        console.print(f"[yellow]warning[/]: {busy}; the benchmark result may be unstable (cells measured now are flagged)")
+
+
+def _sweep_with_progress(config: RunConfig, run_dir: Path, console: Console, device_names: dict | None) -> None:
     from harness import runner
     from harness.summary import render_summary, summarize
 
-    todo = runner.todo_cells(config, run_dir)
+    todo = runner.todo_cells(config, run_dir, device_names)
     progress = _progress(console)
     counts: dict[str, int] = {}
 
@@ -269,11 +308,12 @@ def _sweep_with_progress(config: RunConfig, run_dir: Path, console: Console) -> 
     try:
         with progress:
             task = progress.add_task("starting", total=len(todo))
-            rows = runner.sweep(config, run_dir, on_row=on_row)
+            rows = runner.sweep(config, run_dir, on_row=on_row, device_names=device_names)
     except KeyboardInterrupt:
-        kept = len(runner.read_rows(run_dir))
+        kept = len(runner.run_rows(run_dir, config, device_names, quiet=True))
         console.print(f"\n[yellow]interrupted[/]: {kept} finished cells are kept in {run_dir / 'results.jsonl'}")
-        console.print(f"resume with: [bold]bench run --resume {run_dir}[/]")
+        again = "".join(f" --import {m}" for m in config.imports)
+        console.print(f"resume with: [bold]bench run --resume {run_dir}{again}[/]")
         raise typer.Exit(130) from None
     render_summary(summarize(rows), console)
     statuses = ", ".join(f"{n} {s}" for s, n in sorted(counts.items()))
@@ -295,7 +335,7 @@ def _run_dir(path: Path) -> Path:
 
     try:
         read_metadata(path)
-    except FileNotFoundError as err:
+    except (FileNotFoundError, ValueError) as err:
         raise typer.BadParameter(str(err)) from None
     return path
 
@@ -339,13 +379,15 @@ def report(
 
 
 def _percent(text: str) -> float:
+    import math
+
     raw = text.strip().removesuffix("%")
     try:
         value = float(raw) / 100
     except ValueError:
         raise typer.BadParameter(f"--fail-if-slower: {text!r} is not a percentage (e.g. 10%)") from None
-    if value < 0:
-        raise typer.BadParameter(f"--fail-if-slower: {text!r} must be >= 0%")
+    if not math.isfinite(value) or value <= 0:
+        raise typer.BadParameter(f"--fail-if-slower: {text!r} must be a finite percentage above 0% (e.g. 10%)")
     return value
 
 
@@ -353,7 +395,7 @@ def _percent(text: str) -> float:
 def compare(
     run_a: Annotated[Path, typer.Argument(help="The reference run (A).")],
     run_b: Annotated[Path, typer.Argument(help="The run to compare with it (B).")],
-    fail_if_slower: Annotated[Optional[str], typer.Option(help="Exit 1 when a variant's geometric-mean time ratio B/A exceeds 1 + this, e.g. 10%.")] = None,
+    fail_if_slower: Annotated[Optional[str], typer.Option(help="A percentage, e.g. 10% (or 10): exit 1 when a variant's geometric-mean time ratio B/A exceeds 1 + 10%, or when any cell ok in A is not ok in B.")] = None,
 ) -> None:
     """Match the cells of two runs and print time and memory ratios B/A, with a geometric mean per variant.
 
@@ -361,23 +403,34 @@ def compare(
     """
     from rich.table import Table
 
+    from harness.report import KEY as KEY_COLUMNS
     from harness.report import compare_runs
     from harness.runner import fmt_time
+    from harness.summary import NOISE_NOTE
 
     threshold = _percent(fail_if_slower) if fail_if_slower is not None else None
-    cells, per_variant = compare_runs(_run_dir(run_a), _run_dir(run_b))
+    cells, per_variant, broken = compare_runs(_run_dir(run_a), _run_dir(run_b))
     console = _console()
+    if not broken.empty:  # a cell that ran in A and not in B is a regression, whatever its speed
+        console.print(f"[red]{len(broken)} cells ok in A are not ok in B[/]:")
+        for r in broken.sort_values(KEY_COLUMNS).to_dict("records"):
+            console.print(f"  {r['device']} {r['variant']} {r['pass']}{' causal' if r['causal'] else ''} N={r['n']}: "
+                          f"{r['status']} — {str(r['message'])[:200]}")
     if cells.empty:
         console.print("[yellow]no matching ok cells[/] (same device, variant, pass, causal, N, B, H, D and dtype)")
         raise typer.Exit(1 if threshold is not None else 0)
+    noisy = int((cells["noisy_a"] | cells["noisy_b"]).sum())
     table = Table(title=f"B/A per cell  (A = {run_a}, B = {run_b})", title_justify="left")
     for col in ("device", "variant", "pass", "causal", "N", "time A", "time B", "time B/A", "mem B/A"):
         table.add_column(col, justify="right" if col not in ("device", "variant", "pass") else "left")
     for r in cells.sort_values(["device", "variant", "pass", "causal", "n"]).to_dict("records"):
         table.add_row(r["device"], r["variant"], r["pass"], "yes" if r["causal"] else "no", str(r["n"]),
                       fmt_time(r["time_median_s_a"]), fmt_time(r["time_median_s_b"]),
-                      f"{r['time_ratio']:.3f}", "—" if r["mem_ratio"] != r["mem_ratio"] else f"{r['mem_ratio']:.3f}")
+                      f"{r['time_ratio']:.3f}" + (" ~" if r["noisy_a"] or r["noisy_b"] else ""),
+                      "—" if r["mem_ratio"] != r["mem_ratio"] else f"{r['mem_ratio']:.3f}")
     console.print(table)
+    if noisy:
+        console.print(f"[yellow]~ {noisy} cells were noisy in A or B[/]: {NOISE_NOTE}")
     summary = Table(title="geometric mean per variant", title_justify="left")
     for col in ("device", "variant", "pass", "causal", "cells", "time B/A", "mem B/A", "verdict"):
         summary.add_column(col)
@@ -392,6 +445,7 @@ def compare(
     console.print(summary)
     if failed:
         console.print(f"[red]slower by more than {threshold:.0%}[/]: {', '.join(failed)}")
+    if threshold is not None and (failed or not broken.empty):
         raise typer.Exit(1)
 
 
@@ -405,6 +459,7 @@ def viz(
     compression: Annotated[int, typer.Option(help="Memory-compressed stride c.")] = 4,
     out: Annotated[Path, typer.Option(help="Image to write (.png, .svg or .pdf).")] = Path("attention_patterns.png"),
     import_: Annotated[Optional[list[str]], typer.Option("--import", help="Module to import first (it may register more variants).")] = None,
+    force: Annotated[bool, typer.Option("--force", help="Overwrite --out if it exists.")] = False,
 ) -> None:
     """Heat-maps, side by side, of the attention weights each variant applies to one random input.
 
@@ -423,6 +478,8 @@ def viz(
         raise typer.BadParameter(f"--n: {n} is not allowed; use 1 <= n <= 2048 (the picture holds an N x N matrix)")
     if out.suffix.lstrip(".") not in ("png", "svg", "pdf"):
         raise typer.BadParameter(f"--out: {out} must end in .png, .svg or .pdf")
+    if out.exists() and not force:
+        raise typer.BadParameter(f"--out: {out} already exists; pass --force to overwrite it")
     result = attention_patterns(list(names), n, causal, {"window": window, "global_tokens": global_tokens, "compression": compression})
     path = draw_patterns(result, out, n, causal)
     console = _console()
@@ -463,32 +520,47 @@ def quality(
     """
     from dataclasses import asdict
 
+    import torch
+
     from harness.machine import environment
-    from harness.quality import TrainConfig, keep_finished_runs, sweep_quality, trainable_variants
-    from harness.storage import read_metadata, write_metadata
+    from harness.quality import TrainConfig, trainable_variants
+    from harness.storage import RunDirBusy, RunLock, create_run_dir, read_metadata
 
     console = _console()
     if resume is not None:
         try:
-            cfg_json = read_metadata(resume)["config"]
-        except FileNotFoundError as err:
+            metadata = read_metadata(resume)
+            if metadata["kind"] != "quality":
+                raise ArgumentError(f"--resume: {resume} is a {metadata['kind']} run; resume it with bench run --resume")
+        except (ArgumentError, FileNotFoundError, ValueError) as err:
             raise typer.BadParameter(str(err)) from None
+        cfg_json = metadata["config"]
         run_dir = resume
         console.print(f"resuming {run_dir} with its original options (other options given now are ignored)")
     else:
-        try:
+        try:  # every value, and every variant with its options, is checked before anything is written
             tasks = ["copy", "recall"] if task == Task.all else [task.value]
             names = trainable_variants("cpu") if variants_.strip() == "all" else list(resolve_variants(variants_, ("cpu",)))
-            for name in names:
-                reason = variants.variant_class(name).backward_unsupported_reason("cpu") or variants.variant_class(name).unavailable_reason("cpu")
-                if reason:
-                    raise ArgumentError(f"--variants: {name} cannot be trained here: {reason}")
             length_list = list(parse_lengths(lengths))
-            for name, value, low in (("--steps", steps, 1), ("--d-model", d_model, 1), ("--layers", layers, 1), ("--heads", heads, 1), ("--batch", batch, 1)):
+            for name, value, low in (("--steps", steps, 1), ("--d-model", d_model, 1), ("--layers", layers, 1), ("--heads", heads, 1),
+                                     ("--batch", batch, 1), ("--seed", seed, 0)):
                 if value < low:
                     raise ArgumentError(f"{name}: {value} is not allowed; it must be >= {low}")
+            check_number("--lr", lr, 0, 10, low_inclusive=False)
+            check_number("--label-smoothing", label_smoothing, 0, 0.999)
             if d_model % heads:
                 raise ArgumentError(f"--d-model {d_model} must be divisible by --heads {heads}")
+            options = {"window": window, "compression": compression}
+            for name in names:
+                cls = variants.variant_class(name)
+                reason = cls.backward_unsupported_reason("cpu") or cls.unavailable_reason("cpu")
+                if reason:
+                    raise ArgumentError(f"--variants: {name} cannot be trained here: {reason}")
+                try:
+                    with torch.device("meta"):  # validates the options without allocating
+                        cls(**variants.options_taken(name, options), num_heads=heads, head_dim=d_model // heads)
+                except (TypeError, ValueError) as err:
+                    raise ArgumentError(f"{name}: {err}") from None
             from harness.tasks import make_task
 
             for t in tasks:
@@ -497,13 +569,21 @@ def quality(
         except (ArgumentError, ValueError) as err:
             raise typer.BadParameter(str(err)) from None
         train = TrainConfig(d_model=d_model, layers=layers, heads=heads, steps=steps, batch=batch, lr=lr, label_smoothing=label_smoothing, seed=seed)
-        cfg_json = {**asdict(train), "tasks": tasks, "variants": names, "lengths": length_list,
-                    "options": {"window": window, "compression": compression}}
+        cfg_json = {**asdict(train), "tasks": tasks, "variants": names, "lengths": length_list, "options": options}
         run_dir = out or _default_out_dir("quality-")
         if run_dir.exists():
             raise typer.BadParameter(f"--out: {run_dir} already exists; a run never overwrites one (use --resume {run_dir})")
-        run_dir.mkdir(parents=True)
-        write_metadata(run_dir, {"config": cfg_json, "environment": environment(sys.argv), "argv": sys.argv})
+        create_run_dir(run_dir, {"kind": "quality", "config": cfg_json, "environment": environment(sys.argv), "argv": sys.argv})
+    try:
+        with RunLock(run_dir):
+            _quality_with_progress(run_dir, cfg_json, console)
+    except RunDirBusy as err:
+        raise typer.BadParameter(str(err)) from None
+
+
+def _quality_with_progress(run_dir: Path, cfg_json: dict, console: Console) -> None:
+    from harness.quality import TrainConfig, TrainingDiverged, keep_finished_runs, sweep_quality
+
     train = TrainConfig(**{k: cfg_json[k] for k in TrainConfig.__dataclass_fields__})
     total = len(cfg_json["tasks"]) * len(cfg_json["variants"]) * len(cfg_json["lengths"]) * train.steps
     progress = _progress(console)
@@ -529,6 +609,9 @@ def quality(
         console.print(f"\n[yellow]interrupted[/]: finished trainings are kept in {run_dir / 'quality.jsonl'}")
         console.print(f"resume with: [bold]bench quality --resume {run_dir}[/]")
         raise typer.Exit(130) from None
+    except TrainingDiverged as err:
+        console.print(f"[red]training diverged[/]: {err}")
+        raise typer.Exit(1) from None
     from rich.table import Table
 
     from harness.report import final_accuracy_grid

@@ -105,6 +105,16 @@ class ArgumentError(ValueError):
     """A command-line value that is not allowed; the message names the option, the value and what is allowed."""
 
 
+def check_number(option: str, value: float, low: float, high: float, unit: str = "", low_inclusive: bool = True) -> None:
+    """ArgumentError unless `value` is a finite number within [low, high] (or (low, high])."""
+    import math
+
+    ok = isinstance(value, (int, float)) and math.isfinite(value) and value <= high and (value >= low if low_inclusive else value > low)
+    if not ok:
+        lower = f">= {low:g}" if low_inclusive else f"> {low:g}"
+        raise ArgumentError(f"{option}: {value!r} is not allowed; use a finite number {lower} and <= {high:g}{' ' + unit if unit else ''}")
+
+
 _SIZE = re.compile(r"^\s*(\d+(?:\.\d+)?)\s*([kmgt]?)(i?b?)\s*$", re.IGNORECASE)
 
 
@@ -143,7 +153,10 @@ def powers_of_two(min_len: int, max_len: int) -> tuple[int, ...]:
 
 
 def parse_option(text: str) -> tuple[str, object]:
-    """'window=128' -> ('window', 128); values are read as JSON where they can be (ints, floats, true, null)."""
+    """'window=128' -> ('window', 128); values are read as JSON where they can be (ints, floats, true, null).
+    NaN and infinities are refused: no option takes them, and they cannot be stored as standard JSON."""
+    import math
+
     name, sep, raw = text.partition("=")
     if not sep or not name.strip() or not re.fullmatch(r"[A-Za-z_]\w*", name.strip()):
         raise ArgumentError(f"--option: {text!r} must look like name=value (e.g. window=128)")
@@ -151,6 +164,8 @@ def parse_option(text: str) -> tuple[str, object]:
         value = json.loads(raw)
     except json.JSONDecodeError:
         value = raw
+    if isinstance(value, float) and not math.isfinite(value) or raw.strip().lower() in ("nan", "inf", "-inf", "infinity", "-infinity"):
+        raise ArgumentError(f"--option: {text!r}: {raw.strip()} is not allowed; option values must be finite")
     return name.strip(), value
 
 

@@ -88,6 +88,10 @@ def evaluate(model: nn.Module, task, cfg: TrainConfig) -> dict:
     }
 
 
+class TrainingDiverged(RuntimeError):
+    """The loss became NaN or infinite: the training is abandoned, not scored."""
+
+
 def train_one(task_name: str, length: int, variant: str, options: dict, cfg: TrainConfig, on_eval=None) -> list[dict]:
     """Train one model; returns the rows (one per evaluation). on_eval(row) is called as each exists."""
     if cfg.threads:
@@ -105,6 +109,9 @@ def train_one(task_name: str, length: int, variant: str, options: dict, cfg: Tra
         inputs, targets, mask = task.batch(cfg.batch, g)
         logits = model(inputs)
         loss = F.cross_entropy(logits[mask], targets[mask], label_smoothing=cfg.label_smoothing)
+        if not torch.isfinite(loss):  # an accuracy after this would describe a broken model
+            raise TrainingDiverged(f"{task_name} L={length} {variant}: the training loss became {loss.item()} at step {step} "
+                                   f"(lr={cfg.lr}); no accuracy is reported for it")
         opt.zero_grad(set_to_none=True)
         loss.backward()
         torch.nn.utils.clip_grad_norm_(model.parameters(), 1.0)

@@ -3,13 +3,14 @@
 from __future__ import annotations
 
 import math
+import re
 from pathlib import Path
 
 import pandas as pd
 
 from harness.runner import fmt_bytes, fmt_time
 from harness.storage import load_frame, read_metadata
-from harness.summary import PANEL, crossover_text, summarize
+from harness.summary import NOISE_NOTE, PANEL, crossover_text, summarize
 
 KEY = ["device", "variant", "pass", "causal", "n", "batch", "heads", "head_dim", "dtype"]
 
@@ -64,14 +65,14 @@ def write_report(run_dir: Path, figures: list[Path], quality_figures: list[Path]
     lines = [
         f"# attnbench report: {run_dir.name}",
         "",
-        f"Command: `{env.get('command', '?')}`",
+        f"Command: {code_span(env.get('command', '?'))}",
         "",
-        f"- Machine: {cpu.get('model')}, {cpu.get('usable_cores')} usable cores, {fmt_bytes(cpu.get('memory_bytes'))} RAM"
-        + (f"; GPU {machine['gpu'].get('name')} (driver {machine['gpu'].get('driver')})" if (machine.get("gpu") or {}).get("name") else ""),
+        f"- Machine: {md_text(cpu.get('model'))}, {cpu.get('usable_cores')} usable cores, {fmt_bytes(cpu.get('memory_bytes'))} RAM"
+        + (f"; GPU {md_text(machine['gpu'].get('name'))} (driver {md_text(machine['gpu'].get('driver'))})" if (machine.get("gpu") or {}).get("name") else ""),
         f"- Software: Python {env.get('python')}, torch {env.get('versions', {}).get('torch')}, "
         f"xformers {env.get('versions', {}).get('xformers') or 'not installed'}, attnbench {env.get('versions', {}).get('attnbench')} "
-        f"(git {str(git.get('commit'))[:10]}{' + local changes' if git.get('dirty') else ''})",
-        f"- Started {env.get('started')}.",
+        f"(git {md_text(str(git.get('commit'))[:10])}{' + local changes' if git.get('dirty') else ''})",
+        f"- Started {md_text(env.get('started'))}.",
         "",
         "Regenerate this report and its figures with `bench report " + str(run_dir) + "`.",
         "",
@@ -84,6 +85,19 @@ def write_report(run_dir: Path, figures: list[Path], quality_figures: list[Path]
     path = run_dir / "REPORT.md"
     path.write_text("\n".join(lines))
     return path
+
+
+def md_text(value) -> str:
+    """Text taken from a run's files, made inert in Markdown: one line, markup characters escaped."""
+    text = " ".join(str(value).split())
+    return re.sub(r"([\\`*_{}\[\]<>()#+!|~-])", r"\\\1", text)
+
+
+def code_span(value) -> str:
+    """`value` as an inline code span on one line, fenced by more backticks than it contains."""
+    text = " ".join(str(value).split())
+    fence = "`" * (max((len(run) for run in re.findall(r"`+", text)), default=0) + 1)
+    return f"{fence} {text} {fence}"
 
 
 def _figure_links(run_dir: Path, figures) -> list[str]:
@@ -121,6 +135,13 @@ def _speed_section(run_dir: Path, df: pd.DataFrame, cfg: dict, machine: dict, fi
     ]
     for (device, pass_, causal), table in panel_tables(df):
         lines += [f"### {device}, {pass_}, {'causal' if causal else 'non-causal'}", "", table, ""]
+    if "noisy" in df:
+        noisy = df[(df["status"] == "ok") & df["noisy"].fillna(False).astype(bool)]
+        if not noisy.empty:
+            lines += ["## Noisy cells", "", f"{len(noisy)} {NOISE_NOTE}:", ""]
+            lines += [f"- `{r['variant']}` {r['device']} {r['pass']}{' causal' if r['causal'] else ''} N={int(r['n'])}: {md_text(r['noise'])}"
+                      for r in noisy.to_dict("records")]
+            lines.append("")
     missing = df[df["status"] != "ok"]
     lines += ["## Cells that did not run, and why", ""]
     if missing.empty:
@@ -172,20 +193,23 @@ def _quality_section(run_dir: Path, cfg: dict, figures) -> list[str]:
     ]
 
 
-def compare_runs(run_a: Path, run_b: Path) -> tuple[pd.DataFrame, pd.DataFrame]:
-    """(cells: ratios B/A per matched ok cell, per_variant: geometric means per variant)."""
+def compare_runs(run_a: Path, run_b: Path) -> tuple[pd.DataFrame, pd.DataFrame, pd.DataFrame]:
+    """(cells: ratios B/A per matched ok cell, per_variant: geometric means per variant,
+    regressions: cells ok in A that are not ok in B, with B's status and message)."""
     a, b = load_frame(run_a), load_frame(run_b)
     for df in (a, b):
         df["causal"] = df["causal"].astype(bool)
+        df["noisy"] = df["noisy"].fillna(False).astype(bool) if "noisy" in df else False
+    broken = a[a["status"] == "ok"][KEY].merge(b[b["status"] != "ok"][KEY + ["status", "message"]], on=KEY)
     a, b = a[a["status"] == "ok"], b[b["status"] == "ok"]
-    cols = KEY + ["time_median_s", "peak_bytes"]
+    cols = KEY + ["time_median_s", "peak_bytes", "noisy"]
     merged = a[cols].merge(b[cols], on=KEY, suffixes=("_a", "_b"))
     merged["time_ratio"] = merged["time_median_s_b"] / merged["time_median_s_a"]
     merged["mem_ratio"] = merged["peak_bytes_b"].astype(float) / merged["peak_bytes_a"].astype(float).where(merged["peak_bytes_a"] > 0)
     per_variant = merged.groupby(["device", "variant", "pass", "causal"], sort=False).agg(
         cells=("n", "size"), time_geomean=("time_ratio", geomean), mem_geomean=("mem_ratio", geomean),
     ).reset_index()
-    return merged, per_variant
+    return merged, per_variant, broken
 
 
 def geomean(values) -> float:

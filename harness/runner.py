@@ -10,6 +10,8 @@ The parent never runs attention. For each cell it decides, in order:
 
 from __future__ import annotations
 
+import json
+import os
 import time
 from dataclasses import dataclass, field
 from datetime import datetime, timezone
@@ -22,9 +24,11 @@ import variants
 from harness import worker
 from harness.config import Cell, RunConfig, plan
 from harness.isolation import Outcome, run_isolated
-from harness.storage import RowWriter, drop_torn_tail, read_rows
+from harness.storage import RESULTS, RowWriter, drop_torn_tail, read_rows, warn
 
 STOPPING = ("oom", "timeout", "skipped")  # a series that hits one of these does not try larger N
+FAILED = ("oom", "timeout", "error")  # what --retry-failed measures again
+IDENTITY = ("batch", "heads", "head_dim", "dtype", "options")  # beyond the cell key, what changes a measurement
 WORKER_LOG = "worker.log"  # what the cells' processes print (compiler warnings, tracebacks)
 
 
@@ -142,6 +146,41 @@ def outcome_status(outcome: Outcome) -> tuple[str, str]:
     return "error", outcome.describe()
 
 
+def belongs(row: dict, config: RunConfig, device_names: dict | None = None) -> bool:
+    """Whether a stored row measures a cell of this configuration: its cell is in the plan, and its
+    shape, dtype, options (and device name, where both are known) are the run's."""
+    try:
+        cell = Cell(row["device"], row["variant"], row["pass"], bool(row["causal"]), int(row["n"]))
+    except (KeyError, TypeError, ValueError):
+        return False
+    if (cell.device not in config.devices or cell.variant not in config.variants or cell.pass_ not in config.passes
+            or cell.causal not in config.causal or cell.n not in config.lengths):
+        return False
+    try:
+        expected = base_row(config, cell)
+    except ValueError:  # a variant no longer registered
+        return False
+    if any(row.get(key) != expected[key] for key in IDENTITY):
+        return False
+    here = (device_names or {}).get(cell.device)
+    return not (here and row.get("device_name") and row["device_name"] != here)
+
+
+def run_rows(run_dir: Path, config: RunConfig, device_names: dict | None = None, quiet: bool = False) -> list[dict]:
+    """The rows of RUN_DIR that belong to `config`, one per cell (the latest where a cell repeats),
+    with a one-line warning for what is left out."""
+    rows = read_rows(run_dir, quiet=quiet)
+    mine = [row for row in rows if belongs(row, config, device_names)]
+    latest = {cell_key(row): row for row in mine}
+    if not quiet and len(mine) < len(rows):
+        warn(f"{Path(run_dir) / RESULTS}: {len(rows) - len(mine)} rows belong to another configuration "
+             "(shape, dtype, options, device or plan) and are ignored")
+    if not quiet and len(latest) < len(mine):
+        warn(f"{Path(run_dir) / RESULTS}: {len(mine) - len(latest)} cells appear more than once; the latest row of each is used")
+    kept = {id(row) for row in latest.values()}
+    return [row for row in mine if id(row) in kept]
+
+
 def run_cell(config: RunConfig, cell: Cell, state: SweepState, log_path: str | None = None) -> dict:
     row = base_row(config, cell)
     started = time.perf_counter()
@@ -195,10 +234,34 @@ def ensure_checked(config: RunConfig, cell: Cell, state: SweepState, log_path: s
     return state.checks[key]
 
 
-def sweep(config: RunConfig, run_dir: Path, on_row: Callable[[Cell, dict | None], None] | None = None) -> list[dict]:
-    """Run every cell of the plan that has no row yet; returns all rows of the run."""
+def retry_failed(run_dir: Path, config: RunConfig, device_names: dict | None = None) -> int:
+    """Set aside the rows of cells that ended in oom, timeout or error, and of the cells their series
+    skipped after them, so the sweep measures them again. They move to RUN_DIR/superseded.jsonl
+    (nothing is deleted); results.jsonl is rewritten atomically. Call only under the run's lock.
+    Returns how many rows were set aside."""
+    rows = run_rows(run_dir, config, device_names, quiet=True)
+    failed = {cell_key(r)[:4]: int(r["n"]) for r in sorted(rows, key=lambda r: -int(r["n"])) if r["status"] in FAILED}
+    def retried(row):
+        start = failed.get(cell_key(row)[:4])
+        return start is not None and int(row["n"]) >= start and (row["status"] in FAILED or "series stopped" in row.get("message", ""))
+    moved = [row for row in rows if retried(row)]
+    if moved:
+        with RowWriter(run_dir, "superseded.jsonl") as writer:
+            for row in moved:
+                writer.append(row)
+        kept = [json.dumps(row, sort_keys=True, default=str) + "\n" for row in read_rows(run_dir, quiet=True) if not retried(row)]
+        path = Path(run_dir) / RESULTS
+        tmp = path.with_suffix(".tmp")
+        tmp.write_text("".join(kept))
+        os.replace(tmp, path)
+    return len(moved)
+
+
+def sweep(config: RunConfig, run_dir: Path, on_row: Callable[[Cell, dict | None], None] | None = None,
+          device_names: dict | None = None) -> list[dict]:
+    """Run every cell of the plan that has no row yet; returns all rows of the run. Call under the run's lock."""
     drop_torn_tail(run_dir)
-    rows = read_rows(run_dir)
+    rows = run_rows(run_dir, config, device_names)
     state = SweepState.from_rows(rows)
     todo = [cell for cell in plan(config) if cell.key not in state.done]
     log_path = str(Path(run_dir) / WORKER_LOG)
@@ -207,6 +270,7 @@ def sweep(config: RunConfig, run_dir: Path, on_row: Callable[[Cell, dict | None]
             if on_row:
                 on_row(cell, None)
             row = run_cell(config, cell, state, log_path)
+            row["device_name"] = (device_names or {}).get(cell.device)
             writer.append(row)
             state.record(row)
             rows.append(row)
@@ -215,14 +279,28 @@ def sweep(config: RunConfig, run_dir: Path, on_row: Callable[[Cell, dict | None]
     return rows
 
 
-def todo_cells(config: RunConfig, run_dir: Path) -> list[Cell]:
-    done = {cell_key(row) for row in read_rows(run_dir)}
+def todo_cells(config: RunConfig, run_dir: Path, device_names: dict | None = None) -> list[Cell]:
+    done = {cell_key(row) for row in run_rows(run_dir, config, device_names, quiet=True)}
     return [cell for cell in plan(config) if cell.key not in done]
+
+
+def current_device_names(devices: tuple[str, ...]) -> dict:
+    """What each device of the run is on this machine: the CPU model, the GPU's name (read in a child)."""
+    from harness.machine import cpu_info
+
+    names = {}
+    for device in devices:
+        if device == "cpu":
+            names["cpu"] = cpu_info()["model"]
+        elif device == "cuda":
+            outcome = run_isolated(worker.cuda_info, (), timeout=120)
+            names["cuda"] = (outcome.value or {}).get("name") if outcome.kind == "result" else None
+    return names
 
 
 def measure_machine(config: RunConfig) -> dict:
     """Matmul peaks per device (run's dtype, and float32) and GPU details, each measured in a child."""
-    info: dict = {"matmul_peak_gflops": {}, "gpu": None}
+    info: dict = {"matmul_peak_gflops": {}, "gpu": None, "device_names": current_device_names(config.devices)}
     for device in config.devices:
         if device == "cuda":
             outcome = run_isolated(worker.cuda_info, (), timeout=120)

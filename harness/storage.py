@@ -3,54 +3,151 @@
 Rows are appended and flushed to disk the moment a cell finishes, one `write` per line, so a
 killed run loses only the cell in flight; a torn last line (kill mid-write) is dropped on resume.
 pandas reads the file directly: `pandas.read_json(path, lines=True)`.
+
+One writer per run directory: `bench run` and `bench quality` hold `RunLock` (an advisory `flock`
+on RUN_DIR/.lock) for their whole life; a second writer is refused with the holder's PID. Readers
+(report, plot, compare) take no lock and read whatever complete rows exist. Reading is tolerant
+and loud: a line that does not parse is skipped with a warning naming the file and line.
 """
 
 from __future__ import annotations
 
+import fcntl
 import json
 import os
+import sys
 from pathlib import Path
 
 RESULTS = "results.jsonl"
 METADATA = "metadata.json"
+LOCK = ".lock"
+SCHEMA_VERSION = 2  # of metadata.json: 2 adds "schema" and "kind" ("sweep" or "quality")
+
+
+def warn(message: str) -> None:
+    """A one-line warning on stderr (readers keep going; the user sees what was skipped and why)."""
+    print(f"warning: {message}", file=sys.stderr)
+
+
+class RunDirBusy(RuntimeError):
+    """Another process is writing the run directory."""
+
+
+class RunLock:
+    """Exclusive, advisory lock on a run directory for the life of one writer (released when it exits,
+    however it exits: the kernel drops a flock with the process)."""
+
+    def __init__(self, run_dir: Path):
+        self.path = Path(run_dir) / LOCK
+        self._fd: int | None = None
+
+    def __enter__(self) -> "RunLock":
+        fd = os.open(self.path, os.O_RDWR | os.O_CREAT, 0o644)
+        try:
+            fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except BlockingIOError:
+            holder = os.pread(fd, 64, 0).decode(errors="replace").strip() or "unknown"
+            os.close(fd)
+            raise RunDirBusy(f"{self.path.parent} is being written by another process (PID {holder}); "
+                             "wait for it to finish or stop it, then resume") from None
+        os.ftruncate(fd, 0)
+        os.pwrite(fd, f"{os.getpid()}\n".encode(), 0)
+        self._fd = fd
+        return self
+
+    def __exit__(self, *exc) -> None:
+        if self._fd is not None:
+            os.close(self._fd)  # releases the flock
+            self._fd = None
 
 
 def write_metadata(run_dir: Path, metadata: dict) -> None:
     tmp = run_dir / (METADATA + ".tmp")
-    tmp.write_text(json.dumps(metadata, indent=2, sort_keys=True, default=str) + "\n")
+    text = json.dumps({**metadata, "schema": SCHEMA_VERSION}, indent=2, sort_keys=True, default=str, allow_nan=False)
+    tmp.write_text(text + "\n")
     os.replace(tmp, run_dir / METADATA)
 
 
+def create_run_dir(run_dir: Path, metadata: dict) -> None:
+    """Create RUN_DIR with its metadata in one step: built beside it under a temporary name and renamed,
+    so an interruption leaves either no directory or a complete one. FileExistsError if it exists."""
+    run_dir = Path(run_dir)
+    run_dir.parent.mkdir(parents=True, exist_ok=True)
+    tmp = run_dir.with_name(f".{run_dir.name}.creating-{os.getpid()}")
+    tmp.mkdir()
+    try:
+        write_metadata(tmp, metadata)
+        os.rename(tmp, run_dir)  # fails if run_dir appeared meanwhile (a non-empty directory)
+    except BaseException:
+        import shutil
+
+        shutil.rmtree(tmp, ignore_errors=True)
+        raise
+
+
 def read_metadata(run_dir: Path) -> dict:
+    """RUN_DIR/metadata.json; FileNotFoundError or ValueError naming the file when absent or corrupt.
+    Unknown fields are kept; files from before schema 2 read as kind "sweep" (or "quality")."""
     path = Path(run_dir) / METADATA
     if not path.is_file():
         raise FileNotFoundError(f"{run_dir} is not a run directory: it has no {METADATA}")
-    return json.loads(path.read_text())
+    try:
+        data = json.loads(path.read_text())
+    except (json.JSONDecodeError, UnicodeDecodeError) as err:
+        raise ValueError(f"{path} is corrupt ({err}); a run directory needs a readable {METADATA}") from None
+    if not isinstance(data, dict) or not isinstance(data.get("config"), dict):
+        raise ValueError(f"{path} has no 'config' object; it was not written by bench run or bench quality")
+    data.setdefault("schema", 1)
+    data.setdefault("kind", "quality" if "tasks" in data["config"] else "sweep")
+    return data
 
 
-def read_rows(run_dir: Path, name: str = RESULTS) -> list[dict]:
-    """Every complete row of RUN_DIR/name; a torn last line is ignored."""
+def _parse(line: bytes):
+    try:
+        row = json.loads(line)
+    except (json.JSONDecodeError, UnicodeDecodeError):
+        return None
+    return row if isinstance(row, dict) else None
+
+
+def read_rows(run_dir: Path, name: str = RESULTS, quiet: bool = False) -> list[dict]:
+    """Every complete row of RUN_DIR/name, in file order.
+
+    A line that does not parse is skipped with a warning naming the file and the line (resume then
+    measures that cell again); a last line without its newline is kept when it parses (only a
+    genuinely torn tail, cut by a kill mid-write, is dropped).
+    """
     path = Path(run_dir) / name
     if not path.is_file():
         return []
     rows = []
-    with open(path, "rb") as f:
-        for line in f:
-            if not line.endswith(b"\n"):
-                break  # torn by a kill mid-write
-            rows.append(json.loads(line))
+    lines = path.read_bytes().split(b"\n")
+    for number, line in enumerate(lines, start=1):
+        if not line.strip():
+            continue
+        row = _parse(line)
+        if row is not None:
+            rows.append(row)
+        elif not quiet and number < len(lines):  # the last piece has no newline: a torn tail, dropped silently
+            warn(f"{path}:{number}: not a JSON object; line skipped")
     return rows
 
 
 def drop_torn_tail(run_dir: Path, name: str = RESULTS) -> None:
-    """Cut a partial last line so appended rows start on a line of their own."""
+    """Make the file end on a newline so appended rows start on a line of their own: a complete last row
+    without its newline gets one; a torn one (it does not parse) is cut."""
     path = Path(run_dir) / name
     if not path.is_file():
         return
     data = path.read_bytes()
     if data and not data.endswith(b"\n"):
+        start = data.rfind(b"\n") + 1
         with open(path, "r+b") as f:
-            f.truncate(data.rfind(b"\n") + 1)
+            if _parse(data[start:]) is not None:
+                f.seek(0, os.SEEK_END)
+                f.write(b"\n")
+            else:
+                f.truncate(start)
 
 
 class RowWriter:
@@ -76,8 +173,21 @@ class RowWriter:
 
 
 def load_frame(run_dir: Path):
-    """The run's rows as a pandas DataFrame (empty with the right columns if no row yet)."""
+    """The rows of the run's own configuration as a pandas DataFrame (one per cell, the latest where a
+    cell repeats; empty with the right columns if no row yet). Rows of another configuration are
+    left out with a warning."""
     import pandas as pd
 
-    rows = read_rows(run_dir)
+    from harness.config import RunConfig
+    from harness.runner import run_rows
+
+    meta = read_metadata(run_dir)
+    if meta["kind"] == "sweep":
+        try:
+            config = RunConfig.from_json(meta["config"])
+        except TypeError as err:
+            raise ValueError(f"{Path(run_dir) / METADATA}: its config is not a sweep's ({err})") from None
+        rows = run_rows(run_dir, config, (meta.get("machine") or {}).get("device_names"))
+    else:
+        rows = read_rows(run_dir)
     return pd.DataFrame(rows) if rows else pd.DataFrame(columns=["device", "variant", "pass", "causal", "n", "status"])

@@ -66,7 +66,7 @@ def summarize(rows: list[dict] | pd.DataFrame, baseline: str = "full") -> pd.Dat
         stop = group[group["status"] != "ok"].sort_values("n")
         line = {"device": device, "pass": pass_, "causal": bool(causal), "variant": variant,
                 "max_n": None, "time_s": None, "peak_bytes": None, "time_exp": None, "mem_exp": None,
-                "crossover_n": None, "crossover_note": "", "stopped": ""}
+                "crossover_n": None, "crossover_note": "", "stopped": "", "noisy": noisy_count(ok)}
         if not ok.empty:
             last = ok.iloc[-1]
             line.update(max_n=int(last["n"]), time_s=float(last["time_median_s"]), peak_bytes=last["peak_bytes"],
@@ -85,6 +85,17 @@ def summarize(rows: list[dict] | pd.DataFrame, baseline: str = "full") -> pd.Dat
                 line["stopped"] += f": {reason[:120]}"
         lines.append(line)
     return pd.DataFrame(lines)
+
+
+def noisy_count(rows: pd.DataFrame) -> int:
+    """How many of these rows were measured on a busy machine or with a wide spread (flagged `noisy`)."""
+    if "noisy" not in rows:
+        return 0
+    return int(rows["noisy"].fillna(False).astype(bool).sum())
+
+
+NOISE_NOTE = ("cells measured while other processes used > 0.25 cores, or with IQR/median > 10%, are flagged `noisy` "
+              "(reason in their `noise` field): the benchmark result may be unstable; re-measure them on a quiet machine")
 
 
 def _fmt(value, fmt) -> str:
@@ -125,3 +136,6 @@ def render_summary(summary: pd.DataFrame, console, title: str = "Summary") -> No
                 line["stopped"],
             )
         console.print(table)
+    flagged = int(summary["noisy"].sum()) if "noisy" in summary else 0
+    if flagged:
+        console.print(f"[yellow]{flagged} noisy cells[/]: {NOISE_NOTE}")

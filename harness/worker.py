@@ -19,6 +19,7 @@ import torch
 import variants
 from harness.config import Cell, RunConfig
 from harness.memory import measure_peak, pin_mmap_threshold
+from harness.noise import Snapshot, noise_fields
 
 # The correctness gate, FlashAttention's criterion: the variant's error against the float64 definition
 # may be at most twice the error of the dense definition computed in the run's dtype, plus a small
@@ -98,6 +99,15 @@ def check_variant(config: RunConfig, device: str, name: str, causal: bool) -> di
         want = torch.autograd.grad(ref, (q64, k64, v64), grad_out)
         pairs.update({label: triple for label, triple in zip(("dq", "dk", "dv"), zip(got, low, want))})
     verdicts = {label: gate_verdict(a, b, c, config.dtype) for label, (a, b, c) in pairs.items()}
+    exact_n = attn.softmax_equivalent_length()
+    if exact_n is not None:  # where the definition is plain softmax attention, check against our own as well
+        m = min(exact_n, n)
+        with torch.no_grad():
+            qs, ks, vs = (t.detach()[..., :m, :] for t in (q, k, v))
+            got = attn(qs, ks, vs, causal=causal)
+            low = exact_softmax_attention(qs, ks, vs, causal, attn._scale(qs))
+            want = exact_softmax_attention(qs.double(), ks.double(), vs.double(), causal, attn._scale(qs))
+        verdicts[f"exact softmax at N={m}"] = gate_verdict(got, low, want, config.dtype)
     ok = all(v["ok"] for v in verdicts.values())
     worst = max(verdicts.values(), key=lambda v: v["error"] / v["bound"] if v["bound"] else math.inf)
     detail = "; ".join(f"{label} {v['describe']}" for label, v in verdicts.items())
@@ -105,11 +115,20 @@ def check_variant(config: RunConfig, device: str, name: str, causal: bool) -> di
             "message": f"relative error vs dense float64 at B={CHECK_BATCH}, N={n}: {detail}"}
 
 
+def exact_softmax_attention(q, k, v, causal: bool, scale: float) -> torch.Tensor:
+    """softmax(q kᵀ · scale) v written here, independently of every variant's code."""
+    scores = torch.matmul(q, k.transpose(-1, -2)).float() * scale if q.dtype in (torch.float16, torch.bfloat16) \
+        else torch.matmul(q, k.transpose(-1, -2)) * scale
+    if causal:
+        n_q, n_k = scores.shape[-2:]
+        scores = scores.masked_fill(torch.ones(n_q, n_k, dtype=torch.bool, device=q.device).triu(1), float("-inf"))
+    return torch.matmul(torch.softmax(scores, dim=-1).to(v.dtype), v)
+
+
 def gate_verdict(got: torch.Tensor, low: torch.Tensor, want: torch.Tensor, dtype: str) -> dict:
     """One tensor's verdict: relative errors of the variant (got) and of the dense definition in the run's
     dtype (low) against float64 (want), the bound, and whether the output is degenerate."""
     got, low, want = got.detach().double(), low.detach().double(), want.detach().double()
-    scale = want.abs().max().clamp_min(1e-12).item()
     error = _relative_error(got, want)
     low_error = _relative_error(low, want)
     if math.isfinite(low_error):
@@ -118,10 +137,10 @@ def gate_verdict(got: torch.Tensor, low: torch.Tensor, want: torch.Tensor, dtype
     else:  # the dense definition overflows in this dtype: no bound to double, use the fixed tolerance
         bound = FALLBACK_TOLERANCE[dtype]
         how = f"allowed {bound:g}: the dense {dtype} definition overflows"
-    degenerate = ""
-    if torch.isfinite(want).all() and not torch.isfinite(got).all():
+    degenerate = ""  # the gate's inputs are finite random numbers: no attention gives NaN or all zeros on them
+    if not torch.isfinite(got).all():
         degenerate = "non-finite values"
-    elif scale > 1e-12 and not got.abs().max().item():
+    elif not got.abs().max().item():
         degenerate = "all zeros"
     ok = not degenerate and error <= bound
     describe = f"degenerate ({degenerate})" if degenerate else f"{error:.1e} ({how})"
@@ -180,13 +199,16 @@ def measure_cell(config: RunConfig, cell: Cell) -> dict:
     cuda = dev.type == "cuda"
     clock = CudaClock(dev) if cuda else WallClock()
     warm_up(call, clock, calls=config.warmup, seconds=CUDA_WARMUP_S if cuda else 0.0)
+    before = Snapshot.now()
     times, per_sample = time_calls(call, clock, repeats=config.repeats, min_time=config.min_time,
                                    min_sample_s=CUDA_MIN_SAMPLE_S if cuda else 0.0)
+    after = Snapshot.now()
     pin_mmap_threshold()  # time first, with the allocator as users have it; then make memory visible
     memory = measure_peak(call, dev)
     times.sort()
     q1, q3 = _quartiles(times)
     return {
+        **noise_fields(before, after, statistics.median(times), q3 - q1),
         "time_median_s": statistics.median(times),
         "time_min_s": times[0],
         "time_iqr_s": q3 - q1,

@@ -183,3 +183,16 @@ class _FlexWrongOrder(variants.variant_class("sliding_window_flex")):
 
 
 _register(_FlexWrongOrder)
+
+
+@_register
+class WrongDefinition(variants.variant_class("sliding_window")):
+    """Wrong, and its own definition (`reference`) wrong the same way: only an independent reference can tell."""
+
+    spec = _spec("test_wrong_definition", "sliding window whose output and definition both add 0.1")
+
+    def _attend(self, q, k, v, causal, key_padding_mask):
+        return super()._attend(q, k, v, causal, key_padding_mask) + 0.1
+
+    def reference(self, q, k, v, *, causal=False, key_padding_mask=None):
+        return super().reference(q, k, v, causal=causal, key_padding_mask=key_padding_mask) + 0.1

@@ -191,7 +191,7 @@ def test_sigkill_mid_run_then_resume_gives_exactly_the_plan(tmp_path):
     proc.wait()
     kept = read_rows(out)
     assert 2 <= len(kept) < 12
-    resumed = _bench_process("run", "--resume", str(out))
+    resumed = _bench_process("run", "--resume", str(out), "--import", "fault_variants")  # its code runs again: named again
     output, _ = resumed.communicate(timeout=300)
     assert resumed.returncode == 0, output
     rows = run_dir_rows(out)

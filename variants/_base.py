@@ -108,6 +108,14 @@ class AttentionVariant(nn.Module):
         """The library kernel a call with these inputs dispatches to, where the variant can tell (else None)."""
         return None
 
+    def softmax_equivalent_length(self) -> int | None:
+        """The largest N at which the variant's definition is exact softmax attention (None: at no N).
+
+        The harness then also checks the variant against an exact reference of its own at that N, so a
+        broken definition (`reference`) cannot vouch for a broken implementation.
+        """
+        return None
+
     def check_length(self, n: int) -> int:
         """The N at which a correctness check exercises every path of the variant, given a default `n`.
 
@@ -138,12 +146,20 @@ class AttentionVariant(nn.Module):
 
     # -- the call -----------------------------------------------------------------------------
     def forward(self, q: Tensor, k: Tensor, v: Tensor, *, causal: bool = False, key_padding_mask: Tensor | None = None) -> Tensor:
-        """Attention of q over (k, v). Shapes (B, H, Nq, D), (B, H, Nk, D), (B, H, Nk, Dv) -> (B, H, Nq, Dv)."""
+        """Attention of q over (k, v). Shapes (B, H, Nq, D), (B, H, Nk, D), (B, H, Nk, Dv) -> (B, H, Nq, Dv).
+
+        NaN or infinite inputs propagate to the rows they reach (never hidden as zeros). Padded key
+        positions (key_padding_mask False) may hold any finite values: they are never attended to.
+        """
+        if not isinstance(causal, bool) and causal not in (0, 1):
+            raise TypeError(f"{self.spec.name}: causal must be a bool (or 0/1), got {causal!r} of type {type(causal).__name__}")
         check_inputs(self, q, k, v, causal, key_padding_mask)
         if q.requires_grad or k.requires_grad or v.requires_grad:
             reason = self.backward_unsupported_reason(q.device.type) if torch.is_grad_enabled() else None
             if reason:
-                raise RuntimeError(f"{reason}; call it under torch.no_grad() or with inputs that do not require grad")
+                raise RuntimeError(f"{reason}: it cannot be trained there. For inference, call it under torch.no_grad() "
+                                   f"(or with inputs that do not require grad); to train, use a variant with a backward "
+                                   f"on {q.device.type} (see bench list)")
         if q.shape[-2] == 0:
             return q.new_zeros(*q.shape[:-1], v.shape[-1])
         return self._attend(q, k, v, bool(causal), key_padding_mask)

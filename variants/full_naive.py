@@ -24,14 +24,17 @@ class NaiveFullAttention(AttentionVariant):
     )
 
     def _attend(self, q: Tensor, k: Tensor, v: Tensor, causal: bool, key_padding_mask: Tensor | None) -> Tensor:
-        scores = torch.einsum("bhid,bhjd->bhij", q, k) * self._scale(q)  # (B, H, Nq, Nk)
+        # 16-bit inputs: the scores are formed in float32 (as fused kernels accumulate them); a bf16
+        # product of large logits is off by whole units before the softmax sees it
+        q32, k32 = (q.float(), k.float()) if q.dtype in (torch.float16, torch.bfloat16) else (q, k)
+        scores = torch.einsum("bhid,bhjd->bhij", q32, k32) * self._scale(q)  # (B, H, Nq, Nk)
         allowed = None
         if causal:
             allowed = torch.ones(scores.shape[-2:], dtype=torch.bool, device=q.device).tril()  # (Nq, Nk)
         if key_padding_mask is not None:
             pad = key_padding_mask[:, None, None, :]  # (B, 1, 1, Nk)
             allowed = pad if allowed is None else allowed & pad
-        weights = masked_softmax(scores, allowed)  # rows with no allowed key are all zeros
+        weights = masked_softmax(scores, allowed).to(v.dtype)  # rows with no allowed key are all zeros
         return torch.einsum("bhij,bhjd->bhid", weights, v)
 
     def flops(self, n_q: int, n_k: int, d: int, dv: int, causal: bool) -> float:

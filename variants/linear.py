@@ -14,6 +14,8 @@ from group to group, so peak memory stays O(group + N·Dv) whatever N.
 
 from __future__ import annotations
 
+import math
+
 import torch
 from torch import Tensor
 
@@ -92,8 +94,8 @@ class LinearAttention(AttentionVariant):
         if feature_map != "elu":
             raise ValueError(f"linear: option feature_map={feature_map!r} is invalid; allowed: 'elu'")
         self._check_int("chunk_size", chunk_size, 1)
-        if not (isinstance(eps, (int, float)) and eps > 0):
-            raise ValueError(f"linear: option eps={eps!r} is invalid; expected a positive number")
+        if not (isinstance(eps, (int, float)) and not isinstance(eps, bool) and math.isfinite(eps) and eps > 0):
+            raise ValueError(f"linear: option eps={eps!r} is invalid; expected a positive finite number")
         self.feature_map, self.chunk_size, self.eps = feature_map, chunk_size, float(eps)
 
     def _attend(self, q: Tensor, k: Tensor, v: Tensor, causal: bool, key_padding_mask: Tensor | None) -> Tensor:

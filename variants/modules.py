@@ -14,7 +14,7 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
 
-from ._base import AttentionVariant, build
+from ._base import AttentionVariant, build, variant_class
 
 
 def _check_positive_int(owner: str, name: str, value) -> None:
@@ -196,9 +196,14 @@ class VariantMultiheadAttention(nn.Module):
         self.in_proj_bias = original.in_proj_bias
         self.out_proj = original.out_proj
         self.dropout = nn.Dropout(original.dropout)
+        self.switch(variant, **variant_options)
+        self.train(original.training)  # an eval-mode model stays in eval mode (no dropout appears)
+
+    def switch(self, variant: str, **variant_options) -> None:
+        """Use another variant from now on (the projection weights stay)."""
         variant_options.setdefault("num_heads", self.num_heads)
         variant_options.setdefault("head_dim", self.head_dim)
-        self.attention = build(variant, device=self.out_proj.weight.device, **variant_options)
+        self.attention = build(variant, device=self.out_proj.weight.device, **variant_options).train(self.training)
 
     def _projections(self) -> tuple[tuple[Tensor, Tensor | None], ...]:
         e = self.embed_dim
@@ -273,7 +278,9 @@ def swap_attention(model: nn.Module, variant: str, **options) -> nn.Module:
 
     The new modules share the original weights and accept the same call, so a
     `torch.nn.TransformerEncoder` keeps working unchanged. Returns `model` (or the replacement,
-    when `model` itself is a `MultiheadAttention`).
+    when `model` itself is a `MultiheadAttention`). Swapping an already swapped model switches its
+    attention to the new variant (the weights stay). ValueError for an unknown variant, and for a
+    model with no attention to swap.
 
     Example:
         >>> layer = nn.TransformerEncoderLayer(32, 4, 64, batch_first=True)
@@ -281,10 +288,19 @@ def swap_attention(model: nn.Module, variant: str, **options) -> nn.Module:
         >>> enc(torch.randn(2, 9, 32), mask=nn.Transformer.generate_square_subsequent_mask(9), is_causal=True).shape
         torch.Size([2, 9, 32])
     """
+    variant_class(variant)  # an unknown name fails here, whatever the model holds
     if isinstance(model, nn.MultiheadAttention):
         return VariantMultiheadAttention(model, variant, **options)
+    if isinstance(model, VariantMultiheadAttention):
+        model.switch(variant, **options)
+        return model
     targets = [(parent, child_name, child) for parent in model.modules()
                for child_name, child in parent.named_children() if isinstance(child, nn.MultiheadAttention)]
+    swapped = [module for module in model.modules() if isinstance(module, VariantMultiheadAttention)]
+    if not targets and not swapped:
+        raise ValueError(f"swap_attention: {type(model).__name__} contains no torch.nn.MultiheadAttention to swap")
+    for module in swapped:  # swapped before: switch to the new variant
+        module.switch(variant, **options)
     for parent, child_name, child in targets:
         setattr(parent, child_name, VariantMultiheadAttention(child, variant, **options))
     for module in model.modules():

@@ -247,6 +247,9 @@ class LongformerPattern(AttentionVariant):
         self._check_int("global_tokens", global_tokens, 0)
         self.window, self.global_tokens = window, global_tokens
 
+    def softmax_equivalent_length(self) -> int | None:
+        return self.window + 1  # every |i - j| <= w: the band is the whole matrix
+
     def check_length(self, n: int) -> int:
         # long enough that some 128-wide tiles / blocks lie wholly outside the band (2w + 3 tiles),
         # so the code that skips them is checked too

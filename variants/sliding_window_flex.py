@@ -134,6 +134,8 @@ class FlexSlidingWindowAttention(LongformerPattern):
         return self._masks[key]
 
     def _attend(self, q: Tensor, k: Tensor, v: Tensor, causal: bool, key_padding_mask: Tensor | None) -> Tensor:
+        if not torch.is_grad_enabled():  # inference: flex refuses CPU inputs that require grad, even under no_grad
+            q, k, v = q.detach(), k.detach(), v.detach()
         block_mask = self._block_mask(q.shape[-2], causal, key_padding_mask, q.device)
         scale = self._scale(q)  # of the real head dim, before any padding
         d, dv = q.shape[-1], v.shape[-1]
@@ -145,4 +147,32 @@ class FlexSlidingWindowAttention(LongformerPattern):
         # a hard error, never Dynamo's silent fall-back to eager flex (which materializes N x N scores)
         with torch._dynamo.config.patch(recompile_limit=RECOMPILE_LIMIT, fail_on_recompile_limit_hit=True):
             out = compiled_flex_attention(q.device.type)(q, k, v, block_mask=block_mask, scale=scale)
-        return out[..., :dv]
+        return propagate_non_finite(out[..., :dv], q, k, v, self.window, self.global_tokens, causal, key_padding_mask)
+
+
+def propagate_non_finite(out: Tensor, q: Tensor, k: Tensor, v: Tensor, window: int, n_global: int, causal: bool,
+                         key_padding_mask: Tensor | None) -> Tensor:
+    """NaN in every output row whose query, or one of whose attended keys/values, is not finite.
+
+    FlexAttention's kernel turns such rows into finite numbers (zeros); exact attention gives NaN,
+    and a benchmark must not hide a poisoned input. O(N·D) to check, O(N) to place.
+    """
+    bad_q = ~torch.isfinite(q).all(-1)  # (B, H, N)
+    bad_kv = ~(torch.isfinite(k).all(-1) & torch.isfinite(v).all(-1))
+    if key_padding_mask is not None:
+        bad_kv = bad_kv & key_padding_mask[:, None, :]  # padded keys are never attended
+    if not bool(bad_q.any() | bad_kv.any()):
+        return out
+    n = q.shape[-2]
+    seen = F.pad(bad_kv.to(torch.int32).cumsum(-1), (1, 0))  # seen[..., j] = bad keys before j
+    i = torch.arange(n, device=q.device)
+    lo = (i - window).clamp_min(0)
+    hi = i + 1 if causal else (i + window + 1).clamp_max(n)
+    rows = (seen[..., hi] - seen[..., lo]) > 0  # a bad key in the band
+    g = min(n_global, n)
+    if g:
+        first_bad_global = torch.where(bad_kv[..., :g], i[:g], n).amin(-1, keepdim=True)  # (B, H, 1)
+        rows = rows | (i >= first_bad_global if causal else (first_bad_global < n))
+        upto = seen[..., 1:] if causal else seen[..., -1:].expand(*seen.shape[:-1], n)
+        rows = rows | ((i < g) & (upto > 0))  # global rows see every (earlier) key
+    return out.masked_fill((rows | bad_q)[..., None], float("nan"))
