@@ -106,6 +106,8 @@ def predicted_bytes(config: RunConfig, cell: Cell, attn) -> int:
     el = torch.empty((), dtype=config.torch_dtype).element_size()
     backward = cell.pass_ == "fwdbwd"
     inputs = 3 * config.batch * config.heads * cell.n * config.head_dim * el * (3 if backward else 1)
+    params = sum(p.numel() for p in attn.parameters()) * el * (3 if backward else 1)  # (+ gradients)
+    inputs += params
     extra = attn.memory_estimate(config.batch, config.heads, cell.n, cell.n, config.head_dim, config.head_dim, el, cell.causal, backward)
     return int(inputs + extra)
 

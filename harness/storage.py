@@ -179,15 +179,18 @@ def load_frame(run_dir: Path):
     import pandas as pd
 
     from harness.config import RunConfig
-    from harness.runner import run_rows
+    from harness.runner import cell_key, run_rows
 
     meta = read_metadata(run_dir)
+    rows = read_rows(run_dir)
     if meta["kind"] == "sweep":
         try:
             config = RunConfig.from_json(meta["config"])
-        except TypeError as err:
-            raise ValueError(f"{Path(run_dir) / METADATA}: its config is not a sweep's ({err})") from None
-        rows = run_rows(run_dir, config, (meta.get("machine") or {}).get("device_names"))
-    else:
-        rows = read_rows(run_dir)
+        except TypeError:  # a partial config (older or hand-made run): match the fields it has
+            config = None
+        if config is not None and config.variants and config.lengths:
+            rows = run_rows(run_dir, config, (meta.get("machine") or {}).get("device_names"))
+        else:
+            fields = {k: meta["config"][k] for k in ("batch", "heads", "head_dim", "dtype") if k in meta["config"]}
+            rows = list({cell_key(r): r for r in rows if all(r.get(k) == v for k, v in fields.items())}.values())
     return pd.DataFrame(rows) if rows else pd.DataFrame(columns=["device", "variant", "pass", "causal", "n", "status"])

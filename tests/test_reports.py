@@ -103,7 +103,7 @@ def test_report_has_tables_exponents_and_reasons(tmp_path):
     result = runner.invoke(app, ["report", str(run)])
     assert result.exit_code == 0, result.output
     text = (run / "REPORT.md").read_text()
-    assert "Command: `bench run --test`" in text
+    assert "Command: ` bench run --test `" in text
     assert "![time](figures/time.png)" in text and "![memory](figures/memory.png)" in text
     assert "| cpu | fwd | no | `full` | 4096 |" in text  # summary line of the baseline
     assert "| 2.00 |" in text and "| 1.00 |" in text  # fitted exponents of full and linear
@@ -125,7 +125,8 @@ def test_compare_ratios_and_exit_codes(tmp_path):
     b = make_run(tmp_path / "b", slow_factor=1.2)  # full and linear 20% slower, full_naive and flex unchanged
     from harness.report import compare_runs
 
-    cells, per_variant = compare_runs(a, b)
+    cells, per_variant, broken = compare_runs(a, b)
+    assert broken.empty  # every cell ok in A is ok in B
     ratios = per_variant.set_index(["variant", "pass"])["time_geomean"]
     assert ratios[("full", "fwd")] == pytest.approx(1.2)
     assert ratios[("full_naive", "fwd")] == pytest.approx(1.0)
