@@ -12,6 +12,7 @@ import resource
 import time
 from dataclasses import dataclass
 
+MIN_WINDOW_S = 0.2  # /proc/stat counts in 10 ms ticks: shorter windows are extended (idle) to this length
 BUSY_CORES = 0.25  # other processes using more than this many cores on average: the cell is flagged
 MAX_SPREAD = 0.10  # IQR / median above this: the cell is flagged
 
@@ -42,6 +43,13 @@ class Snapshot:
     @classmethod
     def now(cls) -> "Snapshot":
         return cls(time.monotonic(), machine_busy_seconds(), own_cpu_seconds(), os.getloadavg()[0])
+
+    def after(self) -> "Snapshot":
+        """A snapshot at least MIN_WINDOW_S after this one (sleeping the rest: the others' load is what counts)."""
+        rest = MIN_WINDOW_S - (time.monotonic() - self.wall)
+        if rest > 0:
+            time.sleep(rest)
+        return Snapshot.now()
 
 
 def others_cores(before: Snapshot, after: Snapshot) -> float | None:

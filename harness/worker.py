@@ -202,7 +202,7 @@ def measure_cell(config: RunConfig, cell: Cell) -> dict:
     before = Snapshot.now()
     times, per_sample = time_calls(call, clock, repeats=config.repeats, min_time=config.min_time,
                                    min_sample_s=CUDA_MIN_SAMPLE_S if cuda else 0.0)
-    after = Snapshot.now()
+    after = before.after()
     pin_mmap_threshold()  # time first, with the allocator as users have it; then make memory visible
     memory = measure_peak(call, dev)
     times.sort()
