@@ -19,7 +19,7 @@ import typer
 from rich.console import Console
 
 import variants
-from harness.config import PASSES, ArgumentError, check_number, RunConfig, check_options, parse_lengths, parse_list, parse_option, parse_size, powers_of_two, resolve_variants
+from harness.config import PASSES, ArgumentError, RunConfig, check_number, check_options, check_variant_options, parse_lengths, parse_list, parse_option, parse_size, powers_of_two, resolve_variants
 
 app = typer.Typer(
     help="attnbench: which attention should I use at my sequence length, on my hardware? Measure it.",
@@ -520,8 +520,6 @@ def quality(
     """
     from dataclasses import asdict
 
-    import torch
-
     from harness.machine import environment
     from harness.quality import TrainConfig, trainable_variants
     from harness.storage import RunDirBusy, RunLock, create_run_dir, read_metadata
@@ -556,11 +554,7 @@ def quality(
                 reason = cls.backward_unsupported_reason("cpu") or cls.unavailable_reason("cpu")
                 if reason:
                     raise ArgumentError(f"--variants: {name} cannot be trained here: {reason}")
-                try:
-                    with torch.device("meta"):  # validates the options without allocating
-                        cls(**variants.options_taken(name, options), num_heads=heads, head_dim=d_model // heads)
-                except (TypeError, ValueError) as err:
-                    raise ArgumentError(f"{name}: {err}") from None
+                check_variant_options(name, variants.options_taken(name, options), name, heads, d_model // heads)
             from harness.tasks import make_task
 
             for t in tasks:

@@ -164,7 +164,8 @@ def parse_option(text: str) -> tuple[str, object]:
         value = json.loads(raw)
     except json.JSONDecodeError:
         value = raw
-    if isinstance(value, float) and not math.isfinite(value) or raw.strip().lower() in ("nan", "inf", "-inf", "infinity", "-infinity"):
+    # json reads NaN and Infinity as floats; "inf" and "nan" would pass on as strings
+    if (isinstance(value, float) and not math.isfinite(value)) or raw.strip().lower() in ("nan", "inf", "-inf"):
         raise ArgumentError(f"--option: {text!r}: {raw.strip()} is not allowed; option values must be finite")
     return name.strip(), value
 
@@ -192,6 +193,21 @@ def resolve_variants(text: str, devices: tuple[str, ...]) -> tuple[str, ...]:
     return names
 
 
+def shape_only(name: str, **options) -> variants.AttentionVariant:
+    """Variant `name` built on the meta device: parameters have shapes but no storage, nothing is
+    computed and no device is touched (so a huge option costs no memory, and CUDA stays uninitialized)."""
+    with torch.device("meta"):
+        return variants.variant_class(name)(**options)
+
+
+def check_variant_options(name: str, options: dict, label: str, num_heads: int = 1, head_dim: int = 1) -> None:
+    """ArgumentError (prefixed by `label`) unless variant `name` accepts `options` with these shape hints."""
+    try:
+        shape_only(name, **options, num_heads=num_heads, head_dim=head_dim)
+    except (TypeError, ValueError) as err:
+        raise ArgumentError(f"{label}: {err}") from None
+
+
 def check_options(options: dict, names: tuple[str, ...]) -> None:
     """Every option must be taken by at least one of the selected variants, and valid for each that takes it."""
     for key, value in options.items():
@@ -199,8 +215,5 @@ def check_options(options: dict, names: tuple[str, ...]) -> None:
         if not takers:
             raise ArgumentError(f"option {key}={value!r} is taken by none of the selected variants ({', '.join(names)})")
         for name in takers:
-            try:
-                variants.variant_class(name)(**{key: value, "num_heads": 1, "head_dim": 1})
-            except (TypeError, ValueError) as err:
-                raise ArgumentError(f"option {key}={value!r}: {err}") from None
+            check_variant_options(name, {key: value}, f"option {key}={value!r}")
 

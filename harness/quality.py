@@ -8,9 +8,7 @@ RUN_DIR/quality.jsonl the moment it exists, so an interrupted run keeps what fin
 
 from __future__ import annotations
 
-import json
 import math
-import os
 import time
 from dataclasses import asdict, dataclass
 from pathlib import Path
@@ -20,7 +18,7 @@ import torch.nn.functional as F
 from torch import nn
 
 import variants
-from harness.storage import RowWriter, drop_torn_tail, read_rows
+from harness.storage import RowWriter, drop_torn_tail, read_rows, rewrite_rows
 from harness.tasks import make_task
 
 QUALITY_RESULTS = "quality.jsonl"
@@ -156,10 +154,7 @@ def keep_finished_runs(run_dir: Path) -> set[tuple]:
     finished = {run_key(r) for r in rows if r.get("final")}
     kept = [r for r in rows if run_key(r) in finished]
     if len(kept) != len(rows):
-        path = Path(run_dir) / QUALITY_RESULTS
-        tmp = path.with_suffix(".tmp")
-        tmp.write_text("".join(json.dumps(r, sort_keys=True, default=str) + "\n" for r in kept))
-        os.replace(tmp, path)
+        rewrite_rows(run_dir, kept, QUALITY_RESULTS)
     return finished
 
 

@@ -10,7 +10,7 @@ import pandas as pd
 
 from harness.runner import fmt_bytes, fmt_time
 from harness.storage import load_frame, read_metadata
-from harness.summary import NOISE_NOTE, PANEL, crossover_text, summarize
+from harness.summary import NOISE_NOTE, PANEL, crossover_text, noisy_mask, summarize
 
 KEY = ["device", "variant", "pass", "causal", "n", "batch", "heads", "head_dim", "dtype"]
 
@@ -135,13 +135,12 @@ def _speed_section(run_dir: Path, df: pd.DataFrame, cfg: dict, machine: dict, fi
     ]
     for (device, pass_, causal), table in panel_tables(df):
         lines += [f"### {device}, {pass_}, {'causal' if causal else 'non-causal'}", "", table, ""]
-    if "noisy" in df:
-        noisy = df[(df["status"] == "ok") & df["noisy"].fillna(False).astype(bool)]
-        if not noisy.empty:
-            lines += ["## Noisy cells", "", f"{len(noisy)} {NOISE_NOTE}:", ""]
-            lines += [f"- `{r['variant']}` {r['device']} {r['pass']}{' causal' if r['causal'] else ''} N={int(r['n'])}: {md_text(r['noise'])}"
-                      for r in noisy.to_dict("records")]
-            lines.append("")
+    noisy = df[(df["status"] == "ok") & noisy_mask(df)]
+    if not noisy.empty:
+        lines += ["## Noisy cells", "", f"{len(noisy)} {NOISE_NOTE}:", ""]
+        lines += [f"- `{r['variant']}` {r['device']} {r['pass']}{' causal' if r['causal'] else ''} N={int(r['n'])}: {md_text(r['noise'])}"
+                  for r in noisy.to_dict("records")]
+        lines.append("")
     missing = df[df["status"] != "ok"]
     lines += ["## Cells that did not run, and why", ""]
     if missing.empty:
@@ -199,7 +198,7 @@ def compare_runs(run_a: Path, run_b: Path) -> tuple[pd.DataFrame, pd.DataFrame, 
     a, b = load_frame(run_a), load_frame(run_b)
     for df in (a, b):
         df["causal"] = df["causal"].astype(bool)
-        df["noisy"] = df["noisy"].fillna(False).astype(bool) if "noisy" in df else False
+        df["noisy"] = noisy_mask(df)
     broken = a[a["status"] == "ok"][KEY].merge(b[b["status"] != "ok"][KEY + ["status", "message"]], on=KEY)
     a, b = a[a["status"] == "ok"], b[b["status"] == "ok"]
     cols = KEY + ["time_median_s", "peak_bytes", "noisy"]

@@ -10,8 +10,6 @@ The parent never runs attention. For each cell it decides, in order:
 
 from __future__ import annotations
 
-import json
-import os
 import time
 from dataclasses import dataclass, field
 from datetime import datetime, timezone
@@ -22,9 +20,9 @@ import torch
 
 import variants
 from harness import worker
-from harness.config import Cell, RunConfig, plan
+from harness.config import Cell, RunConfig, plan, shape_only
 from harness.isolation import Outcome, run_isolated
-from harness.storage import RESULTS, RowWriter, drop_torn_tail, read_rows, warn
+from harness.storage import RESULTS, RowWriter, drop_torn_tail, read_rows, rewrite_rows, warn
 
 STOPPING = ("oom", "timeout", "skipped")  # a series that hits one of these does not try larger N
 FAILED = ("oom", "timeout", "error")  # what --retry-failed measures again
@@ -94,11 +92,8 @@ def static_skip_reason(config: RunConfig, cell: Cell) -> str | None:
 
 
 def shape_only_variant(config: RunConfig, name: str):
-    """The variant built on the meta device: parameters have shapes but no storage, nothing is computed,
-    and no device is touched (the parent never initializes CUDA, and a huge option costs no memory)."""
-    cls = variants.variant_class(name)
-    with torch.device("meta"):
-        return cls(**config.variant_options(name))
+    """The variant with the run's options on the meta device: what the parent plans cells from."""
+    return shape_only(name, **config.variant_options(name))
 
 
 def predicted_bytes(config: RunConfig, cell: Cell, attn) -> int:
@@ -242,20 +237,24 @@ def retry_failed(run_dir: Path, config: RunConfig, device_names: dict | None = N
     (nothing is deleted); results.jsonl is rewritten atomically. Call only under the run's lock.
     Returns how many rows were set aside."""
     rows = run_rows(run_dir, config, device_names, quiet=True)
-    failed = {cell_key(r)[:4]: int(r["n"]) for r in sorted(rows, key=lambda r: -int(r["n"])) if r["status"] in FAILED}
-    def retried(row):
-        start = failed.get(cell_key(row)[:4])
-        return start is not None and int(row["n"]) >= start and (row["status"] in FAILED or "series stopped" in row.get("message", ""))
+    first_failure = {}  # series -> smallest N that failed
+    for row in rows:
+        if row["status"] in FAILED:
+            series, n = cell_key(row)[:4], int(row["n"])
+            first_failure[series] = min(n, first_failure.get(series, n))
+
+    def retried(row: dict) -> bool:
+        start = first_failure.get(cell_key(row)[:4])
+        return (start is not None and int(row["n"]) >= start
+                and (row["status"] in FAILED or "series stopped" in row.get("message", "")))
+
     moved = [row for row in rows if retried(row)]
     if moved:
         with RowWriter(run_dir, "superseded.jsonl") as writer:
             for row in moved:
                 writer.append(row)
-        kept = [json.dumps(row, sort_keys=True, default=str) + "\n" for row in read_rows(run_dir, quiet=True) if not retried(row)]
-        path = Path(run_dir) / RESULTS
-        tmp = path.with_suffix(".tmp")
-        tmp.write_text("".join(kept))
-        os.replace(tmp, path)
+        # every other line stays, rows of other configurations too
+        rewrite_rows(run_dir, [row for row in read_rows(run_dir, quiet=True) if not retried(row)])
     return len(moved)
 
 
@@ -286,8 +285,9 @@ def todo_cells(config: RunConfig, run_dir: Path, device_names: dict | None = Non
     return [cell for cell in plan(config) if cell.key not in done]
 
 
-def current_device_names(devices: tuple[str, ...]) -> dict:
-    """What each device of the run is on this machine: the CPU model, the GPU's name (read in a child)."""
+def current_device_names(devices: tuple[str, ...], gpu: dict | None = None) -> dict:
+    """What each device of the run is on this machine: the CPU model, the GPU's name (from `gpu`, the
+    `worker.cuda_info` record, when the caller has it; else read in a child)."""
     from harness.machine import cpu_info
 
     names = {}
@@ -295,14 +295,16 @@ def current_device_names(devices: tuple[str, ...]) -> dict:
         if device == "cpu":
             names["cpu"] = cpu_info()["model"]
         elif device == "cuda":
-            outcome = run_isolated(worker.cuda_info, (), timeout=120)
-            names["cuda"] = (outcome.value or {}).get("name") if outcome.kind == "result" else None
+            if gpu is None:
+                outcome = run_isolated(worker.cuda_info, (), timeout=120)
+                gpu = outcome.value if outcome.kind == "result" else {}
+            names["cuda"] = gpu.get("name")
     return names
 
 
 def measure_machine(config: RunConfig) -> dict:
     """Matmul peaks per device (run's dtype, and float32) and GPU details, each measured in a child."""
-    info: dict = {"matmul_peak_gflops": {}, "gpu": None, "device_names": current_device_names(config.devices)}
+    info: dict = {"matmul_peak_gflops": {}, "matmul_peak_precision": {}, "gpu": None}
     for device in config.devices:
         if device == "cuda":
             outcome = run_isolated(worker.cuda_info, (), timeout=120)
@@ -311,5 +313,6 @@ def measure_machine(config: RunConfig) -> dict:
             outcome = run_isolated(worker.matmul_peak, (device, dtype, config.threads), timeout=120)
             value = outcome.value if outcome.kind == "result" else {}
             info["matmul_peak_gflops"][f"{device}/{dtype}"] = value.get("gflops")
-            info.setdefault("matmul_peak_precision", {})[f"{device}/{dtype}"] = value.get("precision")
+            info["matmul_peak_precision"][f"{device}/{dtype}"] = value.get("precision")
+    info["device_names"] = current_device_names(config.devices, info["gpu"] or {})
     return info

@@ -150,6 +150,14 @@ def drop_torn_tail(run_dir: Path, name: str = RESULTS) -> None:
                 f.truncate(start)
 
 
+def rewrite_rows(run_dir: Path, rows: list[dict], name: str = RESULTS) -> None:
+    """Replace RUN_DIR/name by `rows`, atomically (written beside it, then renamed). Writers only, under RunLock."""
+    path = Path(run_dir) / name
+    tmp = path.with_suffix(".tmp")
+    tmp.write_text("".join(json.dumps(row, sort_keys=True, default=str) + "\n" for row in rows))
+    os.replace(tmp, path)
+
+
 class RowWriter:
     """Appends rows to results.jsonl, each durable before `append` returns."""
 

@@ -10,6 +10,8 @@ import math
 import numpy as np
 import pandas as pd
 
+from harness.noise import BUSY_CORES, MAX_SPREAD
+
 PANEL = ["device", "pass", "causal"]
 
 
@@ -87,15 +89,21 @@ def summarize(rows: list[dict] | pd.DataFrame, baseline: str = "full") -> pd.Dat
     return pd.DataFrame(lines)
 
 
-def noisy_count(rows: pd.DataFrame) -> int:
-    """How many of these rows were measured on a busy machine or with a wide spread (flagged `noisy`)."""
+def noisy_mask(rows: pd.DataFrame) -> pd.Series:
+    """Which rows were flagged `noisy` (measured on a busy machine or with a wide spread); rows from
+    before noise was recorded count as not noisy."""
     if "noisy" not in rows:
-        return 0
-    return int(rows["noisy"].fillna(False).astype(bool).sum())
+        return pd.Series(False, index=rows.index)
+    return rows["noisy"].fillna(False).astype(bool)
 
 
-NOISE_NOTE = ("cells measured while other processes used > 0.25 cores, or with IQR/median > 10%, are flagged `noisy` "
-              "(reason in their `noise` field): the benchmark result may be unstable; re-measure them on a quiet machine")
+def noisy_count(rows: pd.DataFrame) -> int:
+    return int(noisy_mask(rows).sum())
+
+
+NOISE_NOTE = (f"cells measured while other processes used > {BUSY_CORES:g} cores, or with IQR/median > {MAX_SPREAD:.0%}, "
+              "are flagged `noisy` (reason in their `noise` field): the benchmark result may be unstable; "
+              "re-measure them on a quiet machine")
 
 
 def _fmt(value, fmt) -> str:

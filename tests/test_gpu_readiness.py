@@ -12,22 +12,15 @@ from pathlib import Path
 import pandas as pd
 import pytest
 import torch
-from typer.testing import CliRunner
 
 import variants
 from conftest import make_qkv, ref_linear
 from harness import worker
-from harness.cli import app
 from harness.config import Cell, RunConfig
 from harness.runner import shape_only_variant, useful_flops
+from test_harness import FAST, bench, run_dir_rows
 
 TESTS = Path(__file__).resolve().parent
-FAST = ["--check-len", "32", "--repeats", "2", "--min-time", "0", "--warmup", "0", "--heads", "2", "--head-dim", "16"]
-
-
-def bench(*args: str):
-    return CliRunner().invoke(app, list(args), env={"COLUMNS": "200"})
-
 
 def config(**kw) -> RunConfig:
     base = dict(variants=("full",), lengths=(32, 64), devices=("cpu",), passes=("fwd",), causal=(False,), heads=2, head_dim=16)
@@ -60,7 +53,7 @@ def test_a_variant_without_flops_costs_its_cells_only(tmp_path):
     result = bench("run", "--import", "fault_variants", "--variants", "test_no_flops,full", "--lengths", "32",
                    "--passes", "fwd", "--out", str(out), *FAST)
     assert result.exit_code == 0, result.output
-    rows = pd.read_json(out / "results.jsonl", lines=True).set_index("variant")
+    rows = run_dir_rows(out).set_index("variant")
     assert rows.loc["test_no_flops", "status"] == "error"
     assert "cannot plan the cell: NotImplementedError: test_no_flops has no FLOP count" in rows.loc["test_no_flops", "message"]
     assert rows.loc["full", "status"] == "ok"
@@ -102,7 +95,7 @@ def test_multiline_errors_keep_their_reason_and_log_a_traceback(tmp_path):
     result = bench("run", "--import", "fault_variants", "--variants", "test_raises_multiline", "--lengths", "32,128",
                    "--passes", "fwd", "--out", str(out), *FAST)
     assert result.exit_code == 0, result.output
-    rows = pd.read_json(out / "results.jsonl", lines=True).set_index("n")
+    rows = run_dir_rows(out).set_index("n")
     assert rows.loc[128, "status"] == "error"
     assert "LoweringException: the real reason is here" in rows.loc[128, "message"]
     log = (out / "worker.log").read_text()
@@ -176,7 +169,7 @@ def test_rows_record_kernel_memory_kind_and_calls_per_sample(tmp_path):
     out = tmp_path / "row"
     result = bench("run", "--variants", "full,linear", "--lengths", "64", "--passes", "fwd", "--out", str(out), *FAST)
     assert result.exit_code == 0, result.output
-    rows = pd.read_json(out / "results.jsonl", lines=True).set_index("variant")
+    rows = run_dir_rows(out).set_index("variant")
     assert rows.loc["full", "kernel"] == "flash_attention"
     assert pd.isna(rows.loc["linear", "kernel"])
     assert set(rows["memory_kind"]) == {"rss"} and set(rows["calls_per_sample"]) == {1}

@@ -5,13 +5,11 @@ nothing written before it is validated, and the library traps."""
 from __future__ import annotations
 
 import json
-import os
 import subprocess
 import sys
 import time
 from pathlib import Path
 
-import pandas as pd
 import pytest
 import torch
 from test_harness import FAST, SLOW_RUN, _bench_process, _wait_for_rows, bench, run_dir_rows
