@@ -162,10 +162,16 @@ def test_existing_out_dir_is_never_overwritten(tmp_path):
     assert "already exists" in result.output
 
 
+def _default_sigint() -> None:
+    # bench as a user runs it at a terminal: a test run started in the background (a non-interactive
+    # shell's `cmd &`) inherits SIGINT ignored, and Python keeps an inherited ignore, so Ctrl-C would never arrive
+    signal.signal(signal.SIGINT, signal.SIG_DFL)
+
+
 def _bench_process(*args: str) -> subprocess.Popen:
     env = {**os.environ, "PYTHONPATH": f"{TESTS}{os.pathsep}{os.environ.get('PYTHONPATH', '')}", "COLUMNS": "200"}
     return subprocess.Popen([sys.executable, "-m", "harness.cli", *args], env=env, stdout=subprocess.PIPE,
-                            stderr=subprocess.STDOUT, text=True, start_new_session=True)
+                            stderr=subprocess.STDOUT, text=True, start_new_session=True, preexec_fn=_default_sigint)
 
 
 def _wait_for_rows(path: Path, count: int, proc: subprocess.Popen, limit: float = 120) -> None:
