@@ -1,16 +1,20 @@
-"""What a sweep is: its configuration, its cells, and the parsing of the command line's values."""
+"""What a run is: a sweep's `RunConfig` and cells, a quality run's `QualityConfig`, and the policies
+that turn command-line values into them (devices, memory budgets, variant options, checks).
+
+Reading a stored configuration imports neither torch nor the variants; building one does.
+"""
 
 from __future__ import annotations
 
 import json
+import math
 import re
-from dataclasses import asdict, dataclass
-
-import torch
-
-import variants
+from dataclasses import asdict, dataclass, field, fields
+from pathlib import Path
 
 PASSES = ("fwd", "fwdbwd")
+BASELINE = "full"  # the variant every other is compared with (speed-ups, crossovers)
+SHAPE_HINTS = ("num_heads", "head_dim")  # options every variant takes, set from the run's shape
 
 
 @dataclass(frozen=True)
@@ -35,31 +39,62 @@ class RunConfig:
     threads: int = 0  # CPU threads (0: all cores)
     check_len: int = 320  # N of the correctness check against the dense reference
     imports: tuple[str, ...] = ()  # modules imported first (they may register extra variants)
+    # per variant, every option it runs with (defaults filled in), fixed when the run starts, so a
+    # resume repeats them and reading the run needs no variant code; () for runs from before
+    resolved_options: tuple[tuple[str, tuple[tuple[str, object], ...]], ...] = ()
+
+    def resolved(self, name: str) -> dict | None:
+        """Every option variant `name` runs with in this sweep, as fixed at its start (None: not stored)."""
+        found = dict(self.resolved_options).get(name)
+        return None if found is None else dict(found)
 
     def variant_options(self, name: str) -> dict:
-        """The options this variant accepts, plus the shape hints every variant takes."""
-        opts = variants.options_taken(name, dict(self.options))
-        opts.update(num_heads=self.heads, head_dim=self.head_dim)
-        return opts
+        """What the variant is built with: its options, plus the shape hints every variant takes."""
+        opts = self.resolved(name)
+        if opts is None:
+            import variants
+
+            opts = variants.options_taken(name, dict(self.options))
+        return {**opts, "num_heads": self.heads, "head_dim": self.head_dim}
+
+    def with_resolved_options(self) -> "RunConfig":
+        """This configuration with every variant's options fixed (from the registry, defaults filled in)."""
+        import variants
+
+        resolved = {}
+        for name in self.variants:
+            opts = variants.effective_options(name, **variants.options_taken(name, dict(self.options)))
+            resolved[name] = tuple(sorted((k, v) for k, v in opts.items() if k not in SHAPE_HINTS))
+        return RunConfig.from_json({**self.to_json(), "resolved_options": {k: dict(v) for k, v in resolved.items()}})
 
     def budget(self, device: str) -> int | None:
         return dict(self.memory_budget).get(device)
 
     @property
-    def torch_dtype(self) -> torch.dtype:
+    def torch_dtype(self):
+        import torch
+
         return getattr(torch, self.dtype)
+
+    @property
+    def element_size(self) -> int:
+        return {"float64": 8, "float32": 4, "float16": 2, "bfloat16": 2}[self.dtype]
 
     def to_json(self) -> dict:
         data = asdict(self)
         data["options"] = dict(self.options)
         data["memory_budget"] = dict(self.memory_budget)
+        data["resolved_options"] = {name: dict(opts) for name, opts in self.resolved_options}
         return data
 
     @classmethod
     def from_json(cls, data: dict) -> "RunConfig":
+        """From metadata.json's "config"; TypeError when it has a field this version does not know."""
         data = dict(data)
         data["options"] = tuple(sorted(data.get("options", {}).items()))
         data["memory_budget"] = tuple(sorted(data.get("memory_budget", {}).items()))
+        data["resolved_options"] = tuple(sorted((name, tuple(sorted(opts.items())))
+                                                for name, opts in (data.get("resolved_options") or {}).items()))
         for key in ("variants", "lengths", "devices", "passes", "causal", "imports"):
             data[key] = tuple(data.get(key, ()))
         return cls(**data)
@@ -107,8 +142,6 @@ class ArgumentError(ValueError):
 
 def check_number(option: str, value: float, low: float, high: float, unit: str = "", low_inclusive: bool = True) -> None:
     """ArgumentError unless `value` is a finite number within [low, high] (or (low, high])."""
-    import math
-
     ok = isinstance(value, (int, float)) and math.isfinite(value) and value <= high and (value >= low if low_inclusive else value > low)
     if not ok:
         lower = f">= {low:g}" if low_inclusive else f"> {low:g}"
@@ -155,8 +188,6 @@ def powers_of_two(min_len: int, max_len: int) -> tuple[int, ...]:
 def parse_option(text: str) -> tuple[str, object]:
     """'window=128' -> ('window', 128); values are read as JSON where they can be (ints, floats, true, null).
     NaN and infinities are refused: no option takes them, and they cannot be stored as standard JSON."""
-    import math
-
     name, sep, raw = text.partition("=")
     if not sep or not name.strip() or not re.fullmatch(r"[A-Za-z_]\w*", name.strip()):
         raise ArgumentError(f"--option: {text!r} must look like name=value (e.g. window=128)")
@@ -180,6 +211,8 @@ def parse_list(text: str, option: str, allowed: tuple[str, ...]) -> tuple[str, .
 
 def resolve_variants(text: str, devices: tuple[str, ...]) -> tuple[str, ...]:
     """'all' = every registered variant available on at least one of the devices; else the named ones."""
+    import variants
+
     registered = variants.available()
     if text.strip() == "all":
         return tuple(
@@ -193,9 +226,13 @@ def resolve_variants(text: str, devices: tuple[str, ...]) -> tuple[str, ...]:
     return names
 
 
-def shape_only(name: str, **options) -> variants.AttentionVariant:
+def shape_only(name: str, **options):
     """Variant `name` built on the meta device: parameters have shapes but no storage, nothing is
     computed and no device is touched (so a huge option costs no memory, and CUDA stays uninitialized)."""
+    import torch
+
+    import variants
+
     with torch.device("meta"):
         return variants.variant_class(name)(**options)
 
@@ -210,6 +247,8 @@ def check_variant_options(name: str, options: dict, label: str, num_heads: int =
 
 def check_options(options: dict, names: tuple[str, ...]) -> None:
     """Every option must be taken by at least one of the selected variants, and valid for each that takes it."""
+    import variants
+
     for key, value in options.items():
         takers = [name for name in names if key in variants.option_names(name)]
         if not takers:
@@ -217,3 +256,147 @@ def check_options(options: dict, names: tuple[str, ...]) -> None:
         for name in takers:
             check_variant_options(name, {key: value}, f"option {key}={value!r}")
 
+
+
+# -- policies: from the command line's values to a configuration --------------------------------------
+
+def resolve_devices(text: str) -> tuple[str, ...]:
+    """'auto' = the CPU, plus CUDA when present; else the named devices, each of which must exist."""
+    import torch
+
+    if text.strip() == "auto":
+        return ("cpu", "cuda") if torch.cuda.is_available() else ("cpu",)
+    devices = parse_list(text, "--devices", ("cpu", "cuda"))
+    if "cuda" in devices and not torch.cuda.is_available():
+        raise ArgumentError("--devices: cuda was asked for, but no CUDA device is available (torch.cuda.is_available() is False)")
+    return devices
+
+
+CPU_BUDGET_FRACTION = 0.6  # of the available RAM, for a CPU cell
+GPU_BUDGET_FRACTION = 0.9  # of the free GPU memory, for a CUDA cell
+
+
+def memory_budgets(text: str, devices: tuple[str, ...], machine: dict) -> tuple[tuple[str, int], ...]:
+    """Bytes a cell may use per device: a size for every device, or auto (60% of the available RAM for
+    CPU cells, 90% of the free GPU memory, from `machine["gpu"]`, for CUDA cells)."""
+    from harness.machine import available_memory_bytes
+
+    if text.strip() != "auto":
+        size = parse_size(text)
+        if size <= 0:
+            raise ArgumentError(f"--memory-budget: {text!r} must be more than 0 bytes")
+        return tuple((device, size) for device in devices)
+    budgets = []
+    for device in devices:
+        if device == "cpu":
+            avail = available_memory_bytes()
+            if avail:
+                budgets.append(("cpu", int(avail * CPU_BUDGET_FRACTION)))
+        else:
+            free = (machine.get("gpu") or {}).get("free_bytes")
+            if free:
+                budgets.append(("cuda", int(free * GPU_BUDGET_FRACTION)))
+    return tuple(budgets)
+
+
+def merge_options(option: list[str], **named) -> dict:
+    """--option name=value texts, plus the options with flags of their own (--window, ...) where given."""
+    options = dict(parse_option(text) for text in option)
+    options.update({key: value for key, value in named.items() if value is not None})
+    return options
+
+
+def build_run_config(*, variants: str, lengths: tuple[int, ...], devices: str, passes: str, causal: tuple[bool, ...],
+                     options: dict, imports: list[str], min_time: float, cell_timeout: float, **settings) -> RunConfig:
+    """A sweep's configuration from checked command-line values (`settings`: batch, heads, head_dim,
+    dtype, repeats, warmup, threads, check_len); every variant's options are checked and fixed."""
+    check_number("--min-time", min_time, 0, 3600, "seconds")
+    check_number("--cell-timeout", cell_timeout, 1e-3, 86400, "seconds", low_inclusive=False)
+    device_list = resolve_devices(devices)
+    names = resolve_variants(variants, device_list)
+    if not names:
+        raise ArgumentError(f"--variants {variants}: no registered variant runs on {', '.join(device_list)}")
+    check_options(options, names)
+    config = RunConfig(variants=names, lengths=lengths, devices=device_list, passes=parse_list(passes, "--passes", PASSES),
+                       causal=causal, options=tuple(sorted(options.items())), min_time=min_time, cell_timeout=cell_timeout,
+                       imports=tuple(imports), **settings)
+    return config.with_resolved_options()
+
+
+@dataclass(frozen=True)
+class TrainConfig:
+    """The model and training recipe of `bench quality`, shared by every variant."""
+
+    d_model: int = 64
+    layers: int = 2
+    heads: int = 4
+    steps: int = 1500
+    batch: int = 32
+    lr: float = 3e-3
+    warmup: float = 0.1  # fraction of steps with a linear warm-up, then cosine decay to 0
+    weight_decay: float = 0.01
+    label_smoothing: float = 0.0
+    eval_every: int = 250
+    eval_examples: int = 256
+    seed: int = 0
+    threads: int = 0
+
+
+TASKS = ("copy", "recall")
+
+
+@dataclass(frozen=True)
+class QualityConfig:
+    """Everything a quality run needs; stored (flat: the recipe's fields beside these) in metadata.json."""
+
+    tasks: tuple[str, ...]
+    variants: tuple[str, ...]
+    lengths: tuple[int, ...]
+    options: dict = field(default_factory=dict)  # variant options, passed to the variants that take them
+    imports: tuple[str, ...] = ()
+    train: TrainConfig = TrainConfig()
+
+    def to_json(self) -> dict:
+        return {**asdict(self.train), "tasks": list(self.tasks), "variants": list(self.variants),
+                "lengths": list(self.lengths), "options": dict(self.options), "imports": list(self.imports)}
+
+    @classmethod
+    def from_json(cls, data: dict) -> "QualityConfig":
+        """From metadata.json's "config"; ValueError naming what is missing."""
+        missing = [key for key in ("tasks", "variants", "lengths") if key not in data]
+        if missing:
+            raise ValueError(f"the quality run's configuration lacks {', '.join(missing)}; it was not written by bench quality")
+        recipe = {f.name: data[f.name] for f in fields(TrainConfig) if f.name in data}
+        return cls(tasks=tuple(data["tasks"]), variants=tuple(data["variants"]), lengths=tuple(data["lengths"]),
+                   options=dict(data.get("options") or {}), imports=tuple(data.get("imports") or ()), train=TrainConfig(**recipe))
+
+
+def build_quality_config(*, tasks: tuple[str, ...], variants: str, lengths: str, options: dict, given: dict, imports: list[str],
+                         lr: float, label_smoothing: float, **recipe) -> QualityConfig:
+    """A quality run's configuration from checked command-line values; every variant must train on the
+    CPU with its options, and every task must be well posed at every length. `options`: every variant
+    option of the run (window and compression always); `given`: those from --option, each of which
+    must be taken by a selected variant."""
+    from harness.quality import cannot_train_reason, trainable_variants
+    from harness.tasks import make_task
+
+    check_number("--lr", lr, 0, 10, low_inclusive=False)
+    check_number("--label-smoothing", label_smoothing, 0, 0.999)
+    train = TrainConfig(lr=lr, label_smoothing=label_smoothing, **recipe)
+    if train.d_model % train.heads:
+        raise ArgumentError(f"--d-model {train.d_model} must be divisible by --heads {train.heads}")
+    names = tuple(trainable_variants("cpu")) if variants.strip() == "all" else resolve_variants(variants, ("cpu",))
+    for name in names:
+        reason = cannot_train_reason(name, "cpu")
+        if reason:
+            raise ArgumentError(f"--variants: {name} cannot be trained here: {reason}")
+    check_options(given, names)
+    import variants as registry
+
+    for name in names:
+        check_variant_options(name, registry.options_taken(name, options), name, train.heads, train.d_model // train.heads)
+    length_list = parse_lengths(lengths)
+    for task in tasks:
+        for n in length_list:
+            make_task(task, n)
+    return QualityConfig(tasks=tuple(tasks), variants=names, lengths=length_list, options=options, imports=tuple(imports), train=train)

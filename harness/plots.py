@@ -12,11 +12,11 @@ from pathlib import Path
 
 import pandas as pd
 
+from harness.config import BASELINE
 from harness.storage import load_frame, read_metadata
 from harness.summary import PANEL, crossover, fit_exponent, panel_rows
 
 FORMATS = ("png", "svg", "pdf")
-BASELINE = "full"
 
 # fixed colour and marker per variant, the same in every figure and run; unknown names get a stable pick
 STYLE = {
@@ -237,13 +237,13 @@ def plot_run(run_dir: Path, out_dir: Path | None = None, fmt: str = "png") -> li
 
 def plot_quality(run_dir: Path, out_dir: Path | None = None, fmt: str = "png") -> list[Path]:
     """Quality figures: final accuracy vs L per variant (a panel per task), and the training curves."""
-    from harness.storage import read_rows
+    from harness.storage import QUALITY_RESULTS, read_rows
 
     matplotlib_rc()
     import matplotlib.pyplot as plt
 
     run_dir = Path(run_dir)
-    rows = read_rows(run_dir, "quality.jsonl")
+    rows = read_rows(run_dir, QUALITY_RESULTS)
     if not rows:
         return []
     df = pd.DataFrame(rows)

@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import math
 import time
-from dataclasses import asdict, dataclass
+from dataclasses import asdict
 from pathlib import Path
 
 import torch
@@ -18,28 +18,11 @@ import torch.nn.functional as F
 from torch import nn
 
 import variants
-from harness.storage import RowWriter, drop_torn_tail, read_rows, rewrite_rows
+from harness.config import BASELINE, QualityConfig, TrainConfig
+from harness.storage import QUALITY_RESULTS, RowWriter, drop_torn_tail, read_rows, rewrite_rows
 from harness.tasks import make_task
 
-QUALITY_RESULTS = "quality.jsonl"
-
-@dataclass(frozen=True)
-class TrainConfig:
-    """The model and training recipe shared by every variant."""
-
-    d_model: int = 64
-    layers: int = 2
-    heads: int = 4
-    steps: int = 1500
-    batch: int = 32
-    lr: float = 3e-3
-    warmup: float = 0.1  # fraction of steps with a linear warm-up, then cosine decay to 0
-    weight_decay: float = 0.01
-    label_smoothing: float = 0.0
-    eval_every: int = 250
-    eval_examples: int = 256
-    seed: int = 0
-    threads: int = 0
+__all__ = ["TrainConfig", "TinyDecoder", "train_one", "sweep_quality", "trainable_variants", "cannot_train_reason"]
 
 
 class TinyDecoder(nn.Module):
@@ -128,19 +111,20 @@ def train_one(task_name: str, length: int, variant: str, options: dict, cfg: Tra
 
 # implementations of a function another variant already computes (tested equal to float precision):
 # training them again would only repeat that variant's row
-SAME_FUNCTION_AS = {"full_naive": "full", "full_xformers": "full"}
+SAME_FUNCTION_AS = {"full_naive": BASELINE, "full_xformers": BASELINE}
+
+
+def cannot_train_reason(name: str, device: str = "cpu") -> str | None:
+    """Why variant `name` cannot train the (causal) decoder on `device`, or None."""
+    cls = variants.variant_class(name)
+    if not cls.spec.supports_causal:
+        return f"{name} does not support causal attention, which the decoder needs"
+    return cls.unavailable_reason(device) or cls.backward_unsupported_reason(device)
 
 
 def trainable_variants(device: str = "cpu") -> list[str]:
-    """Every registered variant that runs, forward and backward, on `device` — one per attention function."""
-    names = []
-    for name in variants.available():
-        if name in SAME_FUNCTION_AS:
-            continue
-        cls = variants.variant_class(name)
-        if cls.unavailable_reason(device) is None and cls.backward_unsupported_reason(device) is None and cls.spec.supports_causal:
-            names.append(name)
-    return names
+    """Every registered variant that trains on `device` — one per attention function (`SAME_FUNCTION_AS`)."""
+    return [name for name in variants.available() if name not in SAME_FUNCTION_AS and cannot_train_reason(name, device) is None]
 
 
 def run_key(row: dict) -> tuple:
@@ -158,17 +142,17 @@ def keep_finished_runs(run_dir: Path) -> set[tuple]:
     return finished
 
 
-def sweep_quality(run_dir: Path, tasks: list[str], names: list[str], lengths: list[int], options: dict, cfg: TrainConfig,
-                  on_eval=None, on_start=None, finished: set[tuple] | None = None) -> list[dict]:
+def sweep_quality(run_dir: Path, config: QualityConfig, on_eval=None, on_start=None, finished: set[tuple] | None = None) -> list[dict]:
     """Train every (task, length, variant) not finished yet; rows are appended as they exist.
 
     finished: the result of `keep_finished_runs(run_dir)` when the caller already called it.
     """
     finished = keep_finished_runs(run_dir) if finished is None else finished
+    options, cfg = config.options, config.train
     with RowWriter(run_dir, QUALITY_RESULTS) as writer:
-        for task in tasks:
-            for length in lengths:
-                for name in names:
+        for task in config.tasks:
+            for length in config.lengths:
+                for name in config.variants:
                     if (task, name, length) in finished:
                         continue
                     if on_start:

@@ -8,7 +8,8 @@ from pathlib import Path
 
 import pandas as pd
 
-from harness.runner import fmt_bytes, fmt_time
+from harness.config import BASELINE
+from harness.fmt import fmt_bytes, fmt_time
 from harness.storage import load_frame, read_metadata
 from harness.summary import NOISE_NOTE, PANEL, crossover_text, noisy_mask, summarize
 
@@ -50,9 +51,22 @@ def _summary_table(summary: pd.DataFrame) -> str:
             line["device"], line["pass"], "yes" if line["causal"] else "no", f"`{line['variant']}`",
             num(line["max_n"], lambda n: str(int(n))), num(line["time_s"], fmt_time),
             num(line["peak_bytes"], fmt_bytes), num(line["time_exp"], lambda e: f"{e:.2f}"), num(line["mem_exp"], lambda e: f"{e:.2f}"),
-            "(baseline)" if line["variant"] == "full" else crossover_text(line),
+            "(baseline)" if line["variant"] == BASELINE else crossover_text(line),
         ])
     return markdown_table(["device", "pass", "causal", "variant", "largest N", "time", "peak memory", "time ~ N^", "memory ~ N^", "beats full from N"], rows)
+
+
+def make_report(run_dir: Path) -> tuple[Path, list[Path]]:
+    """Draw the run's figures and write REPORT.md (what `bench report` does and `bench run` does at its end).
+    Returns (REPORT.md, figures); ValueError when the run has no row yet."""
+    from harness.plots import plot_quality, plot_run
+    from harness.storage import read_rows
+
+    figures = plot_run(run_dir) if read_rows(run_dir, quiet=True) else []
+    quality_figures = plot_quality(run_dir)
+    if not figures and not quality_figures:
+        raise ValueError(f"{run_dir} has no results yet")
+    return write_report(run_dir, figures, quality_figures), [*figures, *quality_figures]
 
 
 def write_report(run_dir: Path, figures: list[Path], quality_figures: list[Path] = ()) -> Path:
@@ -172,9 +186,9 @@ def quality_table(rows: list[dict]) -> str:
 
 
 def _quality_section(run_dir: Path, cfg: dict, figures) -> list[str]:
-    from harness.storage import read_rows
+    from harness.storage import QUALITY_RESULTS, read_rows
 
-    rows = read_rows(run_dir, "quality.jsonl")
+    rows = read_rows(run_dir, QUALITY_RESULTS)
     if not rows:
         return []
     total = sum(r["wall_s"] for r in rows if r.get("final"))

@@ -16,41 +16,16 @@ from datetime import datetime, timezone
 from pathlib import Path
 from typing import Callable
 
-import torch
-
-import variants
 from harness import worker
 from harness.config import Cell, RunConfig, plan, shape_only
+from harness.fmt import fmt_bytes
 from harness.isolation import Outcome, run_isolated
-from harness.storage import RESULTS, RowWriter, drop_torn_tail, read_rows, rewrite_rows, warn
+from harness.rows import Row, cell_key, run_rows
+from harness.storage import SUPERSEDED, RowWriter, drop_torn_tail, read_rows, rewrite_rows
 
 STOPPING = ("oom", "timeout", "skipped")  # a series that hits one of these does not try larger N
 FAILED = ("oom", "timeout", "error")  # what --retry-failed measures again
-IDENTITY = ("batch", "heads", "head_dim", "dtype", "options")  # beyond the cell key, what changes a measurement
 WORKER_LOG = "worker.log"  # what the cells' processes print (compiler warnings, tracebacks)
-
-
-def cell_key(row: dict) -> tuple:
-    return (row["device"], row["variant"], row["pass"], bool(row["causal"]), int(row["n"]))
-
-
-def fmt_bytes(n: float | None) -> str:
-    if n is None:
-        return "?"
-    if abs(n) < 1024:
-        return f"{n:.0f} B"
-    for unit in ("KiB", "MiB", "GiB", "TiB"):
-        n /= 1024
-        if abs(n) < 1024 or unit == "TiB":
-            return f"{n:.1f} {unit}"
-
-
-def fmt_time(seconds: float | None) -> str:
-    if seconds is None:
-        return "?"
-    if seconds >= 1:
-        return f"{seconds:.2f} s"
-    return f"{seconds * 1e3:.3g} ms" if seconds < 1e-2 else f"{seconds * 1e3:.1f} ms"
 
 
 @dataclass
@@ -78,6 +53,8 @@ class SweepState:
 
 def static_skip_reason(config: RunConfig, cell: Cell) -> str | None:
     """Why the spec says this cell cannot run, or None."""
+    import variants
+
     cls = variants.variant_class(cell.variant)
     reason = cls.unavailable_reason(cell.device)
     if reason:
@@ -98,7 +75,7 @@ def shape_only_variant(config: RunConfig, name: str):
 
 def predicted_bytes(config: RunConfig, cell: Cell, attn) -> int:
     """Inputs (and their gradients) plus the variant's own estimate of its extra memory."""
-    el = torch.empty((), dtype=config.torch_dtype).element_size()
+    el = config.element_size
     backward = cell.pass_ == "fwdbwd"
     inputs = 3 * config.batch * config.heads * cell.n * config.head_dim * el * (3 if backward else 1)
     params = sum(p.numel() for p in attn.parameters()) * el * (3 if backward else 1)  # (+ gradients)
@@ -107,16 +84,13 @@ def predicted_bytes(config: RunConfig, cell: Cell, attn) -> int:
     return int(inputs + extra)
 
 
-def base_row(config: RunConfig, cell: Cell) -> dict:
-    return {
-        "device": cell.device, "variant": cell.variant, "pass": cell.pass_, "causal": cell.causal, "n": cell.n,
-        "batch": config.batch, "heads": config.heads, "head_dim": config.head_dim, "dtype": config.dtype,
-        "options": {k: v for k, v in variants.effective_options(cell.variant, **config.variant_options(cell.variant)).items()
-                    if k not in ("num_heads", "head_dim")},
-        "status": None, "message": "", "time_median_s": None, "time_min_s": None, "time_iqr_s": None, "timed_calls": 0,
-        "peak_bytes": None, "reserved_bytes": None, "predicted_bytes": None, "flops": None, "gflops": None,
-        "threads": None, "wall_s": None, "finished": None,
-    }
+def base_row(config: RunConfig, cell: Cell) -> Row:
+    """The row of a cell before its fate is decided: its key and identity."""
+    options = config.resolved(cell.variant)
+    if options is None:
+        options = {k: v for k, v in config.variant_options(cell.variant).items() if k not in ("num_heads", "head_dim")}
+    return Row(device=cell.device, variant=cell.variant, pass_=cell.pass_, causal=cell.causal, n=cell.n, batch=config.batch,
+               heads=config.heads, head_dim=config.head_dim, dtype=config.dtype, options=options)
 
 
 def useful_flops(config: RunConfig, cell: Cell, attn) -> float:
@@ -143,54 +117,19 @@ def outcome_status(outcome: Outcome) -> tuple[str, str]:
     return "error", outcome.describe()
 
 
-def belongs(row: dict, config: RunConfig, device_names: dict | None = None) -> bool:
-    """Whether a stored row measures a cell of this configuration: its cell is in the plan, and its
-    shape, dtype, options (and device name, where both are known) are the run's."""
-    try:
-        cell = Cell(row["device"], row["variant"], row["pass"], bool(row["causal"]), int(row["n"]))
-    except (KeyError, TypeError, ValueError):
-        return False
-    if (cell.device not in config.devices or cell.variant not in config.variants or cell.pass_ not in config.passes
-            or cell.causal not in config.causal or cell.n not in config.lengths):
-        return False
-    try:
-        expected = base_row(config, cell)
-    except ValueError:  # a variant no longer registered
-        return False
-    if any(row.get(key) != expected[key] for key in IDENTITY):
-        return False
-    here = (device_names or {}).get(cell.device)
-    return not (here and row.get("device_name") and row["device_name"] != here)
-
-
-def run_rows(run_dir: Path, config: RunConfig, device_names: dict | None = None, quiet: bool = False) -> list[dict]:
-    """The rows of RUN_DIR that belong to `config`, one per cell (the latest where a cell repeats),
-    with a one-line warning for what is left out."""
-    rows = read_rows(run_dir, quiet=quiet)
-    mine = [row for row in rows if belongs(row, config, device_names)]
-    latest = {cell_key(row): row for row in mine}
-    if not quiet and len(mine) < len(rows):
-        warn(f"{Path(run_dir) / RESULTS}: {len(rows) - len(mine)} rows belong to another configuration "
-             "(shape, dtype, options, device or plan) and are ignored")
-    if not quiet and len(latest) < len(mine):
-        warn(f"{Path(run_dir) / RESULTS}: {len(mine) - len(latest)} cells appear more than once; the latest row of each is used")
-    kept = {id(row) for row in latest.values()}
-    return [row for row in mine if id(row) in kept]
-
-
-def run_cell(config: RunConfig, cell: Cell, state: SweepState, log_path: str | None = None) -> dict:
+def run_cell(config: RunConfig, cell: Cell, state: SweepState, log_path: str | None = None) -> Row:
     row = base_row(config, cell)
     started = time.perf_counter()
     status, message, measured = decide(config, cell, state, row, log_path)
-    row.update(status=status, message=message, **(measured or {}))
-    if status == "ok":
-        row["gflops"] = row["flops"] / row["time_median_s"] / 1e9 if row["time_median_s"] else None
-    row["wall_s"] = round(time.perf_counter() - started, 3)
-    row["finished"] = datetime.now(timezone.utc).isoformat(timespec="seconds")
+    row = Row.from_json({**row.to_json(), "status": status, "message": message, **(measured or {})})
+    if status == "ok" and row.time_median_s:
+        row.gflops = row.flops / row.time_median_s / 1e9
+    row.wall_s = round(time.perf_counter() - started, 3)
+    row.finished = datetime.now(timezone.utc).isoformat(timespec="seconds")
     return row
 
 
-def decide(config: RunConfig, cell: Cell, state: SweepState, row: dict, log_path: str | None = None):
+def decide(config: RunConfig, cell: Cell, state: SweepState, row: Row, log_path: str | None = None):
     reason = static_skip_reason(config, cell)
     if reason:
         return "skipped", reason, None
@@ -199,8 +138,8 @@ def decide(config: RunConfig, cell: Cell, state: SweepState, row: dict, log_path
         return "skipped", f"series stopped at N={n} ({status})", None
     try:  # what the parent needs of the variant: its FLOPs and memory estimate, from a shape-only instance
         attn = shape_only_variant(config, cell.variant)
-        row["flops"] = useful_flops(config, cell, attn)
-        row["predicted_bytes"] = predicted = predicted_bytes(config, cell, attn)
+        row.flops = useful_flops(config, cell, attn)
+        row.predicted_bytes = predicted = predicted_bytes(config, cell, attn)
     except Exception as err:  # noqa: BLE001 — a plug-in variant's fault costs its cells, not the sweep
         return "error", f"cannot plan the cell: {type(err).__name__}: {err}"[:1000], None
     budget = config.budget(cell.device)
@@ -250,7 +189,7 @@ def retry_failed(run_dir: Path, config: RunConfig, device_names: dict | None = N
 
     moved = [row for row in rows if retried(row)]
     if moved:
-        with RowWriter(run_dir, "superseded.jsonl") as writer:
+        with RowWriter(run_dir, SUPERSEDED) as writer:
             for row in moved:
                 writer.append(row)
         # every other line stays, rows of other configurations too
@@ -271,7 +210,8 @@ def sweep(config: RunConfig, run_dir: Path, on_row: Callable[[Cell, dict | None]
             if on_row:
                 on_row(cell, None)
             row = run_cell(config, cell, state, log_path)
-            row["device_name"] = (device_names or {}).get(cell.device)
+            row.device_name = (device_names or {}).get(cell.device)
+            row = row.to_json()
             writer.append(row)
             state.record(row)
             rows.append(row)
@@ -302,15 +242,16 @@ def current_device_names(devices: tuple[str, ...], gpu: dict | None = None) -> d
     return names
 
 
-def measure_machine(config: RunConfig) -> dict:
-    """Matmul peaks per device (run's dtype, and float32) and GPU details, each measured in a child."""
-    info: dict = {"matmul_peak_gflops": {}, "matmul_peak_precision": {}, "gpu": None}
+def measure_machine(config: RunConfig, peak_seconds: float = 1.0) -> dict:
+    """Matmul peaks per device (run's dtype, and float32; each timed for `peak_seconds`) and GPU details,
+    each measured in a child."""
+    info: dict = {"matmul_peak_gflops": {}, "matmul_peak_precision": {}, "matmul_peak_seconds": peak_seconds, "gpu": None}
     for device in config.devices:
         if device == "cuda":
             outcome = run_isolated(worker.cuda_info, (), timeout=120)
             info["gpu"] = outcome.value if outcome.kind == "result" else {"error": outcome.describe()}
         for dtype in dict.fromkeys((config.dtype, "float32")):
-            outcome = run_isolated(worker.matmul_peak, (device, dtype, config.threads), timeout=120)
+            outcome = run_isolated(worker.matmul_peak, (device, dtype, config.threads, peak_seconds), timeout=120)
             value = outcome.value if outcome.kind == "result" else {}
             info["matmul_peak_gflops"][f"{device}/{dtype}"] = value.get("gflops")
             info["matmul_peak_precision"][f"{device}/{dtype}"] = value.get("precision")

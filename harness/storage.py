@@ -18,7 +18,9 @@ import os
 import sys
 from pathlib import Path
 
-RESULTS = "results.jsonl"
+RESULTS = "results.jsonl"  # a sweep's rows
+QUALITY_RESULTS = "quality.jsonl"  # a quality run's rows
+SUPERSEDED = "superseded.jsonl"  # rows set aside by --retry-failed
 METADATA = "metadata.json"
 LOCK = ".lock"
 SCHEMA_VERSION = 2  # of metadata.json: 2 adds "schema" and "kind" ("sweep" or "quality")
@@ -182,12 +184,12 @@ class RowWriter:
 
 def load_frame(run_dir: Path):
     """The rows of the run's own configuration as a pandas DataFrame (one per cell, the latest where a
-    cell repeats; empty with the right columns if no row yet). Rows of another configuration are
-    left out with a warning."""
+    cell repeats; every column of `rows.Row`, so rows from older versions get the new columns empty).
+    Rows of another configuration are left out with a warning. Imports no torch."""
     import pandas as pd
 
     from harness.config import RunConfig
-    from harness.runner import cell_key, run_rows
+    from harness.rows import Row, cell_key, run_rows
 
     meta = read_metadata(run_dir)
     rows = read_rows(run_dir)
@@ -201,4 +203,11 @@ def load_frame(run_dir: Path):
         else:
             fields = {k: meta["config"][k] for k in ("batch", "heads", "head_dim", "dtype") if k in meta["config"]}
             rows = list({cell_key(r): r for r in rows if all(r.get(k) == v for k, v in fields.items())}.values())
-    return pd.DataFrame(rows) if rows else pd.DataFrame(columns=["device", "variant", "pass", "causal", "n", "status"])
+    typed = []
+    for row in rows:
+        try:
+            typed.append(Row.from_json(row).to_json())
+        except (KeyError, TypeError, ValueError):
+            warn(f"{Path(run_dir) / RESULTS}: a row without a valid cell key was skipped: {str(row)[:120]}")
+    columns = [("pass" if name == "pass_" else name) for name in Row.__dataclass_fields__ if name != "extra"]
+    return pd.DataFrame(typed) if typed else pd.DataFrame(columns=columns)

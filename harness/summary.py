@@ -10,6 +10,8 @@ import math
 import numpy as np
 import pandas as pd
 
+from harness.config import BASELINE
+from harness.fmt import fmt_bytes, fmt_time
 from harness.noise import BUSY_CORES, MAX_SPREAD
 
 PANEL = ["device", "pass", "causal"]
@@ -57,7 +59,7 @@ def crossover(variant: pd.DataFrame, baseline: pd.DataFrame) -> tuple[int | None
     return common[i], ("always faster" if i == 0 else "")
 
 
-def summarize(rows: list[dict] | pd.DataFrame, baseline: str = "full") -> pd.DataFrame:
+def summarize(rows: list[dict] | pd.DataFrame, baseline: str = BASELINE) -> pd.DataFrame:
     """One line per (device, pass, causal, variant): largest N that ran, its time and memory, exponents, crossover."""
     df = rows if isinstance(rows, pd.DataFrame) else pd.DataFrame(rows)
     if df.empty:
@@ -120,30 +122,40 @@ def crossover_text(line: dict) -> str:
 
 
 def render_summary(summary: pd.DataFrame, console, title: str = "Summary") -> None:
-    """Print the summary as rich tables, one per (device, pass, causal)."""
+    """Print the summary as rich tables, one per (device, pass, causal), narrow enough for an 80-column
+    terminal: why a series stopped goes into numbered notes under its table, not into a column."""
+    from rich import box
+    from rich.markup import escape
     from rich.table import Table
-
-    from harness.runner import fmt_bytes, fmt_time
 
     if summary.empty:
         console.print("[yellow]no rows to summarize[/]")
         return
     for (device, pass_, causal), panel in summary.groupby(PANEL, sort=False):
-        table = Table(title=f"{title}: {device}, {pass_}, {'causal' if causal else 'non-causal'}", title_justify="left")
-        for col in ("variant", "largest N", "time", "peak mem", "time ~ N^", "mem ~ N^", "beats full from N", "stopped"):
-            table.add_column(col, justify="left" if col in ("variant", "stopped") else "right")
+        table = Table(title=f"{title}: {device}, {pass_}, {'causal' if causal else 'non-causal'}", title_justify="left",
+                      box=box.SIMPLE_HEAD, pad_edge=False, padding=(0, 1), collapse_padding=True, caption_justify="left",
+                      caption=f"N^ t/m: fitted exponents of time and memory in N; beats {BASELINE}: faster from this N on")
+        for col in ("variant", "max N", "time", "memory", "N^ t/m", f"beats {BASELINE}", "stop"):
+            table.add_column(col, justify="left" if col in ("variant", "stop") else "right", no_wrap=True)
+        notes = []
         for line in panel.to_dict("records"):
+            stop = ""
+            if line["stopped"]:
+                notes.append(line["stopped"])
+                stop = f"[{len(notes)}]"
+            exponents = f"{_fmt(line['time_exp'], lambda e: f'{e:.2f}')}/{_fmt(line['mem_exp'], lambda e: f'{e:.2f}')}"
             table.add_row(
                 line["variant"],
                 _fmt(line["max_n"], lambda n: str(int(n))),
                 _fmt(line["time_s"], fmt_time),
                 _fmt(line["peak_bytes"], fmt_bytes),
-                _fmt(line["time_exp"], lambda e: f"{e:.2f}"),
-                _fmt(line["mem_exp"], lambda e: f"{e:.2f}"),
-                "(baseline)" if line["variant"] == "full" else crossover_text(line),
-                line["stopped"],
+                exponents,
+                "(baseline)" if line["variant"] == BASELINE else crossover_text(line),
+                stop,
             )
         console.print(table)
+        for number, note in enumerate(notes, start=1):
+            console.print(f"  \\[{number}] {escape(note)}", overflow="fold")
     flagged = int(summary["noisy"].sum()) if "noisy" in summary else 0
     if flagged:
         console.print(f"[yellow]{flagged} noisy cells[/]: {NOISE_NOTE}")

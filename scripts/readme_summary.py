@@ -18,7 +18,7 @@ summary_table = summary.split("\n", 2)[2]  # drop the report's sentence on expon
 quality = quality_report.split("## Quality: copy and associative recall", 1)[1].split("![", 1)[0].strip()
 readme = Path("README.md").read_text()
 readme = replace_block(readme, "summary", (
-    f"Summary from [`results/cpu-reference/REPORT.md`]({sys.argv[1]}) (exponents fitted on the upper half of the lengths; "
+    f"Summary from [`{sys.argv[1]}`]({sys.argv[1]}) (exponents fitted on the upper half of the lengths; "
     f"\"beats full from N\": the smallest N from which the variant is faster at every larger N):\n\n{summary_table}"))
-readme = replace_block(readme, "quality", f"From [`results/quality-reference/REPORT.md`]({sys.argv[2]}): {quality}")
+readme = replace_block(readme, "quality", f"From [`{sys.argv[2]}`]({sys.argv[2]}): {quality}")
 Path("README.md").write_text(readme)

@@ -126,7 +126,8 @@ def assert_close_with_grads(out, ref, inputs, atol=1e-9, rtol=1e-7, seed=3):
 
 
 @pytest.fixture(autouse=True)
-def _deterministic_threads():
+def _seeded():
+    """Every test starts from torch's seed 0 (the thread count is left as torch set it)."""
     torch.manual_seed(0)
     yield
 

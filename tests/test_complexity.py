@@ -12,10 +12,11 @@ import pytest
 MEASURE = r"""
 import json, sys, torch, variants
 from harness.memory import measure_peak, pin_mmap_threshold
-name, n, backward, options = sys.argv[1], int(sys.argv[2]), sys.argv[3] == "1", json.loads(sys.argv[4])
+name, n, backward, options, dv = sys.argv[1], int(sys.argv[2]), sys.argv[3] == "1", json.loads(sys.argv[4]), int(sys.argv[5])
 torch.set_num_threads(2)
 attn = variants.build(name, **options)
-q, k, v = (torch.randn(1, 1, n, 32, requires_grad=backward) for _ in range(3))
+q, k = (torch.randn(1, 1, n, 32, requires_grad=backward) for _ in range(2))
+v = torch.randn(1, 1, n, dv, requires_grad=backward)
 def call():
     if backward:
         attn(q, k, v).sum().backward()
@@ -28,9 +29,10 @@ print(json.dumps(measure_peak(call, torch.device("cpu"))))
 """
 
 
-def peak_bytes(name: str, n: int, backward: bool, **options) -> int:
+def peak_bytes(name: str, n: int, backward: bool, dv: int = 32, **options) -> int:
+    """Peak extra bytes of one call at (B, H) = (1, 1), D = 32 and the given Dv, in a fresh process."""
     out = subprocess.run(
-        [sys.executable, "-c", MEASURE, name, str(n), "1" if backward else "0", json.dumps(options)],
+        [sys.executable, "-c", MEASURE, name, str(n), "1" if backward else "0", json.dumps(options), str(dv)],
         capture_output=True, text=True, timeout=300,
     )
     assert out.returncode == 0, out.stderr[-2000:]

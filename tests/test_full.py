@@ -47,6 +47,15 @@ def test_custom_scale():
 
 
 def test_full_keeps_to_fused_kernel_when_dv_differs():
-    # D != Dv must not fall back to the score-materializing kernel: same result as the padded call
-    q, k, v = make_qkv(n_q=40, d=8, dv=5, requires_grad=False)
-    torch.testing.assert_close(variants.build("full")(q, k, v), ref_full(q, k, v))
+    # D != Dv must not fall back to torch's score-materializing math kernel: `full` zero-pads to the
+    # fused kernel's shape. Measured, as test_complexity does: at N = 4096 one head's scores are 64 MiB.
+    from test_complexity import peak_bytes
+
+    n = 4096
+    dv_differs = peak_bytes("full", n, False, dv=16)
+    assert dv_differs < n * n * 4 / 4, f"full with Dv != D: peak {dv_differs / 2**20:.0f} MiB at N={n} (scores: {n * n * 4 / 2**20:.0f} MiB)"
+
+
+def test_full_with_dv_differing_is_exact():
+    q, k, v = make_qkv(n_q=40, d=8, dv=5)
+    assert_close_with_grads(variants.build("full")(q, k, v), ref_full(q, k, v), (q, k, v))

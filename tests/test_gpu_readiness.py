@@ -15,7 +15,7 @@ import torch
 
 import variants
 from conftest import make_qkv, ref_linear
-from harness import worker
+from harness import measure, worker
 from harness.config import Cell, RunConfig
 from harness.runner import shape_only_variant, useful_flops
 from test_harness import FAST, bench, run_dir_rows
@@ -143,7 +143,7 @@ class FakeClock:
 
 def test_time_calls_batches_short_calls_per_sample():
     clock = FakeClock(per_call=10e-6, overhead=50e-6)  # a 10 µs kernel, 50 µs of launch/sync overhead per sample
-    times, per_sample = worker.time_calls(clock.call, clock, repeats=5, min_time=1.0, min_sample_s=1e-3)
+    times, per_sample = measure.time_calls(clock.call, clock, repeats=5, min_time=1.0, min_sample_s=1e-3)
     assert per_sample == 17  # ceil(1 ms / 60 µs measured for the calibrating call)
     assert len(times) == 5
     assert all(t == pytest.approx(10e-6 + 50e-6 / 17) for t in times)  # overhead shared by 17 calls, not added to each
@@ -151,17 +151,17 @@ def test_time_calls_batches_short_calls_per_sample():
 
 def test_time_calls_one_call_per_sample_on_cpu_and_min_time():
     clock = FakeClock(per_call=0.4, overhead=0.0)
-    times, per_sample = worker.time_calls(clock.call, clock, repeats=10, min_time=1.0)
+    times, per_sample = measure.time_calls(clock.call, clock, repeats=10, min_time=1.0)
     assert per_sample == 1 and len(times) == 3  # 3 samples of 0.4 s pass min_time = 1 s
 
 
 def test_warm_up_runs_by_count_and_by_time():
     clock = FakeClock(per_call=0.004, overhead=0.0)
     calls = []
-    worker.warm_up(lambda: (calls.append(1), clock.call()), clock, calls=1, seconds=0.025)
+    measure.warm_up(lambda: (calls.append(1), clock.call()), clock, calls=1, seconds=0.025)
     assert len(calls) == 7  # until 25 ms have passed at 4 ms a call
     calls.clear()
-    worker.warm_up(lambda: (calls.append(1), clock.call()), clock, calls=2, seconds=0.0)
+    measure.warm_up(lambda: (calls.append(1), clock.call()), clock, calls=2, seconds=0.0)
     assert len(calls) == 2
 
 
@@ -203,14 +203,14 @@ def test_gate_checks_a_batch_of_two_even_for_batch_one_runs():
 def test_gate_verdicts():
     want = torch.randn(4, 8, dtype=torch.float64)
     low = want.float()  # the dense definition in float32: rounding error only
-    ok = worker.gate_verdict(want.float() + 1e-7, low, want, "float32")
+    ok = measure.gate_verdict(want.float() + 1e-7, low, want, "float32")
     assert ok["ok"]
-    assert not worker.gate_verdict(want.float() * 1.001, low, want, "float32")["ok"]
-    zeros = worker.gate_verdict(torch.zeros(4, 8), low, want, "float32")
+    assert not measure.gate_verdict(want.float() * 1.001, low, want, "float32")["ok"]
+    zeros = measure.gate_verdict(torch.zeros(4, 8), low, want, "float32")
     assert not zeros["ok"] and "all zeros" in zeros["describe"]
-    nan = worker.gate_verdict(torch.full((4, 8), float("nan")), low, want, "float32")
+    nan = measure.gate_verdict(torch.full((4, 8), float("nan")), low, want, "float32")
     assert not nan["ok"] and "non-finite" in nan["describe"]
-    overflow = worker.gate_verdict(want.half(), torch.full((4, 8), float("inf")), want, "float16")
+    overflow = measure.gate_verdict(want.half(), torch.full((4, 8), float("inf")), want, "float16")
     assert overflow["ok"] and "overflows" in overflow["describe"]
 
 

@@ -18,11 +18,12 @@ from harness.storage import read_metadata, read_rows
 
 runner = CliRunner()
 TESTS = Path(__file__).resolve().parent
-FAST = ["--check-len", "32", "--repeats", "2", "--min-time", "0", "--warmup", "0", "--heads", "2", "--head-dim", "16"]
+FAST = ["--check-len", "32", "--repeats", "2", "--min-time", "0", "--warmup", "0", "--heads", "2", "--head-dim", "16", "--no-report",
+        "--peak-time", "0.05"]
 
 
-def bench(*args: str):
-    result = runner.invoke(app, list(args), env={"COLUMNS": "200"})
+def bench(*args: str, columns: int = 200):
+    result = runner.invoke(app, list(args), env={"COLUMNS": str(columns)})
     return result
 
 
@@ -32,8 +33,9 @@ def run_dir_rows(path: Path) -> pd.DataFrame:
 
 def test_tiny_sweep_writes_every_cell(tmp_path):
     out = tmp_path / "run"
+    fast = [arg for arg in FAST if arg != "--no-report"]  # the main command's whole path: it ends with the report
     result = bench("run", "--variants", "full,linear,sliding_window", "--lengths", "32,64", "--causal", "both",
-                   "--window", "8", "--out", str(out), *FAST)
+                   "--window", "8", "--out", str(out), *fast, columns=80)
     assert result.exit_code == 0, result.output
     rows = run_dir_rows(out)
     assert len(rows) == 3 * 2 * 2 * 2
@@ -51,7 +53,12 @@ def test_tiny_sweep_writes_every_cell(tmp_path):
     for key in ("command", "versions", "git", "cpu", "python"):
         assert key in meta["environment"]
     assert meta["machine"]["matmul_peak_gflops"]["cpu/float32"] > 0
-    assert "beats full from N" in result.output and "results:" in result.output
+    assert "beats full" in result.output and "results:" in result.output
+    summary = result.output[result.output.index("Summary:"):result.output.index("results:")]
+    assert max(map(len, summary.splitlines())) <= 80, summary  # readable in an 80-column terminal
+    assert (out / "REPORT.md").is_file() and f"report: {out / 'REPORT.md'}" in result.output
+    for name in ("time", "memory", "speedup", "efficiency"):
+        assert (out / "figures" / f"{name}.png").is_file() and f"figure: {out / 'figures' / name}.png" in result.output
 
 
 def test_faults_cost_one_cell_each(tmp_path):
@@ -141,7 +148,7 @@ def test_spec_limits_are_skipped_with_reason(tmp_path):
         (["--window", "0", "--variants", "sliding_window"], "window=0 is invalid; expected an int >= 1"),
         (["--compression", "3", "--variants", "full"], "option compression=3 is taken by none of the selected variants"),
         (["--min-len", "512", "--max-len", "256"], "need 1 <= min-len <= max-len"),
-        (["--heads", "0"], "--heads: 0 is not allowed; it must be >= 1"),
+        (["--heads", "0"], "'--heads': 0 is not allowed; it must be >= 1"),
     ],
     ids=["unknown-variant", "no-cuda", "bad-device", "bad-lengths", "bad-pass", "bad-size", "bad-option", "bad-window",
          "unused-option", "bad-range", "bad-heads"],

@@ -21,6 +21,32 @@ CPU_VARIANTS = {
 }
 
 
+# registered CPU variants left out of the shared tests above, each with the reason and where it is tested instead
+NOT_IN_SHARED_TESTS = {
+    "sliding_window_flex": "compiled per shape (seconds each) and forward-only on CPU; tests/test_sliding_window.py "
+                           "checks it against the same dense references",
+}
+
+
+def test_every_cpu_variant_is_in_the_shared_tests():
+    # the contract guard: a new variant file cannot skip the tests every variant must pass
+    shipped = [name for name in variants.available() if variants.variant_class(name).__module__.startswith("variants.")]
+    on_cpu = [name for name in shipped if variants.variant_class(name).unavailable_reason("cpu") is None]
+    missing = sorted(set(on_cpu) - set(CPU_VARIANTS) - set(NOT_IN_SHARED_TESTS))
+    assert not missing, (f"registered CPU variants missing from the shared interface tests: {missing}; add each to "
+                         "CPU_VARIANTS in tests/test_interface.py (with options that exercise its method at small N)")
+    assert not set(NOT_IN_SHARED_TESTS) & set(CPU_VARIANTS)
+    assert set(CPU_VARIANTS) <= set(on_cpu), "CPU_VARIANTS names a variant that is not registered or does not run on the CPU"
+
+
+def test_every_option_is_documented():
+    # bench list shows these: every option of every shipped variant has an `Args:` line
+    for name in variants.available():
+        if variants.variant_class(name).__module__.startswith("variants."):
+            undocumented = [option for option, doc in variants.option_docs(name).items() if not doc]
+            assert not undocumented, f"{name}: options without an Args: entry in an __init__ docstring: {undocumented}"
+
+
 def build_cpu(name, **extra):
     return variants.build(name, **{**CPU_VARIANTS[name], **extra}).double()
 

@@ -1,4 +1,4 @@
-"""Quality building blocks: the task generators and the training loop (the `bench quality` command is not built yet)."""
+"""Quality: the task generators, the training loop, and the `bench quality` command (rows, resume, bad input)."""
 
 from __future__ import annotations
 

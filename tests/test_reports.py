@@ -178,3 +178,33 @@ def test_viz_bad_arguments(tmp_path):
     assert runner.invoke(app, ["viz", "--n", "0"]).exit_code == 2
     bad = runner.invoke(app, ["viz", "--out", str(tmp_path / "x.gif")], env={"COLUMNS": "200"})
     assert bad.exit_code == 2 and "must end in .png, .svg or .pdf" in bad.output
+
+
+@pytest.mark.parametrize("complete_config", [False, True], ids=["partial-config", "complete-config"])
+def test_reading_a_run_imports_no_torch(tmp_path, complete_config):
+    # report, plot and compare read run directories only: formatting numbers must not pull in the engine
+    import json
+    import subprocess
+    import sys
+
+    run = make_run(tmp_path / "run")
+    if complete_config:  # a sweep's whole configuration, as bench run stores it (before options were resolved)
+        meta = json.loads((run / "metadata.json").read_text())
+        meta["config"].update(variants=["full", "linear", "full_naive", "sliding_window_flex"], lengths=NS, devices=["cpu"],
+                              passes=["fwd", "fwdbwd"], causal=[False])
+        (run / "metadata.json").write_text(json.dumps(meta))
+    code = f"""
+import sys
+from typer.testing import CliRunner
+from harness.cli import app
+for args in (["report", {str(run)!r}], ["compare", {str(run)!r}, {str(run)!r}]):
+    result = CliRunner().invoke(app, args)
+    assert result.exit_code == 0, result.output
+from harness.storage import load_frame
+frame = load_frame({str(run)!r})
+assert len(frame) == 40, len(frame)
+print(sorted(m for m in sys.modules if m == "torch" or m.startswith("variants")))
+"""
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120)
+    assert out.returncode == 0, out.stderr[-2000:]
+    assert out.stdout.strip().splitlines()[-1] == "[]"

@@ -4,7 +4,10 @@ nothing written before it is validated, and the library traps."""
 
 from __future__ import annotations
 
+import atexit
 import json
+import shutil
+import tempfile
 import subprocess
 import sys
 import time
@@ -21,9 +24,18 @@ from harness.storage import read_rows
 TESTS = Path(__file__).resolve().parent
 
 
+_TINY: dict[tuple, Path] = {}  # one measured tiny run per set of extra arguments; each test gets a copy
+
+
 def tiny_run(path: Path, *extra: str) -> Path:
-    result = bench("run", "--variants", "full,linear", "--lengths", "32,64", "--passes", "fwd", "--out", str(path), *FAST, *extra)
-    assert result.exit_code == 0, result.output
+    """A finished run directory at `path` (full and linear, N = 32, 64, forward), measured once per session."""
+    if extra not in _TINY:
+        template = Path(tempfile.mkdtemp(prefix="attnbench-tiny-")) / "run"
+        atexit.register(shutil.rmtree, template.parent, True)
+        result = bench("run", "--variants", "full,linear", "--lengths", "32,64", "--passes", "fwd", "--out", str(template), *FAST, *extra)
+        assert result.exit_code == 0, result.output
+        _TINY[extra] = template
+    shutil.copytree(_TINY[extra], path)
     return path
 
 
@@ -47,7 +59,8 @@ def test_quality_resume_while_training_is_refused(tmp_path):
 
     out = tmp_path / "q"
     out.mkdir()
-    (out / "metadata.json").write_text(json.dumps({"kind": "quality", "config": {"tasks": ["copy"]}}))
+    config = {"tasks": ["copy"], "variants": ["full"], "lengths": [8], "options": {}, "steps": 1}
+    (out / "metadata.json").write_text(json.dumps({"kind": "quality", "config": config}))
     with RunLock(out):  # as a running bench quality holds it
         result = bench("quality", "--resume", str(out))
     assert result.exit_code == 2 and "being written by another process" in result.output
@@ -194,7 +207,7 @@ def test_non_finite_options_are_rejected_before_anything_exists(tmp_path, value)
 
 
 def test_gate_rejects_all_zero_output_even_when_the_definition_is_zero_too():
-    from harness.worker import gate_verdict
+    from harness.measure import gate_verdict
 
     zeros = torch.zeros(2, 4)
     verdict = gate_verdict(zeros, zeros, zeros.double(), "float32")
@@ -258,7 +271,7 @@ def test_poisoned_numbers_are_rejected_before_any_file_exists(tmp_path, args, me
 def test_interrupted_start_up_leaves_no_directory(tmp_path, monkeypatch):
     from harness import runner
 
-    def interrupted(config):
+    def interrupted(config, *args):
         raise KeyboardInterrupt
 
     monkeypatch.setattr(runner, "measure_machine", interrupted)

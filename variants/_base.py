@@ -57,6 +57,13 @@ class AttentionVariant(nn.Module):
         num_heads: int | None = None,
         head_dim: int | None = None,
     ) -> None:
+        """Options every variant takes.
+
+        Args:
+            scale: factor of the scores q·k before the softmax; None means D ** -0.5.
+            num_heads: shape hint: heads H of the inputs (variants with per-head parameters need it; all check it).
+            head_dim: shape hint: head dimension D of the inputs (likewise).
+        """
         super().__init__()
         if scale is not None and not (isinstance(scale, (int, float)) and math.isfinite(scale) and scale > 0):
             raise ValueError(f"{self.spec.name}: option scale={scale!r} is invalid; expected a positive finite number or None (= D ** -0.5)")
@@ -331,6 +338,46 @@ def options_taken(name: str, options: dict) -> dict:
 def effective_options(name: str, **given) -> dict[str, object]:
     """Every option of variant `name` with the value it would run with: `given`, else its default."""
     return {**_option_defaults(variant_class(name)), **given}
+
+
+def option_docs(name: str) -> dict[str, str]:
+    """Each option of variant `name` with its description, read from the `Args:` sections of the
+    `__init__` docstrings along its classes (the variant's own first); "" where none documents it."""
+    docs: dict[str, str] = {}
+    for klass in variant_class(name).__mro__:
+        init = vars(klass).get("__init__")
+        if init is None or not issubclass(klass, AttentionVariant):
+            continue
+        for option, text in _args_section(init.__doc__ or "").items():
+            docs.setdefault(option, text)
+    return {option: docs.get(option, "") for option in option_names(name)}
+
+
+def _args_section(doc: str) -> dict[str, str]:
+    """{'window': 'w, the band...'} from a Google-style `Args:` section (continuation lines joined)."""
+    import inspect
+    import re
+
+    lines = inspect.cleandoc(doc).splitlines()
+    found: dict[str, str] = {}
+    current = None
+    inside = False
+    for line in lines:
+        if line.strip() == "Args:":
+            inside, current = True, None
+            continue
+        if not inside:
+            continue
+        match = re.match(r"^\s{4}(\w+)\s*(?:\(.*?\))?:\s*(.*)$", line)
+        if match:
+            current = match.group(1)
+            found[current] = match.group(2).strip()
+        elif line.startswith(" " * 8) and current:
+            found[current] += " " + line.strip()
+        elif line.strip() == "" or not line.startswith(" "):
+            inside = line.strip() == "" and inside
+            current = None
+    return found
 
 
 def option_names(name: str) -> list[str]:

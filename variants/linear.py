@@ -90,6 +90,14 @@ class LinearAttention(AttentionVariant):
     )
 
     def __init__(self, *, feature_map: str = "elu", chunk_size: int = 64, eps: float = 1e-6, **base):
+        """
+        Args:
+            feature_map: φ applied to queries and keys; "elu" is elu(x) + 1 (Katharopoulos et al.), the only one.
+            chunk_size: C, positions per chunk of the causal computation (exact within a chunk, a running
+                D x Dv state across chunks). A tuning knob: the result does not depend on it.
+            eps: added to the normalizer φ(q)·Σφ(k) (keeps rows with no visible key finite).
+            scale: factor applied to q before φ; None (the default) leaves q as it is, as in the paper.
+        """
         super().__init__(**base)
         if feature_map != "elu":
             raise ValueError(f"linear: option feature_map={feature_map!r} is invalid; allowed: 'elu'")

@@ -63,6 +63,11 @@ class MemoryCompressedAttention(AttentionVariant):
     )
 
     def __init__(self, *, compression: int = 3, value_dim: int | None = None, **base):
+        """
+        Args:
+            compression: c, the stride and kernel of the per-head convolution: N keys become ceil(N / c) slots.
+            value_dim: Dv of the values this module's value convolution takes (None: head_dim).
+        """
         super().__init__(**base)
         self._check_int("compression", compression, 1)
         if self.num_heads is None or self.head_dim is None:

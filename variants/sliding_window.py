@@ -242,6 +242,11 @@ class LongformerPattern(AttentionVariant):
     """What every implementation of the pattern shares: its options, its dense definition, its FLOPs."""
 
     def __init__(self, *, window: int = 256, global_tokens: int = 0, **base):
+        """
+        Args:
+            window: w, the band's half-width: query i attends keys j with |i - j| <= w (causal: i - w <= j <= i).
+            global_tokens: g, the first g positions attend to every key and are attended by every query.
+        """
         super().__init__(**base)
         self._check_int("window", window, 1)
         self._check_int("global_tokens", global_tokens, 0)
@@ -280,6 +285,11 @@ class SlidingWindowAttention(LongformerPattern):
     )
 
     def __init__(self, *, window: int = 256, global_tokens: int = 0, block_size: int | None = None, **base):
+        """
+        Args:
+            block_size: queries per block (keys gathered per block: the block and r neighbours on each side);
+                None picks min(max(w/2, 32), 128). A tuning knob: the result does not depend on it.
+        """
         super().__init__(window=window, global_tokens=global_tokens, **base)
         self._check_int("block_size", block_size, 1, allow_none=True)
         self.block_size = block_size

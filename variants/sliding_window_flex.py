@@ -116,6 +116,7 @@ class FlexSlidingWindowAttention(LongformerPattern):
     )
 
     def __init__(self, *, window: int = 256, global_tokens: int = 0, **base):
+        """Options: those of the pattern (window, global_tokens); no tuning knob of its own."""
         super().__init__(window=window, global_tokens=global_tokens, **base)
         self._masks: dict[tuple, object] = {}  # block masks without key padding, per (N, causal, device)
 

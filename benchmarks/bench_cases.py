@@ -1,0 +1,151 @@
+"""What the micro-benchmarks measure: the cases (variant x N x pass x causal), and the session's
+built, gated variants. Timing and memory go through `harness.measure`, as in `bench run`."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import pytest
+import torch
+
+import variants
+from harness import measure
+from harness.config import ArgumentError, parse_lengths, parse_list, resolve_variants
+from variants._base import VariantSpec
+from variants.sliding_window import LongformerPattern
+
+FLEX = "flex_attention (torch)"  # the yardstick of the sliding-window variants: torch's FlexAttention, called directly
+
+
+class FlexDirect(LongformerPattern):
+    """torch's compiled `flex_attention` with a band mask from torch's own `create_block_mask`: what a
+    user would write without attnbench. Not registered; its dense definition is the Longformer band's."""
+
+    spec = VariantSpec(name=FLEX, summary="FlexAttention, called directly with create_block_mask",
+                       reference="torch.nn.attention.flex_attention", time_complexity="O(N w D)",
+                       memory_complexity="O(N D)", supports_cross_attention=False, backward_devices=("cuda",), subquadratic=True)
+
+    def __init__(self, *, window: int = 256, **base):
+        super().__init__(window=window, global_tokens=0, **base)
+        self._masks: dict = {}
+
+    def _attend(self, q, k, v, causal, key_padding_mask):
+        from torch.nn.attention.flex_attention import create_block_mask
+
+        from variants.sliding_window_flex import RECOMPILE_LIMIT, compiled_flex_attention
+
+        n, w = q.shape[-2], self.window
+        key = (n, causal, str(q.device))
+        if key not in self._masks:
+            def band(b, h, i, j):
+                return ((i - j).abs() <= w) & (j <= i) if causal else (i - j).abs() <= w
+
+            self._masks[key] = create_block_mask(band, None, None, n, n, device=q.device.type)
+        if not torch.is_grad_enabled():
+            q, k, v = q.detach(), k.detach(), v.detach()
+        # as the variant does: past Dynamo's recompile limit, an error, never its eager fallback (N x N scores)
+        with torch._dynamo.config.patch(recompile_limit=RECOMPILE_LIMIT, fail_on_recompile_limit_hit=True):
+            return compiled_flex_attention(q.device.type)(q, k, v, block_mask=self._masks[key], scale=self._scale(q))
+
+
+@dataclass(frozen=True)
+class Case:
+    variant: str
+    n: int
+    pass_: str
+    causal: bool
+
+    @property
+    def id(self) -> str:
+        return f"{self.variant}-N{self.n}-{self.pass_}{'-causal' if self.causal else ''}"
+
+    @property
+    def group(self) -> str:
+        """One table per (pass, N, causal): the variants side by side."""
+        return f"{self.pass_} N={self.n}{' causal' if self.causal else ''}"
+
+
+def _settings(config) -> dict:
+    try:
+        b, h, d = (int(x) for x in config.getoption("--bench-shape").split(","))
+        return {
+            "lengths": parse_lengths(config.getoption("--bench-lengths")),
+            "device": config.getoption("--bench-device"),
+            "variants": resolve_variants(config.getoption("--bench-variants"), (config.getoption("--bench-device"),)),
+            "passes": parse_list(config.getoption("--bench-passes"), "--bench-passes", ("fwd", "fwdbwd")),
+            "causal": {"no": (False,), "yes": (True,), "both": (False, True)}[config.getoption("--bench-causal")],
+            "dtype": config.getoption("--bench-dtype"), "batch": b, "heads": h, "head_dim": d,
+            "window": config.getoption("--bench-window"), "compression": config.getoption("--bench-compression"),
+        }
+    except (ArgumentError, ValueError) as err:
+        raise pytest.UsageError(str(err)) from None
+
+
+def cases(config) -> list[Case]:
+    s = _settings(config)
+    names = [name for name in s["variants"] if variants.variant_class(name).unavailable_reason(s["device"]) is None]
+    if "sliding_window" in names or "sliding_window_flex" in names:
+        names.append(FLEX)
+    return [Case(name, n, pass_, causal) for name in names for n in s["lengths"] for pass_ in s["passes"] for causal in s["causal"]]
+
+
+class Suite:
+    """The session: settings, the matmul peak, and each (variant, causal) built once and gated once."""
+
+    def __init__(self, config):
+        self.s = _settings(config)
+        self.memory = config.getoption("--bench-memory")
+        self.disabled = config.getoption("benchmark_disable", False)
+        self.device = torch.device(self.s["device"])
+        measure.set_threads()
+        if self.memory:
+            from harness.memory import pin_mmap_threshold
+
+            pin_mmap_threshold()  # for the whole session, so every timing sees the same allocator
+        self.peak_gflops = None if self.disabled else measure.matmul_peak(self.s["device"], self.s["dtype"])["gflops"]
+        self._built: dict = {}
+        self._gates: dict = {}
+
+    def build(self, name: str):
+        if name not in self._built:
+            opts = {"window": self.s["window"], "compression": self.s["compression"]}
+            if name == FLEX:
+                attn = FlexDirect(window=self.s["window"])
+            else:
+                attn = variants.build(name, device=self.device, num_heads=self.s["heads"], head_dim=self.s["head_dim"],
+                                      **variants.options_taken(name, opts))
+            self._built[name] = attn.to(self.device, getattr(torch, self.s["dtype"]))
+        return self._built[name]
+
+    def skip_reason(self, case: Case) -> str | None:
+        attn = self.build(case.variant)
+        if case.causal and not attn.spec.supports_causal:
+            return f"{case.variant} does not support causal attention"
+        if case.pass_ == "fwdbwd":
+            return attn.backward_unsupported_reason(self.s["device"])
+        return attn.dtype_unsupported_reason(self.s["device"], self.s["dtype"])
+
+    def gated(self, case: Case):
+        """The built variant, after it passed the correctness gate for this causal mode (pytest.fail otherwise:
+        a variant that disagrees with its definition is never timed)."""
+        attn = self.build(case.variant)
+        key = (case.variant, case.causal)
+        if key not in self._gates:
+            s = self.s
+            backward = attn.backward_unsupported_reason(s["device"]) is None and "fwdbwd" in s["passes"]
+            n = measure.gate_length(attn, 320, max(s["lengths"]))
+            self._gates[key] = measure.gate(attn, measure.CHECK_BATCH, s["heads"], n, s["head_dim"], s["dtype"], self.device,
+                                            causal=case.causal, backward=backward)
+        verdict = self._gates[key]
+        if not verdict["ok"]:
+            pytest.fail(f"{case.variant} failed the correctness gate, not timed: {verdict['message']}", pytrace=False)
+        return attn
+
+    def flops(self, case: Case, attn) -> float:
+        d = self.s["head_dim"]
+        per_head = attn.flops(case.n, case.n, d, d, case.causal) * (attn.backward_flops_factor if case.pass_ == "fwdbwd" else 1)
+        return per_head * self.s["batch"] * self.s["heads"]
+
+    def inputs(self, case: Case):
+        s = self.s
+        return measure.make_inputs(s["batch"], s["heads"], case.n, s["head_dim"], s["dtype"], self.device, case.pass_ == "fwdbwd")

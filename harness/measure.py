@@ -1,0 +1,266 @@
+"""The measuring core, shared by `bench run`'s worker and the micro-benchmarks in `benchmarks/`.
+
+    set_threads()                                   # CPU threads from the affinity mask
+    q, k, v = make_inputs(b, h, n, d, "float32", "cpu", requires_grad=True)
+    verdict = gate(attn, b, h, n, d, "float32", "cpu", causal=False, backward=True)  # before any timing
+    call = pass_call(attn, q, k, v, causal=False, backward=True)
+    times, per_sample = time_calls(call, WallClock(), repeats=10, min_time=1.0)
+
+Everything here works on one process's tensors; where a call runs (a fresh child per cell, or a
+pytest session) is the caller's business.
+"""
+
+from __future__ import annotations
+
+import math
+import os
+import statistics
+import time
+
+import torch
+
+# The correctness gate, FlashAttention's criterion: the variant's error against the float64 definition
+# may be at most twice the error of the dense definition computed in the run's dtype, plus a small
+# allowance (relative to max |reference|) for the rounding a different order of summation brings.
+GATE_ALLOWANCE = {"float64": 1e-9, "float32": 2e-6, "float16": 1e-3, "bfloat16": 8e-3}  # about 16, 1 and 1 ulp at 1.0
+# used alone where the dense definition itself overflows in the run's dtype (no bound to double)
+FALLBACK_TOLERANCE = {"float64": 1e-6, "float32": 1e-3, "float16": 2e-2, "bfloat16": 8e-2}
+CHECK_BATCH = 2  # the gate checks a batch of 2, so broadcasting over the batch is exercised
+
+# CUDA kernels at small N take microseconds, less than the host needs to launch them: warm up for
+# at least this long, and time enough calls between one pair of events that a sample lasts this long
+# (as triton.testing.do_bench does). CPU calls are timed one by one: perf_counter resolves them.
+CUDA_WARMUP_S = 0.025
+CUDA_MIN_SAMPLE_S = 0.001
+MAX_CALLS_PER_SAMPLE = 1000
+
+
+def set_threads(threads: int = 0) -> int:
+    """Pin torch's CPU threads: `threads`, or (0) every core this process may run on (its affinity
+    mask, not os.cpu_count(): a container or `taskset` may allow fewer). Returns the count."""
+    count = threads or len(os.sched_getaffinity(0))
+    torch.set_num_threads(count)
+    return count
+
+
+def make_inputs(batch: int, heads: int, n: int, head_dim: int, dtype: str, device, requires_grad: bool, seed: int | None = None):
+    """q, k, v of shape (batch, heads, n, head_dim): standard normal, drawn on the CPU from a generator
+    seeded by `seed` (default: n), so every device and process gets the same numbers."""
+    g = torch.Generator(device="cpu").manual_seed(n if seed is None else seed)
+    shape = (batch, heads, n, head_dim)
+    return tuple(
+        torch.randn(shape, generator=g).to(device=device, dtype=getattr(torch, dtype)).requires_grad_(requires_grad)
+        for _ in range(3)
+    )
+
+
+def pass_call(attn, q, k, v, *, causal: bool, backward: bool, sync: bool = False):
+    """The call a pass times: the forward under no_grad ("fwd"), or forward + backward of a fixed random
+    output gradient ("fwdbwd"; input gradients cleared after each call). `sync`: wait for the device
+    at the end of each call (for a host clock on CUDA)."""
+    grad_out = torch.randn(*q.shape[:-1], v.shape[-1], dtype=q.dtype, device=q.device) if backward else None
+    cuda = q.device.type == "cuda"
+
+    def call():
+        if backward:
+            attn(q, k, v, causal=causal).backward(grad_out)
+            q.grad = k.grad = v.grad = None
+        else:
+            with torch.no_grad():
+                attn(q, k, v, causal=causal)
+        if sync and cuda:
+            torch.cuda.synchronize(q.device)
+
+    return call
+
+
+# -- the correctness gate ----------------------------------------------------------------------------
+
+def gate_length(attn, default: int, longest: int) -> int:
+    """N of the gate: `default`, raised to what the variant needs to exercise its sparse paths
+    (`attn.check_length`, e.g. 2w + 3 tiles for a band), but never past `longest` (the longest N measured)."""
+    return max(default, min(attn.check_length(default), longest))
+
+
+def gate(attn, batch: int, heads: int, n: int, head_dim: int, dtype: str, device, *, causal: bool, backward: bool) -> dict:
+    """The variant (in `dtype`, on `device`) against its dense float64 definition, outputs and gradients.
+
+    Passes when, for the output and each gradient, error(variant) <= 2 * error(dense definition in
+    `dtype`) + GATE_ALLOWANCE * max |reference|, and the output is neither non-finite nor all zero.
+    Returns {"ok", "max_error", "check_len", "message"}.
+    """
+    import copy
+
+    dev = torch.device(device)
+    ref_attn = copy.deepcopy(attn).to(torch.float64)
+    q, k, v = make_inputs(batch, heads, n, head_dim, dtype, dev, backward)
+    out = attn(q, k, v, causal=causal)
+    q64, k64, v64 = (t.detach().double().requires_grad_(backward) for t in (q, k, v))
+    ref = ref_attn.reference(q64, k64, v64, causal=causal)
+    qd, kd, vd = (t.detach().clone().requires_grad_(backward) for t in (q, k, v))
+    ref_dtype = attn.reference(qd, kd, vd, causal=causal)  # the same definition, computed in the run's dtype
+    pairs = {"output": (out, ref_dtype, ref)}
+    if backward:
+        grad_out = torch.randn(ref.shape, generator=torch.Generator().manual_seed(1), dtype=torch.float64).to(dev)
+        got = torch.autograd.grad(out, (q, k, v), grad_out.to(out.dtype))
+        low = torch.autograd.grad(ref_dtype, (qd, kd, vd), grad_out.to(out.dtype))
+        want = torch.autograd.grad(ref, (q64, k64, v64), grad_out)
+        pairs.update({label: triple for label, triple in zip(("dq", "dk", "dv"), zip(got, low, want))})
+    verdicts = {label: gate_verdict(a, b, c, dtype) for label, (a, b, c) in pairs.items()}
+    exact_n = attn.softmax_equivalent_length()
+    if exact_n is not None:  # where the definition is plain softmax attention, check against our own as well
+        m = min(exact_n, n)
+        with torch.no_grad():
+            qs, ks, vs = (t.detach()[..., :m, :] for t in (q, k, v))
+            got = attn(qs, ks, vs, causal=causal)
+            low = exact_softmax_attention(qs, ks, vs, causal, attn._scale(qs))
+            want = exact_softmax_attention(qs.double(), ks.double(), vs.double(), causal, attn._scale(qs))
+        verdicts[f"exact softmax at N={m}"] = gate_verdict(got, low, want, dtype)
+    ok = all(v["ok"] for v in verdicts.values())
+    worst = max(verdicts.values(), key=lambda v: v["error"] / v["bound"] if v["bound"] else math.inf)
+    detail = "; ".join(f"{label} {v['describe']}" for label, v in verdicts.items())
+    return {"ok": ok, "max_error": worst["error"], "check_len": n,
+            "message": f"relative error vs dense float64 at B={batch}, N={n}: {detail}"}
+
+
+def exact_softmax_attention(q, k, v, causal: bool, scale: float) -> torch.Tensor:
+    """softmax(q kᵀ · scale) v written here, independently of every variant's code."""
+    scores = torch.matmul(q, k.transpose(-1, -2)).float() * scale if q.dtype in (torch.float16, torch.bfloat16) \
+        else torch.matmul(q, k.transpose(-1, -2)) * scale
+    if causal:
+        n_q, n_k = scores.shape[-2:]
+        scores = scores.masked_fill(torch.ones(n_q, n_k, dtype=torch.bool, device=q.device).triu(1), float("-inf"))
+    return torch.matmul(torch.softmax(scores, dim=-1).to(v.dtype), v)
+
+
+def gate_verdict(got: torch.Tensor, low: torch.Tensor, want: torch.Tensor, dtype: str) -> dict:
+    """One tensor's verdict: relative errors of the variant (got) and of the dense definition in the run's
+    dtype (low) against float64 (want), the bound, and whether the output is degenerate."""
+    got, low, want = got.detach().double(), low.detach().double(), want.detach().double()
+    error = _relative_error(got, want)
+    low_error = _relative_error(low, want)
+    if math.isfinite(low_error):
+        bound = 2 * low_error + GATE_ALLOWANCE[dtype]
+        how = f"allowed {bound:.1e} = 2 x {low_error:.1e} (dense {dtype}) + {GATE_ALLOWANCE[dtype]:g}"
+    else:  # the dense definition overflows in this dtype: no bound to double, use the fixed tolerance
+        bound = FALLBACK_TOLERANCE[dtype]
+        how = f"allowed {bound:g}: the dense {dtype} definition overflows"
+    degenerate = ""  # the gate's inputs are finite random numbers: no attention gives NaN or all zeros on them
+    if not torch.isfinite(got).all():
+        degenerate = "non-finite values"
+    elif not got.abs().max().item():
+        degenerate = "all zeros"
+    ok = not degenerate and error <= bound
+    describe = f"degenerate ({degenerate})" if degenerate else f"{error:.1e} ({how})"
+    return {"ok": ok, "error": error, "bound": bound, "describe": describe + ("" if ok else " FAILED")}
+
+
+def _relative_error(got: torch.Tensor, want: torch.Tensor) -> float:
+    got, want = got.detach().double(), want.detach().double()
+    if not torch.isfinite(got).all():
+        return math.inf
+    return ((got - want).abs().max() / want.abs().max().clamp_min(1e-6)).item()
+
+
+# -- timing ------------------------------------------------------------------------------------------
+
+class WallClock:
+    """Host wall time: start(), then stop() -> seconds since start."""
+
+    def start(self) -> None:
+        self._t0 = time.perf_counter()
+
+    def stop(self) -> float:
+        return time.perf_counter() - self._t0
+
+
+class CudaClock:
+    """CUDA events around the enqueued work: start(), then stop() -> seconds, after a synchronize."""
+
+    def __init__(self, device: torch.device):
+        self.device = device
+
+    def start(self) -> None:
+        self._start, self._end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+        self._start.record()
+
+    def stop(self) -> float:
+        self._end.record()
+        torch.cuda.synchronize(self.device)
+        return self._start.elapsed_time(self._end) / 1e3
+
+
+def clock_for(device: torch.device):
+    return CudaClock(device) if device.type == "cuda" else WallClock()
+
+
+def warm_up(call, clock, *, calls: int, seconds: float) -> None:
+    """At least `calls` calls, and (where `seconds` > 0) calls until that much time has passed."""
+    clock.start()
+    done = 0
+    while done < calls or (seconds > 0 and done < 1_000_000 and clock.stop() < seconds):
+        call()
+        done += 1
+    clock.stop()
+
+
+def time_calls(call, clock, *, repeats: int, min_time: float, min_sample_s: float = 0.0) -> tuple[list[float], int]:
+    """(seconds per call of each sample, calls per sample).
+
+    A sample times `per_sample` consecutive calls between one start and stop of the clock, with
+    `per_sample` chosen from one calibrating call so that a sample lasts >= min_sample_s (1 when
+    min_sample_s is 0). Samples are taken until `repeats`, or 3 once `min_time` seconds were timed.
+    """
+    per_sample = 1
+    if min_sample_s > 0:
+        clock.start()
+        call()
+        once = max(clock.stop(), 1e-9)
+        per_sample = max(1, min(MAX_CALLS_PER_SAMPLE, math.ceil(min_sample_s / once)))
+    times: list[float] = []
+    while len(times) < repeats and (len(times) < 3 or sum(times) * per_sample < min_time):
+        clock.start()
+        for _ in range(per_sample):
+            call()
+        times.append(clock.stop() / per_sample)
+    return times, per_sample
+
+
+def timing_stats(times: list[float]) -> dict:
+    """Median, minimum and interquartile range of the per-call times of the samples."""
+    ordered = sorted(times)
+    if len(ordered) < 2:
+        q1 = q3 = ordered[0]
+    else:
+        q1, _, q3 = statistics.quantiles(ordered, n=4, method="inclusive")
+    return {"time_median_s": statistics.median(ordered), "time_min_s": ordered[0], "time_iqr_s": q3 - q1}
+
+
+def matmul_peak(device: str, dtype: str, threads: int = 0, seconds: float = 1.0) -> dict:
+    """Measured dense matmul throughput (GFLOP/s): the machine's practical limit for reports.
+
+    The products are enqueued back to back and the device synchronized once per batch, as attention
+    kernels run. On CUDA, float32 is measured with TF32 tensor cores allowed: the fused attention
+    kernels use them for float32, and a peak below what they reach would put a "fraction of peak" above 1.
+    """
+    if device == "cpu" and threads:
+        torch.set_num_threads(threads)
+    dev = torch.device(device)
+    precision = dtype
+    if dev.type == "cuda" and dtype == "float32":
+        torch.backends.cuda.matmul.allow_tf32 = True  # this process only (a child of bench run, or a benchmark session)
+        precision = "float32 (TF32 tensor cores allowed)"
+    n = 4096 if dev.type == "cuda" else 1024
+    a = torch.randn(n, n, device=dev).to(getattr(torch, dtype))
+    b = torch.randn(n, n, device=dev).to(getattr(torch, dtype))
+    clock = clock_for(dev)
+    warm_up(lambda: a @ b, clock, calls=3, seconds=0.0)
+    calls, elapsed, batch = 0, 0.0, 1
+    while elapsed < seconds or calls < 3:
+        clock.start()
+        for _ in range(batch):
+            a @ b
+        elapsed += clock.stop()
+        calls += batch
+        batch = min(batch * 2, 64)
+    return {"gflops": 2 * n**3 * calls / elapsed / 1e9, "n": n, "calls": calls, "precision": precision}
