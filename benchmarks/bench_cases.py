@@ -10,7 +10,9 @@ import torch
 
 import variants
 from harness import measure
-from harness.config import ArgumentError, parse_lengths, parse_list, resolve_variants
+from harness.config import ArgumentError, Cell, RunConfig, memory_budgets, parse_lengths, parse_list, resolve_variants
+from harness.fmt import fmt_bytes
+from harness.runner import predicted_bytes
 from variants._base import VariantSpec
 from variants.sliding_window import LongformerPattern
 
@@ -103,6 +105,8 @@ class Suite:
 
             pin_mmap_threshold()  # for the whole session, so every timing sees the same allocator
         self.peak_gflops = None if self.disabled else measure.matmul_peak(self.s["device"], self.s["dtype"])["gflops"]
+        gpu = {"free_bytes": torch.cuda.mem_get_info()[0]} if self.device.type == "cuda" else None
+        self.budgets = memory_budgets("auto", (self.s["device"],), {"gpu": gpu})
         self._built: dict = {}
         self._gates: dict = {}
 
@@ -118,12 +122,23 @@ class Suite:
         return self._built[name]
 
     def skip_reason(self, case: Case) -> str | None:
+        """Why the case cannot run here: the variant's spec, or (as in bench run) its predicted memory
+        above the automatic budget (60% of the available RAM, 90% of the free GPU memory)."""
         attn = self.build(case.variant)
         if case.causal and not attn.spec.supports_causal:
             return f"{case.variant} does not support causal attention"
-        if case.pass_ == "fwdbwd":
-            return attn.backward_unsupported_reason(self.s["device"])
-        return attn.dtype_unsupported_reason(self.s["device"], self.s["dtype"])
+        reason = attn.backward_unsupported_reason(self.s["device"]) if case.pass_ == "fwdbwd" else None
+        reason = reason or attn.dtype_unsupported_reason(self.s["device"], self.s["dtype"])
+        if reason:
+            return reason
+        s = self.s
+        config = RunConfig(variants=(case.variant,), lengths=(case.n,), devices=(s["device"],), passes=(case.pass_,),
+                           causal=(case.causal,), batch=s["batch"], heads=s["heads"], head_dim=s["head_dim"], dtype=s["dtype"])
+        predicted = predicted_bytes(config, Cell(s["device"], case.variant, case.pass_, case.causal, case.n), attn)
+        budget = dict(self.budgets).get(s["device"])
+        if budget is not None and predicted > budget:
+            return f"predicted {fmt_bytes(predicted)} > memory budget {fmt_bytes(budget)}"
+        return None
 
     def gated(self, case: Case):
         """The built variant, after it passed the correctness gate for this causal mode (pytest.fail otherwise:

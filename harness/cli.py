@@ -228,6 +228,8 @@ def run(
                 min_time=min_time, cell_timeout=cell_timeout, batch=batch, heads=heads, head_dim=head_dim, dtype=dtype.value,
                 repeats=repeats, warmup=warmup, threads=threads, check_len=check_len,
             )
+            if memory_budget.strip() != "auto":  # a size is checked now; auto needs the machine, measured below
+                cfg.memory_budgets(memory_budget, config.devices, {})
             run_dir = rundir.new_run_dir(out)
     _warn_if_busy(console)
 
@@ -475,8 +477,8 @@ def quality(
     batch: Annotated[int, typer.Option(callback=_at_least(1), help="Training batch size.")] = 32,
     lr: Annotated[float, typer.Option(help="Peak learning rate (AdamW, linear warm-up then cosine decay).")] = 3e-3,
     label_smoothing: Annotated[float, typer.Option(help="Label smoothing of the training loss.")] = 0.0,
-    window: Annotated[int, typer.Option(help="Sliding-window width w (narrower than the copy distance on purpose: that is what local attention gives up).")] = 16,
-    compression: Annotated[int, typer.Option(help="Memory-compressed stride c.")] = 3,
+    window: Annotated[Optional[int], typer.Option(help="Sliding-window width w (default 16: narrower than the copy distance on purpose, that is what local attention gives up).")] = None,
+    compression: Annotated[Optional[int], typer.Option(help="Memory-compressed stride c (default 3).")] = None,
     option: OptionOption = None,
     seed: Annotated[int, typer.Option(callback=_at_least(0), help="Seed of the model, the training data and the held-out set.")] = 0,
     out: Annotated[Optional[Path], typer.Option(help="Run directory to create (default results/quality-<timestamp>-<host>).")] = None,
@@ -503,10 +505,9 @@ def quality(
             run_dir = resume
         else:  # every value, and every variant with its options, is checked before anything is written
             _import_modules(import_ or [])
-            given = cfg.merge_options(option or [])
             config = cfg.build_quality_config(
                 tasks=cfg.TASKS if task == Task.all else (task.value,), variants=variants_, lengths=lengths,
-                options={**given, "window": window, "compression": compression} | given, given=given, imports=import_ or [],
+                given=cfg.merge_options(option or [], window=window, compression=compression), imports=import_ or [],
                 lr=lr, label_smoothing=label_smoothing, d_model=d_model, layers=layers, heads=heads, steps=steps, batch=batch, seed=seed,
             )
             run_dir = rundir.new_run_dir(out, "quality-")

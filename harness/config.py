@@ -371,12 +371,14 @@ class QualityConfig:
                    options=dict(data.get("options") or {}), imports=tuple(data.get("imports") or ()), train=TrainConfig(**recipe))
 
 
-def build_quality_config(*, tasks: tuple[str, ...], variants: str, lengths: str, options: dict, given: dict, imports: list[str],
+QUALITY_OPTIONS = {"window": 16, "compression": 3}  # the quick preset's variant options, unless given
+
+
+def build_quality_config(*, tasks: tuple[str, ...], variants: str, lengths: str, given: dict, imports: list[str],
                          lr: float, label_smoothing: float, **recipe) -> QualityConfig:
     """A quality run's configuration from checked command-line values; every variant must train on the
-    CPU with its options, and every task must be well posed at every length. `options`: every variant
-    option of the run (window and compression always); `given`: those from --option, each of which
-    must be taken by a selected variant."""
+    CPU with its options, and every task must be well posed at every length. `given`: the variant
+    options of the command line (each must be taken by a selected variant), over QUALITY_OPTIONS."""
     from harness.quality import cannot_train_reason, trainable_variants
     from harness.tasks import make_task
 
@@ -391,6 +393,7 @@ def build_quality_config(*, tasks: tuple[str, ...], variants: str, lengths: str,
         if reason:
             raise ArgumentError(f"--variants: {name} cannot be trained here: {reason}")
     check_options(given, names)
+    options = {**QUALITY_OPTIONS, **given}
     import variants as registry
 
     for name in names:

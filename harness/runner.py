@@ -211,12 +211,12 @@ def sweep(config: RunConfig, run_dir: Path, on_row: Callable[[Cell, dict | None]
                 on_row(cell, None)
             row = run_cell(config, cell, state, log_path)
             row.device_name = (device_names or {}).get(cell.device)
-            row = row.to_json()
             writer.append(row)
-            state.record(row)
-            rows.append(row)
+            data = row.to_json()
+            state.record(data)
+            rows.append(data)
             if on_row:
-                on_row(cell, row)
+                on_row(cell, data)
     return rows
 
 

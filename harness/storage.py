@@ -167,8 +167,10 @@ class RowWriter:
         self.path = Path(run_dir) / name
         self._fd = os.open(self.path, os.O_WRONLY | os.O_APPEND | os.O_CREAT, 0o644)
 
-    def append(self, row: dict) -> None:
-        line = (json.dumps(row, sort_keys=True, default=str) + "\n").encode()
+    def append(self, row) -> None:
+        """Append one row (a dict, or a `rows.Row`) and fsync it."""
+        data = row.to_json() if hasattr(row, "to_json") else row
+        line = (json.dumps(data, sort_keys=True, default=str) + "\n").encode()
         os.write(self._fd, line)
         os.fsync(self._fd)
 

@@ -142,3 +142,27 @@ def test_quality_bad_arguments(tmp_path, args, message):
     assert result.exit_code == 2
     assert message in " ".join(result.output.replace("│", " ").split())
     assert not (tmp_path / "x").exists()
+
+
+def _text(result) -> str:
+    """The command's output as one line, rich's box drawing removed (messages wrap inside it)."""
+    return " ".join(result.output.replace("│", " ").split())
+
+
+def test_quality_scores_a_users_variant_with_its_options(tmp_path):
+    import json
+
+    out = tmp_path / "mine"
+    args = ["--import", "user_variant", "--variants", "test_tempered,full", "--option", "temperature=2", "--task", "copy",
+            "--lengths", "8", "--steps", "2", "--d-model", "16", "--heads", "2", "--layers", "1", "--no-report"]
+    result = _quality(*args, "--out", str(out))
+    assert result.exit_code == 0, result.output
+    rows = [json.loads(line) for line in (out / "quality.jsonl").read_text().splitlines()]
+    assert {r["variant"]: r["options"] for r in rows} == {"test_tempered": {"temperature": 2}, "full": {}}
+    resumed = _quality("--resume", str(out))  # resuming runs the module's code again: it must be named
+    assert resumed.exit_code == 2 and "name it again to allow it: --import user_variant" in _text(resumed)
+    bad = _quality(*[a if a != "temperature=2" else "temperature=0" for a in args], "--out", str(tmp_path / "bad"))
+    assert bad.exit_code == 2 and "temperature=0 is invalid" in _text(bad)
+    unused = _quality(*args, "--option", "chunk_size=8", "--out", str(tmp_path / "unused"))
+    assert unused.exit_code == 2 and "chunk_size=8 is taken by none of the selected variants" in _text(unused)
+    assert not (tmp_path / "bad").exists() and not (tmp_path / "unused").exists()

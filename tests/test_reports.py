@@ -11,6 +11,7 @@ from typer.testing import CliRunner
 
 import variants
 from harness.cli import app
+from harness.rows import Row
 from harness.storage import RowWriter, write_metadata
 from harness.summary import crossover, fit_exponent, summarize
 
@@ -51,10 +52,9 @@ def make_run(path: Path, slow_factor: float = 1.0, partial: bool = False) -> Pat
 
 
 def _row(variant, pass_, n, t, mem, status="ok", message=""):
-    return {"device": "cpu", "variant": variant, "pass": pass_, "causal": False, "n": n, "batch": 1, "heads": 8, "head_dim": 64,
-            "dtype": "float32", "options": {}, "status": status, "message": message, "time_median_s": t, "time_min_s": t,
-            "time_iqr_s": 0.0 if t else None, "peak_bytes": mem, "flops": 4.0 * n * n * 64 * 8 if t else None,
-            "gflops": (4.0 * n * n * 64 * 8 / t / 1e9) if t else None, "timed_calls": 3 if t else 0}
+    return Row(device="cpu", variant=variant, pass_=pass_, causal=False, n=n, status=status, message=message, time_median_s=t,
+               time_min_s=t, time_iqr_s=0.0 if t else None, peak_bytes=mem, flops=4.0 * n * n * 64 * 8 if t else None,
+               gflops=(4.0 * n * n * 64 * 8 / t / 1e9) if t else None, timed_calls=3 if t else 0)
 
 
 def digest(path: Path) -> str:
