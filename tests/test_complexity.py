@@ -12,59 +12,84 @@ import pytest
 MEASURE = r"""
 import json, sys, torch, variants
 from harness.memory import measure_peak, pin_mmap_threshold
-name, n, backward, options, dv = sys.argv[1], int(sys.argv[2]), sys.argv[3] == "1", json.loads(sys.argv[4]), int(sys.argv[5])
+name, cases, backward, options, dv = sys.argv[1], json.loads(sys.argv[2]), sys.argv[3] == "1", json.loads(sys.argv[4]), int(sys.argv[5])
 torch.set_num_threads(2)
 attn = variants.build(name, **options)
-q, k = (torch.randn(1, 1, n, 32, requires_grad=backward) for _ in range(2))
-v = torch.randn(1, 1, n, dv, requires_grad=backward)
-def call():
-    if backward:
-        attn(q, k, v).sum().backward()
-    else:
-        with torch.no_grad():
-            attn(q, k, v)
-call()  # warm-up (and compile)
-pin_mmap_threshold()
-print(json.dumps(measure_peak(call, torch.device("cpu"))))
+peaks = []
+for n, causal in cases:
+    q, k = (torch.randn(1, 1, n, 32, requires_grad=backward) for _ in range(2))
+    v = torch.randn(1, 1, n, dv, requires_grad=backward)
+    def call():
+        if backward:
+            attn(q, k, v, causal=causal).sum().backward()
+            q.grad = k.grad = v.grad = None
+        else:
+            with torch.no_grad():
+                attn(q, k, v, causal=causal)
+    call()  # warm-up (and compile)
+    pin_mmap_threshold()
+    peaks.append(measure_peak(call, torch.device("cpu"))["peak_bytes"])
+    del q, k, v
+print(json.dumps(peaks))
 """
 
 
-def peak_bytes(name: str, n: int, backward: bool, dv: int = 32, **options) -> int:
-    """Peak extra bytes of one call at (B, H) = (1, 1), D = 32 and the given Dv, in a fresh process."""
+def peak_bytes(name: str, n: int | list[int], backward: bool, dv: int = 32, causal: bool | list[bool] = False, **options):
+    """Peak extra bytes of one call at (B, H) = (1, 1), D = 32 and the given Dv, in a fresh process: one
+    figure, or one per (length, causal) pair when given lists (measured one after the other)."""
+    many = isinstance(n, list) or isinstance(causal, list)
+    lengths = n if isinstance(n, list) else [n]
+    modes = causal if isinstance(causal, list) else [causal]
+    cases = [[length, mode] for mode in modes for length in lengths]
     out = subprocess.run(
-        [sys.executable, "-c", MEASURE, name, str(n), "1" if backward else "0", json.dumps(options), str(dv)],
+        [sys.executable, "-c", MEASURE, name, json.dumps(cases), "1" if backward else "0", json.dumps(options), str(dv)],
         capture_output=True, text=True, timeout=300,
     )
     assert out.returncode == 0, out.stderr[-2000:]
-    return json.loads(out.stdout.strip().splitlines()[-1])["peak_bytes"]
+    peaks = json.loads(out.stdout.strip().splitlines()[-1])
+    return peaks if many else peaks[0]
 
 
-N = 8192
-ONE_SCORE_MATRIX = N * N * 4  # one N x N float32 matrix for the single head
+SUBQUADRATIC = [  # (name, options, backward on the CPU)
+    ("sliding_window", {"window": 256}, True),
+    ("sliding_window", {"window": 256, "global_tokens": 4}, True),
+    ("linear", {}, True),
+    ("memory_compressed", {"num_heads": 1, "head_dim": 32}, True),
+]
+CASES = [(name, options, backward, causal) for name, options, can_backward in SUBQUADRATIC
+         for backward in ((False, True) if can_backward else (False,)) for causal in (False, True)]
+SHORT, LONG = 2048, 8192
+MIB = 2**20
 
 
 @pytest.mark.parametrize(
-    "name, backward, options",
-    [
-        ("sliding_window", False, {"window": 256}),
-        ("sliding_window", True, {"window": 256}),
-        ("sliding_window", True, {"window": 256, "global_tokens": 4}),
-        ("sliding_window_flex", False, {"window": 256}),
-        ("linear", False, {}),
-        ("linear", True, {}),
-        ("memory_compressed", False, {"num_heads": 1, "head_dim": 32}),
-        ("memory_compressed", True, {"num_heads": 1, "head_dim": 32}),
-        ("full", False, {}),
-    ],
-    ids=["sw-fwd", "sw-fwdbwd", "sw-global-fwdbwd", "flex-fwd", "linear-fwd", "linear-fwdbwd", "mc-fwd", "mc-fwdbwd", "full-fwd"],
+    "name, options, backward, causal", CASES,
+    ids=[f"{n}{'-global' if o.get('global_tokens') else ''}-{'fwdbwd' if b else 'fwd'}-{'causal' if c else 'bidir'}"
+         for n, o, b, c in CASES],
 )
-def test_peak_memory_below_one_score_matrix(name, backward, options):
-    peak = peak_bytes(name, N, backward, **options)
-    assert peak < ONE_SCORE_MATRIX / 2, f"{name}: peak {peak / 2**20:.0f} MiB at N={N} (one N x N matrix: {ONE_SCORE_MATRIX / 2**20:.0f} MiB)"
+def test_subquadratic_memory_grows_at_most_linearly(name, options, backward, causal):
+    # 4x the length: what is O(N) (output, gradients, O(N D) buffers) grows 4x, what is bounded not at
+    # all, and anything of size N x N (or N x N / c) 16x. Causal and not, forward and forward+backward.
+    one_score_matrix = LONG * LONG * 4
+    short, long = peak_bytes(name, [SHORT, LONG], backward, causal=causal, **options)
+    assert long <= 5 * short + 4 * MIB, (f"{name}: peak {short / MIB:.1f} MiB at N={SHORT}, {long / MIB:.1f} MiB at N={LONG}: "
+                                         f"grows {long / max(short, 1):.1f}x for 4x N")
+    assert long < one_score_matrix / 4, f"{name}: peak {long / MIB:.0f} MiB at N={LONG} (one N x N matrix: {one_score_matrix / MIB:.0f} MiB)"
+
+
+def test_flex_forward_keeps_below_one_score_matrix():
+    # compiled per shape (seconds each): one length, causal and not in one process, against the N x N bound
+    for causal, peak in zip((False, True), peak_bytes("sliding_window_flex", LONG, False, causal=[False, True], window=256)):
+        assert peak < LONG * LONG * 4 / 16, f"sliding_window_flex causal={causal}: peak {peak / MIB:.1f} MiB at N={LONG}"
+
+
+def test_full_forward_keeps_below_one_score_matrix():
+    n = 8192
+    assert peak_bytes("full", n, False) < n * n * 4 / 2
 
 
 def test_measurement_sees_a_score_matrix():
-    # the check above can fail: the textbook form at N=4096 holds 4096 x 4096 floats (64 MiB) at least
+    # the checks above can fail: the textbook form at N=4096 holds 4096 x 4096 floats (64 MiB) at least
     n = 4096
     assert peak_bytes("full_naive", n, False) >= n * n * 4
 

@@ -37,13 +37,21 @@ def compress(x: Tensor, weight: Tensor, bias: Tensor, c: int, valid: Tensor | No
 
     x: (B, H, N, Din); weight: (H * Dout, Din, c) as in `F.conv1d(groups=H)`; bias: (H * Dout,);
     valid: (B, N) bool or None. Returns slots (B, H, M, Dout) and slot validity (B, M) or None.
+
+    Each slot is one matmul row: the c positions of a block, (c · Din) numbers contiguous in x, times
+    the head's weight. The whole blocks are read in place (no copy of x); only a ragged last block
+    is padded.
     """
     b, h, n, d_in = x.shape
     if valid is not None:
         x = x * valid[:, None, :, None].to(x.dtype)  # padded positions are zeroed before compression
-    x, _ = pad_to_multiple(x, c)
-    w = weight.view(h, -1, d_in, c)  # (H, Dout, Din, c)
-    slots = torch.einsum("bhmti,hoit->bhmo", x.unflatten(2, (-1, c)), w) + bias.view(h, 1, -1)  # (B, H, M, Dout)
+    w = weight.view(h, -1, d_in, c).permute(0, 3, 2, 1).reshape(h, c * d_in, -1)  # (H, c·Din, Dout), rows as in x
+    whole = n // c * c
+    parts = [x[:, :, :whole].unflatten(2, (-1, c)).flatten(-2)] if whole else []  # (B, H, M', c·Din), a view
+    if whole < n:  # the ragged last block, zero-padded
+        parts.append(F.pad(x[:, :, whole:], (0, 0, 0, c - (n - whole))).flatten(-2)[:, :, None])
+    slots = torch.cat([torch.matmul(part, w) for part in parts], dim=2) if len(parts) > 1 else torch.matmul(parts[0], w)
+    slots = slots + bias.view(h, 1, -1)  # (B, H, M, Dout)
     slot_valid = None
     if valid is not None:
         slot_valid = pad_to_multiple(valid, c, dim=-1, value=False)[0].unflatten(1, (-1, c)).any(-1)  # (B, M)
@@ -148,11 +156,14 @@ class MemoryCompressedAttention(AttentionVariant):
         o_last = F.scaled_dot_product_attention(last, k_aug, v_aug, is_causal=True, scale=scale)[..., :dv]
         if c == 1:
             return o_last[:, :, :n]
-        # phases a < c-1: keys [sink, slot_0 .. slot_{M-1}], causal -> query block m sees slots < m
-        first = q_aug[:, :, :, : c - 1].transpose(2, 3)  # (B, H, c-1, M, E)
-        keys = torch.cat([sink_k, k_aug], 2)[:, :, None].expand(b, h, c - 1, m + 1, e)
-        vals = torch.cat([torch.zeros_like(sink_k), v_aug], 2)[:, :, None].expand(b, h, c - 1, m + 1, e)
-        o_first = F.scaled_dot_product_attention(first, keys, vals, is_causal=True, scale=scale)  # (B, H, c-1, M, E)
+        # phases a < c-1: keys [sink, slot_0 .. slot_{M-1}], causal (top-left: query m sees keys 0..m)
+        # -> query block m sees the sink and slots < m. The c-1 phases are folded into the head dim: the
+        # fused kernels take 4-D inputs only, and a 5-D call falls back to the math kernel, which
+        # materializes (c-1)·M·(M+1) scores and a causal mask (N x N/c memory). The key copy is O(N·E).
+        first = q_aug[:, :, :, : c - 1].transpose(2, 3).reshape(b, h * (c - 1), m, e)  # (B, H·(c-1), M, E)
+        keys = torch.cat([sink_k, k_aug], 2)[:, :, None].expand(b, h, c - 1, m + 1, e).reshape(b, h * (c - 1), m + 1, e)
+        vals = torch.cat([torch.zeros_like(sink_k), v_aug], 2)[:, :, None].expand(b, h, c - 1, m + 1, e).reshape(b, h * (c - 1), m + 1, e)
+        o_first = F.scaled_dot_product_attention(first, keys, vals, is_causal=True, scale=scale).view(b, h, c - 1, m, e)
         alpha = o_first[..., dv : dv + 1].transpose(2, 3)  # share of the slots, (B, H, M, c-1, 1)
         o_first = o_first[..., :dv].transpose(2, 3) + (1 - alpha) * out_raw[:, :, :, : c - 1]
         out = torch.cat([o_first, o_last[:, :, :, None]], dim=3)  # (B, H, M, c, Dv)

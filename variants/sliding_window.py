@@ -26,7 +26,7 @@ from ._base import AttentionVariant, VariantSpec, dense_mask, register
 from ._utils import dense_attention, pad_to_multiple
 from .full import sdpa
 
-GROUP_SCORE_BYTES = 32 * 2**20  # scores held at once per group of blocks (a few such buffers live)
+GROUP_SCORE_BYTES = 8 * 2**20  # scores held at once per group of blocks (a few such buffers live)
 
 
 def band_pairs(n: int, window: int, n_global: int, causal: bool) -> int:
@@ -118,32 +118,31 @@ class _Layout:
         return allowed | dead, dead
 
 
-def _gather(x_ext: Tensor, layout: _Layout, t0: int, t1: int, x_global: Tensor | None) -> Tensor:
-    """Keys/values each block of t0..t1 may reach: (B, H, G, span + g, D)."""
+def _window(x: Tensor, layout: _Layout, t0: int, t1: int) -> Tensor:
+    """Positions (t0 - r)·b .. (t1 + r)·b of x (B, H, N, D), zeros outside [0, N): the keys blocks t0..t1
+    may reach. Only a group at an end of the sequence is copied (to pad it); the rest is a view."""
+    lo, hi = (t0 - layout.r) * layout.b, (t1 + layout.r) * layout.b
+    part = x[:, :, max(lo, 0) : min(hi, layout.n)]
+    if lo < 0 or hi > layout.n:
+        part = torch.nn.functional.pad(part, (0, 0, max(0, -lo), max(0, hi - layout.n)))
+    return part
+
+
+def _gather(x: Tensor, layout: _Layout, t0: int, t1: int, x_global: Tensor | None) -> Tensor:
+    """Keys/values each block of t0..t1 may reach: (B, H, G, span + g, D), gathered from x (B, H, N, D)."""
     b, s = layout.b, layout.span
-    blocks = x_ext[:, :, t0 * b : (t1 + 2 * layout.r) * b].unfold(2, s, b).transpose(-1, -2)  # (B, H, G, span, D)
+    blocks = _window(x, layout, t0, t1).unfold(2, s, b).transpose(-1, -2)  # (B, H, G, span, D)
     if x_global is None:
         return blocks.contiguous()  # one copy, so the matmuls below run as plain batched GEMMs
     glob = x_global[:, :, None].expand(-1, -1, t1 - t0, -1, -1)  # (B, H, G, g, D)
     return torch.cat([blocks, glob], dim=-2)
 
 
-def _pad_ext(x: Tensor, layout: _Layout) -> Tensor:
-    """(B, H, N, D) -> (B, H, (nb + 2r)·b, D): r blocks of zeros before, padding to whole blocks after."""
-    left = layout.r * layout.b
-    right = layout.nb * layout.b - layout.n + left
-    return torch.nn.functional.pad(x, (0, 0, left, right))
-
-
-def _band_attention_fused(q: Tensor, k: Tensor, v: Tensor, layout: _Layout, scale: float, kv_ext=None) -> Tensor:
-    """Each group of blocks through the fused SDPA kernel, the band as its mask; no score is stored.
-
-    kv_ext: optional (k_ext, v_ext) already padded by `_pad_ext`.
-    """
+def _band_attention_fused(q: Tensor, k: Tensor, v: Tensor, layout: _Layout, scale: float) -> Tensor:
+    """Each group of blocks through the fused SDPA kernel, the band as its mask; no score is stored."""
     B, H, N, _ = q.shape
     b, g = layout.b, layout.g
     q_blocks, _ = pad_to_multiple(q, b)
-    k_ext, v_ext = kv_ext if kv_ext is not None else (_pad_ext(k, layout), _pad_ext(v, layout))
     k_glob, v_glob = (k[:, :, :g], v[:, :, :g]) if g else (None, None)
     out = q.new_empty(B, H, layout.nb * b, v.shape[-1])
     for t0, t1 in layout.groups(B, H, g):
@@ -153,8 +152,8 @@ def _band_attention_fused(q: Tensor, k: Tensor, v: Tensor, layout: _Layout, scal
             return x.transpose(1, 2).flatten(0, 1)
 
         qg = blocks_first(q_blocks[:, :, t0 * b : t1 * b].unflatten(2, (G, b)))  # (B·G, H, b, D)
-        kg = blocks_first(_gather(k_ext, layout, t0, t1, k_glob))  # (B·G, H, keys, D)
-        vg = blocks_first(_gather(v_ext, layout, t0, t1, v_glob))
+        kg = blocks_first(_gather(k, layout, t0, t1, k_glob))  # (B·G, H, keys, D)
+        vg = blocks_first(_gather(v, layout, t0, t1, v_glob))
         allowed, dead = (m.expand(B, *m.shape[1:]).flatten(0, 1)[:, None] for m in layout.mask(t0, t1))  # (B·G, 1, b, ·)
         o = sdpa(qg, kg, vg, attn_mask=allowed, scale=scale).masked_fill(dead, 0.0)  # (B·G, H, b, Dv)
         out[:, :, t0 * b : t1 * b] = o.unflatten(0, (B, G)).transpose(1, 2).flatten(2, 3)
@@ -170,40 +169,42 @@ class _BandAttention(torch.autograd.Function):
 
     @staticmethod
     def forward(ctx, q, k, v, layout: _Layout, scale: float):
-        k_ext, v_ext = _pad_ext(k, layout), _pad_ext(v, layout)  # kept for backward in place of k, v
-        out = _band_attention_fused(q, k, v, layout, scale, kv_ext=(k_ext, v_ext))
-        ctx.save_for_backward(q, k_ext, v_ext, out)
+        out = _band_attention_fused(q, k, v, layout, scale)
+        ctx.save_for_backward(q, k, v, out)  # the inputs autograd holds anyway, and the output: no copy
         ctx.layout, ctx.scale = layout, scale
         return out
 
     @staticmethod
     def backward(ctx, grad_out):
-        q, k_ext, v_ext, out = ctx.saved_tensors
+        q, k, v, out = ctx.saved_tensors
         layout, scale = ctx.layout, ctx.scale
         B, H, N, D = q.shape
         b, g, r = layout.b, layout.g, layout.r
         left = r * b
         acc = torch.promote_types(q.dtype, torch.float32)  # weights in float32 at least
-        q_blocks, _ = pad_to_multiple(q * scale, b)  # scale folded into q
+        q_blocks, _ = pad_to_multiple(q, b)
         do_blocks, _ = pad_to_multiple(grad_out, b)
         delta, _ = pad_to_multiple((grad_out.to(acc) * out.to(acc)).sum(-1, keepdim=True), b)  # rowsum(dO ∘ O)
-        k_glob, v_glob = (k_ext[:, :, left : left + g], v_ext[:, :, left : left + g]) if g else (None, None)
+        k_glob, v_glob = (k[:, :, :g], v[:, :, :g]) if g else (None, None)
         dq = torch.empty_like(q_blocks)
-        dk_ext, dv_ext = torch.zeros_like(k_ext), torch.zeros_like(v_ext)
-        dk_glob = k_ext.new_zeros(B, H, g, D) if g else None
-        dv_glob = v_ext.new_zeros(B, H, g, v_ext.shape[-1]) if g else None
+        # gradients of the keys in the padded frame (r blocks of room on each side); what lands outside [0, N) is cut
+        dk_ext = k.new_zeros(B, H, (layout.nb + 2 * r) * b, D)
+        dv_ext = v.new_zeros(B, H, (layout.nb + 2 * r) * b, v.shape[-1])
+        dk_glob = k.new_zeros(B, H, g, D) if g else None
+        dv_glob = v.new_zeros(B, H, g, v.shape[-1]) if g else None
         for t0, t1 in layout.groups(B, H, g):
             G = t1 - t0
             rows = slice(t0 * b, t1 * b)
             allowed, dead = layout.mask(t0, t1)  # (B|1, G, b, keys), (B|1, G, b, 1)
-            qg = q_blocks[:, :, rows].unflatten(2, (G, b))  # (B, H, G, b, D)
+            qg = q_blocks[:, :, rows].unflatten(2, (G, b)) * scale  # (B, H, G, b, D), scale folded in
             dog = do_blocks[:, :, rows].unflatten(2, (G, b)).masked_fill(dead[:, None], 0.0)  # dead rows were zeroed
-            kg, vg = _gather(k_ext, layout, t0, t1, k_glob), _gather(v_ext, layout, t0, t1, v_glob)
+            kg, vg = _gather(k, layout, t0, t1, k_glob), _gather(v, layout, t0, t1, v_glob)
             s = torch.matmul(qg, kg.transpose(-1, -2)).to(acc)  # (B, H, G, b, keys)
             p = torch.softmax(s.masked_fill_(~allowed[:, None], float("-inf")), dim=-1)  # the forward's weights
+            del s
             dp = torch.matmul(dog, vg.transpose(-1, -2)).to(acc)
             ds = dp.sub_(delta[:, :, rows].unflatten(2, (G, b))).mul_(p)  # d(loss)/d(scores)
-            p, ds = p.to(v_ext.dtype), ds.to(q.dtype)
+            p, ds = p.to(v.dtype), ds.to(q.dtype)
             dq[:, :, rows] = torch.matmul(ds, kg).flatten(2, 3) * scale
             dkg = torch.matmul(ds.transpose(-1, -2), qg)  # (B, H, G, keys, D)
             dvg = torch.matmul(p.transpose(-1, -2), dog)
