@@ -4,9 +4,9 @@ Query i attends to keys j with |i - j| <= w (causal: i - w <= j <= i). The first
 global: they attend to every key, and every query attends to them (causal: still only j <= i).
 
 How it is computed without an N x N matrix: the sequence is cut into blocks of b positions. The
-keys any query of block t can reach lie in blocks t-r .. t+r (r = ceil(w / b)), so each block's
-queries are scored against those (2r+1)·b keys plus the g global keys, and the exact band is masked
-inside that small rectangle. Time O(N·(w + g)·D), memory O(N·w) at most — and in practice less:
+keys any query of block t can reach lie in blocks t-r .. t+r (r = ceil(w / b); causal: t-r .. t), so
+each block's queries are scored against those (2r+1)·b (causal: (r+1)·b) keys plus the g global keys,
+and the exact band is masked inside that small rectangle. Time O(N·(w + g)·D), memory O(N·w) at most — and in practice less:
 blocks are processed in groups sized to a memory bound.
 
 Forward: each group of blocks goes through the fused SDPA kernel with the band as its mask, so
@@ -64,7 +64,9 @@ class _Layout:
         self.n, self.w, self.b, self.g, self.causal = n, window, block, n_global, causal
         self.nb = math.ceil(n / block)
         self.r = min(math.ceil(window / block), self.nb - 1)  # neighbour blocks on each side
-        self.span = (2 * self.r + 1) * block  # keys gathered per block
+        # blocks t-r .. t+r (causal: t-r .. t: a causal query sees no later block, so none is gathered)
+        self.right = 0 if causal else self.r
+        self.span = (self.r + 1 + self.right) * block  # keys gathered per block
         a = torch.arange(block, device=device)[:, None]
         c = torch.arange(self.span, device=device)[None, :]
         rel = (self.r * block + a) - c  # query position - key position, the same in every block
@@ -95,7 +97,7 @@ class _Layout:
         kernel produces NaN, and their outputs are set to zero.
         """
         # without padding or global tokens, every group clear of the sequence ends has the same mask
-        interior = self.uniform_inside and t0 >= self.r and t1 + self.r <= self.nb - 1
+        interior = self.uniform_inside and t0 >= self.r and t1 + self.right <= self.nb - 1
         if interior and (t1 - t0) in self._interior_masks:
             return self._interior_masks[t1 - t0]
         result = self._mask(t0, t1)
@@ -105,7 +107,7 @@ class _Layout:
 
     def _mask(self, t0: int, t1: int) -> tuple[Tensor, Tensor]:
         b, s = self.b, self.span
-        key_ok = self.key_ok_ext[:, t0 * b : (t1 + 2 * self.r) * b].unfold(1, s, b)  # (B|1, G, span)
+        key_ok = self.key_ok_ext[:, t0 * b : (t1 + self.r + self.right) * b].unfold(1, s, b)  # (B|1, G, span)
         allowed = self.band[None, None] & key_ok[:, :, None, :]  # (B|1, G, b, span)
         if self.g:
             q_pos = torch.arange(t0 * b, t1 * b, device=allowed.device).view(t1 - t0, b, 1)
@@ -119,9 +121,9 @@ class _Layout:
 
 
 def _window(x: Tensor, layout: _Layout, t0: int, t1: int) -> Tensor:
-    """Positions (t0 - r)·b .. (t1 + r)·b of x (B, H, N, D), zeros outside [0, N): the keys blocks t0..t1
+    """Positions (t0 - r)·b .. (t1 + right)·b of x (B, H, N, D), zeros outside [0, N): the keys blocks t0..t1
     may reach. Only a group at an end of the sequence is copied (to pad it); the rest is a view."""
-    lo, hi = (t0 - layout.r) * layout.b, (t1 + layout.r) * layout.b
+    lo, hi = (t0 - layout.r) * layout.b, (t1 + layout.right) * layout.b
     part = x[:, :, max(lo, 0) : min(hi, layout.n)]
     if lo < 0 or hi > layout.n:
         part = torch.nn.functional.pad(part, (0, 0, max(0, -lo), max(0, hi - layout.n)))
@@ -208,7 +210,7 @@ class _BandAttention(torch.autograd.Function):
             dq[:, :, rows] = torch.matmul(ds, kg).flatten(2, 3) * scale
             dkg = torch.matmul(ds.transpose(-1, -2), qg)  # (B, H, G, keys, D)
             dvg = torch.matmul(p.transpose(-1, -2), dog)
-            for o in range(2 * r + 1):  # fold each neighbour offset back onto the positions it came from
+            for o in range(layout.span // b):  # fold each neighbour offset back onto the positions it came from
                 keys = slice(o * b, (o + 1) * b)
                 dest = slice((t0 + o) * b, (t1 + o) * b)
                 dk_ext[:, :, dest].unflatten(2, (G, b)).add_(dkg[:, :, :, keys])
