@@ -37,25 +37,66 @@ def compress(x: Tensor, weight: Tensor, bias: Tensor, c: int, valid: Tensor | No
 
     x: (B, H, N, Din); weight: (H * Dout, Din, c) as in `F.conv1d(groups=H)`; bias: (H * Dout,);
     valid: (B, N) bool or None. Returns slots (B, H, M, Dout) and slot validity (B, M) or None.
-
-    Each slot is one matmul row: the c positions of a block, (c · Din) numbers contiguous in x, times
-    the head's weight. The whole blocks are read in place (no copy of x); only a ragged last block
-    is padded.
     """
     b, h, n, d_in = x.shape
     if valid is not None:
         x = x * valid[:, None, :, None].to(x.dtype)  # padded positions are zeroed before compression
     w = weight.view(h, -1, d_in, c).permute(0, 3, 2, 1).reshape(h, c * d_in, -1)  # (H, c·Din, Dout), rows as in x
-    whole = n // c * c
-    parts = [x[:, :, :whole].unflatten(2, (-1, c)).flatten(-2)] if whole else []  # (B, H, M', c·Din), a view
-    if whole < n:  # the ragged last block, zero-padded
-        parts.append(F.pad(x[:, :, whole:], (0, 0, 0, c - (n - whole))).flatten(-2)[:, :, None])
-    slots = torch.cat([torch.matmul(part, w) for part in parts], dim=2) if len(parts) > 1 else torch.matmul(parts[0], w)
-    slots = slots + bias.view(h, 1, -1)  # (B, H, M, Dout)
+    slots = _BlockMatmul.apply(x, w, c) + bias.view(h, 1, -1)  # (B, H, M, Dout)
     slot_valid = None
     if valid is not None:
         slot_valid = pad_to_multiple(valid, c, dim=-1, value=False)[0].unflatten(1, (-1, c)).any(-1)  # (B, M)
     return slots, slot_valid
+
+
+class _BlockMatmul(torch.autograd.Function):
+    """slots[m] = x[mc .. mc+c-1] (c·Din numbers, contiguous in x) @ w: one matmul row per block.
+
+    The whole blocks are read in place and the gradient of x is written into one buffer of x's
+    shape: no padded copy of x (N·D) is made, forward or backward; only a ragged last block is padded.
+    """
+
+    @staticmethod
+    def forward(ctx, x, w, c):
+        b, h, n, d = x.shape
+        whole = n // c * c
+        slots = x.new_empty(b, h, math.ceil(n / c), w.shape[-1])
+        if whole:
+            slots[:, :, : whole // c] = torch.matmul(x[:, :, :whole].unflatten(2, (-1, c)).flatten(-2), w)
+        if whole < n:
+            slots[:, :, -1:] = torch.matmul(_last_block(x, c), w)
+        ctx.save_for_backward(x, w)
+        ctx.c = c
+        return slots
+
+    @staticmethod
+    def backward(ctx, d_slots):
+        x, w = ctx.saved_tensors
+        c = ctx.c
+        b, h, n, d = x.shape
+        whole = n // c * c
+        dx = dw = None
+        if ctx.needs_input_grad[0]:
+            dx = torch.empty_like(x)
+            w_t = w.transpose(-1, -2)
+            if whole:
+                dx[:, :, :whole] = torch.matmul(d_slots[:, :, : whole // c], w_t).unflatten(-1, (c, d)).flatten(2, 3)
+            if whole < n:
+                dx[:, :, whole:] = torch.matmul(d_slots[:, :, -1:], w_t).view(b, h, c, d)[:, :, : n - whole]
+        if ctx.needs_input_grad[1]:
+            dw = w.new_zeros(w.shape)
+            if whole:
+                dw += torch.matmul(x[:, :, :whole].unflatten(2, (-1, c)).flatten(-2).transpose(-1, -2), d_slots[:, :, : whole // c]).sum(0)
+            if whole < n:
+                dw += torch.matmul(_last_block(x, c).transpose(-1, -2), d_slots[:, :, -1:]).sum(0)
+        return dx, dw, None
+
+
+def _last_block(x: Tensor, c: int) -> Tensor:
+    """The ragged last block of x (B, H, N, D), zero-padded to c positions: (B, H, 1, c·D)."""
+    n = x.shape[2]
+    whole = n // c * c
+    return F.pad(x[:, :, whole:], (0, 0, 0, c - (n - whole))).flatten(-2)[:, :, None]
 
 
 @register
