@@ -186,7 +186,7 @@ class _BandAttention(torch.autograd.Function):
         acc = torch.promote_types(q.dtype, torch.float32)  # weights in float32 at least
         q_blocks, _ = pad_to_multiple(q, b)
         do_blocks, _ = pad_to_multiple(grad_out, b)
-        delta, _ = pad_to_multiple((grad_out.to(acc) * out.to(acc)).sum(-1, keepdim=True), b)  # rowsum(dO ∘ O)
+        out_blocks, _ = pad_to_multiple(out, b)
         k_glob, v_glob = (k[:, :, :g], v[:, :, :g]) if g else (None, None)
         dq = torch.empty_like(q_blocks)
         # gradients of the keys in the padded frame (r blocks of room on each side); what lands outside [0, N) is cut
@@ -205,7 +205,8 @@ class _BandAttention(torch.autograd.Function):
             p = torch.softmax(s.masked_fill_(~allowed[:, None], float("-inf")), dim=-1)  # the forward's weights
             del s
             dp = torch.matmul(dog, vg.transpose(-1, -2)).to(acc)
-            ds = dp.sub_(delta[:, :, rows].unflatten(2, (G, b))).mul_(p)  # d(loss)/d(scores)
+            delta = (dog.to(acc) * out_blocks[:, :, rows].unflatten(2, (G, b)).to(acc)).sum(-1, keepdim=True)  # rowsum(dO ∘ O)
+            ds = dp.sub_(delta).mul_(p)  # d(loss)/d(scores)
             p, ds = p.to(v.dtype), ds.to(q.dtype)
             dq[:, :, rows] = torch.matmul(ds, kg).flatten(2, 3) * scale
             dkg = torch.matmul(ds.transpose(-1, -2), qg)  # (B, H, G, keys, D)
