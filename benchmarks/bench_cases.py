@@ -12,7 +12,7 @@ import variants
 from harness import measure
 from harness.config import ArgumentError, Cell, RunConfig, memory_budgets, parse_lengths, parse_list, resolve_variants
 from harness.fmt import fmt_bytes
-from harness.runner import predicted_bytes
+from harness.runner import predicted_bytes, useful_flops
 from variants._base import VariantSpec
 from variants.sliding_window import LongformerPattern
 
@@ -131,11 +131,8 @@ class Suite:
         reason = reason or attn.dtype_unsupported_reason(self.s["device"], self.s["dtype"])
         if reason:
             return reason
-        s = self.s
-        config = RunConfig(variants=(case.variant,), lengths=(case.n,), devices=(s["device"],), passes=(case.pass_,),
-                           causal=(case.causal,), batch=s["batch"], heads=s["heads"], head_dim=s["head_dim"], dtype=s["dtype"])
-        predicted = predicted_bytes(config, Cell(s["device"], case.variant, case.pass_, case.causal, case.n), attn)
-        budget = dict(self.budgets).get(s["device"])
+        predicted = predicted_bytes(*self._cell(case), attn)
+        budget = dict(self.budgets).get(self.s["device"])
         if budget is not None and predicted > budget:
             return f"predicted {fmt_bytes(predicted)} > memory budget {fmt_bytes(budget)}"
         return None
@@ -156,10 +153,15 @@ class Suite:
             pytest.fail(f"{case.variant} failed the correctness gate, not timed: {verdict['message']}", pytrace=False)
         return attn
 
+    def _cell(self, case: Case) -> tuple[RunConfig, Cell]:
+        """The case as bench run's planner sees it, so budgets and FLOPs come from the same code."""
+        s = self.s
+        config = RunConfig(variants=(case.variant,), lengths=(case.n,), devices=(s["device"],), passes=(case.pass_,),
+                           causal=(case.causal,), batch=s["batch"], heads=s["heads"], head_dim=s["head_dim"], dtype=s["dtype"])
+        return config, Cell(s["device"], case.variant, case.pass_, case.causal, case.n)
+
     def flops(self, case: Case, attn) -> float:
-        d = self.s["head_dim"]
-        per_head = attn.flops(case.n, case.n, d, d, case.causal) * (attn.backward_flops_factor if case.pass_ == "fwdbwd" else 1)
-        return per_head * self.s["batch"] * self.s["heads"]
+        return useful_flops(*self._cell(case), attn)
 
     def inputs(self, case: Case):
         s = self.s

@@ -48,24 +48,25 @@ class RunConfig:
         found = dict(self.resolved_options).get(name)
         return None if found is None else dict(found)
 
-    def variant_options(self, name: str) -> dict:
-        """What the variant is built with: its options, plus the shape hints every variant takes."""
+    def options_of(self, name: str) -> dict:
+        """Every option variant `name` runs with (shape hints aside): as fixed at the start, else from the
+        registry, the run's options over the variant's defaults."""
         opts = self.resolved(name)
         if opts is None:
             import variants
 
-            opts = variants.options_taken(name, dict(self.options))
-        return {**opts, "num_heads": self.heads, "head_dim": self.head_dim}
+            opts = variants.effective_options(name, **variants.options_taken(name, dict(self.options)))
+            opts = {k: v for k, v in opts.items() if k not in SHAPE_HINTS}
+        return opts
+
+    def variant_options(self, name: str) -> dict:
+        """What the variant is built with: its options, plus the shape hints every variant takes."""
+        return {**self.options_of(name), "num_heads": self.heads, "head_dim": self.head_dim}
 
     def with_resolved_options(self) -> "RunConfig":
         """This configuration with every variant's options fixed (from the registry, defaults filled in)."""
-        import variants
-
-        resolved = {}
-        for name in self.variants:
-            opts = variants.effective_options(name, **variants.options_taken(name, dict(self.options)))
-            resolved[name] = tuple(sorted((k, v) for k, v in opts.items() if k not in SHAPE_HINTS))
-        return RunConfig.from_json({**self.to_json(), "resolved_options": {k: dict(v) for k, v in resolved.items()}})
+        resolved = {name: self.options_of(name) for name in self.variants}
+        return RunConfig.from_json({**self.to_json(), "resolved_options": resolved})
 
     def budget(self, device: str) -> int | None:
         return dict(self.memory_budget).get(device)

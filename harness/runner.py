@@ -86,11 +86,8 @@ def predicted_bytes(config: RunConfig, cell: Cell, attn) -> int:
 
 def base_row(config: RunConfig, cell: Cell) -> Row:
     """The row of a cell before its fate is decided: its key and identity."""
-    options = config.resolved(cell.variant)
-    if options is None:
-        options = {k: v for k, v in config.variant_options(cell.variant).items() if k not in ("num_heads", "head_dim")}
     return Row(device=cell.device, variant=cell.variant, pass_=cell.pass_, causal=cell.causal, n=cell.n, batch=config.batch,
-               heads=config.heads, head_dim=config.head_dim, dtype=config.dtype, options=options)
+               heads=config.heads, head_dim=config.head_dim, dtype=config.dtype, options=config.options_of(cell.variant))
 
 
 def useful_flops(config: RunConfig, cell: Cell, attn) -> float:
