@@ -465,22 +465,36 @@ class Task(str, Enum):
     all = "all"
 
 
+class Preset(str, Enum):
+    quick = "quick"
+    long = "long"
+
+
 @app.command()
 def quality(
     task: Annotated[Task, typer.Option(help="copy, recall, or all.")] = Task.all,
-    variants_: Annotated[str, typer.Option("--variants", help="'all' (one variant per attention function that trains on the CPU: full_naive, the same function as full, is left out) or names, comma-separated.")] = "all",
-    lengths: Annotated[str, typer.Option(help="Task lengths L: the copied string's length / the recall sequence's length.")] = "32,64",
-    steps: Annotated[int, typer.Option(callback=_at_least(1), help="Training steps, the same for every variant.")] = 1500,
+    variants_: Annotated[str, typer.Option("--variants", help="'all' (one variant per attention function that trains on the device: full_naive, the same function as full, is left out) or names, comma-separated.")] = "all",
+    preset: Annotated[Preset, typer.Option(help="quick: L = 32,64, 1 seed, about 11 min on 2 CPU cores. long: L = 64,128,256 on the CPU (to 4096 on CUDA), recall with 8 pairs asked once each among filler, window 64, a length curriculum, 3 seeds. Options given here override the preset's.")] = Preset.quick,
+    lengths: Annotated[Optional[str], typer.Option(help="Task lengths L: the recall sequence's length / the copied string's length (the sequence is 2L). Default: the preset's.")] = None,
+    copy_lengths: Annotated[Optional[str], typer.Option(help="Copy's lengths when they differ from --lengths. Default: the preset's (long: 32,64,128 on the CPU, sequences of 64-256 tokens like recall's).")] = None,
+    device: Annotated[str, typer.Option(help="cpu, cuda, or auto (CUDA when present).")] = "cpu",
+    dtype: Annotated[str, typer.Option(help="float32, or bfloat16 (autocast; CUDA only).")] = "float32",
+    seeds: Annotated[Optional[int], typer.Option(callback=_at_least(1), help="Train every (task, variant, L) with seeds 0..K-1 (model, data and held-out set); the report gives the mean and min-max. Default: the preset's (quick 1, long 3).")] = None,
+    steps: Annotated[Optional[int], typer.Option(callback=_at_least(1), help="Training steps per length (per curriculum stage), the same for every variant. Default: the preset's (quick 1500, long 800).")] = None,
+    curriculum: Annotated[Optional[bool], typer.Option("--curriculum/--no-curriculum", help="Train one model per (task, variant, seed) at each length in increasing order, each stage starting from the last. Default: the preset's (long: on).")] = None,
+    pairs: Annotated[Optional[int], typer.Option(callback=_at_least(1), help="Recall: key-value pairs per sequence (default: the preset's; quick: L // 8).")] = None,
+    queries: Annotated[Optional[int], typer.Option(callback=_at_least(1), help="Recall: ask this many distinct keys once each, at random places among filler tokens (<= --pairs). Default: the preset's (quick: every remaining place is a query, keys repeat).")] = None,
+    vocab: Annotated[Optional[int], typer.Option(callback=_at_least(2), help="Task vocabulary (copy: symbols, default 16; recall: keys + values, default max(64, 2 x pairs)).")] = None,
     d_model: Annotated[int, typer.Option(callback=_at_least(1), help="Model width.")] = 64,
     layers: Annotated[int, typer.Option(callback=_at_least(1), help="Transformer blocks.")] = 2,
     heads: Annotated[int, typer.Option(callback=_at_least(1), help="Attention heads.")] = 4,
-    batch: Annotated[int, typer.Option(callback=_at_least(1), help="Training batch size.")] = 32,
-    lr: Annotated[float, typer.Option(help="Peak learning rate (AdamW, linear warm-up then cosine decay).")] = 3e-3,
+    batch: Annotated[Optional[int], typer.Option(callback=_at_least(1), help="Training batch size (default 32).")] = None,
+    lr: Annotated[Optional[float], typer.Option(help="Peak learning rate (AdamW, linear warm-up then cosine decay). Default: the preset's (quick 3e-3, long 1e-3).")] = None,
     label_smoothing: Annotated[float, typer.Option(help="Label smoothing of the training loss.")] = 0.0,
-    window: Annotated[Optional[int], typer.Option(help="Sliding-window width w (default 16: narrower than the copy distance on purpose, that is what local attention gives up).")] = None,
+    window: Annotated[Optional[int], typer.Option(help="Sliding-window width w (default: the preset's, quick 16, long 64: narrower than most distances on purpose, that is what local attention gives up).")] = None,
     compression: Annotated[Optional[int], typer.Option(help="Memory-compressed stride c (default 3).")] = None,
     option: OptionOption = None,
-    seed: Annotated[int, typer.Option(callback=_at_least(0), help="Seed of the model, the training data and the held-out set.")] = 0,
+    cost: Annotated[bool, typer.Option("--cost/--no-cost", help="Measure a training step's time, tokens/s and peak memory per (task, variant, L), each in a process of its own (RUN_DIR/train_cost.jsonl).")] = True,
     out: Annotated[Optional[Path], typer.Option(help="Run directory to create (default results/quality-<timestamp>-<host>).")] = None,
     resume: Annotated[Optional[Path], typer.Option(help="Finish this quality run with its original options.")] = None,
     import_: Annotated[Optional[list[str]], typer.Option("--import", help="Module to import first (it may register more variants to score). With --resume, a run's modules must be named again.")] = None,
@@ -489,9 +503,10 @@ def quality(
     """Train the same small decoder with each attention variant on copy and associative recall; report held-out accuracy.
 
     Only the attention differs between variants: same model size, steps, learning rate and data.
+    Every evaluation row records its seed and accuracy by distance (how far back the answer sits).
     Rows are appended to RUN_DIR/quality.jsonl as they exist; REPORT.md and the figures are written at
-    the end (`bench report RUN_DIR` redraws them). The defaults took 10 min 44 s on a 2-core CPU
-    (results/quality-reference).
+    the end (`bench report RUN_DIR` redraws them). The quick preset took 10 min 44 s on a 2-core CPU
+    (results/quality-reference); the long one is results/quality-long.
     """
     from harness import config as cfg
     from harness import rundir
@@ -506,9 +521,10 @@ def quality(
         else:  # every value, and every variant with its options, is checked before anything is written
             _import_modules(import_ or [])
             config = cfg.build_quality_config(
-                tasks=cfg.TASKS if task == Task.all else (task.value,), variants=variants_, lengths=lengths,
-                given=cfg.merge_options(option or [], window=window, compression=compression), imports=import_ or [],
-                lr=lr, label_smoothing=label_smoothing, d_model=d_model, layers=layers, heads=heads, steps=steps, batch=batch, seed=seed,
+                tasks=cfg.TASKS if task == Task.all else (task.value,), variants=variants_, preset=preset.value, device=device,
+                dtype=dtype, given=cfg.merge_options(option or [], window=window, compression=compression), imports=import_ or [],
+                measure_cost=cost, lengths=lengths, copy_lengths=copy_lengths, seeds=seeds, lr=lr, label_smoothing=label_smoothing, d_model=d_model,
+                layers=layers, heads=heads, steps=steps, batch=batch, curriculum=curriculum, pairs=pairs, queries=queries, vocab=vocab,
             )
             run_dir = rundir.new_run_dir(out, "quality-")
     if resume is None:
@@ -523,41 +539,47 @@ def quality(
 
 
 def _quality_with_progress(run_dir: Path, config, console: Console) -> None:
-    from harness.quality import TrainingDiverged, keep_finished_runs, sweep_quality
+    from harness.quality import TrainingDiverged, keep_finished_runs, sweep_quality, trainings
 
-    total = len(config.tasks) * len(config.variants) * len(config.lengths) * config.train.steps
+    steps = config.train.steps
+    total = sum(len(chain) for *_, chain in trainings(config)) * steps
     progress = _progress(console)
-    last_step = {"step": 0}
+    done = {"base": 0, "step": 0}
 
-    def on_start(task_name, length, name):
-        last_step["step"] = 0
-        progress.update(bar, description=f"[cyan]{task_name} L={length} {name}[/]")
+    def on_start(task_name, length, name, seed, phase):
+        done["step"] = 0
+        if phase == "cost":
+            progress.update(bar, description=f"[cyan]{task_name} L={length} {name}[/] measuring a training step")
+        else:
+            progress.update(bar, description=f"[cyan]{task_name} L={length} {name} seed {seed}[/] training")
 
     def on_eval(row):
-        progress.advance(bar, row["step"] - last_step["step"])
-        last_step["step"] = row["step"]
-        progress.update(bar, description=f"[cyan]{row['task']} L={row['length']} {row['variant']}[/] "
+        here = row.get("stage", 0) * steps + row["step"]
+        progress.advance(bar, here - done["step"])
+        done["step"] = here
+        progress.update(bar, description=f"[cyan]{row['task']} L={row['length']} {row['variant']} seed {row.get('seed', 0)}[/] "
                                          f"loss {row['train_loss']:.3f} acc {row['eval_accuracy']:.1%}")
 
-    finished = keep_finished_runs(run_dir)
+    finished = keep_finished_runs(run_dir, config)
     try:
         with progress:
-            bar = progress.add_task("starting", total=total, completed=len(finished) * config.train.steps)
+            bar = progress.add_task("starting", total=total, completed=len(finished) * steps)
             rows = sweep_quality(run_dir, config, on_eval=on_eval, on_start=on_start, finished=finished)
     except TrainingDiverged as err:
         console.print(f"[red]training diverged[/]: {err}")
         raise typer.Exit(1) from None
     from rich.table import Table
 
-    from harness.report import final_accuracy_grid
+    from harness.report import accuracy_text, final_accuracy_grid
 
     columns, grid = final_accuracy_grid(rows)
-    table = Table(title="held-out token accuracy after training", title_justify="left")
+    seeds = f" (mean of {config.seeds} seeds, min-max)" if config.seeds > 1 else ""
+    table = Table(title=f"held-out token accuracy after training{seeds}", title_justify="left")
     table.add_column("variant")
     for t, n in columns:
         table.add_column(f"{t} L={n}", justify="right")
     for name, cells in grid:
-        table.add_row(name, *["" if r is None else f"{r['eval_accuracy']:.1%}" for r in cells])
+        table.add_row(name, *["" if c is None else accuracy_text(c, t) for c, (t, _) in zip(cells, columns)])
     console.print(table)
     console.print(f"results: {run_dir / 'quality.jsonl'}")
 

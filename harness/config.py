@@ -326,12 +326,13 @@ def build_run_config(*, variants: str, lengths: tuple[int, ...], devices: str, p
 
 @dataclass(frozen=True)
 class TrainConfig:
-    """The model and training recipe of `bench quality`, shared by every variant."""
+    """The model, training recipe and task parameters of `bench quality`, shared by every variant
+    (recorded in every row as cfg_<field>)."""
 
     d_model: int = 64
     layers: int = 2
     heads: int = 4
-    steps: int = 1500
+    steps: int = 1500  # per length; with the curriculum, per stage
     batch: int = 32
     lr: float = 3e-3
     warmup: float = 0.1  # fraction of steps with a linear warm-up, then cosine decay to 0
@@ -339,8 +340,12 @@ class TrainConfig:
     label_smoothing: float = 0.0
     eval_every: int = 250
     eval_examples: int = 256
-    seed: int = 0
     threads: int = 0
+    curriculum: bool = False  # one model per (task, variant, seed), trained at each length in turn
+    vocab: int | None = None  # task vocabulary (copy: symbols, default 16; recall: default max(64, 2 * pairs))
+    pairs: int | None = None  # recall: key-value pairs (default length // 8)
+    queries: int | None = None  # recall: distinct keys asked once each among filler (default: fill with queries)
+    warm_start: int = 0  # recall with queries: steps on the dense layout (every place a query) at the first length, first
 
 
 TASKS = ("copy", "recall")
@@ -356,10 +361,25 @@ class QualityConfig:
     options: dict = field(default_factory=dict)  # variant options, passed to the variants that take them
     imports: tuple[str, ...] = ()
     train: TrainConfig = TrainConfig()
+    seeds: int = 1  # every training is made with seeds 0..seeds-1
+    device: str = "cpu"
+    dtype: str = "float32"  # or bfloat16: autocast, CUDA only
+    preset: str = "quick"
+    measure_cost: bool = True  # a training step's time and memory per (task, variant, length)
+    copy_lengths: tuple[int, ...] | None = None  # copy's lengths when they differ from `lengths`
+
+    @property
+    def seeds_list(self) -> tuple[int, ...]:
+        return tuple(range(self.seeds))
+
+    def lengths_of(self, task: str) -> tuple[int, ...]:
+        return self.copy_lengths if task == "copy" and self.copy_lengths else self.lengths
 
     def to_json(self) -> dict:
         return {**asdict(self.train), "tasks": list(self.tasks), "variants": list(self.variants),
-                "lengths": list(self.lengths), "options": dict(self.options), "imports": list(self.imports)}
+                "lengths": list(self.lengths), "options": dict(self.options), "imports": list(self.imports),
+                "seeds": self.seeds, "device": self.device, "dtype": self.dtype, "preset": self.preset,
+                "measure_cost": self.measure_cost, "copy_lengths": list(self.copy_lengths) if self.copy_lengths else None}
 
     @classmethod
     def from_json(cls, data: dict) -> "QualityConfig":
@@ -368,39 +388,99 @@ class QualityConfig:
         if missing:
             raise ValueError(f"the quality run's configuration lacks {', '.join(missing)}; it was not written by bench quality")
         recipe = {f.name: data[f.name] for f in fields(TrainConfig) if f.name in data}
+        extra = {key: data[key] for key in ("seeds", "device", "dtype", "preset", "measure_cost") if key in data}
+        if data.get("copy_lengths"):
+            extra["copy_lengths"] = tuple(data["copy_lengths"])
+        if "measure_cost" not in data:  # runs made before training costs were measured
+            extra["measure_cost"] = False
         return cls(tasks=tuple(data["tasks"]), variants=tuple(data["variants"]), lengths=tuple(data["lengths"]),
-                   options=dict(data.get("options") or {}), imports=tuple(data.get("imports") or ()), train=TrainConfig(**recipe))
+                   options=dict(data.get("options") or {}), imports=tuple(data.get("imports") or ()), train=TrainConfig(**recipe), **extra)
 
 
 QUALITY_OPTIONS = {"window": 16, "compression": 3}  # the quick preset's variant options, unless given
 
+# What each preset sets where the command line does not. quick: short sequences, one seed, minutes on a
+# laptop. long: where subquadratic attention begins to pay, recall with few pairs asked once each among
+# filler (difficulty from distance), a window narrower than most distances, a length curriculum, 3 seeds.
+PRESETS = {
+    "quick": {"lengths": {"cpu": "32,64", "cuda": "32,64"}, "steps": 1500, "lr": 3e-3, "batch": 32, "seeds": 1,
+              "curriculum": False, "pairs": None, "queries": None, "options": QUALITY_OPTIONS},
+    "long": {"lengths": {"cpu": "64,128,256", "cuda": "64,128,256,512,1024,2048,4096"},
+             "copy_lengths": {"cpu": "32,64,128", "cuda": "32,64,128,256,512,1024,2048"}, "steps": 800, "lr": 3e-3, "warm_start": 1000,
+             "batch": 32, "seeds": 3, "curriculum": True, "pairs": 8, "queries": 8,
+             "options": {"window": 64, "compression": 3}},
+}
 
-def build_quality_config(*, tasks: tuple[str, ...], variants: str, lengths: str, given: dict, imports: list[str],
-                         lr: float, label_smoothing: float, **recipe) -> QualityConfig:
-    """A quality run's configuration from checked command-line values; every variant must train on the
-    CPU with its options, and every task must be well posed at every length. `given`: the variant
-    options of the command line (each must be taken by a selected variant), over QUALITY_OPTIONS."""
+
+def resolve_quality_device(text: str) -> str:
+    """'auto' = CUDA when present, else the CPU; 'cuda' must exist."""
+    import torch
+
+    if text == "auto":
+        return "cuda" if torch.cuda.is_available() else "cpu"
+    if text not in ("cpu", "cuda"):
+        raise ArgumentError(f"--device: {text!r} is not a device; choose cpu, cuda or auto")
+    if text == "cuda" and not torch.cuda.is_available():
+        raise ArgumentError("--device: cuda was asked for, but no CUDA device is available (torch.cuda.is_available() is False)")
+    return text
+
+
+def build_quality_config(*, tasks: tuple[str, ...], variants: str, preset: str = "quick", device: str = "cpu",
+                         dtype: str = "float32", given: dict, imports: list[str], measure_cost: bool = True,
+                         **chosen) -> QualityConfig:
+    """A quality run's configuration from checked command-line values. `chosen`: the recipe values the
+    command line gave (None = the preset's): lengths, seeds, lr, label_smoothing and TrainConfig's fields.
+    Every variant must train on the device with its options, and every task must be well posed at every length.
+    `given`: the variant options of the command line (each must be taken by a selected variant), over the preset's."""
     from harness.quality import cannot_train_reason, trainable_variants
     from harness.tasks import make_task
 
-    check_number("--lr", lr, 0, 10, low_inclusive=False)
-    check_number("--label-smoothing", label_smoothing, 0, 0.999)
-    train = TrainConfig(lr=lr, label_smoothing=label_smoothing, **recipe)
+    if preset not in PRESETS:
+        raise ArgumentError(f"--preset: {preset!r} is not a preset; choose {' or '.join(PRESETS)}")
+    device = resolve_quality_device(device)
+    if dtype not in ("float32", "bfloat16"):
+        raise ArgumentError(f"--dtype: {dtype!r} is not allowed; choose float32 or bfloat16")
+    if dtype == "bfloat16" and device != "cuda":
+        raise ArgumentError(f"--dtype bfloat16 trains with CUDA autocast; the device is {device}: use float32 there")
+    defaults = PRESETS[preset]
+    recipe = dict(chosen)
+    for key in ("steps", "lr", "batch", "seeds", "curriculum", "pairs", "queries", "warm_start"):
+        if recipe.get(key) is None:
+            recipe[key] = defaults.get(key)
+    lengths = chosen.get("lengths") or defaults["lengths"][device]
+    copy_lengths = chosen.get("copy_lengths") or (defaults.get("copy_lengths") or {}).get(device)
+    if chosen.get("lengths") and not chosen.get("copy_lengths"):
+        copy_lengths = None  # --lengths alone is every task's
+    recipe.pop("lengths", None)
+    recipe.pop("copy_lengths", None)
+    seeds = recipe.pop("seeds", None) or defaults["seeds"]
+    if seeds < 1:
+        raise ArgumentError(f"--seeds {seeds} is not allowed; it must be >= 1")
+    recipe = {key: value for key, value in recipe.items() if value is not None}  # the rest: TrainConfig's defaults
+    check_number("--lr", recipe.get("lr", TrainConfig.lr), 0, 10, low_inclusive=False)
+    check_number("--label-smoothing", recipe.get("label_smoothing", 0.0), 0, 0.999)
+    train = TrainConfig(**recipe)
     if train.d_model % train.heads:
         raise ArgumentError(f"--d-model {train.d_model} must be divisible by --heads {train.heads}")
-    names = tuple(trainable_variants("cpu")) if variants.strip() == "all" else resolve_variants(variants, ("cpu",))
+    names = tuple(trainable_variants(device)) if variants.strip() == "all" else resolve_variants(variants, (device,))
     for name in names:
-        reason = cannot_train_reason(name, "cpu")
+        reason = cannot_train_reason(name, device)
         if reason:
-            raise ArgumentError(f"--variants: {name} cannot be trained here: {reason}")
+            raise ArgumentError(f"--variants: {name} cannot be trained on {device}: {reason}")
     check_options(given, names)
-    options = {**QUALITY_OPTIONS, **given}
+    options = {**defaults["options"], **given}
     import variants as registry
 
     for name in names:
         check_variant_options(name, registry.options_taken(name, options), name, train.heads, train.d_model // train.heads)
     length_list = parse_lengths(lengths)
+    copy_list = parse_lengths(copy_lengths) if copy_lengths else None
     for task in tasks:
-        for n in length_list:
-            make_task(task, n)
-    return QualityConfig(tasks=tuple(tasks), variants=names, lengths=length_list, options=options, imports=tuple(imports), train=train)
+        for n in (copy_list if task == "copy" and copy_list else length_list):
+            try:
+                make_task(task, n, vocab=train.vocab, pairs=train.pairs, queries=train.queries)
+            except ValueError as err:
+                raise ArgumentError(f"--lengths {n}: {err}") from None
+    return QualityConfig(tasks=tuple(tasks), variants=names, lengths=length_list, options=options, imports=tuple(imports),
+                         train=train, seeds=seeds, device=device, dtype=dtype, preset=preset, measure_cost=measure_cost,
+                         copy_lengths=copy_list if copy_list and copy_list != length_list and "copy" in tasks else None)

@@ -236,44 +236,129 @@ def plot_run(run_dir: Path, out_dir: Path | None = None, fmt: str = "png") -> li
 
 
 def plot_quality(run_dir: Path, out_dir: Path | None = None, fmt: str = "png") -> list[Path]:
-    """Quality figures: final accuracy vs L per variant (a panel per task), and the training curves."""
-    from harness.storage import QUALITY_RESULTS, read_rows
+    """Quality figures: final accuracy vs L per variant (mean over seeds, min-max band; a panel per task),
+    accuracy by distance (a panel per task and L, the window's width marked), the training-step cost
+    against L (when measured), and the training curves."""
+    from harness.quality_frames import accuracy_summary, by_distance_frame, cost_frame, quality_rows
 
     matplotlib_rc()
     import matplotlib.pyplot as plt
 
     run_dir = Path(run_dir)
-    rows = read_rows(run_dir, QUALITY_RESULTS)
+    rows = quality_rows(run_dir)
     if not rows:
         return []
     df = pd.DataFrame(rows)
     out_dir = Path(out_dir) if out_dir else run_dir / "figures"
     out_dir.mkdir(parents=True, exist_ok=True)
     meta = read_metadata(run_dir)
-    final = df[df["final"]]
+    cfg = meta.get("config", {})
+    summary = accuracy_summary(rows)
     tasks = list(dict.fromkeys(df["task"]))
+    seeds = int(summary["seeds"].max()) if not summary.empty else 1
     fig, axes = plt.subplots(1, len(tasks), figsize=(6.0 * len(tasks), 4.4), squeeze=False, layout="constrained")
     for ax, task in zip(axes.flat, tasks):
-        for variant, group in final[final["task"] == task].groupby("variant", sort=False):
+        for variant, group in summary[summary["task"] == task].groupby("variant", sort=False):
             color, marker = variant_style(variant)
             group = group.sort_values("length")
-            ax.plot(group["length"], group["eval_accuracy"], color=color, marker=marker, lw=1.4, label=variant)
-        ax.set_xscale("log", base=2)
-        ticks = sorted(df["length"].unique())
-        ax.set_xticks(ticks)
-        ax.set_xticklabels([str(int(t)) for t in ticks])
-        ax.minorticks_off()
+            ax.plot(group["length"], group["accuracy"], color=color, marker=marker, lw=1.4, label=variant)
+            if seeds > 1:
+                ax.fill_between(group["length"], group["accuracy_min"], group["accuracy_max"], color=color, alpha=0.15, lw=0)
+        _length_axis(ax, sorted(df["length"].unique()))
         ax.set_ylim(-0.02, 1.02)
-        ax.set_xlabel("length L")
-        ax.set_ylabel("held-out token accuracy")
+        ax.set_ylabel("held-out token accuracy" + (f" (mean of {seeds} seeds, band: min-max)" if seeds > 1 else ""))
         ax.set_title(f"{task}", fontsize=9)
-        ax.grid(True, alpha=0.3)
         ax.legend(fontsize=7, loc="lower left")
-    cfg = meta.get("config", {})
     fig.suptitle(f"Accuracy after training, same model and recipe for every variant\n"
-                 f"d_model={cfg.get('d_model')}, layers={cfg.get('layers')}, steps={cfg.get('steps')}, options {cfg.get('options')}", fontsize=10)
+                 f"d_model={cfg.get('d_model')}, layers={cfg.get('layers')}, steps={cfg.get('steps')}"
+                 f"{', curriculum' if cfg.get('curriculum') else ''}, options {cfg.get('options')}", fontsize=10)
     paths = [save_figure(fig, out_dir / f"quality_accuracy.{fmt}")]
 
+    distance = by_distance_frame(rows)
+    if not distance.empty:
+        paths.append(_distance_figure(distance, cfg, out_dir / f"quality_distance.{fmt}"))
+    costs = cost_frame(run_dir)
+    if not costs.empty and (costs["status"] == "ok").any():
+        paths.append(_training_cost_figure(costs[costs["status"] == "ok"], meta, out_dir / f"training_cost.{fmt}"))
+    paths.append(_curves_figure(df, out_dir / f"quality_curves.{fmt}"))
+    return paths
+
+
+def _length_axis(ax, ticks, label: str = "length L") -> None:
+    ax.set_xscale("log", base=2)
+    ax.set_xticks(ticks)
+    ax.set_xticklabels([fmt_n(t) for t in ticks])
+    ax.minorticks_off()
+    ax.set_xlabel(label)
+    ax.grid(True, alpha=0.3)
+
+
+def _distance_figure(distance: pd.DataFrame, cfg: dict, path: Path) -> Path:
+    """Accuracy against distance (bucket midpoints, log axis), a panel per (task, L); the window's
+    reach w (one layer) and 2w (the model's) drawn as lines."""
+    import matplotlib.pyplot as plt
+
+    panels = list(dict.fromkeys(zip(distance["task"], distance["length"])))
+    cols = min(3, len(panels))
+    rows_n = math.ceil(len(panels) / cols)
+    fig, axes = plt.subplots(rows_n, cols, figsize=(4.6 * cols, 3.6 * rows_n), squeeze=False, layout="constrained")
+    for ax in axes.flat[len(panels):]:
+        ax.set_visible(False)
+    for ax, (task, length) in zip(axes.flat, panels):
+        sub = distance[(distance["task"] == task) & (distance["length"] == length)]
+        for variant, group in sub.groupby("variant", sort=False):
+            color, marker = variant_style(variant)
+            mid = (group["min"] + group["max"]) / 2
+            ax.plot(mid, group["accuracy"], color=color, marker=marker, lw=1.3, ms=4, label=variant)
+            if (group["seeds"] > 1).any():
+                ax.fill_between(mid, group["accuracy_min"], group["accuracy_max"], color=color, alpha=0.12, lw=0)
+        windows = {int(w) for w in sub["window"].dropna()}
+        for w in sorted(windows):
+            ax.axvline(w, color=variant_style("sliding_window")[0], ls="--", lw=1)
+            ax.axvline(2 * w, color=variant_style("sliding_window")[0], ls=":", lw=1)
+            ax.text(w, 0.02, f" w={w}", color=variant_style("sliding_window")[0], fontsize=7)
+            ax.text(2 * w, 0.1, f" 2w", color=variant_style("sliding_window")[0], fontsize=7)
+        ax.set_xscale("log", base=2)
+        ax.minorticks_off()
+        ax.set_ylim(-0.02, 1.02)
+        ax.set_xlabel("distance to the answer (positions)", fontsize=8)
+        ax.set_ylabel("held-out accuracy", fontsize=8)
+        ax.set_title(f"{task}, L={length}", fontsize=9)
+        ax.grid(True, alpha=0.3)
+        ax.legend(fontsize=6, loc="lower left")
+    fig.suptitle("Accuracy by distance: how far back the answer sits (dashed: the window w; dotted: 2w, "
+                 f"the reach of {cfg.get('layers', 2)} stacked windows)", fontsize=10)
+    return save_figure(fig, path)
+
+
+def _training_cost_figure(costs: pd.DataFrame, meta: dict, path: Path) -> Path:
+    """Training-step time and peak memory against the sequence length the model reads, per task."""
+    import matplotlib.pyplot as plt
+
+    tasks = list(dict.fromkeys(costs["task"]))
+    fig, axes = plt.subplots(2, len(tasks), figsize=(5.6 * len(tasks), 7.0), squeeze=False, layout="constrained")
+    for col, task in enumerate(tasks):
+        sub = costs[costs["task"] == task]
+        for row, (ycol, label, scale) in enumerate((("step_ms", "training step (ms)", 1.0),
+                                                    ("train_peak_bytes", "peak memory of a step (MiB)", 1 / 2**20))):
+            ax = axes[row][col]
+            for variant, group in sub.groupby("variant", sort=False):
+                color, marker = variant_style(variant)
+                group = group.sort_values("seq_len")
+                ax.plot(group["seq_len"], group[ycol] * scale, color=color, marker=marker, lw=1.3, label=variant)
+            _length_axis(ax, sorted(sub["seq_len"].unique()), "tokens per sequence")
+            ax.set_yscale("log")
+            ax.set_ylabel(label)
+            ax.set_title(f"{task} (batch {int(sub['batch'].iloc[0])})", fontsize=9)
+            ax.legend(fontsize=7, loc="upper left")
+    fig.suptitle("Cost of a whole training step (model, loss, backward, AdamW) with each attention\n" + caption(meta), fontsize=9)
+    return save_figure(fig, path)
+
+
+def _curves_figure(df: pd.DataFrame, path: Path) -> Path:
+    import matplotlib.pyplot as plt
+
+    df = df.assign(seed=df["seed"] if "seed" in df else 0)
     panels = list(dict.fromkeys(zip(df["task"], df["length"])))
     cols = min(4, len(panels))
     rows_n = math.ceil(len(panels) / cols)
@@ -282,16 +367,15 @@ def plot_quality(run_dir: Path, out_dir: Path | None = None, fmt: str = "png") -
         ax.set_visible(False)
     for ax, (task, length) in zip(axes.flat, panels):
         sub = df[(df["task"] == task) & (df["length"] == length)]
-        for variant, group in sub.groupby("variant", sort=False):
+        for (variant, seed), group in sub.groupby(["variant", "seed"], sort=False):
             color, marker = variant_style(variant)
             group = group.sort_values("step")
-            ax.plot(group["step"], group["eval_accuracy"], color=color, lw=1.2, label=variant)
+            ax.plot(group["step"], group["eval_accuracy"], color=color, lw=1.0, alpha=0.8, label=variant if seed == sub["seed"].min() else None)
         ax.set_ylim(-0.02, 1.02)
         ax.set_title(f"{task}, L={length}", fontsize=9)
-        ax.set_xlabel("training step", fontsize=8)
+        ax.set_xlabel("training step (at this length)", fontsize=8)
         ax.set_ylabel("held-out accuracy", fontsize=8)
         ax.grid(True, alpha=0.3)
         ax.legend(fontsize=6, loc="lower right")
-    fig.suptitle("Training curves", fontsize=10)
-    paths.append(save_figure(fig, out_dir / f"quality_curves.{fmt}"))
-    return paths
+    fig.suptitle("Training curves (a line per seed)", fontsize=10)
+    return save_figure(fig, path)

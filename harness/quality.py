@@ -9,6 +9,7 @@ RUN_DIR/quality.jsonl the moment it exists, so an interrupted run keeps what fin
 from __future__ import annotations
 
 import math
+import statistics
 import time
 from dataclasses import asdict
 from pathlib import Path
@@ -19,8 +20,8 @@ from torch import nn
 
 import variants
 from harness.config import BASELINE, QualityConfig, TrainConfig
-from harness.storage import QUALITY_RESULTS, RowWriter, drop_torn_tail, read_rows, rewrite_rows
-from harness.tasks import make_task
+from harness.storage import QUALITY_RESULTS, TRAIN_COST, RowWriter, drop_torn_tail, read_rows, rewrite_rows
+from harness.tasks import distance_buckets, make_task
 
 __all__ = ["TrainConfig", "TinyDecoder", "train_one", "sweep_quality", "trainable_variants", "cannot_train_reason"]
 
@@ -54,18 +55,24 @@ def lr_factor(step: int, total: int, warmup_fraction: float) -> float:
     return 0.5 * (1 + math.cos(math.pi * (step - warm) / max(1, total - warm)))
 
 
+EVAL_TOKENS = 32_768  # tokens per evaluation forward: the held-out set is scored in chunks of this size
+
+
 @torch.no_grad()
-def evaluate(model: nn.Module, task, cfg: TrainConfig) -> dict:
-    """Token accuracy (and exact match of whole answers) on a fixed held-out set, model in eval mode."""
+def evaluate(model: nn.Module, task, seed: int, cfg: TrainConfig, device: torch.device, autocast) -> dict:
+    """Token accuracy, exact match of whole answers, and accuracy by distance, on a fixed held-out set."""
     model.eval()
-    g = torch.Generator().manual_seed(10_000 + cfg.seed)  # a stream of its own: never a training batch
-    inputs, targets, mask = task.batch(cfg.eval_examples, g)
-    pred = model(inputs).argmax(-1)
-    right = (pred == targets) & mask
+    g = torch.Generator().manual_seed(10_000 + seed)  # a stream of its own: never a training batch
+    sample = task.sample(cfg.eval_examples, g)
+    chunk = max(1, EVAL_TOKENS // sample.inputs.shape[1])
+    with autocast():
+        pred = torch.cat([model(x.to(device)).argmax(-1).cpu() for x in sample.inputs.split(chunk)])
     model.train()
+    right = (pred == sample.targets) & sample.mask
     return {
-        "eval_accuracy": right.sum().item() / mask.sum().item(),
-        "eval_exact_match": (right.sum(1) == mask.sum(1)).float().mean().item(),
+        "eval_accuracy": right.sum().item() / sample.mask.sum().item(),
+        "eval_exact_match": (right.sum(1) == sample.mask.sum(1)).float().mean().item(),
+        "by_distance": distance_buckets(sample.distance, pred == sample.targets, sample.mask),
     }
 
 
@@ -73,40 +80,115 @@ class TrainingDiverged(RuntimeError):
     """The loss became NaN or infinite: the training is abandoned, not scored."""
 
 
-def train_one(task_name: str, length: int, variant: str, options: dict, cfg: TrainConfig, on_eval=None) -> list[dict]:
-    """Train one model; returns the rows (one per evaluation). on_eval(row) is called as each exists."""
-    if cfg.threads:
-        torch.set_num_threads(cfg.threads)
-    torch.manual_seed(cfg.seed)
-    task = make_task(task_name, length)
-    model = TinyDecoder(task.vocab_size, cfg, variant, max_len=task.seq_len + 1, **options)
-    params = sum(p.numel() for p in model.parameters())
-    opt = torch.optim.AdamW(model.parameters(), lr=cfg.lr, betas=(0.9, 0.98), weight_decay=cfg.weight_decay)
-    g = torch.Generator().manual_seed(cfg.seed)
-    rows, start, loss_sum, loss_count = [], time.perf_counter(), 0.0, 0
-    for step in range(1, cfg.steps + 1):
+def _autocast(device: torch.device, dtype: str):
+    """The training's precision: float32, or bfloat16 autocast (CUDA)."""
+    enabled = dtype == "bfloat16"
+    return lambda: torch.autocast(device.type, dtype=torch.bfloat16, enabled=enabled)
+
+
+def _task(task_name: str, length: int, cfg: TrainConfig):
+    return make_task(task_name, length, vocab=cfg.vocab, pairs=cfg.pairs, queries=cfg.queries)
+
+
+def _steps(model, opt, task, cfg: TrainConfig, steps: int, g, dev, autocast, what: str):
+    """Train `steps` steps on batches of `task` (warm-up then cosine schedule over them); yields (step, loss)."""
+    for step in range(1, steps + 1):
         for group in opt.param_groups:
-            group["lr"] = cfg.lr * lr_factor(step - 1, cfg.steps, cfg.warmup)
-        inputs, targets, mask = task.batch(cfg.batch, g)
-        logits = model(inputs)
-        loss = F.cross_entropy(logits[mask], targets[mask], label_smoothing=cfg.label_smoothing)
+            group["lr"] = cfg.lr * lr_factor(step - 1, steps, cfg.warmup)
+        inputs, targets, mask = (t.to(dev) for t in task.batch(cfg.batch, g))
+        with autocast():
+            logits = model(inputs)
+        loss = F.cross_entropy(logits[mask].float(), targets[mask], label_smoothing=cfg.label_smoothing)
         if not torch.isfinite(loss):  # an accuracy after this would describe a broken model
-            raise TrainingDiverged(f"{task_name} L={length} {variant}: the training loss became {loss.item()} at step {step} "
-                                   f"(lr={cfg.lr}); no accuracy is reported for it")
+            raise TrainingDiverged(f"{what}: the training loss became {loss.item()} at step {step} (lr={cfg.lr}); "
+                                   "no accuracy is reported for it")
         opt.zero_grad(set_to_none=True)
         loss.backward()
         torch.nn.utils.clip_grad_norm_(model.parameters(), 1.0)
         opt.step()
-        loss_sum, loss_count = loss_sum + loss.item(), loss_count + 1
-        if step % cfg.eval_every == 0 or step == cfg.steps:
-            row = {"task": task_name, "variant": variant, "options": options, "length": length, "step": step,
-                   "final": step == cfg.steps, "train_loss": loss_sum / loss_count, **evaluate(model, task, cfg),
-                   "wall_s": round(time.perf_counter() - start, 2), "parameters": params, **{f"cfg_{k}": v for k, v in asdict(cfg).items()}}
-            loss_sum, loss_count = 0.0, 0
-            rows.append(row)
-            if on_eval:
-                on_eval(row)
+        yield step, loss.item()
+
+
+def train_one(task_name: str, lengths, variant: str, options: dict, cfg: TrainConfig, seed: int = 0,
+              device: str = "cpu", dtype: str = "float32", on_eval=None) -> list[dict]:
+    """Train one model at each length of `lengths` in turn and return its rows (one per evaluation);
+    on_eval(row) is called as each exists. Without cfg.curriculum, `lengths` is one length; with it, the
+    model trained at one length goes on to the next (cfg.steps steps each, the schedule restarting)."""
+    lengths = (lengths,) if isinstance(lengths, int) else tuple(lengths)
+    if cfg.threads:
+        torch.set_num_threads(cfg.threads)
+    dev, autocast = torch.device(device), _autocast(torch.device(device), dtype)
+    torch.manual_seed(seed)
+    tasks = [_task(task_name, n, cfg) for n in lengths]
+    vocab_size = max(t.vocab_size for t in tasks)
+    model = TinyDecoder(vocab_size, cfg, variant, max_len=max(t.seq_len for t in tasks) + 1, **options).to(dev)
+    params = sum(p.numel() for p in model.parameters())
+    opt = torch.optim.AdamW(model.parameters(), lr=cfg.lr, betas=(0.9, 0.98), weight_decay=cfg.weight_decay)
+    g = torch.Generator().manual_seed(seed)
+    recipe = {f"cfg_{k}": v for k, v in asdict(cfg).items()}
+    if cfg.warm_start and task_name == "recall" and cfg.queries is not None:  # not scored: a start, like the initialisation
+        dense = make_task(task_name, lengths[0], vocab=tasks[0].symbols, pairs=cfg.pairs)
+        for _ in _steps(model, opt, dense, cfg, cfg.warm_start, g, dev, autocast, f"{task_name} warm start {variant} seed {seed}"):
+            pass
+    rows = []
+    for stage, (length, task) in enumerate(zip(lengths, tasks)):
+        start, loss_sum, loss_count = time.perf_counter(), 0.0, 0
+        for step, loss in _steps(model, opt, task, cfg, cfg.steps, g, dev, autocast, f"{task_name} L={length} {variant} seed {seed}"):
+            loss_sum, loss_count = loss_sum + loss, loss_count + 1
+            if step % cfg.eval_every == 0 or step == cfg.steps:
+                row = {"task": task_name, "variant": variant, "options": options, "length": length, "seed": seed,
+                       "device": dev.type, "dtype": dtype, "stage": stage, "step": step, "final": step == cfg.steps,
+                       "train_loss": loss_sum / loss_count, **evaluate(model, task, seed, cfg, dev, autocast),
+                       "wall_s": round(time.perf_counter() - start, 2), "parameters": params, **recipe}
+                loss_sum, loss_count = 0.0, 0
+                rows.append(row)
+                if on_eval:
+                    on_eval(row)
     return rows
+
+
+def measure_training_step(task_name: str, length: int, variant: str, options: dict, cfg: TrainConfig,
+                          device: str = "cpu", dtype: str = "float32", repeats: int = 5) -> dict:
+    """Model-level cost of one training step (forward, backward, optimizer) at `length`: median time of
+    `repeats` steps after two warm-up steps, tokens per second, and the step's peak memory (the measuring
+    core's: process RSS over the state before, CPU; the allocator's peak, CUDA). Meant to run in a
+    process of its own (it pins the allocator's mmap threshold): `harness.isolation.run_isolated`."""
+    from harness.measure import set_threads
+    from harness.memory import measure_peak, pin_mmap_threshold
+
+    threads = set_threads(cfg.threads) if device == "cpu" else None
+    dev, autocast = torch.device(device), _autocast(torch.device(device), dtype)
+    torch.manual_seed(0)
+    task = _task(task_name, length, cfg)
+    model = TinyDecoder(task.vocab_size, cfg, variant, max_len=task.seq_len + 1, **options).to(dev)
+    opt = torch.optim.AdamW(model.parameters(), lr=cfg.lr, betas=(0.9, 0.98), weight_decay=cfg.weight_decay)
+    inputs, targets, mask = (t.to(dev) for t in task.batch(cfg.batch, torch.Generator().manual_seed(0)))
+
+    def step():
+        with autocast():
+            logits = model(inputs)
+        loss = F.cross_entropy(logits[mask].float(), targets[mask])
+        opt.zero_grad(set_to_none=True)
+        loss.backward()
+        opt.step()
+        if dev.type == "cuda":
+            torch.cuda.synchronize(dev)
+
+    times = []
+    for i in range(2 + repeats):
+        t0 = time.perf_counter()
+        step()
+        if i >= 2:
+            times.append(time.perf_counter() - t0)
+    if dev.type == "cpu":
+        pin_mmap_threshold()
+    opt.zero_grad(set_to_none=False)  # gradients and optimizer state exist before: the peak is the step's own
+    memory = measure_peak(step, dev)
+    seconds = statistics.median(times)
+    return {"task": task_name, "variant": variant, "options": options, "length": length, "device": dev.type,
+            "dtype": dtype, "seq_len": task.seq_len, "batch": cfg.batch, "step_ms": seconds * 1e3,
+            "step_ms_min": min(times) * 1e3, "repeats": repeats, "tokens_per_s": cfg.batch * task.seq_len / seconds,
+            "train_peak_bytes": memory["peak_bytes"], "memory_kind": memory["kind"], "threads": threads}
 
 
 # implementations of a function another variant already computes (tested equal to float precision):
@@ -128,40 +210,83 @@ def trainable_variants(device: str = "cpu") -> list[str]:
 
 
 def run_key(row: dict) -> tuple:
-    return (row["task"], row["variant"], int(row["length"]))
+    """(task, variant, length, seed) of an evaluation row (rows of old runs carry no seed: 0)."""
+    return (row["task"], row["variant"], int(row["length"]), int(row.get("seed", 0)))
 
 
-def keep_finished_runs(run_dir: Path) -> set[tuple]:
-    """Drop the rows of trainings that did not finish (they are redone whole); return the finished keys."""
+def trainings(config: QualityConfig) -> list[tuple[str, str, int, tuple[int, ...]]]:
+    """Every training of the run as (task, variant, seed, lengths): one per length, or with the
+    curriculum one per (task, variant, seed) through every length in increasing order. Seed by seed:
+    an interrupted run holds whole seeds of every (task, variant) rather than every seed of a few."""
+    cfg = config.train
+    if cfg.curriculum:
+        return [(t, v, s, tuple(sorted(config.lengths_of(t)))) for s in config.seeds_list for t in config.tasks for v in config.variants]
+    return [(t, v, s, (n,)) for s in config.seeds_list for t in config.tasks for n in config.lengths_of(t) for v in config.variants]
+
+
+def keep_finished_runs(run_dir: Path, config: QualityConfig | None = None) -> set[tuple]:
+    """Drop the rows of trainings that did not finish (they are redone whole); return the finished
+    (task, variant, length, seed) keys. With the curriculum, a training finishes when its last length does."""
     drop_torn_tail(run_dir, QUALITY_RESULTS)
     rows = read_rows(run_dir, QUALITY_RESULTS)
     finished = {run_key(r) for r in rows if r.get("final")}
+    if config is not None and config.train.curriculum:
+        whole = {(t, v, s) for t, v, s, chain in trainings(config) if all((t, v, n, s) in finished for n in chain)}
+        finished = {key for key in finished if (key[0], key[1], key[3]) in whole}
     kept = [r for r in rows if run_key(r) in finished]
     if len(kept) != len(rows):
         rewrite_rows(run_dir, kept, QUALITY_RESULTS)
     return finished
 
 
+def cost_key(row: dict) -> tuple:
+    return (row["task"], row["variant"], int(row["length"]))
+
+
+def _measure_cost(run_dir: Path, config: QualityConfig, task: str, name: str, length: int, options: dict) -> dict:
+    """One training step's cost in a process of its own; a failure (OOM, crash, timeout) is a row that says so."""
+    from harness.isolation import run_isolated
+
+    outcome = run_isolated(measure_training_step, (task, length, name, options, config.train, config.device, config.dtype),
+                           timeout=COST_TIMEOUT_S, imports=config.imports, log_path=str(run_dir / "cost.log"))
+    if outcome.kind == "result":
+        return {**outcome.value, "status": "ok"}
+    return {"task": task, "variant": name, "options": options, "length": length, "device": config.device,
+            "dtype": config.dtype, "status": "error", "error": outcome.describe()}
+
+
+COST_TIMEOUT_S = 600
+
+
 def sweep_quality(run_dir: Path, config: QualityConfig, on_eval=None, on_start=None, finished: set[tuple] | None = None) -> list[dict]:
-    """Train every (task, length, variant) not finished yet; rows are appended as they exist.
+    """Run every training not finished yet; rows are appended as they exist. With config.measure_cost,
+    each (task, variant, length) first gets its training-step cost in RUN_DIR/train_cost.jsonl.
 
-    finished: the result of `keep_finished_runs(run_dir)` when the caller already called it.
+    finished: the result of `keep_finished_runs(run_dir, config)` when the caller already called it.
     """
-    finished = keep_finished_runs(run_dir) if finished is None else finished
+    finished = keep_finished_runs(run_dir, config) if finished is None else finished
+    drop_torn_tail(run_dir, TRAIN_COST)
+    costed = {cost_key(r) for r in read_rows(run_dir, TRAIN_COST)}
     options, cfg = config.options, config.train
-    with RowWriter(run_dir, QUALITY_RESULTS) as writer:
-        for task in config.tasks:
-            for length in config.lengths:
-                for name in config.variants:
-                    if (task, name, length) in finished:
-                        continue
+    if config.measure_cost:  # first, all together: a quiet machine for the timings, before hours of training
+        with RowWriter(run_dir, TRAIN_COST) as cost_writer:
+            for task, name, n in dict.fromkeys((t, v, n) for t, v, _, chain in trainings(config) for n in chain):
+                if (task, name, n) not in costed:
                     if on_start:
-                        on_start(task, length, name)
+                        on_start(task, n, name, None, "cost")
+                    cost_writer.append(_measure_cost(run_dir, config, task, name, n, variants.options_taken(name, options)))
+    with RowWriter(run_dir, QUALITY_RESULTS) as writer:
+        for task, name, seed, chain in trainings(config):
+            if all((task, name, n, seed) in finished for n in chain):
+                continue
+            if on_start:
+                on_start(task, chain[0], name, seed, "train")
 
-                    def record(row):
-                        writer.append(row)
-                        if on_eval:
-                            on_eval(row)
+            def record(row):
+                writer.append(row)
+                if on_eval:
+                    on_eval(row)
 
-                    train_one(task, length, name, variants.options_taken(name, options), cfg, on_eval=record)
+            train_one(task, chain, name, variants.options_taken(name, options), cfg, seed=seed, device=config.device,
+                      dtype=config.dtype, on_eval=record)
     return read_rows(run_dir, QUALITY_RESULTS)

@@ -167,43 +167,111 @@ def _speed_section(run_dir: Path, df: pd.DataFrame, cfg: dict, machine: dict, fi
 
 
 def final_accuracy_grid(rows: list[dict]) -> tuple[list[tuple[str, int]], list[tuple[str, list[dict | None]]]]:
-    """The finished trainings as a grid: columns (task, length), and per variant its final row per column (or None)."""
-    final = [r for r in rows if r.get("final")]
-    columns = list(dict.fromkeys((r["task"], int(r["length"])) for r in final))
-    by = {(r["variant"], r["task"], int(r["length"])): r for r in final}
-    return columns, [(variant, [by.get((variant, t, n)) for t, n in columns]) for variant in dict.fromkeys(r["variant"] for r in final)]
+    """The finished trainings as a grid: columns (task, length), and per variant its accuracy summary
+    per column (`quality_frames.accuracy_summary`: mean, min, max over seeds) or None."""
+    from harness.quality_frames import accuracy_summary
+
+    summary = accuracy_summary(rows)
+    columns = list(dict.fromkeys(zip(summary["task"], summary["length"].astype(int))))
+    by = {(r["variant"], r["task"], int(r["length"])): r for r in summary.to_dict("records")}
+    return columns, [(variant, [by.get((variant, t, n)) for t, n in columns]) for variant in dict.fromkeys(summary["variant"])]
+
+
+def accuracy_text(cell: dict, task: str) -> str:
+    """'99.5%', with the seeds' range when there are several, and (copy) the share of exact strings."""
+    text = f"{cell['accuracy']:.1%}"
+    if cell["seeds"] > 1:
+        text += f" ({cell['accuracy_min']:.0%}-{cell['accuracy_max']:.0%})"
+    if task == "copy":
+        text += f", {cell['exact_match']:.0%} exact"
+    return text
 
 
 def quality_table(rows: list[dict]) -> str:
-    """Final held-out accuracy per variant (rows) and task/length (columns)."""
+    """Final held-out accuracy per variant (rows) and task/length (columns): mean over seeds (min-max)."""
     columns, grid = final_accuracy_grid(rows)
-    body = [
-        [f"`{variant}`"] + ["" if r is None else f"{r['eval_accuracy']:.1%}" + (f" ({r['eval_exact_match']:.0%} exact)" if r["task"] == "copy" else "")
-                            for r in cells]
-        for variant, cells in grid
-    ]
+    body = [[f"`{variant}`"] + ["" if c is None else accuracy_text(c, t) for c, (t, _) in zip(cells, columns)] for variant, cells in grid]
     return markdown_table(["variant"] + [f"{t} L={n}" for t, n in columns], body)
 
 
-def _quality_section(run_dir: Path, cfg: dict, figures) -> list[str]:
-    from harness.storage import QUALITY_RESULTS, read_rows
+def distance_table(rows: list[dict], task: str, length: int) -> str:
+    """Accuracy by distance bucket (columns) per variant (rows) at one (task, L), pooled over seeds."""
+    from harness.quality_frames import by_distance_frame
 
-    rows = read_rows(run_dir, QUALITY_RESULTS)
+    df = by_distance_frame(rows)
+    df = df[(df["task"] == task) & (df["length"] == length)]
+    buckets = list(dict.fromkeys(zip(df["min"], df["max"])))
+    buckets.sort()
+    body = []
+    for variant, group in df.groupby("variant", sort=False):
+        at = {(r["min"], r["max"]): r for r in group.to_dict("records")}
+        body.append([f"`{variant}`"] + [f"{at[b]['accuracy']:.0%}" if b in at else "" for b in buckets])
+    counts = df.groupby(["min", "max"])["count"].max()
+    header = ["variant"] + [f"{lo}" if lo == hi else f"{lo}-{hi}" for lo, hi in buckets]
+    body.append(["scored (per variant)"] + [str(int(counts[b])) for b in buckets])
+    return markdown_table(header, body)
+
+
+def cost_table(costs: pd.DataFrame) -> str:
+    """Training-step cost per (task, L) and variant: time, tokens/s, peak memory."""
+    body = []
+    for r in costs.to_dict("records"):
+        if r.get("status") != "ok":
+            body.append([r["task"], str(r["length"]), f"`{r['variant']}`", "", "", "", md_text(r.get("error", r.get("status")))])
+            continue
+        body.append([r["task"], str(r["length"]), f"`{r['variant']}`", str(r["seq_len"]), fmt_time(r["step_ms"] / 1e3),
+                     f"{r['tokens_per_s']:,.0f}", fmt_bytes(r["train_peak_bytes"])])
+    return markdown_table(["task", "L", "variant", "tokens/seq", "step", "tokens/s", "peak memory"], body)
+
+
+def _quality_section(run_dir: Path, cfg: dict, figures) -> list[str]:
+    from harness.quality_frames import cost_frame, quality_rows
+
+    rows = quality_rows(run_dir)
     if not rows:
         return []
     total = sum(r["wall_s"] for r in rows if r.get("final"))
-    return [
+    seeds = cfg.get("seeds", 1)
+    task_text = []
+    if cfg.get("pairs") or cfg.get("queries"):
+        task_text.append(f"recall: {cfg.get('pairs') or 'L/8'} pairs" + (f", {cfg['queries']} distinct keys asked once each among filler" if cfg.get("queries") else ""))
+    if cfg.get("vocab"):
+        task_text.append(f"vocabulary {cfg['vocab']}")
+    recipe = (f"d_model={cfg.get('d_model')}, layers={cfg.get('layers')}, heads={cfg.get('heads')}, "
+              f"steps={cfg.get('steps')}{' per length, each length starting from the model of the one before (curriculum)' if cfg.get('curriculum') else ''}, "
+              + (f"recall first {cfg['warm_start']} steps on the dense layout at the first length, " if cfg.get("warm_start") else "")
+              + f"batch={cfg.get('batch')}, lr={cfg.get('lr')} (AdamW, warm-up then cosine), "
+              + (f"seeds 0-{seeds - 1}" if seeds > 1 else f"seed {cfg.get('seed', 0)}")
+              + f"; device {cfg.get('device', 'cpu')}, {cfg.get('dtype', 'float32')}; variant options {cfg.get('options')}"
+              + (f"; {'; '.join(task_text)}" if task_text else ""))
+    lines = [
         "## Quality: copy and associative recall",
         "",
-        f"Same model and recipe for every variant: d_model={cfg.get('d_model')}, layers={cfg.get('layers')}, heads={cfg.get('heads')}, "
-        f"steps={cfg.get('steps')}, batch={cfg.get('batch')}, lr={cfg.get('lr')} (AdamW, warm-up then cosine), seed={cfg.get('seed')}; "
-        f"variant options {cfg.get('options')}. Held-out token accuracy after the last step "
-        f"(copy: and the share of strings reproduced exactly); training took {total / 60:.1f} min in all.",
+        f"Preset {cfg.get('preset', 'quick')}. Same model and recipe for every variant: {recipe}. Held-out token accuracy after "
+        f"the last step{' (mean over seeds, min-max in brackets)' if seeds > 1 else ''}; copy: and the share of strings "
+        f"reproduced exactly. Training took {total / 60:.1f} min in all.",
         "",
         quality_table(rows),
         "",
-        *_figure_links(run_dir, figures),
     ]
+    final = [r for r in rows if r.get("final") and r.get("by_distance")]
+    if final:
+        lines += ["### Accuracy by distance", "",
+                  "Distance: how many positions back the answer sits from the scored position (recall: the binding's value, "
+                  "or an earlier answer to the same key; copy: L for every symbol). A window w sees distances up to w in one "
+                  "layer, and up to layers x w through the stack.", ""]
+        for task in dict.fromkeys(r["task"] for r in final):
+            longest = max(int(r["length"]) for r in final if r["task"] == task)
+            if task == "copy":
+                continue  # one distance per L: the accuracy table is the by-distance table
+            lines += [f"{task}, L={longest}:", "", distance_table(rows, task, longest), ""]
+    costs = cost_frame(run_dir)
+    if not costs.empty:
+        lines += ["### Cost of a training step", "",
+                  "One training step (forward, loss, backward, AdamW) of the same model, measured in a process of its own: "
+                  "median of 5 steps after 2 warm-up steps; peak memory over the state before the step.", "",
+                  cost_table(costs), ""]
+    return lines + _figure_links(run_dir, figures)
 
 
 def compare_runs(run_a: Path, run_b: Path) -> tuple[pd.DataFrame, pd.DataFrame, pd.DataFrame]:

@@ -133,7 +133,7 @@ def test_quality_resume_redoes_only_unfinished_trainings(tmp_path):
 
 @pytest.mark.parametrize("args, message", [
     (["--lengths", "2", "--task", "recall"], "pairs need a length of at least"),
-    (["--variants", "sliding_window_flex"], "cannot be trained here: sliding_window_flex has no backward on cpu"),
+    (["--variants", "sliding_window_flex"], "cannot be trained on cpu: sliding_window_flex has no backward on cpu"),
     (["--d-model", "30"], "--d-model 30 must be divisible by --heads 4"),
     (["--variants", "nope"], "unknown variant(s) nope"),
 ])

@@ -297,8 +297,13 @@ def test_huge_compression_costs_no_parent_memory(tmp_path):
 @pytest.mark.parametrize("args, message", [
     (["--window", "0"], "window=0 is invalid"), (["--compression", "0"], "compression=0 is invalid"),
     (["--lr", "inf"], "--lr"), (["--lr", "0"], "--lr"), (["--label-smoothing", "1.5"], "--label-smoothing"),
-    (["--seed", "-1"], "--seed"),
-], ids=["window", "compression", "lr-inf", "lr-zero", "smoothing", "seed"])
+    (["--seeds", "0"], "Invalid value for '--seeds': 0 is not allowed; it must be >= 1"),
+    (["--device", "tpu"], "--device: 'tpu' is not a device; choose cpu, cuda or auto"),
+    (["--dtype", "bfloat16"], "--dtype bfloat16 trains with CUDA autocast; the device is cpu"),
+    (["--pairs", "5"], "--lengths 8: recall: 5 pairs need a length of at least 12"),
+    (["--pairs", "40", "--vocab", "64", "--lengths", "128"], "recall: 40 distinct keys need a vocabulary of at least 80, got 64"),
+    (["--pairs", "2", "--queries", "3", "--lengths", "32"], "recall: queries must be between 1 and the number of pairs (2), got 3"),
+], ids=["window", "compression", "lr-inf", "lr-zero", "smoothing", "seeds", "device", "dtype", "pairs-length", "pairs-vocab", "queries"])
 def test_quality_validates_every_option_before_training(tmp_path, args, message):
     out = tmp_path / "q"
     result = bench("quality", "--variants", "full,sliding_window,memory_compressed", "--lengths", "8", "--steps", "1",

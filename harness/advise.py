@@ -1,0 +1,219 @@
+"""`bench advise`: join measured cost (speed runs) and measured loss (quality runs) into one answer
+for a sequence length N, a memory budget and an accuracy need. Reads run directories only.
+
+Per variant: time and peak memory at N — measured at N, or interpolated / extrapolated on the
+log-log line of the nearest measured lengths (the fitted exponent), and marked so; held-out accuracy
+on the task at the trained length L nearest to N (marked when L < N: the model never saw N), with
+what accuracy by distance says at that L; then a ranking: the fastest variant that fits the budget
+and keeps the accuracy asked for.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import pandas as pd
+
+from harness.config import ArgumentError
+from harness.fmt import fmt_bytes, fmt_time
+from harness.quality_frames import accuracy_summary, by_distance_frame, quality_rows
+from harness.storage import RESULTS, load_frame
+
+# implementations of one attention function: the quality of one is the quality of the others
+SAME_FUNCTION = {"full_naive": "full", "full_xformers": "full", "sliding_window_flex": "sliding_window"}
+QUALITY_OPTIONS_COMPARED = ("window", "compression", "global_tokens", "feature_map")
+
+
+@dataclass
+class Answer:
+    variant: str
+    time_s: float | None = None
+    peak_bytes: float | None = None
+    how: str = ""  # "measured", "interpolated ...", "extrapolated ...", or why there is no figure
+    failed: str = ""  # "oom at N=..." when the variant stopped at or below N
+    accuracy: float | None = None
+    accuracy_range: tuple[float, float] | None = None
+    quality_length: int | None = None
+    quality_note: list[str] = field(default_factory=list)
+    fits: bool = True
+    rank: int | None = None
+    excluded: str = ""
+
+
+def split_runs(run_dirs: list[Path]) -> tuple[list[Path], list[Path]]:
+    """(speed runs, quality runs) among the directories; a directory must be one or the other."""
+    speed, quality = [], []
+    for run_dir in run_dirs:
+        run_dir = Path(run_dir)
+        if not run_dir.is_dir():
+            raise ArgumentError(f"RUN_DIR {str(run_dir)!r} is not a directory")
+        has_speed, has_quality = (run_dir / RESULTS).exists(), bool(quality_rows(run_dir))
+        if not has_speed and not has_quality:
+            raise ArgumentError(f"RUN_DIR {str(run_dir)!r} holds no rows of bench run or bench quality")
+        (speed if has_speed else quality).append(run_dir)
+    if not speed:
+        raise ArgumentError("bench advise needs at least one speed run (written by bench run) beside the quality runs; "
+                            f"got only quality runs: {', '.join(map(str, quality))}")
+    return speed, quality
+
+
+def _log_interp(points: list[tuple[int, float]], n: int) -> tuple[float, str]:
+    """Value at n on the log-log line through the measured points: exact, between two, or beyond the ends
+    (slope fitted on the two nearest points' side: the last half of the points)."""
+    from harness.summary import fit_exponent
+
+    points = sorted(points)
+    for m, v in points:
+        if m == n:
+            return v, "measured"
+    below = [(m, v) for m, v in points if m < n]
+    above = [(m, v) for m, v in points if m > n]
+    if below and above:
+        (m0, v0), (m1, v1) = below[-1], above[0]
+        k = math.log(v1 / v0) / math.log(m1 / m0)
+        return v0 * (n / m0) ** k, f"interpolated between N={m0} and N={m1}"
+    if len(points) < 2:
+        return float("nan"), f"only N={points[0][0]} measured: no exponent to extrapolate with"
+    if below:  # beyond the largest
+        k = fit_exponent([m for m, _ in points], [v for _, v in points])
+        m0, v0 = below[-1]
+        return v0 * (n / m0) ** k, f"extrapolated from N={m0} (~N^{k:.2f})"
+    k = fit_exponent([m for m, _ in points[:2]], [v for _, v in points[:2]], upper_fraction=1.0)
+    m1, v1 = above[0]
+    return v1 * (n / m1) ** k, f"extrapolated down from N={m1} (~N^{k:.2f})"
+
+
+def _options_text(options: dict) -> str:
+    return ", ".join(f"{k}={options[k]}" for k in QUALITY_OPTIONS_COMPARED if options.get(k) is not None)
+
+
+def advise(run_dirs: list[Path], *, n: int, device: str | None = None, pass_: str = "fwdbwd", causal: bool = True,
+           memory: int | None = None, task: str = "recall", min_accuracy: float | None = None) -> tuple[list[Answer], dict]:
+    """The answers per variant, ranked, and the context {"device", "pass", "causal", "n", "task", "quality_runs"}."""
+    if n < 1:
+        raise ArgumentError(f"--len {n} is not allowed; it must be >= 1")
+    if min_accuracy is not None and not 0 <= min_accuracy <= 1:
+        raise ArgumentError(f"--min-accuracy {min_accuracy} is not allowed; give a fraction in [0, 1] (0.9) or a percentage (90%)")
+    speed_dirs, quality_dirs = split_runs(run_dirs)
+    df = pd.concat([load_frame(d) for d in speed_dirs], ignore_index=True)
+    df["causal"] = df["causal"].astype(bool)
+    devices = sorted(df["device"].unique())
+    device = device or ("cpu" if "cpu" in devices else devices[0])
+    if device not in devices:
+        raise ArgumentError(f"--device {device}: the speed runs hold {', '.join(devices)} only")
+    sel = df[(df["device"] == device) & (df["pass"] == pass_) & (df["causal"] == causal)]
+    if sel.empty:
+        have = sorted({(p, bool(c)) for p, c in zip(df[df["device"] == device]["pass"], df[df["device"] == device]["causal"])})
+        raise ArgumentError(f"the speed runs have no {pass_} {'causal' if causal else 'non-causal'} rows on {device}; "
+                            f"they hold {', '.join(f'{p} {'causal' if c else 'non-causal'}' for p, c in have)}")
+    rows = [r for d in quality_dirs for r in quality_rows(d)]
+    summary, distance = accuracy_summary(rows), by_distance_frame(rows)
+    if rows:
+        quality_devices = {r.get("device", "cpu") for r in rows}
+        summary = summary[summary["task"] == task]
+        if summary.empty:
+            tasks = sorted({r["task"] for r in rows})
+            raise ArgumentError(f"--task {task}: the quality runs trained {', '.join(tasks)} only")
+        if device not in quality_devices:
+            notes_device = f"accuracy trained on {', '.join(sorted(quality_devices))}, timing on {device}"
+        else:
+            notes_device = ""
+    answers = []
+    for variant, group in sel.groupby("variant", sort=False):
+        answer = Answer(variant)
+        ok = group[group["status"] == "ok"]
+        stopped = group[(group["status"].isin(["oom", "timeout", "error", "incorrect"])) & (group["n"] <= n)]
+        if not stopped.empty:
+            first = stopped.sort_values("n").iloc[0]
+            answer.failed = f"{first['status']} at N={int(first['n'])}"
+        if ok.empty:
+            answer.how = "no successful measurement"
+        else:
+            answer.time_s, answer.how = _log_interp(list(zip(ok["n"].astype(int), ok["time_median_s"])), n)
+            mem = [(int(m), float(b)) for m, b in zip(ok["n"], ok["peak_bytes"]) if b is not None and b == b and b > 0]
+            answer.peak_bytes = _log_interp(mem, n)[0] if mem else None
+        speed_options = group["options"].iloc[0] or {}
+        if rows:
+            _attach_quality(answer, summary, distance, n, speed_options)
+            if notes_device:
+                answer.quality_note.append(notes_device)
+        answers.append(answer)
+    _rank(answers, memory, min_accuracy, bool(rows))
+    return answers, {"device": device, "pass": pass_, "causal": causal, "n": n, "task": task, "quality_runs": bool(rows),
+                     "memory": memory, "min_accuracy": min_accuracy}
+
+
+def _attach_quality(answer: Answer, summary: pd.DataFrame, distance: pd.DataFrame, n: int, speed_options: dict) -> None:
+    name = answer.variant if answer.variant in set(summary["variant"]) else SAME_FUNCTION.get(answer.variant)
+    mine = summary[summary["variant"] == name] if name else summary.iloc[0:0]
+    if mine.empty:
+        answer.quality_note.append("not trained in the quality runs")
+        return
+    if name != answer.variant:
+        answer.quality_note.append(f"accuracy of {name} (the same function)")
+    lengths = sorted(mine["length"].astype(int))
+    length = min(lengths, key=lambda L: (abs(math.log(L / n)), -L))
+    row = mine[mine["length"] == length].iloc[0]
+    answer.accuracy, answer.quality_length = float(row["accuracy"]), length
+    answer.accuracy_range = (float(row["accuracy_min"]), float(row["accuracy_max"]))
+    if length < n:
+        answer.quality_note.append(f"trained at L={length} < N: accuracy at N not measured")
+    trained = _options_text(row["options"] or {})
+    timed = _options_text(speed_options)
+    if trained != timed:
+        answer.quality_note.append(f"trained with {trained or 'defaults'}, timed with {timed or 'defaults'}")
+    far = distance[(distance["variant"] == name) & (distance["length"] == length) & (distance["task"] == row["task"])]
+    if len(far) > 1:
+        last = far.sort_values("min").iloc[-1]
+        answer.quality_note.append(f"{last['accuracy']:.0%} at the farthest distances ({int(last['min'])}-{int(last['max'])})")
+
+
+def _rank(answers: list[Answer], memory: int | None, min_accuracy: float | None, have_quality: bool) -> None:
+    for a in answers:
+        if a.failed:
+            a.excluded = a.failed
+        elif a.time_s is None or not math.isfinite(a.time_s):
+            a.excluded = a.how
+        elif memory is not None and (a.peak_bytes is None or a.peak_bytes > memory):
+            a.fits, a.excluded = False, f"needs {fmt_bytes(a.peak_bytes)} > budget {fmt_bytes(memory)}" if a.peak_bytes else "memory not measured"
+        elif min_accuracy is not None and (a.accuracy is None or a.accuracy < min_accuracy):
+            a.excluded = "accuracy not measured" if a.accuracy is None else f"accuracy {a.accuracy:.1%} < {min_accuracy:.0%}"
+    ranked = sorted((a for a in answers if not a.excluded), key=lambda a: a.time_s)
+    for i, a in enumerate(ranked, 1):
+        a.rank = i
+
+
+def recommendation(answers: list[Answer], context: dict) -> str:
+    """One sentence: the pick and why, or why there is none."""
+    ranked = sorted((a for a in answers if a.rank), key=lambda a: a.rank)
+    need = []
+    if context.get("memory") is not None:
+        need.append(f"fits in {fmt_bytes(context['memory'])}")
+    if context.get("min_accuracy") is not None:
+        need.append(f"keeps >= {context['min_accuracy']:.0%} on {context['task']}")
+    what = "fastest" + (" that " + " and ".join(need) if need else "")
+    if not ranked:
+        return f"No variant is {what.replace('fastest that ', '')} at N={context['n']}: see the reasons in the table."
+    best = ranked[0]
+    extra = f", {best.how}" if best.how != "measured" else ""
+    acc = f", accuracy {best.accuracy:.1%} at L={best.quality_length}" if best.accuracy is not None else ""
+    return f"Use {best.variant}: the {what} at N={context['n']} ({fmt_time(best.time_s)} per call{extra}{acc})."
+
+
+def advise_table(answers: list[Answer]) -> pd.DataFrame:
+    """The answers as rows of text, ranked ones first (for the CLI and the report)."""
+    out = []
+    for a in sorted(answers, key=lambda a: (a.rank is None, a.rank or 0, a.variant)):
+        acc = ""
+        if a.accuracy is not None:
+            acc = f"{a.accuracy:.1%}"
+            if a.accuracy_range and a.accuracy_range[0] != a.accuracy_range[1]:
+                acc += f" ({a.accuracy_range[0]:.0%}-{a.accuracy_range[1]:.0%})"
+            acc += f" at L={a.quality_length}"
+        out.append({"rank": str(a.rank) if a.rank else "-", "variant": a.variant,
+                    "time": fmt_time(a.time_s) if a.time_s is not None and math.isfinite(a.time_s) else "",
+                    "memory": fmt_bytes(a.peak_bytes) if a.peak_bytes is not None and math.isfinite(a.peak_bytes) else "",
+                    "how": a.how, "accuracy": acc, "notes": "; ".join([*([a.excluded] if a.excluded else []), *a.quality_note])})
+    return pd.DataFrame(out)

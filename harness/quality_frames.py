@@ -1,0 +1,79 @@
+"""A quality run's rows as tables: accuracy per (task, variant, L) over seeds, accuracy by distance,
+and training-step cost. Reading only (pandas, no torch): the report, the figures and `bench advise` use it."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pandas as pd
+
+from harness.storage import QUALITY_RESULTS, TRAIN_COST, read_rows
+
+KEY = ["task", "variant", "length"]
+
+
+def final_frame(rows: list[dict]) -> pd.DataFrame:
+    """The rows of finished trainings (the evaluation after each length's last step), with a seed column."""
+    final = [{**r, "seed": int(r.get("seed", r.get("cfg_seed", 0)))} for r in rows if r.get("final")]
+    df = pd.DataFrame(final)
+    if not df.empty:
+        df["length"] = df["length"].astype(int)
+    return df
+
+
+def accuracy_summary(rows: list[dict]) -> pd.DataFrame:
+    """Per (task, variant, length), in first-seen order: mean, min and max held-out accuracy over seeds,
+    the mean exact match, the number of seeds and the options."""
+    df = final_frame(rows)
+    if df.empty:
+        return pd.DataFrame(columns=[*KEY, "accuracy", "accuracy_min", "accuracy_max", "exact_match", "seeds", "options"])
+    out = df.groupby(KEY, sort=False).agg(
+        accuracy=("eval_accuracy", "mean"), accuracy_min=("eval_accuracy", "min"), accuracy_max=("eval_accuracy", "max"),
+        exact_match=("eval_exact_match", "mean"), seeds=("seed", "nunique"), options=("options", "first"),
+    ).reset_index()
+    return out
+
+
+def by_distance_frame(rows: list[dict]) -> pd.DataFrame:
+    """Accuracy by distance bucket per (task, variant, length): pooled over seeds (scored positions
+    weighted by their count), with the lowest and highest seed's accuracy in that bucket."""
+    records = []
+    for r in final_frame(rows).to_dict("records"):
+        for b in r.get("by_distance") or []:
+            records.append({"task": r["task"], "variant": r["variant"], "length": r["length"], "seed": r["seed"],
+                            "min": b["min"], "max": b["max"], "right": b["accuracy"] * b["count"], "count": b["count"],
+                            "seed_accuracy": b["accuracy"], "options": r.get("options") or {}})
+    if not records:
+        return pd.DataFrame(columns=[*KEY, "min", "max", "accuracy", "accuracy_min", "accuracy_max", "count", "seeds", "window"])
+    df = pd.DataFrame(records)
+    out = df.groupby([*KEY, "min", "max"], sort=False).agg(
+        right=("right", "sum"), count=("count", "sum"), accuracy_min=("seed_accuracy", "min"),
+        accuracy_max=("seed_accuracy", "max"), seeds=("seed", "nunique"), options=("options", "first"),
+    ).reset_index()
+    out["accuracy"] = out["right"] / out["count"]
+    out["window"] = [o.get("window") if v.startswith("sliding_window") else None for v, o in zip(out["variant"], out["options"])]
+    return out.drop(columns=["right"]).sort_values([*KEY, "min"], kind="stable").reset_index(drop=True)
+
+
+def accuracy_within(rows: list[dict], task: str, variant: str, length: int, low: int, high: int | None) -> tuple[float, int]:
+    """(accuracy, count) pooled over seeds on the scored positions whose bucket lies within [low, high]
+    (high None: no upper bound); buckets are powers of two, so pass bucket edges."""
+    df = by_distance_frame(rows)
+    sel = df[(df["task"] == task) & (df["variant"] == variant) & (df["length"] == length) & (df["min"] >= low)]
+    if high is not None:
+        sel = sel[sel["max"] <= high]
+    count = int(sel["count"].sum())
+    return (float((sel["accuracy"] * sel["count"]).sum() / count) if count else float("nan")), count
+
+
+def cost_frame(run_dir: Path) -> pd.DataFrame:
+    """RUN_DIR/train_cost.jsonl: one row per (task, variant, length); empty when the run measured none."""
+    rows = read_rows(Path(run_dir), TRAIN_COST, quiet=True) if (Path(run_dir) / TRAIN_COST).exists() else []
+    df = pd.DataFrame(rows)
+    if not df.empty:
+        df["length"] = df["length"].astype(int)
+    return df
+
+
+def quality_rows(run_dir: Path) -> list[dict]:
+    return read_rows(Path(run_dir), QUALITY_RESULTS, quiet=True) if (Path(run_dir) / QUALITY_RESULTS).exists() else []
