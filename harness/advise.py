@@ -85,6 +85,10 @@ def _log_interp(points: list[tuple[int, float]], n: int) -> tuple[float, str]:
     return v1 * (n / m1) ** k, f"extrapolated down from N={m1} (~N^{k:.2f})"
 
 
+def _causal_word(causal: bool) -> str:
+    return "causal" if causal else "non-causal"
+
+
 def _options_text(options: dict) -> str:
     return ", ".join(f"{k}={options[k]}" for k in QUALITY_OPTIONS_COMPARED if options.get(k) is not None)
 
@@ -105,9 +109,10 @@ def advise(run_dirs: list[Path], *, n: int, device: str | None = None, pass_: st
         raise ArgumentError(f"--device {device}: the speed runs hold {', '.join(devices)} only")
     sel = df[(df["device"] == device) & (df["pass"] == pass_) & (df["causal"] == causal)]
     if sel.empty:
-        have = sorted({(p, bool(c)) for p, c in zip(df[df["device"] == device]["pass"], df[df["device"] == device]["causal"])})
-        raise ArgumentError(f"the speed runs have no {pass_} {'causal' if causal else 'non-causal'} rows on {device}; "
-                            f"they hold {', '.join(f'{p} {'causal' if c else 'non-causal'}' for p, c in have)}")
+        mine = df[df["device"] == device]
+        have = ", ".join(f"{p} {_causal_word(c)}" for p, c in sorted({(p, bool(c)) for p, c in zip(mine["pass"], mine["causal"])}))
+        raise ArgumentError(f"the speed runs have no {pass_} {_causal_word(causal)} rows on {device}; they hold {have} "
+                            "(--pass, --causal/--no-causal)")
     rows = [r for d in quality_dirs for r in quality_rows(d)]
     summary, distance = accuracy_summary(rows), by_distance_frame(rows)
     if rows:

@@ -338,17 +338,96 @@ def plot(
 
 @app.command()
 def report(
-    run_dir: Annotated[Path, typer.Argument(help="A run directory written by bench run or bench quality.")],
+    run_dirs: Annotated[list[Path], typer.Argument(help="A run directory written by bench run or bench quality; or speed runs and quality runs together for the trade-off report.")],
+    out: Annotated[Optional[Path], typer.Option(help="With several runs: where the trade-off report goes (default results/tradeoff).")] = None,
+    length: Annotated[Optional[int], typer.Option("--len", callback=_at_least(1), help="With several runs: the N of the trade-off (default: the tokens the model read at each task's largest L).")] = None,
 ) -> None:
     """Write RUN_DIR/REPORT.md and its figures: command and environment, per-panel tables, exponents, crossovers, cells that did not run.
 
-    bench run writes it at its end; run this to redraw it (partial runs too). Reads the run directory only.
+    bench run and bench quality write it at their end; run this to redraw it (partial runs too). Given a
+    speed run and a quality run (`bench report results/cpu-reference results/quality-long`), write the
+    trade-off report instead: accuracy against time per call at the same N. Reads the run directories only.
     """
-    from harness.report import make_report
+    from harness.report import make_report, write_tradeoff_report
 
+    if len(run_dirs) == 1:
+        if out is not None or length is not None:
+            raise typer.BadParameter("--out and --len are for the trade-off report of several runs; one run's report goes in RUN_DIR")
+        with _checked():
+            path, figures = make_report(_run_dir(run_dirs[0]))
+        _console().print(f"wrote {path} and {len(figures)} figures in {run_dirs[0] / 'figures'}")
+        return
+    for run_dir in run_dirs:
+        _run_dir(run_dir)
     with _checked():
-        path, figures = make_report(_run_dir(run_dir))
-    _console().print(f"wrote {path} and {len(figures)} figures in {run_dir / 'figures'}")
+        path, figures = write_tradeoff_report(run_dirs, out or Path("results") / "tradeoff", n=length)
+    _console().print(f"wrote {path} and {len(figures)} figures in {path.parent / 'figures'}")
+
+
+class Task(str, Enum):
+    copy = "copy"
+    recall = "recall"
+    all = "all"
+
+
+class Pass(str, Enum):
+    fwd = "fwd"
+    fwdbwd = "fwdbwd"
+
+
+def _fraction(text: str | None) -> float | None:
+    """'90%', '90' or '0.9' -> 0.9 (for --min-accuracy)."""
+    if text is None:
+        return None
+    raw = text.strip()
+    try:
+        value = float(raw.removesuffix("%"))
+    except ValueError:
+        raise typer.BadParameter(f"--min-accuracy: {text!r} is not a number; give a percentage (90%) or a fraction (0.9)") from None
+    value = value / 100 if raw.endswith("%") or value > 1 else value
+    if not 0 <= value <= 1:
+        raise typer.BadParameter(f"--min-accuracy: {text!r} is not allowed; it must lie between 0% and 100%")
+    return value
+
+
+@app.command()
+def advise(
+    run_dirs: Annotated[list[Path], typer.Argument(help="Speed runs (bench run) and quality runs (bench quality): at least one speed run.")],
+    length: Annotated[int, typer.Option("--len", callback=_at_least(1), help="The sequence length N to choose for.")],
+    device: Annotated[Optional[str], typer.Option(help="Device of the speed rows to use (default: cpu if the runs hold it).")] = None,
+    pass_: Annotated[Pass, typer.Option("--pass", help="fwd (inference) or fwdbwd (training).")] = Pass.fwdbwd,
+    causal: Annotated[bool, typer.Option("--causal/--no-causal", help="Causal (decoder) or bidirectional attention rows.")] = True,
+    memory: Annotated[Optional[str], typer.Option(help="Memory budget of one attention call, e.g. 2GiB: variants predicted above it are left out.")] = None,
+    task: Annotated[Task, typer.Option(help="The quality task whose accuracy counts: recall or copy.")] = Task.recall,
+    min_accuracy: Annotated[Optional[str], typer.Option(help="Leave out variants below this held-out accuracy, e.g. 90% (variants with no accuracy are left out too).")] = None,
+) -> None:
+    """Which attention at N: time and memory (measured, or interpolated/extrapolated and marked), accuracy, and a ranked pick.
+
+    Joins speed runs and quality runs: `bench advise --len 8192 --memory 1GiB --min-accuracy 90% results/cpu-reference results/quality-long`.
+    Accuracy is taken at the trained length nearest to N and marked when that length is below N.
+    """
+    from rich.table import Table
+
+    from harness import config as cfg
+    from harness.advise import advise as answer, advise_table, recommendation
+
+    if task == Task.all:
+        raise typer.BadParameter("--task: give one task, recall or copy")
+    with _checked():
+        budget = cfg.parse_size(memory, "--memory") if memory is not None else None
+        answers, context = answer(run_dirs, n=length, device=device, pass_=pass_.value, causal=causal, memory=budget,
+                                  task=task.value, min_accuracy=_fraction(min_accuracy))
+    console = _console()
+    kind = "causal" if context["causal"] else "non-causal"
+    table = Table(title=f"N={length}, {context['device']}, {context['pass']}, {kind}" + (f", accuracy on {context['task']}" if context["quality_runs"] else ""),
+                  title_justify="left")
+    frame = advise_table(answers)
+    for column in frame.columns:
+        table.add_column(column, justify="right" if column in ("rank", "time", "memory") else "left", overflow="fold")
+    for row in frame.itertuples(index=False):
+        table.add_row(*row)
+    console.print(table)
+    console.print(recommendation(answers, context))
 
 
 def _percent(text: str) -> float:
@@ -459,12 +538,6 @@ def viz(
     console.print(f"wrote {path}")
 
 
-class Task(str, Enum):
-    copy = "copy"
-    recall = "recall"
-    all = "all"
-
-
 class Preset(str, Enum):
     quick = "quick"
     long = "long"
@@ -484,6 +557,7 @@ def quality(
     curriculum: Annotated[Optional[bool], typer.Option("--curriculum/--no-curriculum", help="Train one model per (task, variant, seed) at each length in increasing order, each stage starting from the last. Default: the preset's (long: on).")] = None,
     pairs: Annotated[Optional[int], typer.Option(callback=_at_least(1), help="Recall: key-value pairs per sequence (default: the preset's; quick: L // 8).")] = None,
     queries: Annotated[Optional[int], typer.Option(callback=_at_least(1), help="Recall: ask this many distinct keys once each, at random places among filler tokens (<= --pairs). Default: the preset's (quick: every remaining place is a query, keys repeat).")] = None,
+    warm_start: Annotated[Optional[int], typer.Option(callback=_at_least(0), help="Recall asked once among filler: first train this many steps on the dense layout (every place a query) at the first length; unscored. Default: the preset's (long 1000).")] = None,
     vocab: Annotated[Optional[int], typer.Option(callback=_at_least(2), help="Task vocabulary (copy: symbols, default 16; recall: keys + values, default max(64, 2 x pairs)).")] = None,
     d_model: Annotated[int, typer.Option(callback=_at_least(1), help="Model width.")] = 64,
     layers: Annotated[int, typer.Option(callback=_at_least(1), help="Transformer blocks.")] = 2,
@@ -524,7 +598,7 @@ def quality(
                 tasks=cfg.TASKS if task == Task.all else (task.value,), variants=variants_, preset=preset.value, device=device,
                 dtype=dtype, given=cfg.merge_options(option or [], window=window, compression=compression), imports=import_ or [],
                 measure_cost=cost, lengths=lengths, copy_lengths=copy_lengths, seeds=seeds, lr=lr, label_smoothing=label_smoothing, d_model=d_model,
-                layers=layers, heads=heads, steps=steps, batch=batch, curriculum=curriculum, pairs=pairs, queries=queries, vocab=vocab,
+                layers=layers, heads=heads, steps=steps, batch=batch, curriculum=curriculum, pairs=pairs, queries=queries, vocab=vocab, warm_start=warm_start,
             )
             run_dir = rundir.new_run_dir(out, "quality-")
     if resume is None:

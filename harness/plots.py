@@ -379,3 +379,31 @@ def _curves_figure(df: pd.DataFrame, path: Path) -> Path:
         ax.legend(fontsize=6, loc="lower right")
     fig.suptitle("Training curves (a line per seed)", fontsize=10)
     return save_figure(fig, path)
+
+
+def tradeoff_figure(panels: list[tuple[str, int, list]], path: Path, subtitle: str) -> Path:
+    """Accuracy against time per call, a panel per (task, N): each variant one point (bar: the seeds'
+    min-max); a hollow marker where the time at N is interpolated or extrapolated, not measured.
+    panels: (task, N, advise.Answer list)."""
+    matplotlib_rc()
+    import matplotlib.pyplot as plt
+
+    fig, axes = plt.subplots(1, len(panels), figsize=(5.4 * len(panels), 4.4), squeeze=False, layout="constrained")
+    for ax, (task, n, answers) in zip(axes.flat, panels):
+        for a in answers:
+            if a.accuracy is None or a.time_s is None or not math.isfinite(a.time_s):
+                continue
+            color, marker = variant_style(a.variant)
+            lo, hi = a.accuracy_range or (a.accuracy, a.accuracy)
+            ax.errorbar([a.time_s * 1e3], [a.accuracy], yerr=[[a.accuracy - lo], [hi - a.accuracy]], color=color, marker=marker,
+                        ms=8, mfc=color if a.how == "measured" else "none", capsize=3, lw=1, label=a.variant)
+            ax.annotate(a.variant + ("" if a.quality_length == n else f" (L={a.quality_length})"), (a.time_s * 1e3, a.accuracy),
+                        textcoords="offset points", xytext=(6, 4), fontsize=7, color=color)
+        ax.set_xscale("log")
+        ax.set_ylim(-0.02, 1.05)
+        ax.set_xlabel(f"time per attention call at N={fmt_n(n)} (ms)")
+        ax.set_ylabel(f"held-out accuracy, {task}")
+        ax.set_title(f"{task}, N={fmt_n(n)}", fontsize=9)
+        ax.grid(True, alpha=0.3)
+    fig.suptitle("What each variant costs and what it keeps (up and to the left is better; hollow: time not measured at N)\n" + subtitle, fontsize=9)
+    return save_figure(fig, path)

@@ -297,3 +297,42 @@ def geomean(values) -> float:
     """Geometric mean of the positive, finite values; NaN when there is none."""
     logs = [math.log(v) for v in values if v is not None and v > 0 and math.isfinite(v)]
     return math.exp(sum(logs) / len(logs)) if logs else float("nan")
+
+
+def write_tradeoff_report(run_dirs: list[Path], out_dir: Path, n: int | None = None, pass_: str = "fwdbwd",
+                          causal: bool = True, device: str | None = None) -> tuple[Path, list[Path]]:
+    """OUT/REPORT.md from speed runs and quality runs together: per task, accuracy against time per call
+    at N (default: the sequence length the model read at the task's largest trained L), the figure and the
+    advise table. Returns (REPORT.md, figures)."""
+    from harness.advise import advise, advise_table, recommendation, split_runs
+    from harness.plots import tradeoff_figure
+    from harness.quality_frames import quality_rows
+
+    speed, quality = split_runs(run_dirs)
+    if not quality:
+        raise ValueError("a trade-off report needs a quality run (bench quality) beside the speed runs")
+    rows = [r for d in quality for r in quality_rows(d)]
+    out_dir = Path(out_dir)
+    (out_dir / "figures").mkdir(parents=True, exist_ok=True)
+    panels, sections = [], []
+    for task in dict.fromkeys(r["task"] for r in rows if r.get("final")):
+        largest = max(int(r["length"]) for r in rows if r.get("final") and r["task"] == task)
+        at = n or (2 * largest if task == "copy" else largest)  # the tokens the model read
+        answers, context = advise(run_dirs, n=at, device=device, pass_=pass_, causal=causal, task=task)
+        panels.append((task, at, answers))
+        sections += [f"### {task}, N={at}", "", markdown_table(list(advise_table(answers).columns),
+                     [[md_text(v) for v in row] for row in advise_table(answers).itertuples(index=False)]), "",
+                     md_text(recommendation(answers, context)), ""]
+    kind = "causal" if causal else "non-causal"
+    figure = tradeoff_figure(panels, out_dir / "figures" / "tradeoff.png",
+                             f"time: {pass_} {kind} attention calls from {', '.join(d.name for d in speed)}; accuracy: {', '.join(d.name for d in quality)}")
+    command = "bench report " + " ".join(str(d) for d in run_dirs) + f" --out {out_dir}" + (f" --len {n}" if n else "")
+    lines = [f"# attnbench trade-off: {', '.join(d.name for d in speed)} x {', '.join(d.name for d in quality)}", "",
+             f"Regenerate with `{command}`.", "",
+             f"Time and memory of one {pass_} {kind} attention call at N (from the speed runs: measured, or interpolated / "
+             "extrapolated on the fitted exponent and marked), against the held-out accuracy of the same attention in the "
+             "quality runs at the trained length nearest to N. Copy's N is the tokens its model read (2L).", "",
+             *_figure_links(out_dir, [figure]), *sections]
+    path = out_dir / "REPORT.md"
+    path.write_text("\n".join(lines))
+    return path, [figure]
