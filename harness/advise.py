@@ -122,9 +122,13 @@ def advise(run_dirs: list[Path], *, n: int, device: str | None = None, pass_: st
             tasks = sorted({r["task"] for r in rows})
             raise ArgumentError(f"--task {task}: the quality runs trained {', '.join(tasks)} only")
         if device not in quality_devices:
-            notes_device = f"accuracy trained on {', '.join(sorted(quality_devices))}, timing on {device}"
-        else:
-            notes_device = ""
+            raise ArgumentError(f"the runs share no device: the quality runs trained on {', '.join(sorted(quality_devices))}, "
+                                f"the speed rows used are {device} (--device, or runs of the same device)")
+        measured = sorted(int(m) for m in sel["n"].unique())
+        trained = sorted({int(L) * (2 if task == "copy" else 1) for L in summary["length"]})
+        if not any(measured[0] <= L <= measured[-1] for L in trained):
+            raise ArgumentError(f"the runs share no length: the speed runs measured N={measured[0]}..{measured[-1]}, the quality "
+                                f"runs trained {task} at {', '.join(map(str, trained))} tokens")
     answers = []
     for variant, group in sel.groupby("variant", sort=False):
         answer = Answer(variant)
@@ -142,8 +146,6 @@ def advise(run_dirs: list[Path], *, n: int, device: str | None = None, pass_: st
         speed_options = group["options"].iloc[0] or {}
         if rows:
             _attach_quality(answer, summary, distance, n, speed_options)
-            if notes_device:
-                answer.quality_note.append(notes_device)
         answers.append(answer)
     _rank(answers, memory, min_accuracy, bool(rows))
     return answers, {"device": device, "pass": pass_, "causal": causal, "n": n, "task": task, "quality_runs": bool(rows),
@@ -165,10 +167,11 @@ def _attach_quality(answer: Answer, summary: pd.DataFrame, distance: pd.DataFram
     answer.accuracy_range = (float(row["accuracy_min"]), float(row["accuracy_max"]))
     if length < n:
         answer.quality_note.append(f"trained at L={length} < N: accuracy at N not measured")
-    trained = _options_text(row["options"] or {})
-    timed = _options_text(speed_options)
-    if trained != timed:
-        answer.quality_note.append(f"trained with {trained or 'defaults'}, timed with {timed or 'defaults'}")
+    trained_options = row["options"] or {}  # the options given; the rest were the variant's defaults
+    differ = [k for k in QUALITY_OPTIONS_COMPARED if k in trained_options and trained_options[k] != speed_options.get(k, trained_options[k])]
+    if differ:
+        answer.quality_note.append(f"trained with {_options_text({k: trained_options[k] for k in differ})}, "
+                                   f"timed with {_options_text({k: speed_options[k] for k in differ})}")
     far = distance[(distance["variant"] == name) & (distance["length"] == length) & (distance["task"] == row["task"])]
     if len(far) > 1:
         last = far.sort_values("min").iloc[-1]
@@ -220,5 +223,6 @@ def advise_table(answers: list[Answer]) -> pd.DataFrame:
         out.append({"rank": str(a.rank) if a.rank else "-", "variant": a.variant,
                     "time": fmt_time(a.time_s) if a.time_s is not None and math.isfinite(a.time_s) else "",
                     "memory": fmt_bytes(a.peak_bytes) if a.peak_bytes is not None and math.isfinite(a.peak_bytes) else "",
-                    "how": a.how, "accuracy": acc, "notes": "; ".join([*([a.excluded] if a.excluded else []), *a.quality_note])})
+                    "how": a.how, "accuracy": acc,
+                    "notes": "; ".join([*([a.excluded] if a.excluded and a.excluded != a.how else []), *a.quality_note])})
     return pd.DataFrame(out)

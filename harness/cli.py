@@ -370,6 +370,11 @@ class Task(str, Enum):
     all = "all"
 
 
+class OneTask(str, Enum):
+    copy = "copy"
+    recall = "recall"
+
+
 class Pass(str, Enum):
     fwd = "fwd"
     fwdbwd = "fwdbwd"
@@ -397,8 +402,8 @@ def advise(
     device: Annotated[Optional[str], typer.Option(help="Device of the speed rows to use (default: cpu if the runs hold it).")] = None,
     pass_: Annotated[Pass, typer.Option("--pass", help="fwd (inference) or fwdbwd (training).")] = Pass.fwdbwd,
     causal: Annotated[bool, typer.Option("--causal/--no-causal", help="Causal (decoder) or bidirectional attention rows.")] = True,
-    memory: Annotated[Optional[str], typer.Option(help="Memory budget of one attention call, e.g. 2GiB: variants predicted above it are left out.")] = None,
-    task: Annotated[Task, typer.Option(help="The quality task whose accuracy counts: recall or copy.")] = Task.recall,
+    memory: Annotated[Optional[str], typer.Option(help="Memory budget of one attention call, e.g. 2GiB: variants whose peak memory at N (measured, or interpolated/extrapolated) exceeds it are left out.")] = None,
+    task: Annotated[OneTask, typer.Option(help="The quality task whose accuracy counts.")] = OneTask.recall,
     min_accuracy: Annotated[Optional[str], typer.Option(help="Leave out variants below this held-out accuracy, e.g. 90% (variants with no accuracy are left out too).")] = None,
 ) -> None:
     """Which attention at N: time and memory (measured, or interpolated/extrapolated and marked), accuracy, and a ranked pick.
@@ -411,8 +416,6 @@ def advise(
     from harness import config as cfg
     from harness.advise import advise as answer, advise_table, recommendation
 
-    if task == Task.all:
-        raise typer.BadParameter("--task: give one task, recall or copy")
     with _checked():
         budget = cfg.parse_size(memory, "--memory") if memory is not None else None
         answers, context = answer(run_dirs, n=length, device=device, pass_=pass_.value, causal=causal, memory=budget,

@@ -212,6 +212,32 @@ def distance_table(rows: list[dict], task: str, length: int) -> str:
     return markdown_table(header, body)
 
 
+def _window_verdicts(rows: list[dict], task: str, length: int, cfg: dict) -> list[str]:
+    """Per windowed variant: accuracy on the distance buckets inside its window, and on those from 2w on
+    (beyond what the stacked windows can reach), against chance (recall: 1 / the number of values)."""
+    from harness.quality_frames import accuracy_within, by_distance_frame
+
+    df = by_distance_frame(rows)
+    df = df[(df["task"] == task) & (df["length"] == length) & df["window"].notna()]
+    lines = []
+    for variant, group in df.groupby("variant", sort=False):
+        w = int(group["window"].iloc[0])
+        near, n_near = accuracy_within(rows, task, variant, length, 1, w)
+        far, n_far = accuracy_within(rows, task, variant, length, 2 * w, None)
+        if not (n_near or n_far):
+            continue
+        far_edges = group[group["min"] >= 2 * w]
+        text = (f"`{variant}` (w={w}) at L={length}: {near:.1%} on distances 1-{int(group[group['max'] <= w]['max'].max())} "
+                f"({n_near} scored)" if n_near else f"`{variant}` (w={w}) at L={length}: no scored distance within w")
+        if n_far:
+            text += f", {far:.1%} on distances {int(far_edges['min'].min())}-{int(far_edges['max'].max())} ({n_far} scored)"
+        if task == "recall":
+            values = (cfg.get("vocab") or max(64, 2 * (cfg.get("pairs") or length // 8))) // 2
+            text += f"; chance is {1 / values:.1%} (1 of {values} values)"
+        lines += [text + ".", ""]
+    return lines
+
+
 def cost_table(costs: pd.DataFrame) -> str:
     """Training-step cost per (task, L) and variant: time, tokens/s, peak memory."""
     body = []
@@ -265,6 +291,7 @@ def _quality_section(run_dir: Path, cfg: dict, figures) -> list[str]:
             if task == "copy":
                 continue  # one distance per L: the accuracy table is the by-distance table
             lines += [f"{task}, L={longest}:", "", distance_table(rows, task, longest), ""]
+            lines += _window_verdicts(rows, task, longest, cfg)
     costs = cost_frame(run_dir)
     if not costs.empty:
         lines += ["### Cost of a training step", "",
@@ -323,6 +350,7 @@ def write_tradeoff_report(run_dirs: list[Path], out_dir: Path, n: int | None = N
         sections += [f"### {task}, N={at}", "", markdown_table(list(advise_table(answers).columns),
                      [[md_text(v) for v in row] for row in advise_table(answers).itertuples(index=False)]), "",
                      md_text(recommendation(answers, context)), ""]
+    sections += _surviving_speedup(speed, quality, pass_, causal, device)
     kind = "causal" if causal else "non-causal"
     figure = tradeoff_figure(panels, out_dir / "figures" / "tradeoff.png",
                              f"time: {pass_} {kind} attention calls from {', '.join(d.name for d in speed)}; accuracy: {', '.join(d.name for d in quality)}")
@@ -336,3 +364,44 @@ def write_tradeoff_report(run_dirs: list[Path], out_dir: Path, n: int | None = N
     path = out_dir / "REPORT.md"
     path.write_text("\n".join(lines))
     return path, [figure]
+
+
+def _surviving_speedup(speed: list[Path], quality: list[Path], pass_: str, causal: bool, device: str | None) -> list[str]:
+    """How much of an attention call's speed-up over full survives in a whole training step: per (task, L)
+    of the quality runs' measured steps, the op-level time ratio at the same tokens (speed runs) beside the
+    training-step time ratio (quality runs), both against full."""
+    from harness.advise import _log_interp
+    from harness.quality_frames import cost_frame
+
+    costs = pd.concat([cost_frame(d) for d in quality], ignore_index=True)
+    if costs.empty or "step_ms" not in costs:
+        return []
+    costs = costs[costs["status"] == "ok"]
+    df = pd.concat([load_frame(d) for d in speed], ignore_index=True)
+    df["causal"] = df["causal"].astype(bool)
+    device = device or ("cpu" if "cpu" in set(df["device"]) else df["device"].iloc[0])
+    ok = df[(df["device"] == device) & (df["pass"] == pass_) & (df["causal"] == causal) & (df["status"] == "ok")]
+    op = {v: list(zip(g["n"].astype(int), g["time_median_s"])) for v, g in ok.groupby("variant")}
+    if BASELINE not in op:
+        return []
+    body = []
+    for (task, length), group in costs.groupby(["task", "length"], sort=False):
+        steps = dict(zip(group["variant"], group["step_ms"]))
+        if BASELINE not in steps:
+            continue
+        tokens = int(group["seq_len"].iloc[0])
+        base_op, how = _log_interp(op[BASELINE], tokens)
+        for variant, step_ms in steps.items():
+            if variant == BASELINE or variant not in op:
+                continue
+            t, how_v = _log_interp(op[variant], tokens)
+            marks = "" if how == how_v == "measured" else " *"
+            body.append([task, str(length), str(tokens), f"`{variant}`", f"{base_op / t:.2f}x{marks}", f"{steps[BASELINE] / step_ms:.2f}x"])
+    if not body:
+        return []
+    return ["### How much of the attention speed-up survives in a training step", "",
+            f"Speed-up over `{BASELINE}` (above 1: faster) of one {pass_} {'causal' if causal else 'non-causal'} attention call at the "
+            "tokens the model reads (speed runs; * where that N is interpolated or extrapolated, not measured), beside the "
+            "speed-up of a whole training step of the quality model (embedding, MLPs, loss, AdamW; the quality runs' "
+            "train_cost.jsonl). The attention call's shape is the speed run's, not the small model's.", "",
+            markdown_table(["task", "L", "tokens", "variant", "attention call", "training step"], body), ""]

@@ -88,7 +88,7 @@ def _quality(*args):
 
     from harness.cli import app
 
-    return CliRunner().invoke(app, ["quality", *args], env={"COLUMNS": "200"})
+    return CliRunner().invoke(app, ["quality", *args, "--no-cost"], env={"COLUMNS": "200"})  # cost: test_quality_long
 
 
 def test_quality_cli_writes_rows_and_report(tmp_path):

@@ -232,6 +232,10 @@ def test_advise_cli_and_its_bad_input(tmp_path):
         (["--len", "0", str(speed)], "0 is not allowed"),
         (["--len", "1024", "--no-causal", "--memory", "lots", str(speed)], "--memory"),
         (["--len", "1024", str(tmp_path / "nowhere")], "nowhere"),
+        (["--len", "1024", "--no-causal", str(speed), str(make_quality_run(tmp_path / "gpu", {"full": 0.9}, device="cuda"))],
+         "the runs share no device: the quality runs trained on cuda, the speed rows used are cpu"),
+        (["--len", "1024", "--no-causal", str(speed), str(make_quality_run(tmp_path / "short", {"full": 0.9}, lengths=(32, 64)))],
+         "the runs share no length: the speed runs measured N=256..4096, the quality runs trained recall at 32, 64 tokens"),
     ]
     for args, message in bad:
         result = _invoke("advise", *args)
