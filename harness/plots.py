@@ -298,17 +298,18 @@ def _distance_figure(distance: pd.DataFrame, cfg: dict, path: Path) -> Path:
     reach w (one layer) and 2w (the model's) drawn as lines."""
     import matplotlib.pyplot as plt
 
-    panels = list(dict.fromkeys(zip(distance["task"], distance["length"])))
+    # copy reads every answer exactly L back: one panel across L; other tasks a panel per L
+    panels = list(dict.fromkeys((t, None if t == "copy" else n) for t, n in zip(distance["task"], distance["length"])))
     cols = min(3, len(panels))
     rows_n = math.ceil(len(panels) / cols)
     fig, axes = plt.subplots(rows_n, cols, figsize=(4.6 * cols, 3.6 * rows_n), squeeze=False, layout="constrained")
     for ax in axes.flat[len(panels):]:
         ax.set_visible(False)
     for ax, (task, length) in zip(axes.flat, panels):
-        sub = distance[(distance["task"] == task) & (distance["length"] == length)]
+        sub = distance[(distance["task"] == task) & ((distance["length"] == length) if length else True)]
         for variant, group in sub.groupby("variant", sort=False):
             color, marker = variant_style(variant)
-            mid = (group["min"] + group["max"]) / 2
+            mid = group["length"] if length is None else (group["min"] + group["max"]) / 2
             ax.plot(mid, group["accuracy"], color=color, marker=marker, lw=1.3, ms=4, label=variant)
             if (group["seeds"] > 1).any():
                 ax.fill_between(mid, group["accuracy_min"], group["accuracy_max"], color=color, alpha=0.12, lw=0)
@@ -323,7 +324,7 @@ def _distance_figure(distance: pd.DataFrame, cfg: dict, path: Path) -> Path:
         ax.set_ylim(-0.02, 1.02)
         ax.set_xlabel("distance to the answer (positions)", fontsize=8)
         ax.set_ylabel("held-out accuracy", fontsize=8)
-        ax.set_title(f"{task}, L={length}", fontsize=9)
+        ax.set_title(f"{task}, L={length}" if length else f"{task}: every symbol is L back (a point per L)", fontsize=9)
         ax.grid(True, alpha=0.3)
         ax.legend(fontsize=6, loc="lower left")
     fig.suptitle("Accuracy by distance: how far back the answer sits (dashed: the window w; dotted: 2w, "
