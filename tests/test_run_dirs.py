@@ -299,11 +299,13 @@ def test_huge_compression_costs_no_parent_memory(tmp_path):
     (["--lr", "inf"], "--lr"), (["--lr", "0"], "--lr"), (["--label-smoothing", "1.5"], "--label-smoothing"),
     (["--seeds", "0"], "Invalid value for '--seeds': 0 is not allowed; it must be >= 1"),
     (["--device", "tpu"], "--device: 'tpu' is not a device; choose cpu, cuda or auto"),
+    pytest.param(["--device", "cuda"], "--device: cuda was asked for, but no CUDA device is available",
+                 marks=pytest.mark.skipif(torch.cuda.is_available(), reason="a CUDA device is present")),
     (["--dtype", "bfloat16"], "--dtype bfloat16 trains with CUDA autocast; the device is cpu"),
     (["--pairs", "5"], "--lengths 8: recall: 5 pairs need a length of at least 12"),
     (["--pairs", "40", "--vocab", "64", "--lengths", "128"], "recall: 40 distinct keys need a vocabulary of at least 80, got 64"),
     (["--pairs", "2", "--queries", "3", "--lengths", "32"], "recall: queries must be between 1 and the number of pairs (2), got 3"),
-], ids=["window", "compression", "lr-inf", "lr-zero", "smoothing", "seeds", "device", "dtype", "pairs-length", "pairs-vocab", "queries"])
+], ids=["window", "compression", "lr-inf", "lr-zero", "smoothing", "seeds", "device", "no-cuda", "dtype", "pairs-length", "pairs-vocab", "queries"])
 def test_quality_validates_every_option_before_training(tmp_path, args, message):
     out = tmp_path / "q"
     result = bench("quality", "--variants", "full,sliding_window,memory_compressed", "--lengths", "8", "--steps", "1",
