@@ -275,7 +275,7 @@ def _quality_section(run_dir: Path, cfg: dict, figures) -> list[str]:
         "",
         f"Preset {cfg.get('preset', 'quick')}. Same model and recipe for every variant: {recipe}. Held-out token accuracy after "
         f"the last step{' (mean over seeds, min-max in brackets)' if seeds > 1 else ''}; copy: and the share of strings "
-        f"reproduced exactly. Training took {total / 60:.1f} min in all.",
+        f"reproduced exactly. Training took {total / 60:.1f} min in all (the sum of every length's training and evaluations over seeds; warm starts and cost measurements not counted).",
         "",
         quality_table(rows),
         "",
