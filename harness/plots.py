@@ -61,8 +61,11 @@ def caption(metadata: dict) -> str:
     machine = f"{cpu.get('model') or 'CPU'} ({cpu.get('usable_cores') or cpu.get('cores')} cores)"
     if gpu.get("name"):
         machine += f", {gpu['name']}"
-    return (f"{machine} · {cfg.get('dtype')} · B={cfg.get('batch')} H={cfg.get('heads')} D={cfg.get('head_dim')}"
-            f" · torch {env.get('versions', {}).get('torch')}")
+    if "d_model" in cfg:  # a quality run: the model's shape
+        shape = f"d_model={cfg.get('d_model')} layers={cfg.get('layers')} heads={cfg.get('heads')} batch={cfg.get('batch')}"
+    else:
+        shape = f"B={cfg.get('batch')} H={cfg.get('heads')} D={cfg.get('head_dim')}"
+    return f"{machine} · {cfg.get('dtype', 'float32')} · {shape} · torch {env.get('versions', {}).get('torch')}"
 
 
 # what "peak extra memory" measures on each device: not the same quantity, so each axis says which
