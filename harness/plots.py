@@ -312,8 +312,13 @@ def _distance_figure(distance: pd.DataFrame, cfg: dict, path: Path) -> Path:
         sub = distance[(distance["task"] == task) & ((distance["length"] == length) if length else True)]
         for variant, group in sub.groupby("variant", sort=False):
             color, marker = variant_style(variant)
-            mid = group["length"] if length is None else (group["min"] + group["max"]) / 2
-            ax.plot(mid, group["accuracy"], color=color, marker=marker, lw=1.3, ms=4, label=variant)
+            if length is None:  # copy: the distance is exactly L
+                mid = group["length"]
+                ax.plot(mid, group["accuracy"], color=color, marker=marker, lw=1.3, ms=4, label=variant)
+            else:  # a bucket [min, max]: a point at its geometric middle, a bar over its extent
+                mid = (group["min"] * (group["max"] + 1)) ** 0.5
+                ax.errorbar(mid, group["accuracy"], xerr=[mid - group["min"], group["max"] + 1 - mid], color=color, marker=marker,
+                            lw=1.3, ms=4, elinewidth=0.6, capsize=0, label=variant)
             if (group["seeds"] > 1).any():
                 ax.fill_between(mid, group["accuracy_min"], group["accuracy_max"], color=color, alpha=0.12, lw=0)
         windows = {int(w) for w in sub["window"].dropna()}
@@ -325,11 +330,11 @@ def _distance_figure(distance: pd.DataFrame, cfg: dict, path: Path) -> Path:
         ax.set_xscale("log", base=2)
         ax.minorticks_off()
         ax.set_ylim(-0.02, 1.02)
-        ax.set_xlabel("distance to the answer (positions)", fontsize=8)
+        ax.set_xlabel("distance to the answer (positions; bars: a bucket's extent)", fontsize=8)
         ax.set_ylabel("held-out accuracy", fontsize=8)
         ax.set_title(f"{task}, L={length}" if length else f"{task}: every symbol is L back (a point per L)", fontsize=9)
         ax.grid(True, alpha=0.3)
-        ax.legend(fontsize=6, loc="lower left")
+        ax.legend(fontsize=6, loc="best")
     fig.suptitle("Accuracy by distance: how far back the answer sits (dashed: the window w; dotted: 2w, "
                  f"the reach of {cfg.get('layers', 2)} stacked windows)", fontsize=10)
     return save_figure(fig, path)
