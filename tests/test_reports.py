@@ -182,7 +182,7 @@ def test_viz_bad_arguments(tmp_path):
 
 @pytest.mark.parametrize("complete_config", [False, True], ids=["partial-config", "complete-config"])
 def test_reading_a_run_imports_no_torch(tmp_path, complete_config):
-    # report, plot and compare read run directories only: formatting numbers must not pull in the engine
+    # report, plot, compare and advise read run directories only: formatting numbers must not pull in the engine
     import json
     import subprocess
     import sys
@@ -197,7 +197,7 @@ def test_reading_a_run_imports_no_torch(tmp_path, complete_config):
 import sys
 from typer.testing import CliRunner
 from harness.cli import app
-for args in (["report", {str(run)!r}], ["compare", {str(run)!r}, {str(run)!r}]):
+for args in (["report", {str(run)!r}], ["compare", {str(run)!r}, {str(run)!r}], ["advise", "--len", "1024", "--no-causal", {str(run)!r}]):
     result = CliRunner().invoke(app, args)
     assert result.exit_code == 0, result.output
 from harness.storage import load_frame
