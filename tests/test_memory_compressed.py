@@ -63,3 +63,18 @@ def test_causal_mha_ignores_future_tokens():
         x2 = x.clone()
         x2[:, t:] = torch.randn_like(x2[:, t:])
         assert torch.equal(before[:, :t], mha(x2, causal=True)[:, :t])
+
+
+def test_trains_under_bfloat16_autocast():
+    # under autocast the block matmul runs in bf16 while its weight stays float32: the backward must mix them
+    torch.manual_seed(0)
+    attn = variants.build("memory_compressed", compression=3, num_heads=2, head_dim=8)
+    q, k, v = (torch.randn(2, 2, 20, 8, requires_grad=True) for _ in range(3))
+    with torch.autocast("cpu", dtype=torch.bfloat16):
+        out = attn(q.bfloat16(), k.bfloat16(), v.bfloat16(), causal=True)
+    out.float().square().sum().backward()
+    want = attn(q, k, v, causal=True)
+    torch.testing.assert_close(out.float(), want, atol=0.1, rtol=0.1)
+    for p in attn.parameters():
+        assert p.grad is not None and p.grad.dtype == torch.float32 and torch.isfinite(p.grad).all()
+    assert torch.isfinite(q.grad).all() and torch.isfinite(k.grad).all()

@@ -260,3 +260,11 @@ def test_tradeoff_report_draws_accuracy_against_time(tmp_path):
 def test_quality_trains_on_cuda_in_bfloat16():
     rows = train_one("recall", 16, "full", {}, TINY, seed=0, device="cuda", dtype="bfloat16")
     assert rows[-1]["device"] == "cuda" and rows[-1]["dtype"] == "bfloat16" and 0 <= rows[-1]["eval_accuracy"] <= 1
+
+
+@pytest.mark.parametrize("variant, options", [("full", {}), ("sliding_window", {"window": 4}), ("linear", {}),
+                                              ("memory_compressed", {"compression": 3})])
+def test_every_variant_trains_under_bfloat16_autocast(variant, options):
+    # the CUDA bf16 recipe's dtype mixing (autocast matmuls, float32 parameters), checked with CPU autocast
+    rows = train_one("recall", 16, variant, options, TINY, seed=0, device="cpu", dtype="bfloat16")
+    assert rows[-1]["dtype"] == "bfloat16" and math.isfinite(rows[-1]["train_loss"])

@@ -78,7 +78,7 @@ class _BlockMatmul(torch.autograd.Function):
         dx = dw = None
         if ctx.needs_input_grad[0]:
             dx = torch.empty_like(x)
-            w_t = w.transpose(-1, -2)
+            w_t = w.transpose(-1, -2).to(d_slots.dtype)  # under autocast the forward ran in x's dtype, w kept its own
             if whole:
                 dx[:, :, :whole] = torch.matmul(d_slots[:, :, : whole // c], w_t).unflatten(-1, (c, d)).flatten(2, 3)
             if whole < n:
