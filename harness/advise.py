@@ -161,12 +161,14 @@ def _attach_quality(answer: Answer, summary: pd.DataFrame, distance: pd.DataFram
     if name != answer.variant:
         answer.quality_note.append(f"accuracy of {name} (the same function)")
     lengths = sorted(mine["length"].astype(int))
-    length = min(lengths, key=lambda L: (abs(math.log(L / n)), -L))
+    per = 2 if mine["task"].iloc[0] == "copy" else 1  # tokens the model read per unit of L (copy: the string twice)
+    length = min(lengths, key=lambda L: (abs(math.log(per * L / n)), -L))
     row = mine[mine["length"] == length].iloc[0]
     answer.accuracy, answer.quality_length = float(row["accuracy"]), length
     answer.accuracy_range = (float(row["accuracy_min"]), float(row["accuracy_max"]))
-    if length < n:
-        answer.quality_note.append(f"trained at L={length} < N: accuracy at N not measured")
+    if per * length < n:
+        tokens = f" ({per * length} tokens)" if per != 1 else ""
+        answer.quality_note.append(f"trained at L={length}{tokens} < N: accuracy at N not measured")
     trained_options = row["options"] or {}  # the options given; the rest were the variant's defaults
     differ = [k for k in QUALITY_OPTIONS_COMPARED if k in trained_options and trained_options[k] != speed_options.get(k, trained_options[k])]
     if differ:

@@ -550,7 +550,7 @@ class Preset(str, Enum):
 def quality(
     task: Annotated[Task, typer.Option(help="copy, recall, or all.")] = Task.all,
     variants_: Annotated[str, typer.Option("--variants", help="'all' (one variant per attention function that trains on the device: full_naive, the same function as full, is left out) or names, comma-separated.")] = "all",
-    preset: Annotated[Preset, typer.Option(help="quick: L = 32,64, 1 seed, about 11 min on 2 CPU cores. long: L = 64,128,256 on the CPU (to 4096 on CUDA), recall with 8 pairs asked once each among filler, window 64, a length curriculum, 3 seeds. Options given here override the preset's.")] = Preset.quick,
+    preset: Annotated[Preset, typer.Option(help="quick: L = 32,64, 1 seed, about 15 min on 2 CPU cores. long: L = 64,128,256 on the CPU (to 4096 on CUDA), recall with 8 pairs asked once each among filler, window 64, a length curriculum, 3 seeds. Options given here override the preset's.")] = Preset.quick,
     lengths: Annotated[Optional[str], typer.Option(help="Task lengths L: the recall sequence's length / the copied string's length (the sequence is 2L). Default: the preset's.")] = None,
     copy_lengths: Annotated[Optional[str], typer.Option(help="Copy's lengths when they differ from --lengths. Default: the preset's (long: 32,64,128 on the CPU, sequences of 64-256 tokens like recall's).")] = None,
     device: Annotated[str, typer.Option(help="cpu, cuda, or auto (CUDA when present).")] = "cpu",
@@ -582,8 +582,8 @@ def quality(
     Only the attention differs between variants: same model size, steps, learning rate and data.
     Every evaluation row records its seed and accuracy by distance (how far back the answer sits).
     Rows are appended to RUN_DIR/quality.jsonl as they exist; REPORT.md and the figures are written at
-    the end (`bench report RUN_DIR` redraws them). The quick preset took 10 min 44 s on a 2-core CPU
-    (results/quality-reference); the long one is results/quality-long.
+    the end (`bench report RUN_DIR` redraws them). On a 2-core CPU the quick preset took 15 min 20 s
+    (results/quality-reference) and the long one 80 min (results/quality-long).
     """
     from harness import config as cfg
     from harness import rundir

@@ -399,15 +399,14 @@ def tradeoff_figure(panels: list[tuple[str, int, list]], path: Path, subtitle: s
 
     fig, axes = plt.subplots(1, len(panels), figsize=(5.4 * len(panels), 4.4), squeeze=False, layout="constrained")
     for ax, (task, n, answers) in zip(axes.flat, panels):
-        for a in answers:
-            if a.accuracy is None or a.time_s is None or not math.isfinite(a.time_s):
-                continue
+        drawn = [a for a in answers if a.accuracy is not None and a.time_s is not None and math.isfinite(a.time_s)]
+        for i, a in enumerate(sorted(drawn, key=lambda a: a.time_s)):
             color, marker = variant_style(a.variant)
             lo, hi = a.accuracy_range or (a.accuracy, a.accuracy)
             ax.errorbar([a.time_s * 1e3], [a.accuracy], yerr=[[a.accuracy - lo], [hi - a.accuracy]], color=color, marker=marker,
                         ms=8, mfc=color if a.how == "measured" else "none", capsize=3, lw=1, label=a.variant)
             ax.annotate(a.variant + ("" if a.quality_length == n else f" (L={a.quality_length})"), (a.time_s * 1e3, a.accuracy),
-                        textcoords="offset points", xytext=(6, 4), fontsize=7, color=color)
+                        textcoords="offset points", xytext=(6, 4 - 14 * (i % 2)), fontsize=7, color=color)  # neighbours alternate
         ax.set_xscale("log")
         ax.set_ylim(-0.02, 1.05)
         ax.set_xlabel(f"time per attention call at N={fmt_n(n)} (ms)")
