@@ -219,8 +219,9 @@ def advise_table(answers: list[Answer]) -> pd.DataFrame:
         acc = ""
         if a.accuracy is not None:
             acc = f"{a.accuracy:.1%}"
-            if a.accuracy_range and a.accuracy_range[0] != a.accuracy_range[1]:
-                acc += f" ({a.accuracy_range[0]:.0%}-{a.accuracy_range[1]:.0%})"
+            low, high = (f"{x:.0%}" for x in a.accuracy_range or (a.accuracy, a.accuracy))
+            if low != high:  # the seeds' range, where it shows at this precision
+                acc += f" ({low}-{high})"
             acc += f" at L={a.quality_length}"
         out.append({"rank": str(a.rank) if a.rank else "-", "variant": a.variant,
                     "time": fmt_time(a.time_s) if a.time_s is not None and math.isfinite(a.time_s) else "",
