@@ -59,7 +59,25 @@ def split_runs(run_dirs: list[Path]) -> tuple[list[Path], list[Path]]:
     return speed, quality
 
 
-def _log_interp(points: list[tuple[int, float]], n: int) -> tuple[float, str]:
+def speed_rows(speed_dirs: list[Path], device: str | None, pass_: str, causal: bool) -> tuple[str, pd.DataFrame]:
+    """(device, the speed runs' rows of that device, pass and causality); device None: cpu if the runs
+    hold it. ArgumentError naming what the runs hold when they have no such rows."""
+    df = pd.concat([load_frame(d) for d in speed_dirs], ignore_index=True)
+    df["causal"] = df["causal"].astype(bool)
+    devices = sorted(df["device"].unique())
+    device = device or ("cpu" if "cpu" in devices else devices[0])
+    if device not in devices:
+        raise ArgumentError(f"--device {device}: the speed runs hold {', '.join(devices)} only")
+    sel = df[(df["device"] == device) & (df["pass"] == pass_) & (df["causal"] == causal)]
+    if sel.empty:
+        mine = df[df["device"] == device]
+        have = ", ".join(f"{p} {_causal_word(c)}" for p, c in sorted({(p, bool(c)) for p, c in zip(mine["pass"], mine["causal"])}))
+        raise ArgumentError(f"the speed runs have no {pass_} {_causal_word(causal)} rows on {device}; they hold {have} "
+                            "(--pass, --causal/--no-causal)")
+    return device, sel
+
+
+def log_interp(points: list[tuple[int, float]], n: int) -> tuple[float, str]:
     """Value at n on the log-log line through the measured points: exact, between two, or beyond the ends
     (slope fitted on the two nearest points' side: the last half of the points)."""
     from harness.summary import fit_exponent
@@ -101,18 +119,7 @@ def advise(run_dirs: list[Path], *, n: int, device: str | None = None, pass_: st
     if min_accuracy is not None and not 0 <= min_accuracy <= 1:
         raise ArgumentError(f"--min-accuracy {min_accuracy} is not allowed; give a fraction in [0, 1] (0.9) or a percentage (90%)")
     speed_dirs, quality_dirs = split_runs(run_dirs)
-    df = pd.concat([load_frame(d) for d in speed_dirs], ignore_index=True)
-    df["causal"] = df["causal"].astype(bool)
-    devices = sorted(df["device"].unique())
-    device = device or ("cpu" if "cpu" in devices else devices[0])
-    if device not in devices:
-        raise ArgumentError(f"--device {device}: the speed runs hold {', '.join(devices)} only")
-    sel = df[(df["device"] == device) & (df["pass"] == pass_) & (df["causal"] == causal)]
-    if sel.empty:
-        mine = df[df["device"] == device]
-        have = ", ".join(f"{p} {_causal_word(c)}" for p, c in sorted({(p, bool(c)) for p, c in zip(mine["pass"], mine["causal"])}))
-        raise ArgumentError(f"the speed runs have no {pass_} {_causal_word(causal)} rows on {device}; they hold {have} "
-                            "(--pass, --causal/--no-causal)")
+    device, sel = speed_rows(speed_dirs, device, pass_, causal)
     rows = [r for d in quality_dirs for r in quality_rows(d)]
     summary, distance = accuracy_summary(rows), by_distance_frame(rows)
     if rows:
@@ -140,9 +147,9 @@ def advise(run_dirs: list[Path], *, n: int, device: str | None = None, pass_: st
         if ok.empty:
             answer.how = "no successful measurement"
         else:
-            answer.time_s, answer.how = _log_interp(list(zip(ok["n"].astype(int), ok["time_median_s"])), n)
+            answer.time_s, answer.how = log_interp(list(zip(ok["n"].astype(int), ok["time_median_s"])), n)
             mem = [(int(m), float(b)) for m, b in zip(ok["n"], ok["peak_bytes"]) if b is not None and b == b and b > 0]
-            answer.peak_bytes = _log_interp(mem, n)[0] if mem else None
+            answer.peak_bytes = log_interp(mem, n)[0] if mem else None
         speed_options = group["options"].iloc[0] or {}
         if rows:
             _attach_quality(answer, summary, distance, n, speed_options)

@@ -566,7 +566,7 @@ def quality(
     layers: Annotated[int, typer.Option(callback=_at_least(1), help="Transformer blocks.")] = 2,
     heads: Annotated[int, typer.Option(callback=_at_least(1), help="Attention heads.")] = 4,
     batch: Annotated[Optional[int], typer.Option(callback=_at_least(1), help="Training batch size (default 32).")] = None,
-    lr: Annotated[Optional[float], typer.Option(help="Peak learning rate (AdamW, linear warm-up then cosine decay). Default: the preset's (quick 3e-3, long 1e-3).")] = None,
+    lr: Annotated[Optional[float], typer.Option(help="Peak learning rate (AdamW, linear warm-up then cosine decay). Default: the preset's (3e-3 in both).")] = None,
     label_smoothing: Annotated[float, typer.Option(help="Label smoothing of the training loss.")] = 0.0,
     window: Annotated[Optional[int], typer.Option(help="Sliding-window width w (default: the preset's, quick 16, long 64: narrower than most distances on purpose, that is what local attention gives up).")] = None,
     compression: Annotated[Optional[int], typer.Option(help="Memory-compressed stride c (default 3).")] = None,
@@ -621,7 +621,7 @@ def _quality_with_progress(run_dir: Path, config, console: Console) -> None:
     steps = config.train.steps
     total = sum(len(chain) for *_, chain in trainings(config)) * steps
     progress = _progress(console)
-    done = {"base": 0, "step": 0}
+    done = {"step": 0}
 
     def on_start(task_name, length, name, seed, phase):
         done["step"] = 0

@@ -268,9 +268,17 @@ def resolve_devices(text: str) -> tuple[str, ...]:
     if text.strip() == "auto":
         return ("cpu", "cuda") if torch.cuda.is_available() else ("cpu",)
     devices = parse_list(text, "--devices", ("cpu", "cuda"))
-    if "cuda" in devices and not torch.cuda.is_available():
-        raise ArgumentError("--devices: cuda was asked for, but no CUDA device is available (torch.cuda.is_available() is False)")
+    if "cuda" in devices:
+        require_cuda("--devices")
     return devices
+
+
+def require_cuda(option: str) -> None:
+    """ArgumentError naming `option` when CUDA was asked for and torch sees no CUDA device."""
+    import torch
+
+    if not torch.cuda.is_available():
+        raise ArgumentError(f"{option}: cuda was asked for, but no CUDA device is available (torch.cuda.is_available() is False)")
 
 
 CPU_BUDGET_FRACTION = 0.6  # of the available RAM, for a CPU cell
@@ -420,8 +428,8 @@ def resolve_quality_device(text: str) -> str:
         return "cuda" if torch.cuda.is_available() else "cpu"
     if text not in ("cpu", "cuda"):
         raise ArgumentError(f"--device: {text!r} is not a device; choose cpu, cuda or auto")
-    if text == "cuda" and not torch.cuda.is_available():
-        raise ArgumentError("--device: cuda was asked for, but no CUDA device is available (torch.cuda.is_available() is False)")
+    if text == "cuda":
+        require_cuda("--device")
     return text
 
 
@@ -453,7 +461,7 @@ def build_quality_config(*, tasks: tuple[str, ...], variants: str, preset: str =
         copy_lengths = None  # --lengths alone is every task's
     recipe.pop("lengths", None)
     recipe.pop("copy_lengths", None)
-    seeds = recipe.pop("seeds", None) or defaults["seeds"]
+    seeds = recipe.pop("seeds")  # the command line's, else the preset's
     if seeds < 1:
         raise ArgumentError(f"--seeds {seeds} is not allowed; it must be >= 1")
     recipe = {key: value for key, value in recipe.items() if value is not None}  # the rest: TrainConfig's defaults

@@ -81,17 +81,23 @@ def _panel_title(panel: tuple) -> str:
     return f"{device} · {'forward' if pass_ == 'fwd' else 'forward + backward'} · {'causal' if causal else 'non-causal'}"
 
 
-def _figure(n_panels: int, title: str, metadata: dict):
+def _grid(n_panels: int, max_cols: int, panel_size: tuple[float, float]):
+    """A figure of n_panels axes, at most max_cols a row, the unused cells hidden: (fig, the axes)."""
     matplotlib_rc()
     import matplotlib.pyplot as plt
 
-    cols = min(2, n_panels)
+    cols = min(max_cols, n_panels)
     rows = math.ceil(n_panels / cols)
-    fig, axes = plt.subplots(rows, cols, figsize=(6.4 * cols, 4.8 * rows), squeeze=False, layout="constrained")
-    fig.suptitle(f"{title}\n{caption(metadata)}", fontsize=10)
+    fig, axes = plt.subplots(rows, cols, figsize=(panel_size[0] * cols, panel_size[1] * rows), squeeze=False, layout="constrained")
     for ax in axes.flat[n_panels:]:
         ax.set_visible(False)
     return fig, list(axes.flat[:n_panels])
+
+
+def _figure(n_panels: int, title: str, metadata: dict):
+    fig, axes = _grid(n_panels, 2, (6.4, 4.8))
+    fig.suptitle(f"{title}\n{caption(metadata)}", fontsize=10)
+    return fig, axes
 
 
 def _n_axis(ax, ns) -> None:
@@ -299,16 +305,10 @@ def _length_axis(ax, ticks, label: str = "length L") -> None:
 def _distance_figure(distance: pd.DataFrame, cfg: dict, path: Path) -> Path:
     """Accuracy against distance (bucket midpoints, log axis), a panel per (task, L); the window's
     reach w (one layer) and 2w (the model's) drawn as lines."""
-    import matplotlib.pyplot as plt
-
     # copy reads every answer exactly L back: one panel across L; other tasks a panel per L
     panels = list(dict.fromkeys((t, None if t == "copy" else n) for t, n in zip(distance["task"], distance["length"])))
-    cols = min(3, len(panels))
-    rows_n = math.ceil(len(panels) / cols)
-    fig, axes = plt.subplots(rows_n, cols, figsize=(4.6 * cols, 3.6 * rows_n), squeeze=False, layout="constrained")
-    for ax in axes.flat[len(panels):]:
-        ax.set_visible(False)
-    for ax, (task, length) in zip(axes.flat, panels):
+    fig, axes = _grid(len(panels), 3, (4.6, 3.6))
+    for ax, (task, length) in zip(axes, panels):
         sub = distance[(distance["task"] == task) & ((distance["length"] == length) if length else True)]
         for variant, group in sub.groupby("variant", sort=False):
             color, marker = variant_style(variant)
@@ -326,7 +326,7 @@ def _distance_figure(distance: pd.DataFrame, cfg: dict, path: Path) -> Path:
             ax.axvline(w, color=variant_style("sliding_window")[0], ls="--", lw=1)
             ax.axvline(2 * w, color=variant_style("sliding_window")[0], ls=":", lw=1)
             ax.text(w, 0.02, f" w={w}", color=variant_style("sliding_window")[0], fontsize=7)
-            ax.text(2 * w, 0.1, f" 2w", color=variant_style("sliding_window")[0], fontsize=7)
+            ax.text(2 * w, 0.1, " 2w", color=variant_style("sliding_window")[0], fontsize=7)
         ax.set_xscale("log", base=2)
         ax.minorticks_off()
         ax.set_ylim(-0.02, 1.02)
@@ -365,16 +365,10 @@ def _training_cost_figure(costs: pd.DataFrame, meta: dict, path: Path) -> Path:
 
 
 def _curves_figure(df: pd.DataFrame, path: Path) -> Path:
-    import matplotlib.pyplot as plt
-
     df = df.assign(seed=df["seed"] if "seed" in df else 0)
     panels = list(dict.fromkeys(zip(df["task"], df["length"])))
-    cols = min(4, len(panels))
-    rows_n = math.ceil(len(panels) / cols)
-    fig, axes = plt.subplots(rows_n, cols, figsize=(4.2 * cols, 3.4 * rows_n), squeeze=False, layout="constrained")
-    for ax in axes.flat[len(panels):]:
-        ax.set_visible(False)
-    for ax, (task, length) in zip(axes.flat, panels):
+    fig, axes = _grid(len(panels), 4, (4.2, 3.4))
+    for ax, (task, length) in zip(axes, panels):
         sub = df[(df["task"] == task) & (df["length"] == length)]
         for (variant, seed), group in sub.groupby(["variant", "seed"], sort=False):
             color, marker = variant_style(variant)

@@ -90,15 +90,20 @@ def _task(task_name: str, length: int, cfg: TrainConfig):
     return make_task(task_name, length, vocab=cfg.vocab, pairs=cfg.pairs, queries=cfg.queries)
 
 
+def _loss(model, inputs, targets, mask, autocast, label_smoothing: float = 0.0):
+    """Cross-entropy on the scored positions (the forward under the training's precision, the loss in float32)."""
+    with autocast():
+        logits = model(inputs)
+    return F.cross_entropy(logits[mask].float(), targets[mask], label_smoothing=label_smoothing)
+
+
 def _steps(model, opt, task, cfg: TrainConfig, steps: int, g, dev, autocast, what: str):
     """Train `steps` steps on batches of `task` (warm-up then cosine schedule over them); yields (step, loss)."""
     for step in range(1, steps + 1):
         for group in opt.param_groups:
             group["lr"] = cfg.lr * lr_factor(step - 1, steps, cfg.warmup)
         inputs, targets, mask = (t.to(dev) for t in task.batch(cfg.batch, g))
-        with autocast():
-            logits = model(inputs)
-        loss = F.cross_entropy(logits[mask].float(), targets[mask], label_smoothing=cfg.label_smoothing)
+        loss = _loss(model, inputs, targets, mask, autocast, cfg.label_smoothing)
         if not torch.isfinite(loss):  # an accuracy after this would describe a broken model
             raise TrainingDiverged(f"{what}: the training loss became {loss.item()} at step {step} (lr={cfg.lr}); "
                                    "no accuracy is reported for it")
@@ -165,9 +170,7 @@ def measure_training_step(task_name: str, length: int, variant: str, options: di
     inputs, targets, mask = (t.to(dev) for t in task.batch(cfg.batch, torch.Generator().manual_seed(0)))
 
     def step():
-        with autocast():
-            logits = model(inputs)
-        loss = F.cross_entropy(logits[mask].float(), targets[mask])
+        loss = _loss(model, inputs, targets, mask, autocast)
         opt.zero_grad(set_to_none=True)
         loss.backward()
         opt.step()
@@ -243,6 +246,9 @@ def cost_key(row: dict) -> tuple:
     return (row["task"], row["variant"], int(row["length"]))
 
 
+COST_TIMEOUT_S = 600  # for one cost measurement (model build, 7 steps, a measured step)
+
+
 def _measure_cost(run_dir: Path, config: QualityConfig, task: str, name: str, length: int, options: dict) -> dict:
     """One training step's cost in a process of its own; a failure (OOM, crash, timeout) is a row that says so."""
     from harness.isolation import run_isolated
@@ -255,9 +261,6 @@ def _measure_cost(run_dir: Path, config: QualityConfig, task: str, name: str, le
             "dtype": config.dtype, "status": "error", "error": outcome.describe()}
 
 
-COST_TIMEOUT_S = 600
-
-
 def sweep_quality(run_dir: Path, config: QualityConfig, on_eval=None, on_start=None, finished: set[tuple] | None = None) -> list[dict]:
     """Run every training not finished yet; rows are appended as they exist. With config.measure_cost,
     each (task, variant, length) first gets its training-step cost in RUN_DIR/train_cost.jsonl.
@@ -265,10 +268,10 @@ def sweep_quality(run_dir: Path, config: QualityConfig, on_eval=None, on_start=N
     finished: the result of `keep_finished_runs(run_dir, config)` when the caller already called it.
     """
     finished = keep_finished_runs(run_dir, config) if finished is None else finished
-    drop_torn_tail(run_dir, TRAIN_COST)
-    costed = {cost_key(r) for r in read_rows(run_dir, TRAIN_COST)}
     options, cfg = config.options, config.train
     if config.measure_cost:  # first, all together: a quiet machine for the timings, before hours of training
+        drop_torn_tail(run_dir, TRAIN_COST)
+        costed = {cost_key(r) for r in read_rows(run_dir, TRAIN_COST)}
         with RowWriter(run_dir, TRAIN_COST) as cost_writer:
             for task, name, n in dict.fromkeys((t, v, n) for t, v, _, chain in trainings(config) for n in chain):
                 if (task, name, n) not in costed:

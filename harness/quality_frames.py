@@ -55,11 +55,11 @@ def by_distance_frame(rows: list[dict]) -> pd.DataFrame:
     return out.drop(columns=["right"]).sort_values([*KEY, "min"], kind="stable").reset_index(drop=True)
 
 
-def accuracy_within(rows: list[dict], task: str, variant: str, length: int, low: int, high: int | None) -> tuple[float, int]:
-    """(accuracy, count) pooled over seeds on the scored positions whose bucket lies within [low, high]
-    (high None: no upper bound); buckets are powers of two, so pass bucket edges."""
-    df = by_distance_frame(rows)
-    sel = df[(df["task"] == task) & (df["variant"] == variant) & (df["length"] == length) & (df["min"] >= low)]
+def accuracy_within(distance: pd.DataFrame, low: int, high: int | None) -> tuple[float, int]:
+    """(accuracy, count) pooled over the buckets of `distance` (rows of `by_distance_frame`, one task,
+    variant and length) that lie within [low, high] (high None: no upper bound); buckets are powers of
+    two, so pass bucket edges."""
+    sel = distance[distance["min"] >= low]
     if high is not None:
         sel = sel[sel["max"] <= high]
     count = int(sel["count"].sum())

@@ -194,12 +194,10 @@ def quality_table(rows: list[dict]) -> str:
     return markdown_table(["variant"] + [f"{t} L={n}" for t, n in columns], body)
 
 
-def distance_table(rows: list[dict], task: str, length: int) -> str:
-    """Accuracy by distance bucket (columns) per variant (rows) at one (task, L), pooled over seeds."""
-    from harness.quality_frames import by_distance_frame
-
-    df = by_distance_frame(rows)
-    df = df[(df["task"] == task) & (df["length"] == length)]
+def distance_table(distance: pd.DataFrame, task: str, length: int) -> str:
+    """Accuracy by distance bucket (columns) per variant (rows) at one (task, L), pooled over seeds
+    (`distance`: `quality_frames.by_distance_frame`)."""
+    df = distance[(distance["task"] == task) & (distance["length"] == length)]
     buckets = list(dict.fromkeys(zip(df["min"], df["max"])))
     buckets.sort()
     body = []
@@ -212,18 +210,17 @@ def distance_table(rows: list[dict], task: str, length: int) -> str:
     return markdown_table(header, body)
 
 
-def _window_verdicts(rows: list[dict], task: str, length: int, cfg: dict) -> list[str]:
+def _window_verdicts(distance: pd.DataFrame, task: str, length: int, cfg: dict) -> list[str]:
     """Per windowed variant: accuracy on the distance buckets inside its window, and on those from 2w on
     (beyond what the stacked windows can reach), against chance (recall: 1 / the number of values)."""
-    from harness.quality_frames import accuracy_within, by_distance_frame
+    from harness.quality_frames import accuracy_within
 
-    df = by_distance_frame(rows)
-    df = df[(df["task"] == task) & (df["length"] == length) & df["window"].notna()]
+    df = distance[(distance["task"] == task) & (distance["length"] == length) & distance["window"].notna()]
     lines = []
     for variant, group in df.groupby("variant", sort=False):
         w = int(group["window"].iloc[0])
-        near, n_near = accuracy_within(rows, task, variant, length, 1, w)
-        far, n_far = accuracy_within(rows, task, variant, length, 2 * w, None)
+        near, n_near = accuracy_within(group, 1, w)
+        far, n_far = accuracy_within(group, 2 * w, None)
         if not (n_near or n_far):
             continue
         far_edges = group[group["min"] >= 2 * w]
@@ -251,7 +248,7 @@ def cost_table(costs: pd.DataFrame) -> str:
 
 
 def _quality_section(run_dir: Path, cfg: dict, figures) -> list[str]:
-    from harness.quality_frames import cost_frame, quality_rows
+    from harness.quality_frames import by_distance_frame, cost_frame, quality_rows
 
     rows = quality_rows(run_dir)
     if not rows:
@@ -282,6 +279,7 @@ def _quality_section(run_dir: Path, cfg: dict, figures) -> list[str]:
     ]
     final = [r for r in rows if r.get("final") and r.get("by_distance")]
     if final:
+        distance = by_distance_frame(rows)
         lines += ["### Accuracy by distance", "",
                   "Distance: how many positions back the answer sits from the scored position (recall: the binding's value, "
                   "or an earlier answer to the same key; copy: L for every symbol). A window w sees distances up to w in one "
@@ -290,8 +288,8 @@ def _quality_section(run_dir: Path, cfg: dict, figures) -> list[str]:
             longest = max(int(r["length"]) for r in final if r["task"] == task)
             if task == "copy":
                 continue  # one distance per L: the accuracy table is the by-distance table
-            lines += [f"{task}, L={longest}:", "", distance_table(rows, task, longest), ""]
-            lines += _window_verdicts(rows, task, longest, cfg)
+            lines += [f"{task}, L={longest}:", "", distance_table(distance, task, longest), ""]
+            lines += _window_verdicts(distance, task, longest, cfg)
     costs = cost_frame(run_dir)
     if not costs.empty:
         lines += ["### Cost of a training step", "",
@@ -347,9 +345,9 @@ def write_tradeoff_report(run_dirs: list[Path], out_dir: Path, n: int | None = N
         at = n or (2 * largest if task == "copy" else largest)  # the tokens the model read
         answers, context = advise(run_dirs, n=at, device=device, pass_=pass_, causal=causal, task=task)
         panels.append((task, at, answers))
-        sections += [f"### {task}, N={at}", "", markdown_table(list(advise_table(answers).columns),
-                     [[md_text(v) for v in row] for row in advise_table(answers).itertuples(index=False)]), "",
-                     md_text(recommendation(answers, context)), ""]
+        table = advise_table(answers)
+        sections += [f"### {task}, N={at}", "", markdown_table(list(table.columns), [[md_text(v) for v in row] for row in table.itertuples(index=False)]),
+                     "", md_text(recommendation(answers, context)), ""]
     sections += _surviving_speedup(speed, quality, pass_, causal, device)
     kind = "causal" if causal else "non-causal"
     figure = tradeoff_figure(panels, out_dir / "figures" / "tradeoff.png",
@@ -370,17 +368,15 @@ def _surviving_speedup(speed: list[Path], quality: list[Path], pass_: str, causa
     """How much of an attention call's speed-up over full survives in a whole training step: per (task, L)
     of the quality runs' measured steps, the op-level time ratio at the same tokens (speed runs) beside the
     training-step time ratio (quality runs), both against full."""
-    from harness.advise import _log_interp
+    from harness.advise import log_interp, speed_rows
     from harness.quality_frames import cost_frame
 
     costs = pd.concat([cost_frame(d) for d in quality], ignore_index=True)
     if costs.empty or "step_ms" not in costs:
         return []
     costs = costs[costs["status"] == "ok"]
-    df = pd.concat([load_frame(d) for d in speed], ignore_index=True)
-    df["causal"] = df["causal"].astype(bool)
-    device = device or ("cpu" if "cpu" in set(df["device"]) else df["device"].iloc[0])
-    ok = df[(df["device"] == device) & (df["pass"] == pass_) & (df["causal"] == causal) & (df["status"] == "ok")]
+    _, sel = speed_rows(speed, device, pass_, causal)
+    ok = sel[sel["status"] == "ok"]
     op = {v: list(zip(g["n"].astype(int), g["time_median_s"])) for v, g in ok.groupby("variant")}
     if BASELINE not in op:
         return []
@@ -390,11 +386,11 @@ def _surviving_speedup(speed: list[Path], quality: list[Path], pass_: str, causa
         if BASELINE not in steps:
             continue
         tokens = int(group["seq_len"].iloc[0])
-        base_op, how = _log_interp(op[BASELINE], tokens)
+        base_op, how = log_interp(op[BASELINE], tokens)
         for variant, step_ms in steps.items():
             if variant == BASELINE or variant not in op:
                 continue
-            t, how_v = _log_interp(op[variant], tokens)
+            t, how_v = log_interp(op[variant], tokens)
             marks = "" if how == how_v == "measured" else " *"
             body.append([task, str(length), str(tokens), f"`{variant}`", f"{base_op / t:.2f}x{marks}", f"{steps[BASELINE] / step_ms:.2f}x"])
     if not body:

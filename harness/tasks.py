@@ -95,14 +95,13 @@ class RecallTask:
         p = self.num_pairs
         if p < 1:
             raise ValueError(f"recall: the number of pairs must be at least 1, got {p}")
-        if p > self.vocab_size_keys:
+        if p > self.symbols // 2:  # keys come from the first half of the vocabulary
             raise ValueError(f"recall: {p} distinct keys need a vocabulary of at least {2 * p}, got {self.symbols}")
-        slots = (self.length - 2 * p) // 2  # two-token places after the bindings
         needed = 2 * p + 2 * (self.queries if self.queries is not None else 1)
         if self.length < max(needed, 4):
             asked = "at least one query" if self.queries is None else f"{self.queries} queries"
             raise ValueError(f"recall: {p} pairs need a length of at least {max(needed, 4)} (the pairs and {asked}), got {self.length}")
-        if self.queries is not None and not 1 <= self.queries <= min(p, slots):
+        if self.queries is not None and not 1 <= self.queries <= min(p, self.slots):
             raise ValueError(f"recall: queries must be between 1 and the number of pairs ({p}), got {self.queries}")
 
     @property
@@ -114,12 +113,13 @@ class RecallTask:
         return self.vocab if self.vocab is not None else max(64, 2 * self.num_pairs)
 
     @property
-    def vocab_size_keys(self) -> int:
-        return self.symbols // 2
+    def slots(self) -> int:
+        """Two-token places after the bindings: each a query (key, value) or filler."""
+        return (self.length - 2 * self.num_pairs) // 2
 
     @property
     def num_queries(self) -> int:
-        return self.queries if self.queries is not None else (self.length - 2 * self.num_pairs) // 2
+        return self.queries if self.queries is not None else self.slots
 
     @property
     def vocab_size(self) -> int:
@@ -127,12 +127,10 @@ class RecallTask:
 
     @property
     def seq_len(self) -> int:
-        slots = (self.length - 2 * self.num_pairs) // 2
-        return 2 * (self.num_pairs + slots) - 1
+        return 2 * (self.num_pairs + self.slots) - 1
 
     def sample(self, size: int, generator: torch.Generator) -> Sample:
-        p, half = self.num_pairs, self.symbols // 2
-        slots = (self.length - 2 * p) // 2
+        p, half, slots = self.num_pairs, self.symbols // 2, self.slots
         keys = torch.rand(size, half, generator=generator).argsort(dim=1)[:, :p]  # distinct keys per example
         values = torch.randint(half, self.symbols, (size, p), generator=generator)
         if self.queries is None:  # every slot a query, keys drawn with repetition

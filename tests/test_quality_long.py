@@ -43,8 +43,8 @@ def test_copy_distance_is_the_string_length():
 def test_recall_distance_on_a_hand_checked_example(monkeypatch):
     # 3 pairs (keys 0,1,2 -> values 5,6,7), then the queries 1, 1, 0 (the dense layout): hand-counted distances
     task = RecallTask(length=12, vocab=10, pairs=3)
-    keys, values, asked = torch.tensor([[0, 1, 2]]), torch.tensor([[5, 6, 7]]), torch.tensor([[1, 1, 0]])
-    draws = iter([torch.tensor([[0.0, 0.1, 0.2, 0.3, 0.4]]), values, asked])
+    values, asked = torch.tensor([[5, 6, 7]]), torch.tensor([[1, 1, 0]])
+    draws = iter([torch.tensor([[0.0, 0.1, 0.2, 0.3, 0.4]]), values, asked])  # the first draw orders the keys 0, 1, 2
     monkeypatch.setattr(torch, "rand", lambda *a, **k: next(draws))
     monkeypatch.setattr(torch, "randint", lambda *a, **k: next(draws))
     s = task.sample(1, torch.Generator())
