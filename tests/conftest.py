@@ -44,9 +44,11 @@ def ref_attention(q, k, v, allowed=None, scale=None):
 
 
 def causal_and_padding(n_q, n_k, causal, kpm):
+    """Causal with Nq < Nk: the queries are the last Nq positions (query i at Nk - Nq + i sees j <= it)."""
     allowed = torch.ones(n_q, n_k, dtype=torch.bool)
     if causal:
-        allowed = allowed.tril()
+        i = torch.arange(n_k - n_q, n_k)[:, None]
+        allowed = torch.arange(n_k)[None, :] <= i
     allowed = allowed[None, None]
     if kpm is not None:
         allowed = allowed & kpm[:, None, None, :]
@@ -58,13 +60,13 @@ def ref_full(q, k, v, causal=False, kpm=None, scale=None):
 
 
 def ref_sliding_window(q, k, v, window, n_global=0, causal=False, kpm=None):
-    n = q.shape[-2]
-    i = torch.arange(n)[:, None]
+    n_q, n = q.shape[-2], k.shape[-2]
+    i = torch.arange(n - n_q, n)[:, None]  # query positions
     j = torch.arange(n)[None, :]
     allowed = (i - j).abs() <= window
     if n_global:
         allowed = allowed | (i < n_global) | (j < n_global)
-    return ref_attention(q, k, v, allowed[None, None] & causal_and_padding(n, n, causal, kpm))
+    return ref_attention(q, k, v, allowed[None, None] & causal_and_padding(n_q, n, causal, kpm))
 
 
 def ref_linear(q, k, v, causal=False, kpm=None, eps=1e-6):
@@ -101,14 +103,14 @@ def ref_memory_compressed(q, k, v, module, causal=False, kpm=None):
     n_q = q.shape[-2]
     if not causal:
         return ref_attention(q, kc, vc, slot_ok[:, None, None, :].expand(b, 1, n_q, m))
-    i = torch.arange(n)[:, None]
+    i = torch.arange(n - n_q, n)[:, None]  # query positions: the last Nq
     visible_slot = ((torch.arange(m)[None, :] + 1) * c - 1 <= i)[None, None] & slot_ok[:, None, None, :]
     j = torch.arange(n)[None, :]
     own_block = ((j >= ((i + 1) // c) * c) & (j <= i))[None, None]
     if kpm is not None:
         own_block = own_block & kpm[:, None, None, :]
     keys, values = torch.cat([kc, k], 2), torch.cat([vc, v], 2)
-    return ref_attention(q, keys, values, torch.cat([visible_slot.expand(b, 1, n, m), own_block.expand(b, 1, n, n)], -1))
+    return ref_attention(q, keys, values, torch.cat([visible_slot.expand(b, 1, n_q, m), own_block.expand(b, 1, n_q, n)], -1))
 
 
 def assert_close_with_grads(out, ref, inputs, atol=1e-9, rtol=1e-7, seed=3):

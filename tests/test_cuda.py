@@ -47,6 +47,27 @@ def test_variant_on_cuda_matches_definition(name, causal, dtype):
         torch.testing.assert_close(a.double(), b, atol=tol * 5, rtol=tol * 5)
 
 
+@pytest.mark.parametrize("n_q", [1, 3, 100])
+@pytest.mark.parametrize("name", sorted(OPTIONS))
+def test_variant_on_cuda_bottom_right_causal(name, n_q):
+    # causal with Nq < Nk: the queries are the last Nq of 300 positions (decoding with a KV cache)
+    reason = variants.variant_class(name).unavailable_reason("cuda")
+    if reason:
+        pytest.skip(reason)
+    attn = variants.build(name, device="cuda", **OPTIONS[name])
+    g = torch.Generator().manual_seed(0)
+    q = torch.randn(2, 2, n_q, 64, generator=g).to("cuda")
+    k, v = (torch.randn(2, 2, 300, 64, generator=g).to("cuda") for _ in range(2))
+    kpm = torch.ones(2, 300, dtype=torch.bool, device="cuda")
+    kpm[1, :40] = False  # left padding
+    with torch.no_grad():
+        out = attn(q, k, v, causal=True, key_padding_mask=kpm)
+        ref_attn = variants.build(name, device="cuda", **OPTIONS[name]).double()
+        ref_attn.load_state_dict(attn.state_dict())
+        ref = ref_attn.reference(q.double(), k.double(), v.double(), causal=True, key_padding_mask=kpm)
+    torch.testing.assert_close(out.double(), ref, atol=2e-3, rtol=2e-3)
+
+
 def _bench(*args):
     return CliRunner().invoke(app, ["run", "--devices", "cuda", *args], env={"COLUMNS": "200"})
 

@@ -149,14 +149,14 @@ def test_bad_mask_raises_clear_errors(name):
 def test_cross_attention_rejected_where_unsupported():
     q, _, _ = _qkv()
     _, k, v = make_qkv(b=2, h=2, n_q=9, d=8, requires_grad=False)
-    with pytest.raises(ValueError, match=r"sliding_window: cross-attention \(Nq=6 != Nk=9\) is not supported"):
+    with pytest.raises(ValueError, match=r"sliding_window: cross-attention \(Nq=6 != Nk=9, causal=False\) is not supported"):
         build_cpu("sliding_window")(q, k, v)
 
 
-def test_causal_cross_attention_rejected():
-    q, _, _ = _qkv()
-    _, k, v = make_qkv(b=2, h=2, n_q=9, d=8, requires_grad=False)
-    with pytest.raises(ValueError, match=r"causal=True needs self-attention shapes \(Nq == Nk\), got Nq=6, Nk=9"):
+def test_causal_with_more_queries_than_keys_rejected():
+    _, k, v = _qkv()
+    q, _, _ = make_qkv(b=2, h=2, n_q=9, d=8, requires_grad=False)
+    with pytest.raises(ValueError, match=r"causal=True needs Nq <= Nk \(the queries are the last Nq of the Nk positions\), got Nq=9, Nk=6"):
         build_cpu("full")(q, k, v, causal=True)
 
 

@@ -5,6 +5,8 @@ Every variant is an `nn.Module` with the same call:
     out = attn(q, k, v, causal=False, key_padding_mask=None)
     # q: (B, H, Nq, D)  k: (B, H, Nk, D)  v: (B, H, Nk, Dv)  ->  out: (B, H, Nq, Dv)
     # key_padding_mask: bool (B, Nk), True = a real token, False = padding
+    # causal with Nq < Nk: the queries are the last Nq positions of the keys' sequence (bottom-right
+    # alignment, as FlashAttention >= 2.1 and transformers): query i sits at Nk - Nq + i, sees keys <= it
 
 `AttentionVariant.forward` validates the inputs against the variant's `spec` and then calls
 `_attend`, which each variant implements on inputs it may trust.
@@ -29,7 +31,7 @@ class VariantSpec:
     time_complexity: str  # e.g. "O(N^2 D)"
     memory_complexity: str  # extra memory beyond inputs and output, e.g. "O(N w)"
     supports_causal: bool = True
-    supports_cross_attention: bool = True  # Nq != Nk
+    supports_cross_attention: bool = True  # Nq != Nk without causal (causal Nq <= Nk: every variant)
     supports_key_padding_mask: bool = True
     devices: tuple[str, ...] = ("cpu", "cuda")  # device types it runs on
     backward_devices: tuple[str, ...] = ("cpu", "cuda")  # device types where backward works
@@ -193,11 +195,16 @@ def dense_mask(n_q: int, n_k: int, causal: bool, key_padding_mask: Tensor | None
     """Bool (B|1, 1, Nq, Nk) mask of exact attention: True = query i may attend key j."""
     allowed = None
     if causal:
-        allowed = torch.ones(n_q, n_k, dtype=torch.bool, device=device).tril()[None, None]
+        allowed = causal_mask(n_q, n_k, device)[None, None]
     if key_padding_mask is not None:
         pad = key_padding_mask[:, None, None, :]
         allowed = pad if allowed is None else allowed & pad
     return allowed
+
+
+def causal_mask(n_q: int, n_k: int, device) -> Tensor:
+    """Bool (Nq, Nk), bottom-right aligned: query i sits at position Nk - Nq + i and sees keys j <= it."""
+    return torch.ones(n_q, n_k, dtype=torch.bool, device=device).tril(n_k - n_q)
 
 
 # -- input checks ------------------------------------------------------------------------------
@@ -236,12 +243,14 @@ def check_inputs(attn: AttentionVariant, q: Tensor, k: Tensor, v: Tensor, causal
     if attn.head_dim is not None and q.shape[-1] != attn.head_dim:
         raise ValueError(f"{name}: built for head_dim={attn.head_dim}, got D={q.shape[-1]}")
     n_q, n_k = q.shape[-2], k.shape[-2]
-    if n_q != n_k and not attn.spec.supports_cross_attention:
-        raise ValueError(f"{name}: cross-attention (Nq={n_q} != Nk={n_k}) is not supported; this variant needs Nq == Nk")
     if causal and not attn.spec.supports_causal:
         raise ValueError(f"{name}: causal=True is not supported by this variant")
-    if causal and n_q != n_k:
-        raise ValueError(f"{name}: causal=True needs self-attention shapes (Nq == Nk), got Nq={n_q}, Nk={n_k}")
+    if causal and n_q > n_k:
+        raise ValueError(f"{name}: causal=True needs Nq <= Nk (the queries are the last Nq of the Nk positions), "
+                         f"got Nq={n_q}, Nk={n_k}")
+    if n_q != n_k and not causal and not attn.spec.supports_cross_attention:
+        raise ValueError(f"{name}: cross-attention (Nq={n_q} != Nk={n_k}, causal=False) is not supported; this variant "
+                         f"needs Nq == Nk, or causal=True with Nq <= Nk (the queries are the last Nq positions)")
     if key_padding_mask is not None:
         if not attn.spec.supports_key_padding_mask:
             raise ValueError(f"{name}: key_padding_mask is not supported by this variant")

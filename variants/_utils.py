@@ -34,15 +34,17 @@ def masked_softmax(scores: Tensor, allowed: Tensor | None, dim: int = -1) -> Ten
 
 
 def dead_query_rows(key_padding_mask: Tensor | None, n_q: int, causal: bool) -> Tensor | None:
-    """(B, Nq) bool: queries that may see no key at all (every key padded, or every key j <= i padded).
+    """(B, Nq) bool: queries that may see no key at all (every key padded, or, causal, every key up to
+    the query's position padded; query i sits at Nk - Nq + i).
 
     For full attention these rows have an empty softmax; the variants return zeros there.
     None when no row can be dead.
     """
     if key_padding_mask is None:
         return None
-    if causal:  # query i sees keys j <= i: dead while no real token has appeared yet
-        dead = key_padding_mask.cumsum(dim=-1)[:, :n_q] == 0
+    if causal:  # query i sees keys j <= Nk - Nq + i: dead while no real token has appeared yet
+        n_k = key_padding_mask.shape[-1]
+        dead = key_padding_mask.cumsum(dim=-1)[:, n_k - n_q :] == 0
     else:
         dead = ~key_padding_mask.any(dim=-1, keepdim=True).expand(-1, n_q)
     return dead if bool(dead.any()) else None

@@ -11,13 +11,14 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor
 
-from ._base import AttentionVariant, VariantSpec, register
+from ._base import AttentionVariant, VariantSpec, causal_mask, register
 from ._utils import dead_query_rows, zero_rows
 
 
 def full_attention_pairs(n_q: int, n_k: int, causal: bool) -> int:
-    """Number of (query, key) pairs exact attention scores: all of them, or the lower triangle."""
-    return n_q * (n_q + 1) // 2 if causal else n_q * n_k
+    """Number of (query, key) pairs exact attention scores: all of them, or (causal, queries the last Nq
+    of the Nk positions) the keys up to each query."""
+    return n_q * (n_k - n_q) + n_q * (n_q + 1) // 2 if causal else n_q * n_k
 
 
 def padding_and_causal_mask(key_padding_mask: Tensor, n_q: int, causal: bool, dead: Tensor | None) -> Tensor:
@@ -28,9 +29,7 @@ def padding_and_causal_mask(key_padding_mask: Tensor, n_q: int, causal: bool, de
     """
     mask = key_padding_mask[:, None, None, :]  # (B, 1, 1, Nk)
     if causal:  # the only case that needs a full Nq x Nk mask (bool, one byte a pair)
-        n_k = key_padding_mask.shape[-1]
-        tril = torch.ones(n_q, n_k, dtype=torch.bool, device=key_padding_mask.device).tril()
-        mask = mask & tril  # (B, 1, Nq, Nk)
+        mask = mask & causal_mask(n_q, key_padding_mask.shape[-1], key_padding_mask.device)  # (B, 1, Nq, Nk)
     if dead is not None:
         mask = mask | dead[:, None, :, None]
     return mask
@@ -61,12 +60,17 @@ class FullAttention(AttentionVariant):
         summary="exact softmax attention, fused SDPA kernel (scores never stored)",
         reference="Vaswani et al. 2017; torch.nn.functional.scaled_dot_product_attention",
         time_complexity="O(Nq Nk D)",
-        memory_complexity="O(N D) (causal + key padding: an Nq x Nk bool mask)",
+        memory_complexity="O(N D) (key padding with causal, or causal with 1 < Nq < Nk: an Nq x Nk bool mask)",
     )
 
     def _attend(self, q: Tensor, k: Tensor, v: Tensor, causal: bool, key_padding_mask: Tensor | None) -> Tensor:
         scale = self._scale(q)
+        n_q, n_k = q.shape[-2], k.shape[-2]
         if key_padding_mask is None:
+            if causal and n_q == 1:  # the last position sees every key
+                return sdpa(q, k, v, scale=scale)
+            if causal and n_q != n_k:  # SDPA's is_causal aligns top-left; the interface's causal is bottom-right
+                return sdpa(q, k, v, attn_mask=causal_mask(n_q, n_k, q.device), scale=scale)
             return sdpa(q, k, v, is_causal=causal, scale=scale)
         dead = dead_query_rows(key_padding_mask, q.shape[-2], causal)
         mask = padding_and_causal_mask(key_padding_mask, q.shape[-2], causal, dead)

@@ -8,7 +8,7 @@ from __future__ import annotations
 import torch
 from torch import Tensor
 
-from ._base import AttentionVariant, VariantSpec, register
+from ._base import AttentionVariant, VariantSpec, causal_mask, register
 from ._utils import masked_softmax
 from .full import full_attention_pairs
 
@@ -30,7 +30,7 @@ class NaiveFullAttention(AttentionVariant):
         scores = torch.einsum("bhid,bhjd->bhij", q32, k32) * self._scale(q)  # (B, H, Nq, Nk)
         allowed = None
         if causal:
-            allowed = torch.ones(scores.shape[-2:], dtype=torch.bool, device=q.device).tril()  # (Nq, Nk)
+            allowed = causal_mask(*scores.shape[-2:], q.device)  # (Nq, Nk), bottom-right aligned
         if key_padding_mask is not None:
             pad = key_padding_mask[:, None, None, :]  # (B, 1, 1, Nk)
             allowed = pad if allowed is None else allowed & pad

@@ -44,6 +44,13 @@ def _xformers_ops():
     return xops, None
 
 
+def _causal_bias(xops, q: Tensor, k: Tensor):
+    """xformers' causal bias for the interface's alignment: bottom-right when Nq < Nk."""
+    if q.shape[-2] == k.shape[-2]:
+        return xops.LowerTriangularMask()
+    return xops.fmha.attn_bias.LowerTriangularFromBottomRightMask()
+
+
 @register
 class XformersFullAttention(AttentionVariant):
     spec = VariantSpec(
@@ -71,7 +78,7 @@ class XformersFullAttention(AttentionVariant):
             return None
         from xformers.ops import fmha
 
-        bias = xops.LowerTriangularMask() if causal else None
+        bias = _causal_bias(xops, q, k) if causal else None
         inp = fmha.Inputs(query=q.transpose(1, 2), key=k.transpose(1, 2), value=v.transpose(1, 2), attn_bias=bias,
                           scale=self._scale(q))
         return fmha.dispatch._dispatch_fw(inp, backward).NAME
@@ -92,7 +99,7 @@ class XformersFullAttention(AttentionVariant):
             bias = storage[..., :n_k].masked_fill_(~allowed.expand(*allowed.shape[:-2], n_q, n_k), float("-inf"))
             bias = bias.expand(q.shape[0], q.shape[1], n_q, n_k)
         elif causal:
-            bias = xops.LowerTriangularMask()
+            bias = _causal_bias(xops, q, k)
         out = xops.memory_efficient_attention(q_, k_, v_, attn_bias=bias, scale=self._scale(q))
         return zero_rows(out.transpose(1, 2), dead)
 

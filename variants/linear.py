@@ -6,7 +6,7 @@ Softmax's exp(q·k) is replaced by φ(q)·φ(k) with φ(x) = elu(x) + 1 > 0, so 
 
 The `scale` option defaults to none here (φ of q itself, as in the paper).
 Non-causal: one D x Dv state S = Σ_j φ(k_j) v_jᵀ and one normalizer z = Σ_j φ(k_j): O(N·D·Dv) time.
-Causal: the sums run over j <= i. Computed chunk by chunk: within a chunk of C positions a masked
+Causal: the sums run over j <= i (with Nq < Nk, over the keys up to the query's position Nk - Nq + i). Computed chunk by chunk: within a chunk of C positions a masked
 C x C product, across chunks the running state (S, z) of everything before — never a per-position
 (N, D, Dv) prefix sum. Chunks are taken in groups sized to a memory bound, the state carried
 from group to group, so peak memory stays O(group + N·Dv) whatever N.
@@ -236,7 +236,14 @@ class LinearAttention(AttentionVariant):
         if self.scale is not None:  # as in the paper, φ applies to q itself unless a scale is given
             q = q * self.scale
         keep = None if key_padding_mask is None else key_padding_mask[:, None, :, None].to(k.dtype)  # (B, 1, Nk, 1)
-        return self._causal(q, k, v, keep) if causal else self._non_causal(q, k, v, keep)
+        if not causal:
+            return self._non_causal(q, k, v, keep)
+        n_q, n_k = q.shape[-2], k.shape[-2]
+        if n_q < n_k:  # the queries are the last Nq positions: zero rows put them there, and are cut after.
+            # The prefix sums over the first Nk - Nq keys are the running state of the scan: O(Nk D Dv), as
+            # building that state from the keys costs anyway (a KV cache keeps keys, not the state)
+            return self._causal(torch.nn.functional.pad(q, (0, 0, n_k - n_q, 0)), k, v, keep)[:, :, -n_q:]
+        return self._causal(q, k, v, keep)
 
     def _non_causal(self, q: Tensor, k: Tensor, v: Tensor, keep: Tensor | None) -> Tensor:
         return _NonCausalLinear.apply(q, k, v, keep, self.eps)

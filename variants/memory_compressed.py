@@ -6,7 +6,7 @@ length and attend over the slots with the fused SDPA kernel. Time O(N·M·D) = O
 extra memory O(N·D).
 
 Causal: slot m summarizes positions mc .. mc+c-1 and is visible to query i only once all of them
-are <= i. Every query also sees the raw (uncompressed) keys of its own unfinished block, the
+are <= i. (With Nq < Nk the queries are the last Nq positions: query i sits at Nk - Nq + i.) Every query also sees the raw (uncompressed) keys of its own unfinished block, the
 positions floor((i+1)/c)·c .. i, so the positions <= i are covered exactly once — as slots or raw —
 and every query sees at least one key. Nothing from a position > i reaches output i.
 
@@ -151,9 +151,16 @@ class MemoryCompressedAttention(AttentionVariant):
 
     def _attend(self, q: Tensor, k: Tensor, v: Tensor, causal: bool, key_padding_mask: Tensor | None) -> Tensor:
         kc, vc, slot_valid = self.compressed_kv(k, v, key_padding_mask)
+        n_q, n_k = q.shape[-2], k.shape[-2]
+        if causal and n_q < n_k and n_q <= self.compression:
+            # a few last positions (decoding with a KV cache: Nq = 1): their rows over [slots, raw keys]
+            # directly, O(Nq (M + Nk)) = O(Nk) memory
+            return self._reference_weights(q, k, kc, slot_valid, True, key_padding_mask, torch.cat([vc, v], 2))
         if causal:
-            out = self._causal(q, k, v, kc, vc, slot_valid, key_padding_mask)
-            return zero_rows(out, dead_query_rows(key_padding_mask, q.shape[-2], True))
+            # Nq < Nk: the queries are the last Nq positions; zero rows put them there and are cut after
+            q_full = F.pad(q, (0, 0, n_k - n_q, 0))
+            out = self._causal(q_full, k, v, kc, vc, slot_valid, key_padding_mask)[:, :, n_k - n_q :]
+            return zero_rows(out, dead_query_rows(key_padding_mask, n_q, True))
         if slot_valid is None:
             return sdpa(q, kc, vc, scale=self._scale(q))
         dead = dead_query_rows(slot_valid, q.shape[-2], False)
@@ -222,7 +229,7 @@ class MemoryCompressedAttention(AttentionVariant):
         slot_ok = torch.ones(1, m, dtype=torch.bool, device=q.device) if slot_valid is None else slot_valid
         if not causal:
             return dense_attention(q, kc, values, slot_ok[:, None, None, :], self._scale(q))
-        i = torch.arange(n_q, device=q.device)[:, None]
+        i = torch.arange(n_k - n_q, n_k, device=q.device)[:, None]  # query positions (the last Nq)
         complete = (torch.arange(m, device=q.device)[None, :] + 1) * c - 1 <= i  # slot fully <= i
         j = torch.arange(n_k, device=q.device)[None, :]
         recent = (j >= (i + 1) // c * c) & (j <= i)  # raw keys of the unfinished block

@@ -245,12 +245,13 @@ class VariantMultiheadAttention(nn.Module):
 
 
 def _is_causal_mask(attn_mask: Tensor | None, n_q: int, n_k: int) -> bool:
-    """True for torch's causal mask (bool True = blocked, or float -inf = blocked) above the diagonal."""
+    """True for a causal mask (bool True = blocked, or float -inf = blocked) above the diagonal; with
+    Nq < Nk the variants' causal is bottom-right (queries = the last Nq positions), so only that mask is."""
     if attn_mask is None:
         return False
     if attn_mask.dim() != 2 or tuple(attn_mask.shape) != (n_q, n_k):
         raise ValueError(f"swap_attention: attn_mask must be a causal ({n_q}, {n_k}) mask, got shape {tuple(attn_mask.shape)}")
-    upper = torch.ones(n_q, n_k, dtype=torch.bool, device=attn_mask.device).triu(1)
+    upper = torch.ones(n_q, n_k, dtype=torch.bool, device=attn_mask.device).triu(n_k - n_q + 1)
     if attn_mask.dtype == torch.bool:
         blocked, ok_values = attn_mask, True
     else:

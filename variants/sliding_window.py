@@ -41,14 +41,17 @@ def band_pairs(n: int, window: int, n_global: int, causal: bool) -> int:
     return min(band + extra, n * (n + 1) // 2 if causal else n * n)
 
 
-def longformer_mask(n: int, window: int, n_global: int, causal: bool, key_padding_mask: Tensor | None, device) -> Tensor:
-    """Dense (B|1, 1, N, N) bool mask of the pattern, for reference checks at small N only."""
-    i = torch.arange(n, device=device)[:, None]
-    j = torch.arange(n, device=device)[None, :]
+def longformer_mask(n_q: int, n_k: int, window: int, n_global: int, causal: bool, key_padding_mask: Tensor | None,
+                    device) -> Tensor:
+    """Dense (B|1, 1, Nq, Nk) bool mask of the pattern, for reference checks at small N only.
+
+    Nq < Nk (causal only): the queries are the last Nq positions, query i at Nk - Nq + i."""
+    i = torch.arange(n_k - n_q, n_k, device=device)[:, None]
+    j = torch.arange(n_k, device=device)[None, :]
     allowed = (i - j).abs() <= window
     if n_global:
         allowed = allowed | (i < n_global) | (j < n_global)
-    extra = dense_mask(n, n, causal, key_padding_mask, device)
+    extra = dense_mask(n_q, n_k, causal, key_padding_mask, device)
     return allowed[None, None] if extra is None else allowed[None, None] & extra
 
 
@@ -265,8 +268,26 @@ class LongformerPattern(AttentionVariant):
         return max(n, 2 * self.window + 3 * 128 + self.global_tokens)
 
     def reference(self, q, k, v, *, causal=False, key_padding_mask=None):
-        allowed = longformer_mask(q.shape[-2], self.window, self.global_tokens, causal, key_padding_mask, q.device)
+        allowed = longformer_mask(q.shape[-2], k.shape[-2], self.window, self.global_tokens, causal, key_padding_mask, q.device)
         return dense_attention(q, k, v, allowed, self._scale(q))
+
+    def _attend(self, q: Tensor, k: Tensor, v: Tensor, causal: bool, key_padding_mask: Tensor | None) -> Tensor:
+        n_q, n_k = q.shape[-2], k.shape[-2]
+        if n_q == n_k:
+            return self._attend_self(q, k, v, causal, key_padding_mask)
+        # causal with Nq < Nk (the interface checked it): the queries are the last Nq positions, as when
+        # decoding with a KV cache. Without global tokens they see only the last Nq + w keys: keep those,
+        # put the queries at their positions with zero rows before them, and keep the last Nq rows of
+        # the self-attention: O((Nq + w) w) per call, whatever Nk. (Global keys sit at the start: keep all.)
+        start = 0 if self.global_tokens else max(0, n_k - n_q - self.window)
+        k, v = k[:, :, start:], v[:, :, start:]
+        key_padding_mask = None if key_padding_mask is None else key_padding_mask[:, start:]
+        q = torch.nn.functional.pad(q, (0, 0, k.shape[-2] - n_q, 0))
+        return self._attend_self(q, k, v, True, key_padding_mask)[:, :, -n_q:]
+
+    def _attend_self(self, q: Tensor, k: Tensor, v: Tensor, causal: bool, key_padding_mask: Tensor | None) -> Tensor:
+        """Nq == Nk."""
+        raise NotImplementedError
 
     def flops(self, n_q: int, n_k: int, d: int, dv: int, causal: bool) -> float:
         return 2.0 * band_pairs(n_q, self.window, self.global_tokens, causal) * (d + dv)
@@ -285,7 +306,7 @@ class SlidingWindowAttention(LongformerPattern):
         memory_complexity="O(N D) + one group of block scores (bounded)",
         supports_cross_attention=False,
         subquadratic=True,
-        notes="self-attention only; w >= N equals full attention",
+        notes="self-attention (and causal with Nq < Nk: the last Nq positions); w >= N equals full attention",
     )
 
     def __init__(self, *, window: int = 256, global_tokens: int = 0, block_size: int | None = None, **base):
@@ -298,7 +319,7 @@ class SlidingWindowAttention(LongformerPattern):
         self._check_int("block_size", block_size, 1, allow_none=True)
         self.block_size = block_size
 
-    def _attend(self, q: Tensor, k: Tensor, v: Tensor, causal: bool, key_padding_mask: Tensor | None) -> Tensor:
+    def _attend_self(self, q: Tensor, k: Tensor, v: Tensor, causal: bool, key_padding_mask: Tensor | None) -> Tensor:
         n = q.shape[-2]
         g = min(self.global_tokens, n)
         block = min(self.block_size, n) if self.block_size else default_block_size(self.window, n)

@@ -134,7 +134,7 @@ class FlexSlidingWindowAttention(LongformerPattern):
             self._masks[key] = sliding_window_block_mask(n, self.window, self.global_tokens, causal, None, device)
         return self._masks[key]
 
-    def _attend(self, q: Tensor, k: Tensor, v: Tensor, causal: bool, key_padding_mask: Tensor | None) -> Tensor:
+    def _attend_self(self, q: Tensor, k: Tensor, v: Tensor, causal: bool, key_padding_mask: Tensor | None) -> Tensor:
         if not torch.is_grad_enabled():  # inference: flex refuses CPU inputs that require grad, even under no_grad
             q, k, v = q.detach(), k.detach(), v.detach()
         block_mask = self._block_mask(q.shape[-2], causal, key_padding_mask, q.device)
