@@ -169,4 +169,6 @@ def test_readme_snippet_runs():
     blocks = re.findall(r"```python\n(.*?)```", readme, re.S)
     assert blocks, "README has no python example"
     for code in blocks:
+        if "transformers" in code:
+            pytest.importorskip("transformers")  # the hf extra's snippet (CI installs it)
         exec(compile(code, "README.md", "exec"), {})

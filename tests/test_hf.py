@@ -1,0 +1,332 @@
+"""variants.hf: every variant inside transformers models (tiny configs built here, random weights, offline).
+
+Checked against transformers' own `sdpa` attention where the variant is exact (full, and
+sliding_window on a Mistral with its window), and by behaviour everywhere else: causality, padding
+invariance, backward, and generation with the KV cache equal to generation without it.
+"""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+transformers = pytest.importorskip("transformers")
+
+import variants  # noqa: E402
+import variants.hf as vh  # noqa: E402
+from transformers import (  # noqa: E402
+    AutoModelForCausalLM,
+    BertConfig,
+    BertModel,
+    LlamaConfig,
+    LlamaForCausalLM,
+    MistralConfig,
+    MistralForCausalLM,
+)
+
+VOCAB, N = 61, 14
+TINY = dict(vocab_size=VOCAB, hidden_size=32, intermediate_size=64, num_hidden_layers=2, num_attention_heads=4,
+            max_position_embeddings=128)
+# every variant that runs on the CPU with a backward, with options that exercise its method at N = 14
+VARIANTS = {"full_naive": {}, "sliding_window": {"window": 3}, "linear": {"chunk_size": 4},
+            "memory_compressed": {"compression": 3}}
+
+
+def llama(seed=0, **extra):
+    torch.manual_seed(seed)
+    config = LlamaConfig(**{**TINY, "num_key_value_heads": 2, **extra}, attn_implementation="sdpa")  # grouped-query
+    return LlamaForCausalLM(config).double()
+
+
+def batch(seed=1, left_pad=4, right_pad=0):
+    """input_ids (2, N) and attention_mask: row 1 padded on the left (and/or right)."""
+    g = torch.Generator().manual_seed(seed)
+    ids = torch.randint(1, VOCAB, (2, N), generator=g)
+    mask = torch.ones(2, N, dtype=torch.long)
+    if left_pad:
+        mask[1, :left_pad] = 0
+    if right_pad:
+        mask[1, N - right_pad :] = 0
+    return ids, mask
+
+
+def loss_on_real_tokens(logits, mask):
+    return (logits.log_softmax(-1)[..., 0] * mask).sum()
+
+
+def grads(model):
+    return {name: p.grad.clone() for name, p in model.named_parameters() if p.grad is not None}
+
+
+# -- exact against transformers' sdpa ------------------------------------------------------------------
+
+def test_full_equals_sdpa_on_llama_with_gqa_and_left_padding():
+    ids, mask = batch()
+    model = llama()
+    want = model(ids, attention_mask=mask).logits
+    loss_on_real_tokens(want, mask).backward()
+    want_grads = grads(model)
+    model.zero_grad()
+    assert model.config.num_key_value_heads < model.config.num_attention_heads
+    vh.use(model, "full")
+    assert model.config._attn_implementation == "attnbench"
+    got = model(ids, attention_mask=mask).logits
+    real = mask.bool()
+    torch.testing.assert_close(got[real], want[real], atol=1e-5, rtol=1e-5)
+    assert torch.isfinite(got).all()  # padded query rows too
+    loss_on_real_tokens(got, mask).backward()
+    got_grads = grads(model)
+    assert got_grads.keys() == want_grads.keys()
+    for name in want_grads:
+        torch.testing.assert_close(got_grads[name], want_grads[name], atol=1e-5, rtol=1e-5, msg=name)
+
+
+def test_sliding_window_takes_mistrals_window_and_equals_sdpa():
+    torch.manual_seed(0)
+    config = MistralConfig(**TINY, num_key_value_heads=2, sliding_window=5, attn_implementation="sdpa")
+    model = MistralForCausalLM(config).double().eval()
+    ids, mask = batch(left_pad=3)
+    want = model(ids, attention_mask=mask).logits
+    vh.use(model, "sliding_window")  # no window given: Mistral's W = 5 keys, query included -> w = 4
+    assert {layer.attnbench_attention.window for layer in vh.attention_layers(model).values()} == {4}
+    got = model(ids, attention_mask=mask).logits
+    torch.testing.assert_close(got[mask.bool()], want[mask.bool()], atol=1e-5, rtol=1e-5)
+    with_cache = model.generate(ids, attention_mask=mask, max_new_tokens=8, do_sample=False, pad_token_id=0)
+    model.set_attn_implementation("sdpa")
+    assert torch.equal(with_cache, model.generate(ids, attention_mask=mask, max_new_tokens=8, do_sample=False, pad_token_id=0))
+
+
+def test_full_generation_equals_sdpa_generation():
+    model = llama().eval()
+    ids, mask = batch()
+    want = model.generate(ids, attention_mask=mask, max_new_tokens=8, do_sample=False, pad_token_id=0)
+    vh.use(model, "full")
+    assert torch.equal(model.generate(ids, attention_mask=mask, max_new_tokens=8, do_sample=False, pad_token_id=0), want)
+
+
+FAMILIES = {  # family: (config class, model class, config fields beyond TINY)
+    "Qwen2": ("Qwen2Config", "Qwen2ForCausalLM", {"num_key_value_heads": 2}),
+    "Qwen3": ("Qwen3Config", "Qwen3ForCausalLM", {"num_key_value_heads": 2, "head_dim": 8}),
+    "GPTNeoX": ("GPTNeoXConfig", "GPTNeoXForCausalLM", {}),
+    "Gemma": ("GemmaConfig", "GemmaForCausalLM", {"num_key_value_heads": 1, "head_dim": 8}),
+    "Phi3": ("Phi3Config", "Phi3ForCausalLM", {"num_key_value_heads": 2, "pad_token_id": 0}),
+    "OPT": ("OPTConfig", "OPTForCausalLM", {"ffn_dim": 64, "word_embed_proj_dim": 32}),
+    "GPT2": ("GPT2Config", "GPT2LMHeadModel", {"n_embd": 32, "n_layer": 2, "n_head": 4}),
+}
+
+
+@pytest.mark.parametrize("family", sorted(FAMILIES))
+def test_other_families_full_equals_sdpa_and_a_window_generates_with_cache(family):
+    config_class, model_class, extra = FAMILIES[family]
+    torch.manual_seed(0)
+    config = getattr(transformers, config_class)(**{**TINY, "bos_token_id": 1, "eos_token_id": 2, **extra},
+                                                 attn_implementation="sdpa")
+    model = getattr(transformers, model_class)(config).double().eval()
+    ids, mask = batch()
+    want = model(ids, attention_mask=mask).logits
+    got = vh.use(model, "full")(ids, attention_mask=mask).logits
+    torch.testing.assert_close(got[mask.bool()], want[mask.bool()], atol=1e-5, rtol=1e-5)
+    vh.use(model, "sliding_window", window=3)
+    kwargs = dict(attention_mask=mask, max_new_tokens=6, do_sample=False, pad_token_id=0)
+    assert torch.equal(model.generate(ids, use_cache=True, **kwargs), model.generate(ids, use_cache=False, **kwargs))
+
+
+def test_a_variant_reading_past_mistrals_window_gets_a_full_cache():
+    # Mistral's cache keeps only its window W; linear attention reads every position, so the cache must too
+    torch.manual_seed(0)
+    model = MistralForCausalLM(MistralConfig(**TINY, num_key_value_heads=2, sliding_window=4)).double().eval()
+    vh.use(model, "linear")
+    assert model.config.layer_types == ["full_attention", "full_attention"]
+    ids, mask = batch()
+    kwargs = dict(attention_mask=mask, max_new_tokens=8, do_sample=False, pad_token_id=0)
+    assert torch.equal(model.generate(ids, use_cache=True, **kwargs), model.generate(ids, use_cache=False, **kwargs))
+    vh.use(model, "sliding_window")  # back to the model's own window: its own (short) cache again
+    assert getattr(model.config, "layer_types", None) is None
+
+
+# -- every variant, by behaviour --------------------------------------------------------------------------
+
+@pytest.mark.parametrize("name", sorted(VARIANTS))
+def test_variant_in_llama_trains_is_causal_and_ignores_padding(name):
+    model = vh.use(llama(), name, **VARIANTS[name])
+    ids, mask = batch(left_pad=4, right_pad=2)
+    logits = model(ids, attention_mask=mask).logits
+    assert logits.shape == (2, N, VOCAB) and torch.isfinite(logits).all()
+    loss_on_real_tokens(logits, mask).backward()
+    assert all(torch.isfinite(g).all() for g in grads(model).values())
+    assert model.model.layers[0].self_attn.q_proj.weight.grad.abs().sum() > 0
+    with torch.no_grad():
+        # causality: changing the last 5 tokens leaves the logits before them bit-identical
+        later = ids.clone()
+        later[:, -5:] = (later[:, -5:] + 7) % VOCAB
+        torch.testing.assert_close(model(later, attention_mask=mask).logits[:, :-5], logits[:, :-5].detach(), atol=0, rtol=0)
+        # padding: changing the padded tokens changes nothing on the real ones
+        padded = ids.clone()
+        padded[~mask.bool()] = (padded[~mask.bool()] + 11) % VOCAB
+        again = model(padded, attention_mask=mask).logits
+        torch.testing.assert_close(again[mask.bool()], logits.detach()[mask.bool()], atol=1e-12, rtol=0)
+
+
+@pytest.mark.parametrize("name", ["full", *sorted(VARIANTS)])
+def test_generation_with_cache_equals_generation_without(name):
+    model = vh.use(llama().eval(), name, **VARIANTS.get(name, {}))
+    ids, mask = batch()
+    kwargs = dict(attention_mask=mask, max_new_tokens=8, do_sample=False, pad_token_id=0)
+    cached = model.generate(ids, use_cache=True, **kwargs)
+    assert cached.shape == (2, N + 8)
+    assert torch.equal(cached, model.generate(ids, use_cache=False, **kwargs))
+
+
+def test_flex_runs_forward_in_a_model():
+    # CPU: forward only (no FlexAttention backward on CPU); compiled once for this shape
+    model = llama().float().eval()
+    ids, mask = batch()
+    with torch.no_grad():
+        want = vh.use(model, "sliding_window", window=3)(ids, attention_mask=mask).logits
+        got = vh.use(model, "sliding_window_flex", window=3)(ids, attention_mask=mask).logits
+    torch.testing.assert_close(got[mask.bool()], want[mask.bool()], atol=1e-4, rtol=1e-4)
+
+
+def test_bfloat16_forward_and_backward():
+    model = vh.use(llama().to(torch.bfloat16), "sliding_window", window=3)
+    ids, mask = batch()
+    logits = model(ids, attention_mask=mask).logits
+    assert logits.dtype == torch.bfloat16 and torch.isfinite(logits).all()
+    loss_on_real_tokens(logits.float(), mask).backward()
+    assert model.model.layers[0].self_attn.q_proj.weight.grad.dtype == torch.bfloat16
+
+
+# -- parameters --------------------------------------------------------------------------------------------
+
+def test_memory_compressed_parameters_train_save_and_restore(tmp_path):
+    model = vh.use(llama(), "memory_compressed", compression=3)
+    own = [name for name, _ in model.named_parameters() if vh.ATTRIBUTE in name]
+    assert len(own) == 4 * model.config.num_hidden_layers  # k/v weight and bias per layer
+    ids, mask = batch()
+    loss_on_real_tokens(model(ids, attention_mask=mask).logits, mask).backward()
+    assert all(p.grad is not None and p.grad.abs().sum() > 0 for name, p in model.named_parameters() if name in own)
+    with torch.no_grad():
+        for name, p in model.named_parameters():
+            if name in own:
+                p.add_(0.5)  # trained values differ from any fresh initialization
+    model.save_pretrained(tmp_path)
+    loaded = vh.use(AutoModelForCausalLM.from_pretrained(tmp_path, dtype=torch.float64), "memory_compressed", compression=3)
+    saved = dict(model.named_parameters())
+    for name, p in loaded.named_parameters():
+        assert torch.equal(p, saved[name]), name
+    with torch.no_grad():
+        torch.testing.assert_close(loaded(ids, attention_mask=mask).logits, model(ids, attention_mask=mask).logits)
+
+
+def test_use_again_replaces_the_variant():
+    model = vh.use(llama(), "memory_compressed", compression=3)
+    vh.use(model, "linear")
+    assert not [name for name, _ in model.named_parameters() if vh.ATTRIBUTE in name]
+    assert {layer.attnbench_attention.spec.name for layer in vh.attention_layers(model).values()} == {"linear"}
+
+
+def test_register_gives_a_name_for_from_config():
+    name = vh.register("sliding_window", window=3)
+    torch.manual_seed(0)
+    config = LlamaConfig(**TINY, num_key_value_heads=2)
+    model = AutoModelForCausalLM.from_config(config, attn_implementation=name).double()
+    ids, mask = batch()
+    got = model(ids, attention_mask=mask).logits
+    want = vh.use(model, "sliding_window", window=3)(ids, attention_mask=mask).logits
+    torch.testing.assert_close(got, want, atol=0, rtol=0)
+
+
+# -- an encoder ------------------------------------------------------------------------------------------
+
+@pytest.mark.parametrize("name", ["full", *sorted(VARIANTS)])
+def test_bert_encoder_is_bidirectional_with_padding(name):
+    torch.manual_seed(0)
+    config = BertConfig(vocab_size=VOCAB, hidden_size=32, num_hidden_layers=2, num_attention_heads=4, intermediate_size=64,
+                        attn_implementation="sdpa")
+    model = BertModel(config).double().eval()
+    ids, mask = batch(left_pad=0, right_pad=5)
+    want = model(ids, attention_mask=mask).last_hidden_state
+    vh.use(model, name, **VARIANTS.get(name, {}))
+    with torch.no_grad():
+        got = model(ids, attention_mask=mask).last_hidden_state
+        assert torch.isfinite(got).all()
+        if name == "full":
+            torch.testing.assert_close(got[mask.bool()], want[mask.bool()], atol=1e-6, rtol=1e-6)
+        # bidirectional: the first token's output depends on a later one (within every variant's reach)
+        later = ids.clone()
+        later[0, 2] = (later[0, 2] + 7) % VOCAB
+        assert not torch.equal(model(later, attention_mask=mask).last_hidden_state[0, 0], got[0, 0])
+
+
+# -- bad input ---------------------------------------------------------------------------------------------
+
+def test_bad_input_is_a_clear_error():
+    model = llama()
+    with pytest.raises(ValueError, match=r"unknown variant 'flash'; available: .*full"):
+        vh.use(model, "flash")
+    with pytest.raises(TypeError, match=r"sliding_window takes no option\(s\) \['compression'\]; allowed options: window"):
+        vh.use(model, "sliding_window", compression=3)
+    with pytest.raises(TypeError, match=r"options \['num_heads'\] come from each attention layer"):
+        vh.use(model, "memory_compressed", num_heads=4)
+    with pytest.raises(TypeError, match=r"model must be a transformers PreTrainedModel, got Linear"):
+        vh.use(torch.nn.Linear(2, 2), "full")
+    with pytest.raises(ValueError, match=r"memory_compressed has parameters .* use variants.hf.use\(model, 'memory_compressed'"):
+        vh.register("memory_compressed")
+    with pytest.raises(ValueError, match=r"sliding_window needs window=: the model's config has no sliding_window"):
+        vh.use(model, "sliding_window")
+    assert model.config._attn_implementation == "sdpa"  # nothing switched by a refused call
+
+
+def test_variant_without_backward_refused_for_a_model_in_training_mode():
+    with pytest.raises(RuntimeError, match=r"LlamaForCausalLM\.model\.layers\.0\.self_attn \(LlamaAttention\): the model is in "
+                                           r"training mode, but sliding_window_flex has no backward on cpu"):
+        vh.use(llama(), "sliding_window_flex", window=3)
+
+
+def test_cross_attention_layer_refused_at_use_time():
+    config = BertConfig(vocab_size=VOCAB, hidden_size=32, num_hidden_layers=1, num_attention_heads=4, intermediate_size=64,
+                        is_decoder=True, add_cross_attention=True)
+    with pytest.raises(ValueError, match=r"BertModel\.encoder\.layer\.0\.crossattention\.self .* is a cross-attention layer.*"
+                                         r"sliding_window has no cross-attention"):
+        vh.use(BertModel(config), "sliding_window", window=3)
+
+
+def test_model_without_attention_interface_refused():
+    class Old(transformers.PreTrainedModel):
+        config_class = LlamaConfig
+        _supports_attention_backend = False
+
+        def __init__(self, config):
+            super().__init__(config)
+            self.proj = torch.nn.Linear(4, 4)
+
+    with pytest.raises(ValueError, match=r"Old does not route its attention through transformers' AttentionInterface"):
+        vh.use(Old(LlamaConfig(**TINY)), "full")
+
+
+def test_softcapped_scores_refused():
+    config = transformers.Gemma2Config(**TINY, num_key_value_heads=1, head_dim=8, sliding_window=5, attn_implementation="eager")
+    with pytest.raises(ValueError, match=r"Gemma2ForCausalLM caps its attention scores \(attn_logit_softcapping=50.0\)"):
+        vh.use(transformers.Gemma2ForCausalLM(config), "full")
+
+
+def test_attention_dropout_refused():
+    with pytest.raises(ValueError, match=r"config.attention_dropout=0.1; the attnbench variants have no attention dropout"):
+        vh.use(llama(attention_dropout=0.1), "linear")
+
+
+def test_packed_sequences_refused_not_ignored():
+    # position_ids that restart inside a row without an attention mask: transformers builds a block-diagonal pattern
+    model = vh.use(llama(), "full")
+    ids, _ = batch()
+    positions = torch.cat([torch.arange(7), torch.arange(7)])[None].expand(2, -1)
+    with pytest.raises(ValueError, match=r"attention pattern attnbench variants cannot express"):
+        model(ids, position_ids=positions, use_cache=False)
+
+
+def test_importing_variants_does_not_import_transformers():
+    import subprocess
+    import sys
+
+    code = "import sys, variants; assert 'transformers' not in sys.modules, 'imported'"
+    assert subprocess.run([sys.executable, "-c", code]).returncode == 0

@@ -1,0 +1,375 @@
+"""Any attention variant inside a Hugging Face `transformers` model: training, evaluation, `generate()`.
+
+    import variants.hf
+    model = LlamaForCausalLM(config)                       # or from_pretrained(...)
+    variants.hf.use(model, "sliding_window", window=64)    # every attention layer, weights kept
+    model.generate(input_ids, max_new_tokens=20)           # with the KV cache, as usual
+
+How it plugs in: `transformers` models call their attention through `AttentionInterface` (one
+function per implementation name, chosen by `config._attn_implementation`) and build its mask
+through `AttentionMaskInterface`. This module registers one implementation, "attnbench", whose
+function hands each layer's q, k, v to the variant attached to that layer, and whose mask is the
+2-D padding mask only (as for FlashAttention): the variants apply causality and windows themselves,
+so no Nq x Nk mask is ever built for them.
+
+What the model passes is honoured: grouped-query attention (K/V heads repeated as `transformers`
+does), the layer's `scaling`, left and right padding (padded query rows give zeros, never NaN), the
+layer's `is_causal` (encoders are bidirectional), and with a KV cache the queries are the last Nq of
+the Nk positions (the variants' bottom-right causal). `sliding_window` without a `window=` takes the
+model's `config.sliding_window` W, which there counts the query itself: this project's window W - 1.
+
+A variant with parameters (memory_compressed) gets one module per attention layer, attached to it as
+`attnbench_attention`: its parameters are in `model.parameters()`, trained, and saved by
+`save_pretrained`; `use` on a model loaded from such a checkpoint restores them.
+
+Needs the `hf` extra (`pip install -e '.[hf]'`); `import variants` never imports transformers.
+"""
+
+from __future__ import annotations
+
+import inspect
+import json
+import os
+
+import torch
+from torch import Tensor, nn
+
+from ._base import available, build, option_names, variant_class
+
+IMPLEMENTATION = "attnbench"  # the name `use` sets as the model's attention implementation
+ATTRIBUTE = "attnbench_attention"  # the variant module attached to each attention layer
+HF_EXTRA = "pip install -e '.[hf]'"
+FROM_LAYER = ("num_heads", "head_dim")  # options each layer supplies itself
+UNSUPPORTED_KWARGS = ("softcap", "s_aux", "sinks", "position_bias", "head_mask")  # score modifiers no variant has
+
+
+def _transformers():
+    try:
+        import transformers
+    except ImportError as err:
+        raise ImportError(f"variants.hf needs the transformers package: {HF_EXTRA} ({err})") from None
+    return transformers
+
+
+# -- public API ------------------------------------------------------------------------------------
+
+def use(model, variant: str, **options):
+    """Switch every attention layer of a `transformers` model to `variant`, keeping the model's weights.
+
+    Options are the variant's own (see `bench list`), except num_heads and head_dim, which each layer
+    gives. `scale` defaults to the layer's own `scaling`; `window` (sliding windows) to the model's
+    `config.sliding_window` - 1. Calling `use` again with another variant replaces the previous one.
+    Returns the model (switched in place).
+
+    Example:
+        >>> model = variants.hf.use(LlamaForCausalLM(config), "linear")
+    """
+    _transformers()
+    _check_model(model)
+    _check_variant(variant, options)
+    layers = attention_layers(model)
+    if not layers:
+        raise ValueError(f"variants.hf.use: {type(model).__name__} has no attention layer that calls AttentionInterface")
+    config = model.config
+    dropout = getattr(config, "attention_dropout", 0.0) or 0.0
+    if isinstance(dropout, (int, float)) and dropout > 0:
+        raise ValueError(f"variants.hf.use: {type(model).__name__} has config.attention_dropout={dropout}; the attnbench "
+                         f"variants have no attention dropout. Set config.attention_dropout = 0.0 to use them")
+    softcap = getattr(config, "attn_logit_softcapping", None)
+    if softcap:
+        raise ValueError(f"variants.hf.use: {type(model).__name__} caps its attention scores (attn_logit_softcapping="
+                         f"{softcap}); the attnbench variants compute plain scaled dot-product scores")
+    modules = {}
+    like = next(model.parameters(), None)
+    for path, layer in layers.items():
+        _check_layer_fits(model, path, layer, variant)
+        modules[path] = _variant_for_layer(config, f"{type(model).__name__}.{path}", layer, variant, options, like)
+    for path, layer in layers.items():  # only once every layer is known to work: all or nothing
+        if ATTRIBUTE in layer._modules:
+            del layer._modules[ATTRIBUTE]
+        layer.add_module(ATTRIBUTE, modules[path])
+    _cache_keeps_what_the_variant_reads(model, getattr(next(iter(modules.values())), "window", None))
+    _load_saved_variant_weights(model)
+    _register_implementation(IMPLEMENTATION, None)
+    model.set_attn_implementation(IMPLEMENTATION)
+    model.config.attnbench = {"variant": variant, "options": options}  # saved with config.json, for the record
+    return model
+
+
+def register(variant: str, **options) -> str:
+    """Register a parameter-free variant as an attention implementation; returns its name.
+
+    The name can be given as `attn_implementation=` to `from_pretrained` / `from_config`, or to
+    `model.set_attn_implementation`. Each layer builds its variant on first use (options as in `use`).
+    A variant with parameters (memory_compressed) must be attached with `use`, which gives each layer
+    its own parameters.
+
+    Example:
+        >>> name = variants.hf.register("sliding_window", window=63)
+        >>> model = AutoModelForCausalLM.from_config(config, attn_implementation=name)
+    """
+    _transformers()
+    _check_variant(variant, options)
+    probe = build(variant, num_heads=1, head_dim=8, **options)
+    if any(True for _ in probe.parameters()):
+        raise ValueError(f"variants.hf.register: {variant} has parameters (one set per layer), so it cannot be a shared "
+                         f"attention implementation; use variants.hf.use(model, {variant!r}, ...) to attach it to each layer")
+    name = "attnbench_" + variant + "".join(f"_{key}_{value}" for key, value in sorted(options.items()))
+    _register_implementation(name, (variant, dict(options)))
+    return name
+
+
+def attention_layers(model) -> dict[str, nn.Module]:
+    """{dotted path: module} of every layer of `model` that calls its attention through AttentionInterface."""
+    return {path: module for path, module in model.named_modules() if _calls_attention_interface(type(module))}
+
+
+# -- checks ----------------------------------------------------------------------------------------
+
+def _check_model(model) -> None:
+    transformers = _transformers()
+    if not isinstance(model, transformers.PreTrainedModel):
+        raise TypeError(f"variants.hf.use: model must be a transformers PreTrainedModel, got {type(model).__name__}")
+    if not (getattr(model, "_supports_attention_backend", False) and model._can_set_attn_implementation()):
+        raise ValueError(f"variants.hf.use: {type(model).__name__} does not route its attention through transformers' "
+                         f"AttentionInterface, so its attention cannot be switched (model families that do: Llama, "
+                         f"Mistral, Qwen2, GPT-NeoX, BERT, ...)")
+
+
+def _check_variant(variant: str, options: dict) -> None:
+    if not isinstance(variant, str) or variant not in available():
+        raise ValueError(f"variants.hf: unknown variant {variant!r}; available: {', '.join(available())}")
+    given = [key for key in FROM_LAYER if key in options]
+    if given:
+        raise TypeError(f"variants.hf: {variant}: options {given} come from each attention layer; do not pass them")
+    unknown = sorted(set(options) - set(option_names(variant)))
+    if unknown:
+        allowed = [name for name in option_names(variant) if name not in FROM_LAYER]
+        raise TypeError(f"variants.hf: {variant} takes no option(s) {unknown}; allowed options: {', '.join(allowed)}")
+
+
+def _calls_attention_interface(cls: type) -> bool:
+    forward = vars(cls).get("forward")
+    if forward is None or not issubclass(cls, nn.Module):
+        return False
+    try:
+        return "ALL_ATTENTION_FUNCTIONS.get_interface(" in inspect.getsource(forward)
+    except (OSError, TypeError):
+        return False
+
+
+def _is_cross_attention(layer: nn.Module) -> bool:
+    return bool(getattr(layer, "is_cross_attention", False)) or "crossattention" in type(layer).__name__.lower()
+
+
+def _check_layer_fits(model, path: str, layer: nn.Module, variant: str) -> None:
+    spec = variant_class(variant).spec
+    where = f"{type(model).__name__}.{path} ({type(layer).__name__})"
+    if _is_cross_attention(layer) and not spec.supports_cross_attention:
+        raise ValueError(f"variants.hf.use: {where} is a cross-attention layer (queries and keys from different "
+                         f"sequences); {variant} has no cross-attention")
+    device = next((p.device.type for p in model.parameters()), "cpu")
+    reason = variant_class(variant).unavailable_reason(device)
+    if reason:
+        raise RuntimeError(f"variants.hf.use: {where}: {variant} cannot run on the model's device: {reason}")
+    if model.training:
+        reason = variant_class(variant).backward_unsupported_reason(device)
+        if reason:
+            raise RuntimeError(f"variants.hf.use: {where}: the model is in training mode, but {reason}; call "
+                               f"model.eval() and run it under torch.no_grad(), or use a variant with a backward there")
+
+
+def _variant_for_layer(config, where: str, layer: nn.Module, variant: str, options: dict, like: Tensor | None) -> nn.Module:
+    """The variant module one layer runs: its heads, head dim, scale and (sliding windows) window; on the
+    device of `like` (a parameter of the model), and in its dtype where the variant has parameters."""
+    heads = getattr(config, "num_attention_heads", None)
+    head_dim = getattr(layer, "head_dim", None) or getattr(layer, "attention_head_size", None)
+    if head_dim is None and heads:
+        head_dim = config.hidden_size // heads
+    chosen = dict(options)
+    if "window" in option_names(variant) and "window" not in chosen:
+        window = getattr(layer, "sliding_window", None) or getattr(config, "sliding_window", None)
+        if window is None:
+            raise ValueError(f"variants.hf: {where}: {variant} needs window=: the model's config has no sliding_window "
+                             f"to take it from")
+        chosen["window"] = max(int(window) - 1, 1)  # transformers' W counts the query itself
+    if "scale" not in chosen and getattr(layer, "scaling", None) is not None:
+        chosen["scale"] = float(layer.scaling)
+    module = build(variant, num_heads=heads, head_dim=head_dim, **chosen)
+    module._attnbench_fixed_scale = "scale" in options  # the user's scale wins over the layer's
+    if like is not None:
+        module = module.to(like.device)
+        if any(True for _ in module.parameters()):
+            module = module.to(like.dtype)
+    return module
+
+
+def _cache_keeps_what_the_variant_reads(model, window: int | None) -> None:
+    """A model with a sliding window (Mistral) keeps only its last W positions in the KV cache. A variant that
+    reads further back (anything but a window w with w + 1 <= W) needs every position, or generation with the
+    cache would differ from generation without it: its layers' cache type becomes full attention. The
+    model's own masks and window setting are left as they are (the variants apply their own pattern)."""
+    config = model.config
+    original = model.__dict__.setdefault("_attnbench_layer_types", getattr(config, "layer_types", None))
+    own = getattr(config, "sliding_window", None)
+    truncates = own is not None or any(kind != "full_attention" for kind in (original or []))
+    if not truncates:
+        return
+    fits = window is not None and own is not None and window + 1 <= own and not original
+    config.layer_types = original if fits else ["full_attention"] * config.num_hidden_layers
+
+
+# -- what runs inside the model ---------------------------------------------------------------------
+
+_REGISTERED: dict[str, tuple[str, dict] | None] = {}  # implementation name -> (variant, options), None for `use`
+
+
+def _register_implementation(name: str, spec) -> None:
+    transformers = _transformers()
+    _REGISTERED[name] = spec
+    transformers.AttentionInterface.register(name, _attention_forward)
+    transformers.AttentionMaskInterface.register(name, _padding_mask)
+
+
+def _layer_variant(module: nn.Module, implementation: str) -> nn.Module:
+    attn = module._modules.get(ATTRIBUTE)
+    spec = _REGISTERED.get(implementation)
+    if spec is None:  # `use`: the module attached to the layer
+        if attn is None:
+            raise RuntimeError(f"variants.hf: {type(module).__name__} has no attnbench variant attached; call "
+                               f"variants.hf.use(model, variant) (or register a variant and pass its name)")
+        return attn
+    cache = module.__dict__.setdefault("_attnbench_registered", {})  # not a submodule: nothing to save
+    if implementation not in cache:
+        like = next(module.parameters(), None)
+        cache[implementation] = _variant_for_layer(getattr(module, "config", None), type(module).__name__, module,
+                                                   spec[0], spec[1], like)
+    return cache[implementation]
+
+
+def _attention_forward(module: nn.Module, query: Tensor, key: Tensor, value: Tensor, attention_mask, dropout: float = 0.0,
+                       scaling: float | None = None, is_causal: bool | None = None, **kwargs):
+    """transformers' attention function signature: (B, H, Nq, D) q, (B, Hkv, Nk, D) k, v -> ((B, Nq, H, Dv), None)."""
+    implementation = module.config._attn_implementation if hasattr(module, "config") else IMPLEMENTATION
+    attn = _layer_variant(module, implementation)
+    name = attn.spec.name
+    for arg in UNSUPPORTED_KWARGS:
+        if kwargs.get(arg) is not None:
+            raise ValueError(f"variants.hf: {type(module).__name__} passes {arg}; {name} (like every attnbench variant) "
+                             f"computes plain scaled dot-product scores and cannot apply it")
+    if dropout:
+        raise ValueError(f"variants.hf: {type(module).__name__} asks for attention dropout {dropout}; {name} has none "
+                         f"(set config.attention_dropout = 0.0)")
+    if attention_mask is not None and (not isinstance(attention_mask, Tensor) or attention_mask.dim() != 2):
+        shape = tuple(attention_mask.shape) if isinstance(attention_mask, Tensor) else type(attention_mask).__name__
+        raise ValueError(f"variants.hf: {type(module).__name__} got an attention mask of shape {shape}; attnbench "
+                         f"variants take a 2-D padding mask (a custom 4-D mask cannot be expressed by them)")
+    groups = getattr(module, "num_key_value_groups", 1) or 1
+    if groups > 1:  # grouped-query attention: each K/V head serves `groups` query heads, as repeat_kv does
+        key = key.repeat_interleave(groups, dim=1)
+        value = value.repeat_interleave(groups, dim=1)
+    causal = is_causal if is_causal is not None else getattr(module, "is_causal", True)
+    n_q, n_k = query.shape[-2], key.shape[-2]
+    if not causal and n_q != n_k and not attn.spec.supports_cross_attention:
+        raise ValueError(f"variants.hf: {type(module).__name__} attends {n_q} queries to {n_k} other keys "
+                         f"(cross-attention); {name} has no cross-attention")
+    if scaling is not None and not attn._attnbench_fixed_scale:
+        attn.scale = float(scaling)
+    key_padding_mask = None
+    if attention_mask is not None:
+        key_padding_mask = attention_mask[:, -n_k:].to(device=query.device, dtype=torch.bool)
+        if key_padding_mask.all():
+            key_padding_mask = None
+    out = attn(query, key, value.to(query.dtype), causal=bool(causal), key_padding_mask=key_padding_mask)
+    return out.transpose(1, 2).contiguous(), None
+
+
+def _padding_mask(batch_size: int, q_length: int, kv_length: int, q_offset: int = 0, kv_offset: int = 0,
+                  mask_function=None, attention_mask: Tensor | None = None, config=None, **kwargs):
+    """AttentionMaskInterface function: the 2-D padding mask (B, Nk), or None without padding.
+
+    Causality and sliding windows are applied by the variants themselves (from the layer's is_causal and
+    window); any other pattern (packed sequences, image-token overlays, chunked attention) cannot be
+    expressed by them and is refused here, never silently dropped.
+    """
+    _check_pattern(mask_function, config)
+    if attention_mask is None:
+        return None
+    attention_mask = attention_mask[:, -kv_length:]
+    if attention_mask.shape[-1] != kv_length:
+        raise ValueError(f"variants.hf: padding mask of {attention_mask.shape[-1]} positions for {kv_length} keys "
+                         f"(a static cache?); attnbench variants need the keys to be exactly the positions seen so far")
+    if attention_mask.all():
+        return None
+    return attention_mask
+
+
+def _check_pattern(mask_function, config) -> None:
+    """Accept causal, bidirectional and (config.sliding_window) sliding-causal patterns; refuse the rest."""
+    from transformers import masking_utils as mu
+
+    if mask_function is None or mask_function in (mu.causal_mask_function, mu.bidirectional_mask_function):
+        return
+    window = getattr(config, "sliding_window", None)
+    if window:
+        probe = int(window) + 2
+        try:
+            row = mask_function(torch.tensor(0), torch.tensor(0), torch.tensor(probe - 1), torch.arange(probe))
+            expected = (torch.arange(probe) > probe - 1 - window) & (torch.arange(probe) <= probe - 1)
+            if isinstance(row, Tensor) and torch.equal(row.to(torch.bool).reshape(-1), expected):
+                return
+        except Exception:  # a pattern that cannot be probed by position alone: not one the variants express
+            pass
+    name = getattr(mask_function, "__qualname__", repr(mask_function))
+    raise ValueError(f"variants.hf: the model asks for an attention pattern attnbench variants cannot express "
+                     f"({name}: e.g. packed sequences, image-token or chunked overlays); supported: causal, "
+                     f"bidirectional, sliding-window causal, each with padding")
+
+
+# -- saved parameters ---------------------------------------------------------------------------------
+
+def _load_saved_variant_weights(model) -> None:
+    """Load the attached variants' parameters from the checkpoint the model was loaded from, if it holds them.
+
+    `save_pretrained` saves them with the model; `from_pretrained` builds the model before `use` attaches
+    the variants, so it drops them as unexpected keys. This puts them back.
+    """
+    wanted = {name: p for name, p in model.state_dict().items() if f".{ATTRIBUTE}." in name}
+    folder = getattr(model, "name_or_path", "") or ""
+    if not wanted or not os.path.isdir(folder):
+        return
+    from safetensors import safe_open
+
+    files = [os.path.join(folder, f) for f in sorted(os.listdir(folder)) if f.endswith(".safetensors")]
+    index = os.path.join(folder, "model.safetensors.index.json")
+    if os.path.exists(index):
+        with open(index) as handle:
+            files = sorted({os.path.join(folder, f) for f in json.load(handle)["weight_map"].values()})
+    found = {}
+    for path in files:
+        with safe_open(path, framework="pt") as handle:
+            for key in handle.keys():
+                short = _strip_prefix(key, wanted)
+                if short is not None:
+                    found[short] = handle.get_tensor(key)
+    if not found:
+        return
+    mismatched = [key for key, tensor in found.items() if tuple(tensor.shape) != tuple(wanted[key].shape)]
+    if mismatched:
+        raise ValueError(f"variants.hf.use: the checkpoint in {folder} holds attnbench parameters of other shapes "
+                         f"({mismatched[0]}: {tuple(found[mismatched[0]].shape)} vs {tuple(wanted[mismatched[0]].shape)}): "
+                         f"saved with another variant or options")
+    missing = sorted(set(wanted) - set(found))
+    if missing:
+        raise ValueError(f"variants.hf.use: the checkpoint in {folder} holds some attnbench parameters but not {missing[0]}")
+    model.load_state_dict(found, strict=False)
+
+
+def _strip_prefix(key: str, wanted: dict) -> str | None:
+    """The model's own name for a checkpoint key (checkpoints may add or drop the base-model prefix)."""
+    if key in wanted:
+        return key
+    for name in wanted:
+        if name.endswith("." + key) or key.endswith("." + name):
+            return name
+    return None
