@@ -258,6 +258,30 @@ def test_bert_encoder_is_bidirectional_with_padding(name):
         assert not torch.equal(model(later, attention_mask=mask).last_hidden_state[0, 0], got[0, 0])
 
 
+def bart():
+    torch.manual_seed(0)
+    config = transformers.BartConfig(vocab_size=VOCAB, d_model=32, encoder_layers=1, decoder_layers=1, encoder_attention_heads=4,
+                                     decoder_attention_heads=4, encoder_ffn_dim=64, decoder_ffn_dim=64, pad_token_id=0,
+                                     bos_token_id=1, eos_token_id=2, decoder_start_token_id=2, forced_eos_token_id=None,
+                                     attn_implementation="sdpa")
+    return transformers.BartForConditionalGeneration(config).double().eval()
+
+
+def test_encoder_decoder_with_cross_attention():
+    model = bart()
+    ids, mask = batch(left_pad=0, right_pad=4)
+    decoder_ids = ids[:, :6]
+    want = model(ids, attention_mask=mask, decoder_input_ids=decoder_ids).logits
+    with pytest.raises(ValueError, match=r"BartForConditionalGeneration\.model\.decoder\.layers\.0\.encoder_attn \(BartAttention\) "
+                                         r"is a cross-attention layer .* sliding_window has no cross-attention"):
+        vh.use(model, "sliding_window", window=3)
+    got = vh.use(model, "full")(ids, attention_mask=mask, decoder_input_ids=decoder_ids).logits
+    torch.testing.assert_close(got, want, atol=1e-5, rtol=1e-5)
+    vh.use(model, "linear")
+    kwargs = dict(attention_mask=mask, max_new_tokens=5, do_sample=False)
+    assert torch.equal(model.generate(ids, use_cache=True, **kwargs), model.generate(ids, use_cache=False, **kwargs))
+
+
 # -- bad input ---------------------------------------------------------------------------------------------
 
 def test_bad_input_is_a_clear_error():
@@ -294,7 +318,6 @@ def test_cross_attention_layer_refused_at_use_time():
 def test_model_without_attention_interface_refused():
     class Old(transformers.PreTrainedModel):
         config_class = LlamaConfig
-        _supports_attention_backend = False
 
         def __init__(self, config):
             super().__init__(config)
@@ -302,6 +325,13 @@ def test_model_without_attention_interface_refused():
 
     with pytest.raises(ValueError, match=r"Old does not route its attention through transformers' AttentionInterface"):
         vh.use(Old(LlamaConfig(**TINY)), "full")
+
+
+def test_position_bias_refused_at_use_time():
+    config = transformers.T5Config(vocab_size=VOCAB, d_model=32, d_kv=8, d_ff=64, num_layers=1, num_heads=4, decoder_start_token_id=0)
+    with pytest.raises(ValueError, match=r"T5ForConditionalGeneration\.encoder\.block\.0\.layer\.0\.SelfAttention \(T5Attention\) "
+                                         r"adds a learned position bias"):
+        vh.use(transformers.T5ForConditionalGeneration(config), "full")
 
 
 def test_softcapped_scores_refused():

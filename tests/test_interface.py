@@ -225,3 +225,22 @@ def test_gradcheck_float64(name):
     kpm = torch.tensor([[True, False, True, True, True]])
     assert torch.autograd.gradcheck(lambda q, k, v: attn(q, k, v, causal=True, key_padding_mask=kpm), (q, k, v))
     assert torch.autograd.gradcheck(lambda q, k, v: attn(q, k, v), (q, k, v))
+
+
+@pytest.mark.parametrize("causal", [False, True], ids=["bidir", "causal"])
+@pytest.mark.parametrize("name", sorted(CPU_VARIANTS))
+def test_scale_is_honoured(name, causal):
+    # a model's layer may scale scores by other than D ** -0.5 (transformers passes its `scaling`): scale s
+    # on q must equal the default on q rescaled — s·√D for the softmax variants, s for linear (whose default
+    # applies no scale) — and equal the variant's own definition
+    s = 0.37
+    attn = build_cpu(name, scale=s)
+    plain = build_cpu(name)
+    plain.load_state_dict(attn.state_dict())
+    q, k, v = make_qkv(b=2, h=2, n_q=10, d=8, requires_grad=False)
+    kpm = make_padding(2, 10, seed=2, all_padded_row=False)
+    out = attn(q, k, v, causal=causal, key_padding_mask=kpm)
+    factor = s if name == "linear" else s * 8**0.5
+    torch.testing.assert_close(out, plain(q * factor, k, v, causal=causal, key_padding_mask=kpm))
+    torch.testing.assert_close(out, attn.reference(q, k, v, causal=causal, key_padding_mask=kpm))
+    assert not torch.allclose(out, plain(q, k, v, causal=causal, key_padding_mask=kpm))

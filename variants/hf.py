@@ -68,8 +68,6 @@ def use(model, variant: str, **options):
     _check_model(model)
     _check_variant(variant, options)
     layers = attention_layers(model)
-    if not layers:
-        raise ValueError(f"variants.hf.use: {type(model).__name__} has no attention layer that calls AttentionInterface")
     config = model.config
     dropout = getattr(config, "attention_dropout", 0.0) or 0.0
     if isinstance(dropout, (int, float)) and dropout > 0:
@@ -130,7 +128,7 @@ def _check_model(model) -> None:
     transformers = _transformers()
     if not isinstance(model, transformers.PreTrainedModel):
         raise TypeError(f"variants.hf.use: model must be a transformers PreTrainedModel, got {type(model).__name__}")
-    if not (getattr(model, "_supports_attention_backend", False) and model._can_set_attn_implementation()):
+    if not (model._can_set_attn_implementation() and attention_layers(model)):
         raise ValueError(f"variants.hf.use: {type(model).__name__} does not route its attention through transformers' "
                          f"AttentionInterface, so its attention cannot be switched (model families that do: Llama, "
                          f"Mistral, Qwen2, GPT-NeoX, BERT, ...)")
@@ -158,14 +156,22 @@ def _calls_attention_interface(cls: type) -> bool:
         return False
 
 
-def _is_cross_attention(layer: nn.Module) -> bool:
-    return bool(getattr(layer, "is_cross_attention", False)) or "crossattention" in type(layer).__name__.lower()
+CROSS_ATTENTION_NAMES = ("crossattention", "cross_attention", "cross_attn", "encoder_attn", "encdecattention")
+
+
+def _is_cross_attention(path: str, layer: nn.Module) -> bool:
+    """Layers whose keys come from another sequence (an encoder's): by flag, class or the names families give them."""
+    names = [type(layer).__name__.lower(), *path.lower().split(".")]
+    return bool(getattr(layer, "is_cross_attention", False)) or any(n in part for n in CROSS_ATTENTION_NAMES for part in names)
 
 
 def _check_layer_fits(model, path: str, layer: nn.Module, variant: str) -> None:
     spec = variant_class(variant).spec
     where = f"{type(model).__name__}.{path} ({type(layer).__name__})"
-    if _is_cross_attention(layer) and not spec.supports_cross_attention:
+    if getattr(layer, "has_relative_attention_bias", False) or hasattr(layer, "relative_attention_bias"):
+        raise ValueError(f"variants.hf.use: {where} adds a learned position bias to its scores (T5-style); the attnbench "
+                         f"variants compute plain scaled dot-product scores")
+    if _is_cross_attention(path, layer) and not spec.supports_cross_attention:
         raise ValueError(f"variants.hf.use: {where} is a cross-attention layer (queries and keys from different "
                          f"sequences); {variant} has no cross-attention")
     device = next((p.device.type for p in model.parameters()), "cpu")
