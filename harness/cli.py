@@ -36,6 +36,11 @@ class CausalMode(str, Enum):
 CAUSAL = {"no": (False,), "yes": (True,), "both": (False, True)}
 
 
+class ExecutorName(str, Enum):
+    local = "local"
+    ray = "ray"
+
+
 class DType(str, Enum):
     float32 = "float32"
     float16 = "float16"
@@ -192,6 +197,9 @@ def run(
     import_: Annotated[Optional[list[str]], typer.Option("--import", help="Module to import first (it may register more variants). With --resume, a run's modules must be named again: resuming runs their code.")] = None,
     retry_failed: Annotated[bool, typer.Option("--retry-failed", help="With --resume: measure again the cells that ended in oom, timeout or error (and what their series skipped); their old rows move to superseded.jsonl.")] = False,
     report: Annotated[bool, typer.Option("--report/--no-report", help="At the end, write RUN_DIR/REPORT.md and its figures (what bench report RUN_DIR does).")] = True,
+    executor: Annotated[ExecutorName, typer.Option(help="Where cells run: local (this machine, one at a time) or ray (each cell a Ray task on a node of a cluster, series in parallel; needs the ray extra).")] = ExecutorName.local,
+    ray_address: Annotated[Optional[str], typer.Option(help="With --executor ray: auto (the cluster this machine is part of), host:port or ray://host:port. Without it, a local Ray instance is started.")] = None,
+    ray_resources: Annotated[Optional[list[str]], typer.Option("--ray-resources", help="With --executor ray: a Ray resource every cell needs, NAME=AMOUNT (e.g. accelerator_type:H100=0.001); repeatable. Nodes without it are not used.")] = None,
 ) -> None:
     """Sweep variants x sequence length x device x pass: time, peak memory and FLOP/s of every cell.
 
@@ -208,52 +216,71 @@ def run(
     console = _console()
     if retry_failed and resume is None:
         raise typer.BadParameter("--retry-failed goes with --resume RUN_DIR")
+    if executor is ExecutorName.local and (ray_address or ray_resources):
+        raise typer.BadParameter("--ray-address and --ray-resources go with --executor ray")
     with _checked():
         cfg.check_number("--peak-time", peak_time, 0, 60, "seconds", low_inclusive=False)
+        resources = cfg.parse_resources(ray_resources or [])
         if resume is not None:
             metadata = rundir.open_to_resume(resume, "sweep", import_ or [])
-            config = RunConfig.from_json(metadata["config"])
-            _import_modules(list(config.imports))
-            if not config.resolved_options:  # a run from before options were fixed at its start
-                config = config.with_resolved_options()
-            run_dir = resume
-            device_names = (metadata.get("machine") or {}).get("device_names")
-            rundir.check_same_devices(device_names, runner.current_device_names(config.devices), resume)
-        else:
-            _import_modules(import_ or [])
-            config = cfg.build_run_config(
-                variants=variants_, lengths=cfg.parse_lengths(lengths) if lengths else cfg.powers_of_two(min_len, max_len),
-                devices=devices, passes=passes, causal=CAUSAL[causal.value],
-                options=cfg.merge_options(option or [], window=window, compression=compression), imports=import_ or [],
-                min_time=min_time, cell_timeout=cell_timeout, batch=batch, heads=heads, head_dim=head_dim, dtype=dtype.value,
-                repeats=repeats, warmup=warmup, threads=threads, check_len=check_len,
-            )
-            if memory_budget.strip() != "auto":  # a size is checked now; auto needs the machine, measured below
-                cfg.memory_budgets(memory_budget, config.devices, {})
-            run_dir = rundir.new_run_dir(out)
-    _warn_if_busy(console)
-
-    if resume is None:  # nothing is written until every value is known: an interrupted start-up leaves no directory
-        with console.status("measuring the machine's matmul peak"):
-            machine = runner.measure_machine(config, peak_time)
+    cluster = _start_cluster(console, executor, ray_address, resources)
+    try:
         with _checked():
-            budgets = cfg.memory_budgets(memory_budget, config.devices, machine)
-        config = RunConfig.from_json({**config.to_json(), "memory_budget": dict(budgets)})
-        device_names = machine["device_names"]
-        rundir.start(run_dir, "sweep", config.to_json(), machine)
-    else:
-        console.print(f"resuming {run_dir} with its original options (other options given now are ignored)")
+            if resume is not None:
+                config = RunConfig.from_json(metadata["config"])
+                _import_modules(list(config.imports))
+                if not config.resolved_options:  # a run from before options were fixed at its start
+                    config = config.with_resolved_options()
+                run_dir = resume
+                device_names = (metadata.get("machine") or {}).get("device_names")
+                if cluster is None:
+                    rundir.check_same_devices(device_names, runner.current_device_names(config.devices), resume)
+                else:  # the cluster's hardware now: rows of hardware it no longer has stay in the file, unused
+                    device_names = {kind: sorted(cluster.devices(kind)) for kind in config.devices}
+            else:
+                _import_modules(import_ or [])
+                config = cfg.build_run_config(
+                    variants=variants_, lengths=cfg.parse_lengths(lengths) if lengths else cfg.powers_of_two(min_len, max_len),
+                    devices=devices, passes=passes, causal=CAUSAL[causal.value],
+                    options=cfg.merge_options(option or [], window=window, compression=compression), imports=import_ or [],
+                    min_time=min_time, cell_timeout=cell_timeout, batch=batch, heads=heads, head_dim=head_dim, dtype=dtype.value,
+                    repeats=repeats, warmup=warmup, threads=threads, check_len=check_len,
+                    cluster=None if cluster is None else tuple(kind for kind in ("cpu", "cuda") if cluster.devices(kind)),
+                )
+                if memory_budget.strip() != "auto":  # a size is checked now; auto needs the machine, measured below
+                    cfg.memory_budgets(memory_budget, config.devices, {})
+                run_dir = rundir.new_run_dir(out)
+        if cluster is None:
+            _warn_if_busy(console)
 
-    def kept() -> str:
-        from harness.rows import run_rows
+        if resume is None:  # nothing is written until every value is known: an interrupted start-up leaves no directory
+            with console.status("measuring the matmul peak" + (" on each kind of node" if cluster else " of this machine")):
+                machine = runner.measure_machine(config, peak_time) if cluster is None else runner.measure_cluster(config, cluster, peak_time)
+            with _checked():
+                budgets = cfg.memory_budgets(memory_budget, config.devices, machine)
+            config = RunConfig.from_json({**config.to_json(), "memory_budget": dict(budgets)})
+            device_names = machine["device_names"]
+            rundir.start(run_dir, "sweep", config.to_json(), machine)
+        else:
+            console.print(f"resuming {run_dir} with its original options (other options given now are ignored)")
 
-        return f"{len(run_rows(run_dir, config, device_names, quiet=True))} finished cells are kept in {run_dir / 'results.jsonl'}"
+        def kept() -> str:
+            from harness.rows import run_rows
 
-    with _writing(run_dir, console, kept, rundir.resume_command("sweep", run_dir, config.imports)):
-        if retry_failed:
-            moved = runner.retry_failed(run_dir, config, device_names)
-            console.print(f"--retry-failed: {moved} rows of failed cells set aside in {run_dir / 'superseded.jsonl'}; measuring them again")
-        rows = _sweep_with_progress(config, run_dir, console, device_names)
+            return f"{len(run_rows(run_dir, config, device_names, quiet=True))} finished cells are kept in {run_dir / 'results.jsonl'}"
+
+        again = rundir.resume_command("sweep", run_dir, config.imports)
+        if cluster is not None:
+            again += " --executor ray" + (f" --ray-address {ray_address}" if ray_address else "")
+            again += "".join(f" --ray-resources {text}" for text in ray_resources or [])
+        with _writing(run_dir, console, kept, again):
+            if retry_failed:
+                moved = runner.retry_failed(run_dir, config, device_names)
+                console.print(f"--retry-failed: {moved} rows of failed cells set aside in {run_dir / 'superseded.jsonl'}; measuring them again")
+            rows = _sweep_with_progress(config, run_dir, console, device_names, cluster)
+    finally:
+        if cluster is not None:
+            cluster.close()
     if report and any(row["status"] == "ok" for row in rows):
         _write_report(run_dir, console)
     if rows and not any(row["status"] == "ok" for row in rows):
@@ -269,24 +296,51 @@ def _warn_if_busy(console: Console) -> None:
         console.print(f"[yellow]warning[/]: {busy}; the benchmark result may be unstable (cells measured now are flagged)")
 
 
-def _sweep_with_progress(config: RunConfig, run_dir: Path, console: Console, device_names: dict | None) -> list[dict]:
+def _start_cluster(console: Console, executor: ExecutorName, address: str | None, resources: dict):
+    """None for the local executor; else the Ray executor, joined to its cluster (or a local instance)."""
+    if executor is ExecutorName.local:
+        return None
+    from harness.executors import make_executor
+
+    where = f"the Ray cluster at {address}" if address else "a local Ray instance"
+    try:
+        with console.status(f"joining {where} and reading its nodes"):
+            cluster = make_executor("ray", address=address, resources=resources)
+    except RuntimeError as err:
+        raise typer.BadParameter(str(err)) from None
+    for node in cluster.node_records():
+        gpus = f", {node['gpus']} x {node['gpu_name']}" if node["gpus"] else ""
+        console.print(f"node {node['host']} ({node['ip']}): {node['cpus']} CPUs, {node['cpu_model']}{gpus}", soft_wrap=True)
+    if not cluster.node_records():
+        cluster.close()
+        raise typer.BadParameter(f"--executor ray: {where} has no alive node" + (" with the --ray-resources asked for" if resources else ""))
+    return cluster
+
+
+def _sweep_with_progress(config: RunConfig, run_dir: Path, console: Console, device_names: dict | None, executor=None) -> list[dict]:
     from harness import runner
     from harness.summary import render_summary, summarize
 
     todo = runner.todo_cells(config, run_dir, device_names)
     progress = _progress(console)
+    running: list = []
     counts: dict[str, int] = {}
 
-    def on_row(cell, row):
+    def on_row(cell, row):  # (with a cluster, several cells run at once: the bar names the latest and counts the rest)
         if row is None:
-            progress.update(task, description=f"[cyan]{cell.label()}[/]")
-            return
-        counts[row["status"]] = counts.get(row["status"], 0) + 1
-        progress.advance(task)
+            running.append(cell)
+        else:
+            counts[row["status"]] = counts.get(row["status"], 0) + 1
+            if cell in running:
+                running.remove(cell)
+            progress.advance(task)
+        if running:
+            more = f" (+{len(running) - 1} running)" if len(running) > 1 else ""
+            progress.update(task, description=f"[cyan]{running[-1].label()}[/]{more}")
 
     with progress:
         task = progress.add_task("starting", total=len(todo))
-        rows = runner.sweep(config, run_dir, on_row=on_row, device_names=device_names)
+        rows = runner.sweep(config, run_dir, on_row=on_row, device_names=device_names, executor=executor)
     render_summary(summarize(rows), console)
     statuses = ", ".join(f"{n} {s}" for s, n in sorted(counts.items()))
     console.print(f"results: {run_dir / 'results.jsonl'}  (this session: {statuses or 'nothing left to run'})", soft_wrap=True)

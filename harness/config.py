@@ -103,31 +103,46 @@ class RunConfig:
 
 @dataclass(frozen=True, order=True)
 class Cell:
-    """One measurement: a variant on a device, one pass, causal or not, at one length."""
+    """One measurement: a variant on a device, one pass, causal or not, at one length.
+
+    device is the kind ("cpu", "cuda"); device_name the hardware (CPU model, GPU name) where the run
+    knows it: a run over a cluster measures each kind on every distinct hardware it has."""
 
     device: str
     variant: str
     pass_: str
     causal: bool
     n: int
+    device_name: str | None = None
 
     @property
     def series(self) -> tuple:
-        return (self.device, self.variant, self.pass_, self.causal)
+        return (self.device, self.variant, self.pass_, self.causal, self.device_name)
 
     @property
     def key(self) -> tuple:
-        return (self.device, self.variant, self.pass_, self.causal, self.n)
+        return (self.device, self.variant, self.pass_, self.causal, self.n, self.device_name)
 
     def label(self) -> str:
-        return f"{self.device} {self.variant} {self.pass_}{' causal' if self.causal else ''} N={self.n}"
+        where = f"{self.device} ({self.device_name})" if self.device_name and self.device != "cpu" else self.device
+        return f"{where} {self.variant} {self.pass_}{' causal' if self.causal else ''} N={self.n}"
 
 
-def plan(config: RunConfig) -> list[Cell]:
-    """Every cell of the sweep, grouped by series and increasing N within a series."""
+def names_of(device_names: dict | None, device: str) -> list:
+    """The hardware names a run measures `device` on: a list (a cluster's), one name, or [None] (unknown)."""
+    names = (device_names or {}).get(device)
+    if isinstance(names, (list, tuple)):
+        return list(names) or [None]
+    return [names]
+
+
+def plan(config: RunConfig, device_names: dict | None = None) -> list[Cell]:
+    """Every cell of the sweep, grouped by series and increasing N within a series; each device kind
+    once per hardware name in `device_names` ({kind: name or [names]})."""
     return [
-        Cell(device, name, pass_, causal, n)
+        Cell(device, name, pass_, causal, n, device_name)
         for device in config.devices
+        for device_name in names_of(device_names, device)
         for name in config.variants
         for causal in config.causal
         for pass_ in config.passes
@@ -210,16 +225,18 @@ def parse_list(text: str, option: str, allowed: tuple[str, ...]) -> tuple[str, .
     return items
 
 
-def resolve_variants(text: str, devices: tuple[str, ...]) -> tuple[str, ...]:
-    """'all' = every registered variant available on at least one of the devices; else the named ones."""
+def resolve_variants(text: str, devices: tuple[str, ...], here: bool = True) -> tuple[str, ...]:
+    """'all' = every registered variant available on at least one of the devices (here: on this machine;
+    else, for a cluster, every variant whose spec lists one of them); else the named ones."""
     import variants
 
     registered = variants.available()
     if text.strip() == "all":
-        return tuple(
-            name for name in registered
-            if any(variants.variant_class(name).unavailable_reason(device) is None for device in devices)
-        )
+        def runs(name: str, device: str) -> bool:
+            cls = variants.variant_class(name)
+            return cls.unavailable_reason(device) is None if here else device in cls.spec.devices
+
+        return tuple(name for name in registered if any(runs(name, device) for device in devices))
     names = tuple(dict.fromkeys(part.strip() for part in text.split(",") if part.strip()))
     unknown = [name for name in names if name not in registered]
     if unknown or not names:
@@ -261,14 +278,19 @@ def check_options(options: dict, names: tuple[str, ...]) -> None:
 
 # -- policies: from the command line's values to a configuration --------------------------------------
 
-def resolve_devices(text: str) -> tuple[str, ...]:
-    """'auto' = the CPU, plus CUDA when present; else the named devices, each of which must exist."""
+def resolve_devices(text: str, cluster: tuple[str, ...] | None = None) -> tuple[str, ...]:
+    """'auto' = the CPU, plus CUDA when present; else the named devices, each of which must exist.
+
+    cluster: the device kinds a cluster's nodes have (--executor ray): 'auto' means those, and a kind
+    the cluster lacks is accepted (its cells are skipped with the reason), as nodes may join later."""
     import torch
 
     if text.strip() == "auto":
+        if cluster is not None:
+            return tuple(kind for kind in ("cpu", "cuda") if kind in cluster) or ("cpu",)
         return ("cpu", "cuda") if torch.cuda.is_available() else ("cpu",)
     devices = parse_list(text, "--devices", ("cpu", "cuda"))
-    if "cuda" in devices:
+    if "cuda" in devices and cluster is None:
         require_cuda("--devices")
     return devices
 
@@ -295,6 +317,13 @@ def memory_budgets(text: str, devices: tuple[str, ...], machine: dict) -> tuple[
         if size <= 0:
             raise ArgumentError(f"--memory-budget: {text!r} must be more than 0 bytes")
         return tuple((device, size) for device in devices)
+    nodes = machine.get("nodes")
+    if nodes:  # a cluster: what the smallest node of each kind has free
+        cpu = [n["memory_available"] for n in nodes if n.get("cpus") and n.get("memory_available")]
+        gpu = [n["gpu_free_bytes"] for n in nodes if n.get("gpus") and n.get("gpu_free_bytes")]
+        return tuple(budget for budget in (("cpu", int(min(cpu) * CPU_BUDGET_FRACTION)) if cpu and "cpu" in devices else None,
+                                           ("cuda", int(min(gpu) * GPU_BUDGET_FRACTION)) if gpu and "cuda" in devices else None)
+                     if budget)
     budgets = []
     for device in devices:
         if device == "cpu":
@@ -308,6 +337,22 @@ def memory_budgets(text: str, devices: tuple[str, ...], machine: dict) -> tuple[
     return tuple(budgets)
 
 
+def parse_resources(texts: list[str]) -> dict[str, float]:
+    """--ray-resources NAME=AMOUNT texts -> {name: amount}; ArgumentError naming the bad one."""
+    resources = {}
+    for text in texts:
+        name, sep, amount = text.partition("=")
+        try:
+            value = float(amount)
+        except ValueError:
+            value = -1.0
+        if not sep or not name.strip() or not (value > 0 and math.isfinite(value)):
+            raise ArgumentError(f"--ray-resources: {text!r} is not NAME=AMOUNT with a positive amount "
+                                f"(e.g. accelerator_type:H100=0.001, or a custom resource your nodes declare)")
+        resources[name.strip()] = value
+    return resources
+
+
 def merge_options(option: list[str], **named) -> dict:
     """--option name=value texts, plus the options with flags of their own (--window, ...) where given."""
     options = dict(parse_option(text) for text in option)
@@ -316,13 +361,15 @@ def merge_options(option: list[str], **named) -> dict:
 
 
 def build_run_config(*, variants: str, lengths: tuple[int, ...], devices: str, passes: str, causal: tuple[bool, ...],
-                     options: dict, imports: list[str], min_time: float, cell_timeout: float, **settings) -> RunConfig:
+                     options: dict, imports: list[str], min_time: float, cell_timeout: float,
+                     cluster: tuple[str, ...] | None = None, **settings) -> RunConfig:
     """A sweep's configuration from checked command-line values (`settings`: batch, heads, head_dim,
-    dtype, repeats, warmup, threads, check_len); every variant's options are checked and fixed."""
+    dtype, repeats, warmup, threads, check_len); every variant's options are checked and fixed.
+    cluster: the device kinds of a cluster's nodes, when the cells run there (--executor ray)."""
     check_number("--min-time", min_time, 0, 3600, "seconds")
     check_number("--cell-timeout", cell_timeout, 1e-3, 86400, "seconds", low_inclusive=False)
-    device_list = resolve_devices(devices)
-    names = resolve_variants(variants, device_list)
+    device_list = resolve_devices(devices, cluster)
+    names = resolve_variants(variants, device_list, here=cluster is None)
     if not names:
         raise ArgumentError(f"--variants {variants}: no registered variant runs on {', '.join(device_list)}")
     check_options(options, names)

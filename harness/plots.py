@@ -61,6 +61,10 @@ def caption(metadata: dict) -> str:
     machine = f"{cpu.get('model') or 'CPU'} ({cpu.get('usable_cores') or cpu.get('cores')} cores)"
     if gpu.get("name"):
         machine += f", {gpu['name']}"
+    nodes = (metadata.get("machine") or {}).get("nodes")
+    if nodes:  # a run on a cluster (--executor ray): the hardware of its nodes, not the driver's
+        kinds = dict.fromkeys(n["gpu_name"] if n.get("gpus") else n["cpu_model"] for n in nodes)
+        machine = f"Ray cluster of {len(nodes)} node{'s' if len(nodes) > 1 else ''}: " + ", ".join(str(k) for k in kinds)
     if "d_model" in cfg:  # a quality run: the model's shape
         shape = f"d_model={cfg.get('d_model')} layers={cfg.get('layers')} heads={cfg.get('heads')} batch={cfg.get('batch')}"
     else:
@@ -164,7 +168,7 @@ def _scaling_figure(df, metadata, ycol, ylabel, title, scale, path) -> Path:
             _guides(ax, sub["n"].tolist(), float(ok_all.sort_values("n").iloc[0][ycol]) * scale)
         ax.set_yscale("log")
         _n_axis(ax, sub["n"].tolist())
-        ax.set_ylabel(ylabel + (MEMORY_KIND.get(panel[0], "") if ycol == "peak_bytes" else ""))
+        ax.set_ylabel(ylabel + (MEMORY_KIND.get(panel[0].split(" ")[0], "") if ycol == "peak_bytes" else ""))
         ax.set_title(_panel_title(panel), fontsize=9)
         ax.legend(fontsize=7, loc="upper left")
     return save_figure(fig, path)

@@ -92,6 +92,8 @@ def write_report(run_dir: Path, figures: list[Path], quality_figures: list[Path]
         "",
     ]
     df = load_frame(run_dir)
+    if machine.get("nodes"):
+        lines += _nodes_section(machine["nodes"], df)
     if not df.empty:
         lines += _speed_section(run_dir, df, cfg, machine, figures)
     quality = _quality_section(run_dir, cfg, quality_figures)
@@ -99,6 +101,20 @@ def write_report(run_dir: Path, figures: list[Path], quality_figures: list[Path]
     path = run_dir / "REPORT.md"
     path.write_text("\n".join(lines))
     return path
+
+
+def _nodes_section(nodes: list[dict], df: pd.DataFrame) -> list[str]:
+    """A run on a cluster (--executor ray): every node of it, and how many cells each ran."""
+    ran: dict[str, int] = {}
+    for node in df.get("node", pd.Series(dtype=object)).dropna() if "node" in df else []:
+        if isinstance(node, dict):
+            ran[node.get("node_id")] = ran.get(node.get("node_id"), 0) + 1
+    rows = [[md_text(n.get("host")), code_span(str(n.get("node_id"))[:8]), md_text(n.get("ip")), str(n.get("cpus")),
+             md_text(n.get("cpu_model")), f"{n.get('gpus')} x {md_text(n.get('gpu_name'))}" if n.get("gpus") else "-",
+             md_text(f"torch {n.get('torch')}" + (f", CUDA {n.get('cuda')}" if n.get("cuda") else "")),
+             str(ran.get(n.get("node_id"), 0))] for n in nodes]
+    return ["## Nodes (Ray cluster)", "",
+            markdown_table(["host", "node", "address", "CPUs", "CPU", "GPUs", "software", "cells run"], rows), ""]
 
 
 def md_text(value) -> str:

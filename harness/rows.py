@@ -62,7 +62,7 @@ class Row:
 
     @property
     def key(self) -> tuple:
-        return (self.device, self.variant, self.pass_, bool(self.causal), int(self.n))
+        return (self.device, self.variant, self.pass_, bool(self.causal), int(self.n), self.device_name)
 
     def to_json(self) -> dict:
         data = {("pass" if f.name == "pass_" else f.name): getattr(self, f.name) for f in dataclasses.fields(self) if f.name != "extra"}
@@ -79,14 +79,21 @@ class Row:
 
 
 def cell_key(row: dict) -> tuple:
-    return (row["device"], row["variant"], row["pass"], bool(row["causal"]), int(row["n"]))
+    """(device, variant, pass, causal, N, device name): one cell, on one hardware."""
+    return (row["device"], row["variant"], row["pass"], bool(row["causal"]), int(row["n"]), row.get("device_name"))
+
+
+def series_key(row: dict) -> tuple:
+    """The cell key without N: the series a larger N continues."""
+    device, variant, pass_, causal, _, name = cell_key(row)
+    return (device, variant, pass_, causal, name)
 
 
 def belongs(row: dict, config, device_names: dict | None = None) -> bool:
     """Whether a stored row measures a cell of this configuration (a `RunConfig`): its cell is in the
     plan, and its shape, dtype, options (and device name, where both are known) are the run's."""
     try:
-        device, variant, pass_, causal, n = cell_key(row)
+        device, variant, pass_, causal, n, name = cell_key(row)
     except (KeyError, TypeError, ValueError):
         return False
     if (device not in config.devices or variant not in config.variants or pass_ not in config.passes
@@ -102,15 +109,25 @@ def belongs(row: dict, config, device_names: dict | None = None) -> bool:
             return False
     elif not isinstance(options, dict) or any(options.get(k, v) != v for k, v in config.options if k in options):
         return False  # a run from before options were resolved at its start: its explicit options must agree
-    here = (device_names or {}).get(device)
-    return not (here and row.get("device_name") and row["device_name"] != here)
+    here = (device_names or {}).get(device)  # a name, or the names of a cluster's hardware
+    if isinstance(here, (list, tuple)):
+        return name in here
+    return not (here and name and name != here)
+
+
+def _named(row: dict, device_names: dict | None) -> dict:
+    """A row from before rows recorded their hardware gets the run's name for its device (so its key matches)."""
+    here = (device_names or {}).get(row["device"])
+    if row.get("device_name") is None and isinstance(here, str):
+        return {**row, "device_name": here}
+    return row
 
 
 def run_rows(run_dir: Path, config, device_names: dict | None = None, quiet: bool = False) -> list[dict]:
     """The rows of RUN_DIR that belong to `config`, one per cell (the latest where a cell repeats),
     with a one-line warning for what is left out."""
     rows = read_rows(run_dir, quiet=quiet)
-    mine = [row for row in rows if belongs(row, config, device_names)]
+    mine = [_named(row, device_names) for row in rows if belongs(row, config, device_names)]
     latest = {cell_key(row): row for row in mine}
     if not quiet and len(mine) < len(rows):
         warn(f"{Path(run_dir) / RESULTS}: {len(rows) - len(mine)} rows belong to another configuration "

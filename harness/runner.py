@@ -10,6 +10,7 @@ The parent never runs attention. For each cell it decides, in order:
 
 from __future__ import annotations
 
+import threading
 import time
 from dataclasses import dataclass, field
 from datetime import datetime, timezone
@@ -19,8 +20,9 @@ from typing import Callable
 from harness import worker
 from harness.config import Cell, RunConfig, plan, shape_only
 from harness.fmt import fmt_bytes
+from harness.executors import LocalExecutor
 from harness.isolation import Outcome, run_isolated
-from harness.rows import Row, cell_key, run_rows
+from harness.rows import Row, cell_key, run_rows, series_key
 from harness.storage import SUPERSEDED, RowWriter, drop_torn_tail, read_rows, rewrite_rows
 
 STOPPING = ("oom", "timeout", "skipped")  # a series that hits one of these does not try larger N
@@ -34,7 +36,9 @@ class SweepState:
 
     done: set = field(default_factory=set)
     stopped: dict = field(default_factory=dict)  # series -> (n, status)
-    checks: dict = field(default_factory=dict)  # (device, variant, causal) -> (status, message) or None when it passed
+    checks: dict = field(default_factory=dict)  # (device, name, variant, causal) -> (status, message) or None when it passed
+    check_locks: dict = field(default_factory=dict)  # one per check key: series sharing a check wait for the first
+    lock: object = field(default_factory=threading.RLock)  # cells of several series may finish at once (--executor ray)
 
     @classmethod
     def from_rows(cls, rows: list[dict]) -> "SweepState":
@@ -44,21 +48,28 @@ class SweepState:
         return state
 
     def record(self, row: dict) -> None:
-        key = cell_key(row)
-        self.done.add(key)
-        series = key[:4]
-        if row["status"] in STOPPING and series not in self.stopped:
-            self.stopped[series] = (key[4], row["status"])
+        with self.lock:
+            self.done.add(cell_key(row))
+            series = series_key(row)
+            if row["status"] in STOPPING and series not in self.stopped:
+                self.stopped[series] = (int(row["n"]), row["status"])
 
 
-def static_skip_reason(config: RunConfig, cell: Cell) -> str | None:
-    """Why the spec says this cell cannot run, or None."""
+def static_skip_reason(config: RunConfig, cell: Cell, remote: bool = False) -> str | None:
+    """Why the spec says this cell cannot run, or None. remote: the cell runs on a cluster's node, so
+    what this machine has (a GPU, a library) does not decide; the hardware name says a node has the device."""
     import variants
 
     cls = variants.variant_class(cell.variant)
-    reason = cls.unavailable_reason(cell.device)
-    if reason:
-        return f"unavailable: {reason}"
+    if remote:
+        if cell.device_name is None:
+            return f"unavailable: no node of the cluster has a {cell.device} device (with the cells' --ray-resources)"
+        if cell.device not in cls.spec.devices:
+            return f"unavailable: {cls.spec.name} runs on {', '.join(cls.spec.devices)}, not {cell.device}"
+    else:
+        reason = cls.unavailable_reason(cell.device)
+        if reason:
+            return f"unavailable: {reason}"
     if cell.causal and not cls.spec.supports_causal:
         return f"{cell.variant} does not support causal attention"
     if cell.pass_ == "fwdbwd":
@@ -114,11 +125,15 @@ def outcome_status(outcome: Outcome) -> tuple[str, str]:
     return "error", outcome.describe()
 
 
-def run_cell(config: RunConfig, cell: Cell, state: SweepState, log_path: str | None = None) -> Row:
+def run_cell(config: RunConfig, cell: Cell, state: SweepState, log_path: str | None = None, executor=None) -> Row:
     row = base_row(config, cell)
+    row.device_name = cell.device_name
     started = time.perf_counter()
-    status, message, measured = decide(config, cell, state, row, log_path)
+    status, message, measured, node = decide(config, cell, state, row, log_path, executor or LocalExecutor())
     row = Row.from_json({**row.to_json(), "status": status, "message": message, **(measured or {})})
+    if node:  # where an executor ran it on a cluster: the node, and the hardware name read there
+        row.extra["node"] = node
+        row.device_name = node.get("gpu_name") if cell.device == "cuda" else node.get("cpu_model")
     if status == "ok" and row.time_median_s:
         row.gflops = row.flops / row.time_median_s / 1e9
     row.wall_s = round(time.perf_counter() - started, 3)
@@ -126,44 +141,55 @@ def run_cell(config: RunConfig, cell: Cell, state: SweepState, log_path: str | N
     return row
 
 
-def decide(config: RunConfig, cell: Cell, state: SweepState, row: Row, log_path: str | None = None):
-    reason = static_skip_reason(config, cell)
+def decide(config: RunConfig, cell: Cell, state: SweepState, row: Row, log_path: str | None, executor):
+    """(status, message, measured values or None, node record or None) of one cell."""
+    reason = static_skip_reason(config, cell, remote=getattr(executor, "remote", False))
     if reason:
-        return "skipped", reason, None
-    if cell.series in state.stopped:
-        n, status = state.stopped[cell.series]
-        return "skipped", f"series stopped at N={n} ({status})", None
+        return "skipped", reason, None, None
+    with state.lock:
+        stopped = state.stopped.get(cell.series)
+    if stopped:
+        return "skipped", f"series stopped at N={stopped[0]} ({stopped[1]})", None, None
     try:  # what the parent needs of the variant: its FLOPs and memory estimate, from a shape-only instance
         attn = shape_only_variant(config, cell.variant)
         row.flops = useful_flops(config, cell, attn)
         row.predicted_bytes = predicted = predicted_bytes(config, cell, attn)
     except Exception as err:  # noqa: BLE001 — a plug-in variant's fault costs its cells, not the sweep
-        return "error", f"cannot plan the cell: {type(err).__name__}: {err}"[:1000], None
+        return "error", f"cannot plan the cell: {type(err).__name__}: {err}"[:1000], None, None
     budget = config.budget(cell.device)
     if budget is not None and predicted > budget:
-        return "skipped", f"predicted {fmt_bytes(predicted)} > memory budget {fmt_bytes(budget)}", None
-    check = ensure_checked(config, cell, state, log_path)
+        return "skipped", f"predicted {fmt_bytes(predicted)} > memory budget {fmt_bytes(budget)}", None, None
+    check = ensure_checked(config, cell, state, log_path, executor)
     if check is not None:
-        return check[0], check[1], None
-    outcome = run_isolated(worker.measure_cell, (config, cell), timeout=config.cell_timeout,
-                           imports=config.imports, log_path=log_path)
+        return check[0], check[1], None, None
+    job = executor.submit(worker.measure_cell, (config, cell), device=cell.device, device_name=cell.device_name,
+                          timeout=config.cell_timeout, imports=config.imports, log_path=log_path)
+    outcome, node = executor.outcome(job)
     if outcome.kind == "result":
-        return "ok", "", outcome.value
-    return (*outcome_status(outcome), None)
+        return "ok", "", outcome.value, node
+    return (*outcome_status(outcome), None, node)
 
 
-def ensure_checked(config: RunConfig, cell: Cell, state: SweepState, log_path: str | None = None):
-    """None when the variant matches its dense definition on this device; else (status, message) for its cells."""
-    key = (cell.device, cell.variant, cell.causal)
-    if key not in state.checks:
-        outcome = run_isolated(worker.check_variant, (config, cell.device, cell.variant, cell.causal),
-                               timeout=config.cell_timeout, imports=config.imports, log_path=log_path)
-        if outcome.kind == "result":
-            result = outcome.value
-            state.checks[key] = None if result["ok"] else ("incorrect", result["message"])
-        else:
-            status, message = outcome_status(outcome)
-            state.checks[key] = (status, f"correctness check failed: {message}")
+def ensure_checked(config: RunConfig, cell: Cell, state: SweepState, log_path: str | None = None, executor=None):
+    """None when the variant matches its dense definition on this device; else (status, message) for its cells.
+
+    Checked once per (device, hardware, variant, causal); series that share a check wait for the first."""
+    executor = executor or LocalExecutor()
+    key = (cell.device, cell.device_name, cell.variant, cell.causal)
+    with state.lock:
+        lock = state.check_locks.setdefault(key, threading.Lock())
+    with lock:
+        if key not in state.checks:
+            job = executor.submit(worker.check_variant, (config, cell.device, cell.variant, cell.causal), device=cell.device,
+                                  device_name=cell.device_name, timeout=config.cell_timeout, imports=config.imports,
+                                  log_path=log_path)
+            outcome, _ = executor.outcome(job)
+            if outcome.kind == "result":
+                result = outcome.value
+                state.checks[key] = None if result["ok"] else ("incorrect", result["message"])
+            else:
+                status, message = outcome_status(outcome)
+                state.checks[key] = (status, f"correctness check failed: {message}")
     return state.checks[key]
 
 
@@ -176,11 +202,11 @@ def retry_failed(run_dir: Path, config: RunConfig, device_names: dict | None = N
     first_failure = {}  # series -> smallest N that failed
     for row in rows:
         if row["status"] in FAILED:
-            series, n = cell_key(row)[:4], int(row["n"])
+            series, n = series_key(row), int(row["n"])
             first_failure[series] = min(n, first_failure.get(series, n))
 
     def retried(row: dict) -> bool:
-        start = first_failure.get(cell_key(row)[:4])
+        start = first_failure.get(series_key(row))
         return (start is not None and int(row["n"]) >= start
                 and (row["status"] in FAILED or "series stopped" in row.get("message", "")))
 
@@ -195,31 +221,85 @@ def retry_failed(run_dir: Path, config: RunConfig, device_names: dict | None = N
 
 
 def sweep(config: RunConfig, run_dir: Path, on_row: Callable[[Cell, dict | None], None] | None = None,
-          device_names: dict | None = None) -> list[dict]:
-    """Run every cell of the plan that has no row yet; returns all rows of the run. Call under the run's lock."""
+          device_names: dict | None = None, executor=None) -> list[dict]:
+    """Run every cell of the plan that has no row yet; returns all rows of the run. Call under the run's lock.
+
+    With the local executor the cells run one after the other. An executor that runs cells in parallel
+    (Ray) gets each series (the cells of one device, hardware, variant, pass and causal mode, by
+    increasing N) in a thread of its own, as many at once as the hardware has slots; within a series
+    the order is kept, so an oom or timeout still stops the larger N. Rows are appended as cells finish."""
+    executor = executor or LocalExecutor(device_names)
     drop_torn_tail(run_dir)
     rows = run_rows(run_dir, config, device_names)
     state = SweepState.from_rows(rows)
-    todo = [cell for cell in plan(config) if cell.key not in state.done]
+    todo = [cell for cell in plan(config, device_names) if cell.key not in state.done]
     log_path = str(Path(run_dir) / WORKER_LOG)
+    written = threading.Lock()
     with RowWriter(run_dir) as writer:
-        for cell in todo:
+
+        def one(cell: Cell) -> None:
             if on_row:
-                on_row(cell, None)
-            row = run_cell(config, cell, state, log_path)
-            row.device_name = (device_names or {}).get(cell.device)
-            writer.append(row)
+                with written:
+                    on_row(cell, None)
+            row = run_cell(config, cell, state, log_path, executor)
             data = row.to_json()
-            state.record(data)
-            rows.append(data)
-            if on_row:
-                on_row(cell, data)
+            with written:
+                writer.append(row)
+                state.record(data)
+                rows.append(data)
+                if on_row:
+                    on_row(cell, data)
+
+        if not executor.parallel:
+            for cell in todo:
+                one(cell)
+        else:
+            _in_parallel(todo, one, executor)
     return rows
+
+
+def _in_parallel(todo: list[Cell], one: Callable[[Cell], None], executor) -> None:
+    """Each series in a thread, as many threads per hardware as it has slots; Ctrl-C cancels what runs."""
+    from concurrent.futures import ThreadPoolExecutor
+
+    series: dict[tuple, list[Cell]] = {}
+    for cell in todo:
+        series.setdefault(cell.series, []).append(cell)
+    stop = threading.Event()
+
+    def run_series(cells: list[Cell]) -> None:
+        for cell in cells:
+            if stop.is_set():
+                return
+            one(cell)
+
+    slots: dict[tuple, int] = {}
+    for cell in todo:
+        slots[(cell.device, cell.device_name)] = max(1, executor.devices(cell.device).get(cell.device_name, 1))
+    pools = {group: ThreadPoolExecutor(max_workers=count, thread_name_prefix=f"cells-{group[0]}") for group, count in slots.items()}
+    futures = [pools[(cells[0].device, cells[0].device_name)].submit(run_series, cells) for cells in series.values()]
+    try:
+        for future in futures:
+            while True:
+                try:
+                    future.result(timeout=0.5)  # short waits, so Ctrl-C reaches this thread
+                    break
+                except TimeoutError:
+                    continue
+    except BaseException:
+        stop.set()
+        for future in futures:
+            future.cancel()
+        executor.cancel_all()
+        raise
+    finally:
+        for pool in pools.values():
+            pool.shutdown(wait=not stop.is_set(), cancel_futures=True)
 
 
 def todo_cells(config: RunConfig, run_dir: Path, device_names: dict | None = None) -> list[Cell]:
     done = {cell_key(row) for row in run_rows(run_dir, config, device_names, quiet=True)}
-    return [cell for cell in plan(config) if cell.key not in done]
+    return [cell for cell in plan(config, device_names) if cell.key not in done]
 
 
 def current_device_names(devices: tuple[str, ...], gpu: dict | None = None) -> dict:
@@ -253,4 +333,24 @@ def measure_machine(config: RunConfig, peak_seconds: float = 1.0) -> dict:
             info["matmul_peak_gflops"][f"{device}/{dtype}"] = value.get("gflops")
             info["matmul_peak_precision"][f"{device}/{dtype}"] = value.get("precision")
     info["device_names"] = current_device_names(config.devices, info["gpu"] or {})
+    return info
+
+
+def measure_cluster(config: RunConfig, cluster, peak_seconds: float = 1.0) -> dict:
+    """What `measure_machine` records, for a cluster: every node's record, and the matmul peak of each
+    hardware (run's dtype and float32), measured on one of its nodes as a cell is."""
+    info: dict = {"executor": cluster.name, "nodes": cluster.node_records(), "matmul_peak_gflops": {},
+                  "matmul_peak_precision": {}, "matmul_peak_seconds": peak_seconds, "gpu": None, "device_names": {}}
+    for device in config.devices:
+        names = sorted(name for name in cluster.devices(device) if name)
+        info["device_names"][device] = names
+        for index, name in enumerate(names):
+            for dtype in dict.fromkeys((config.dtype, "float32")):
+                job = cluster.submit(worker.matmul_peak, (device, dtype, config.threads, peak_seconds), device=device,
+                                     device_name=name, timeout=120)
+                outcome, _ = cluster.outcome(job)
+                value = outcome.value if outcome.kind == "result" else {}
+                for label in [f"{device} ({name})"] + ([device] if index == 0 else []):
+                    info["matmul_peak_gflops"][f"{label}/{dtype}"] = value.get("gflops")
+                    info["matmul_peak_precision"][f"{label}/{dtype}"] = value.get("precision")
     return info

@@ -213,4 +213,16 @@ def load_frame(run_dir: Path):
         except (KeyError, TypeError, ValueError):
             warn(f"{Path(run_dir) / RESULTS}: a row without a valid cell key was skipped: {str(row)[:120]}")
     columns = [("pass" if name == "pass_" else name) for name in Row.__dataclass_fields__ if name != "extra"]
-    return pd.DataFrame(typed) if typed else pd.DataFrame(columns=columns)
+    return by_hardware(pd.DataFrame(typed)) if typed else pd.DataFrame(columns=columns)
+
+
+def by_hardware(df):
+    """Where a run holds one device kind on several hardware (a cluster's A100 and H100 nodes), each is a
+    device of its own: "cuda (NVIDIA H100 80GB HBM3)". Every table and figure then facets by it."""
+    names = df.groupby("device")["device_name"].nunique()
+    several = set(names[names > 1].index)
+    if several:
+        df = df.copy()
+        rows = df["device"].isin(several)
+        df.loc[rows, "device"] = df.loc[rows, "device"] + " (" + df.loc[rows, "device_name"].astype(str) + ")"
+    return df

@@ -1,0 +1,300 @@
+"""`bench run --executor ray`: each cell a Ray task on a node of a cluster (or of a local Ray instance).
+
+On the node it lands on, the task runs the cell exactly as the local executor does — a fresh child
+of that node's fork server, the same correctness gate, timing, memory measurement, timeout and
+OOM/crash classification (`harness.isolation`) — and returns the outcome with a record of the node.
+What is Ray's own is where cells go and what happens when a node fails:
+
+- Placement. The driver probes every alive node once (host, CPU model, GPUs, torch and CUDA
+  versions) and groups nodes by hardware: a CPU cell takes a whole node (all its CPUs, so no two
+  timed CPU cells share one), a CUDA cell one GPU. Each task is pinned to the node the driver chose
+  (`NodeAffinitySchedulingStrategy`); `--ray-resources` adds custom resources every cell must have,
+  and nodes without them are not used.
+- Faults. The cell's own timeout is enforced on the node; the driver also cancels (`ray.cancel(force=True)`)
+  a task that has not answered within the timeout plus a start-up grace. A worker or node lost
+  mid-cell is the node's failure: the cell is tried once more (on any node of its group), then
+  recorded as `error` with the reason; a cell that crashed its own process is never retried. Ray's
+  own OOM kill is `oom`. Ctrl-C cancels what is outstanding.
+"""
+
+from __future__ import annotations
+
+import os
+import socket
+import sys
+import tempfile
+import threading
+import time
+
+from harness.executors import CellCancelled
+from harness.isolation import Outcome, run_isolated
+
+RAY_EXTRA = "pip install -e '.[ray]'"
+START_GRACE_S = 120.0  # a task's start on its node (a new worker, the fork server's imports) beyond the cell's timeout
+CONNECT_TIMEOUT_S = 5.0
+LOG_TAIL = 20_000  # characters of a cell's log sent back to the driver's worker.log
+
+
+def ray_module():
+    try:
+        import ray
+    except ImportError:
+        raise RuntimeError(f"--executor ray needs the ray package, which is not installed: {RAY_EXTRA}") from None
+    return ray
+
+
+# -- what runs on a node ----------------------------------------------------------------------------------
+
+def node_record() -> dict:
+    """Where this process runs: host, Ray node, CPU model and cores, GPUs, torch and CUDA versions."""
+    import torch
+
+    from harness.machine import available_memory_bytes, cpu_info
+
+    ray = ray_module()
+    context = ray.get_runtime_context()
+    gpus = context.get_accelerator_ids().get("GPU", [])
+    gpu = {}
+    if gpus:
+        from harness import worker
+
+        outcome = run_isolated(worker.cuda_info, (), timeout=120)
+        gpu = outcome.value if outcome.kind == "result" else {}
+    cpu = cpu_info()
+    return {"node_id": context.get_node_id(), "host": socket.gethostname(), "ip": ray.util.get_node_ip_address(),
+            "cpu_model": cpu["model"], "cpu_cores": cpu["cores"], "memory_available": available_memory_bytes(),
+            "gpu_name": gpu.get("name"), "gpu_free_bytes": gpu.get("free_bytes"), "gpus": len(gpus),
+            "torch": torch.__version__, "cuda": torch.version.cuda, "python": sys.version.split()[0]}
+
+
+def _with_environment(env: dict, paths: list, fn, *args):
+    """In the cell's child: the GPU Ray gave this task (the fork server was started with another task's
+    environment) and the driver's import paths, then the cell."""
+    os.environ.update(env)
+    for path in reversed(paths):
+        if path not in sys.path and os.path.isdir(path):
+            sys.path.insert(0, path)
+    return fn(*args)
+
+
+def run_on_node(fn, args: tuple, timeout: float, imports: tuple, paths: list, record: dict) -> tuple:
+    """The Ray task: the cell in an isolated child of this node's fork server. Returns (outcome, node, log)."""
+    for path in reversed(paths):  # before the fork server starts, so its children import what the driver can
+        if path not in sys.path and os.path.isdir(path):
+            sys.path.insert(0, path)
+    env = {"CUDA_VISIBLE_DEVICES": os.environ.get("CUDA_VISIBLE_DEVICES", "")}
+    with tempfile.NamedTemporaryFile("r", suffix=".log", prefix="attnbench-cell-") as log:
+        outcome = run_isolated(_with_environment, (env, paths, fn, *args), timeout=timeout, imports=imports, log_path=log.name)
+        text = log.read()[-LOG_TAIL:]
+    return outcome, record, text
+
+
+# -- the driver's side ----------------------------------------------------------------------------------------
+
+class RayJob:
+    def __init__(self, call: tuple, group: tuple, deadline_s: float):
+        self.call, self.group, self.deadline_s = call, group, deadline_s
+        self.ref = None
+        self.node = None
+        self.started = 0.0
+        self.attempts = 0
+        self.cancelled = False
+
+
+class RayExecutor:
+    """Cells as Ray tasks, pinned to nodes grouped by hardware; see the module's docstring."""
+
+    name = "ray"
+    parallel = True
+    remote = True
+
+    def __init__(self, address: str | None = None, resources: dict | None = None):
+        self.ray = ray_module()
+        self.resources = dict(resources or {})
+        self.started_here = False
+        self._connect(address)
+        self._remote_task = self.ray.remote(run_on_node)
+        self.nodes = self._probe_nodes()
+        self._free: dict[tuple, list] = {}  # (kind, device name) -> node ids with a free slot (one entry per slot)
+        self._lock = threading.Condition()
+        self._outstanding: set = set()
+        self._closing = False
+        for group, slots in self._slots().items():
+            self._free[group] = slots
+
+    # connecting and probing
+    def _connect(self, address: str | None) -> None:
+        ray = self.ray
+        if ray.is_initialized():
+            return  # a driver that already joined a cluster (tests, notebooks): use it
+        if address in (None, "", "local"):
+            ray.init(include_dashboard=False, log_to_driver=False, configure_logging=False)
+            self.started_here = True
+            return
+        if address != "auto":
+            _check_reachable(address)
+        try:
+            ray.init(address=address, log_to_driver=False, configure_logging=False)
+        except Exception as err:  # noqa: BLE001 — ConnectionError, RuntimeError, ... all mean: no cluster there
+            raise RuntimeError(f"--ray-address: cannot join a Ray cluster at {address!r}: {type(err).__name__}: "
+                               f"{str(err).splitlines()[0] if str(err) else ''}") from None
+
+    def _probe_nodes(self) -> list[dict]:
+        """One record per alive node that has the cells' custom resources, read on that node."""
+        from ray.util.scheduling_strategies import NodeAffinitySchedulingStrategy
+
+        probe = self.ray.remote(node_record)
+        refs = []
+        for node in self.ray.nodes():
+            have = node.get("Resources", {})
+            if not node.get("Alive") or any(have.get(key, 0) < value for key, value in self.resources.items()):
+                continue
+            strategy = NodeAffinitySchedulingStrategy(node["NodeID"], soft=False)
+            refs.append((have, probe.options(num_cpus=0, num_gpus=have.get("GPU", 0), scheduling_strategy=strategy).remote()))
+        nodes = []
+        for have, ref in refs:
+            record = self.ray.get(ref, timeout=300)
+            record["cpus"] = int(have.get("CPU", 0))
+            record["gpus"] = int(have.get("GPU", 0))
+            nodes.append(record)
+        return nodes
+
+    def _slots(self) -> dict[tuple, list]:
+        slots: dict[tuple, list] = {}
+        for node in self.nodes:
+            if node["cpus"] > 0:
+                slots.setdefault(("cpu", node["cpu_model"]), []).append(node["node_id"])
+            for _ in range(node["gpus"]):
+                slots.setdefault(("cuda", node["gpu_name"]), []).append(node["node_id"])
+        return slots
+
+    def devices(self, kind: str) -> dict:
+        """{device name: slots} of the cluster for "cpu" or "cuda" (nodes without --ray-resources left out)."""
+        return {name: len(ids) for (k, name), ids in self._free.items() if k == kind}
+
+    def node_records(self) -> list[dict]:
+        return list(self.nodes)
+
+    # running cells
+    def submit(self, fn, args: tuple, *, device: str, device_name: str | None, timeout: float, imports: tuple = (),
+               log_path: str | None = None) -> RayJob:
+        # the cell's own timeout is enforced on its node; this backstop is for a node that stops answering
+        # (twice the timeout: a CUDA cell may wait for a CPU cell holding its node's CPUs)
+        job = RayJob((fn, args, timeout, tuple(imports), log_path, device), (device, device_name), 2 * timeout + START_GRACE_S)
+        self._start(job)
+        return job
+
+    def _start(self, job: RayJob) -> None:
+        from ray.util.scheduling_strategies import NodeAffinitySchedulingStrategy
+
+        fn, args, timeout, imports, _, device = job.call
+        with self._lock:
+            while not self._free.get(job.group):
+                if self._closing or job.cancelled:
+                    raise CellCancelled()
+                if job.group not in self._free:
+                    raise RuntimeError(f"no node of the cluster has {job.group[0]} {job.group[1]!r}")
+                self._lock.wait(1.0)
+            node_id = self._free[job.group].pop(0)
+        node = next(n for n in self.nodes if n["node_id"] == node_id)
+        record = {key: node[key] for key in ("node_id", "host", "ip", "cpu_model", "gpu_name", "torch", "cuda")}
+        if device == "cuda":
+            options = {"num_cpus": 1, "num_gpus": 1}
+        else:
+            options = {"num_cpus": node["cpus"], "num_gpus": 0}
+        job.node, job.started, job.attempts = node_id, time.monotonic(), job.attempts + 1
+        job.ref = self._remote_task.options(
+            **options, resources=self.resources or None, max_retries=0,
+            scheduling_strategy=NodeAffinitySchedulingStrategy(node_id, soft=False),
+        ).remote(fn, args, timeout, imports, list(sys.path), record)
+        with self._lock:
+            self._outstanding.add(job)
+
+    def _release(self, job: RayJob) -> None:
+        with self._lock:
+            self._outstanding.discard(job)
+            if job.node is not None:
+                self._free[job.group].append(job.node)
+                job.node = None
+                self._lock.notify_all()
+
+    def outcome(self, job: RayJob) -> tuple[Outcome, dict | None]:
+        ray = self.ray
+        exceptions = ray.exceptions
+        while True:
+            if job.cancelled:
+                raise CellCancelled()
+            ready, _ = ray.wait([job.ref], timeout=max(0.0, job.started + job.deadline_s - time.monotonic()))
+            if job.cancelled:
+                raise CellCancelled()
+            if not ready:
+                ray.cancel(job.ref, force=True)
+                self._release(job)
+                return Outcome("timeout"), None
+            try:
+                outcome, record, log = ray.get(job.ref)
+            except exceptions.OutOfMemoryError as err:
+                self._release(job)
+                return Outcome("exception", ("OutOfMemoryError", f"Ray's memory monitor killed the task: {_first_line(err)}", True)), None
+            except (exceptions.WorkerCrashedError, exceptions.NodeDiedError, exceptions.LocalRayletDiedError,
+                    exceptions.ObjectLostError, exceptions.RaySystemError) as err:
+                self._release(job)
+                if job.attempts < 2:  # the node's failure, not the cell's: once more, on any node of the group
+                    self._start(job)
+                    continue
+                return Outcome("exception", (type(err).__name__, f"the node was lost twice running this cell: {_first_line(err)}", False)), None
+            except exceptions.TaskCancelledError:
+                self._release(job)
+                if job.cancelled:
+                    raise CellCancelled() from None
+                return Outcome("exception", ("TaskCancelledError", "the task was cancelled on its node", False)), None
+            except exceptions.RayTaskError as err:  # the task's own code failed on the node (not the cell's)
+                self._release(job)
+                return Outcome("exception", (type(err).__name__, f"the task failed on its node: {_first_line(err)}", False)), None
+            self._release(job)
+            log_path = job.call[4]
+            if log and log_path:
+                with open(log_path, "a") as handle:
+                    handle.write(log)
+            return outcome, record
+
+    def cancel(self, job: RayJob) -> None:
+        job.cancelled = True
+        if job.ref is not None:
+            try:
+                self.ray.cancel(job.ref, force=True)
+            except Exception:  # noqa: BLE001 — already finished or gone
+                pass
+        self._release(job)
+
+    def cancel_all(self) -> None:
+        with self._lock:
+            self._closing = True
+            jobs = list(self._outstanding)
+        for job in jobs:
+            self.cancel(job)
+
+    def close(self) -> None:
+        self.cancel_all()
+        if self.started_here:
+            self.ray.shutdown()
+
+
+def _first_line(err: BaseException) -> str:
+    text = str(err).strip()
+    return text.splitlines()[0][:500] if text else type(err).__name__
+
+
+def _check_reachable(address: str) -> None:
+    """RuntimeError within seconds when nothing listens at the address's host:port (ray.init would wait long)."""
+    target = address.removeprefix("ray://")
+    host, _, port = target.rpartition(":")
+    if not host or not port.isdigit():
+        raise RuntimeError(f"--ray-address: {address!r} is not an address; use host:port, ray://host:port, auto, or "
+                           f"leave it out to start a local Ray instance")
+    try:
+        with socket.create_connection((host, int(port)), timeout=CONNECT_TIMEOUT_S):
+            pass
+    except OSError as err:
+        raise RuntimeError(f"--ray-address: nothing answers at {target} ({err.strerror or err}); is the cluster's head "
+                           f"node running there?") from None

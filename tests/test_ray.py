@@ -1,0 +1,168 @@
+"""`bench run --executor ray`: the same cells and statuses as the local executor, node records, faults,
+resume after the driver is killed, and a simulated two-node cluster.
+
+Ray is started once for the whole module: a cluster of two logical nodes of one CPU each on this
+machine (`ray.cluster_utils.Cluster`), 2 CPUs in all. CLI calls in this process join it (the
+executor uses a driver that is already connected); `bench` subprocesses join it by its address.
+"""
+
+from __future__ import annotations
+
+import os
+import signal
+import time
+
+import pytest
+
+ray = pytest.importorskip("ray")
+
+from harness.storage import read_metadata, read_rows  # noqa: E402
+from test_harness import FAST, SLOW_RUN, _bench_process, _wait_for_rows, bench, run_dir_rows  # noqa: E402
+
+KEY = ["device", "variant", "pass", "causal", "n"]
+
+
+@pytest.fixture(scope="module")
+def cluster():
+    from ray.cluster_utils import Cluster
+
+    os.environ.setdefault("RAY_AUTH_MODE", "disabled")
+    two = Cluster(initialize_head=True, head_node_args={"num_cpus": 1, "include_dashboard": False})
+    two.add_node(num_cpus=1)
+    ray.init(address=two.address, log_to_driver=False, configure_logging=False)
+    two.wait_for_nodes()
+    yield two
+    ray.shutdown()
+    two.shutdown()
+
+
+def ray_bench(*args: str):
+    return bench("run", "--executor", "ray", *args)
+
+
+def test_same_cells_and_statuses_as_local_split_over_both_nodes(tmp_path, cluster):
+    sweep = ["--variants", "full,linear", "--lengths", "32,64", "--passes", "fwd", *FAST]  # two series: one per node
+    local, remote = tmp_path / "local", tmp_path / "ray"
+    assert bench("run", *sweep, "--out", str(local)).exit_code == 0
+    result = ray_bench(*sweep, "--out", str(remote))
+    assert result.exit_code == 0, result.output
+    a, b = run_dir_rows(local), run_dir_rows(remote)
+    assert sorted(map(tuple, a[KEY + ["status"]].values.tolist())) == sorted(map(tuple, b[KEY + ["status"]].values.tolist()))
+    assert set(b["status"]) == {"ok"} and not b.duplicated(KEY).any()
+    nodes = {row["node_id"] for row in b["node"]}
+    assert len(nodes) == 2, "the series ran in parallel on both logical nodes"
+    for row in b["node"]:
+        assert row["host"] and row["cpu_model"] == b["device_name"].iloc[0] and row["torch"]
+    meta = read_metadata(remote)
+    assert meta["machine"]["executor"] == "ray"
+    assert {node["node_id"] for node in meta["machine"]["nodes"]} == nodes
+    assert meta["machine"]["device_names"] == {"cpu": [b["device_name"].iloc[0]]}
+    assert meta["machine"]["matmul_peak_gflops"]["cpu/float32"] > 0
+    assert bench("report", str(remote)).exit_code == 0
+    report = (remote / "REPORT.md").read_text()
+    for node in meta["machine"]["nodes"]:
+        assert node["node_id"][:8] in report  # the report lists both nodes and what ran on each
+
+
+
+
+def test_faults_give_the_local_statuses_and_a_missing_device_is_skipped(tmp_path, cluster):
+    out = tmp_path / "faults"
+    result = ray_bench("--import", "fault_variants", "--variants", "test_raises,test_hangs,test_kills_itself,test_segfaults,test_hog",
+                       "--lengths", "32,128,4096", "--passes", "fwd", "--cell-timeout", "4", "--memory-budget", "64MiB",
+                       "--devices", "cpu,cuda", "--out", str(out), *FAST)
+    assert result.exit_code == 0, result.output
+    everything = run_dir_rows(out)
+    cuda = everything[everything["device"] == "cuda"]  # the cluster has no GPU: skipped with the reason, not hung
+    assert len(cuda) == 15 and set(cuda["status"]) == {"skipped"}
+    assert all("no node of the cluster has a cuda device" in message for message in cuda["message"])
+    rows = everything[everything["device"] == "cpu"].set_index(["variant", "n"])
+    # what tests/test_harness.py asserts of the local executor
+    assert rows.loc[("test_raises", 32), "status"] == "ok"
+    assert rows.loc[("test_raises", 128), "status"] == "error"
+    assert "ValueError: deliberate failure" in rows.loc[("test_raises", 128), "message"]
+    assert rows.loc[("test_hangs", 128), "status"] == "timeout"
+    assert rows.loc[("test_kills_itself", 128), "status"] == "oom"
+    assert "SIGKILL" in rows.loc[("test_kills_itself", 128), "message"]
+    assert rows.loc[("test_segfaults", 128), "status"] == "error"
+    assert "SIGSEGV" in rows.loc[("test_segfaults", 128), "message"]
+    assert rows.loc[("test_hog", 4096), "status"] == "oom"  # 256 MiB asked for, 64 MiB allowed
+    for name in ("test_hangs", "test_kills_itself"):
+        assert rows.loc[(name, 4096), "status"] == "skipped"
+        assert "series stopped at N=128" in rows.loc[(name, 4096), "message"]
+    assert "deliberate failure" in (out / "worker.log").read_text()  # the nodes' logs reach the run's worker.log
+
+
+def test_wrong_result_is_incorrect(tmp_path, cluster):
+    out = tmp_path / "wrong"
+    result = ray_bench("--import", "fault_variants", "--variants", "test_wrong", "--lengths", "32", "--passes", "fwd",
+                       "--out", str(out), *FAST)
+    assert result.exit_code == 1, result.output  # no cell ran successfully
+    assert set(run_dir_rows(out)["status"]) == {"incorrect"}
+
+
+def test_ctrl_c_then_a_killed_driver_then_resume_give_exactly_the_plan(tmp_path, cluster):
+    out = tmp_path / "interrupted"
+    on_cluster = ["--executor", "ray", "--ray-address", cluster.address]
+    proc = _bench_process("run", *on_cluster, *SLOW_RUN, "--out", str(out))
+    _wait_for_rows(out, 1, proc, limit=180)
+    proc.send_signal(signal.SIGINT)  # Ctrl-C: outstanding tasks cancelled, finished rows kept, the resume command said
+    output, _ = proc.communicate(timeout=60)
+    assert proc.returncode == 130, output
+    assert f"--resume {out} --import fault_variants --executor ray --ray-address {cluster.address}" in " ".join(output.split())
+    interrupted = read_rows(out)
+    assert interrupted and not [row for row in interrupted if "cancel" in row["message"].lower()]  # no row for a cancelled cell
+    resumed = _bench_process("run", "--resume", str(out), "--import", "fault_variants", *on_cluster)
+    _wait_for_rows(out, len(interrupted) + 1, resumed, limit=180)
+    os.killpg(resumed.pid, signal.SIGKILL)  # the driver killed mid-run
+    resumed.wait()
+    assert len(read_rows(out)) < 8
+    final = _bench_process("run", "--resume", str(out), "--import", "fault_variants", *on_cluster)
+    output, _ = final.communicate(timeout=300)
+    assert final.returncode == 0, output
+    rows = run_dir_rows(out)
+    assert sorted(zip(rows["variant"], rows["n"])) == sorted((v, n) for v in ("test_slow", "full") for n in range(65, 69))
+    assert set(rows["status"]) == {"ok"}
+
+
+def test_bad_executor_arguments_are_clear(tmp_path):
+    result = bench("run", "--executor", "dask", "--out", str(tmp_path / "x"))
+    assert result.exit_code == 2 and "'dask' is not one of 'local', 'ray'" in " ".join(result.output.split())
+    result = bench("run", "--ray-address", "auto", "--out", str(tmp_path / "x"))
+    assert result.exit_code == 2 and "--ray-address and --ray-resources go with --executor ray" in " ".join(result.output.split())
+    result = bench("run", "--executor", "ray", "--ray-resources", "GPU", "--out", str(tmp_path / "x"))
+    assert result.exit_code == 2 and "'GPU' is not NAME=AMOUNT" in " ".join(result.output.split())
+    assert not (tmp_path / "x").exists()
+
+
+def test_unreachable_address_fails_within_seconds_and_writes_nothing(tmp_path):
+    started = time.monotonic()
+    proc = _bench_process("run", "--executor", "ray", "--ray-address", "127.0.0.1:9", "--out", str(tmp_path / "x"))
+    output, _ = proc.communicate(timeout=60)
+    assert proc.returncode == 2, output
+    assert "nothing answers at 127.0.0.1:9" in " ".join(output.split())
+    assert time.monotonic() - started < 20  # the process's own start included
+    assert not (tmp_path / "x").exists()
+
+
+def test_ray_not_installed_names_the_extra(monkeypatch):
+    import sys
+
+    from harness.ray_executor import ray_module
+
+    monkeypatch.setitem(sys.modules, "ray", None)
+    with pytest.raises(RuntimeError, match=r"--executor ray needs the ray package, which is not installed: pip install -e '\.\[ray\]'"):
+        ray_module()
+
+
+def test_two_gpu_kinds_are_two_devices_in_reports(tmp_path):
+    # rows of one cuda kind on two GPU models (as a cluster of A100 and H100 nodes writes them): every table
+    # and figure treats them as two devices
+    from harness.storage import by_hardware
+
+    import pandas as pd
+
+    df = pd.DataFrame({"device": ["cuda", "cuda", "cpu"], "device_name": ["NVIDIA A100", "NVIDIA H100", "EPYC"]})
+    assert list(by_hardware(df)["device"]) == ["cuda (NVIDIA A100)", "cuda (NVIDIA H100)", "cpu"]
+    single = pd.DataFrame({"device": ["cuda", "cuda"], "device_name": ["NVIDIA H100", "NVIDIA H100"]})
+    assert list(by_hardware(single)["device"]) == ["cuda", "cuda"]
