@@ -269,10 +269,7 @@ def run(
 
             return f"{len(run_rows(run_dir, config, device_names, quiet=True))} finished cells are kept in {run_dir / 'results.jsonl'}"
 
-        again = rundir.resume_command("sweep", run_dir, config.imports)
-        if cluster is not None:
-            again += " --executor ray" + (f" --ray-address {ray_address}" if ray_address else "")
-            again += "".join(f" --ray-resources {text}" for text in ray_resources or [])
+        again = resume_hint(run_dir, config.imports, cluster is not None, ray_address, ray_resources or [])
         with _writing(run_dir, console, kept, again):
             if retry_failed:
                 moved = runner.retry_failed(run_dir, config, device_names)
@@ -294,6 +291,17 @@ def _warn_if_busy(console: Console) -> None:
     busy = machine_busy()
     if busy:
         console.print(f"[yellow]warning[/]: {busy}; the benchmark result may be unstable (cells measured now are flagged)")
+
+
+def resume_hint(run_dir: Path, imports, on_ray: bool, address: str | None, resources: list[str]) -> str:
+    """The command that finishes an interrupted sweep, on the executor (and cluster) it ran on."""
+    from harness import rundir
+
+    again = rundir.resume_command("sweep", run_dir, imports)
+    if on_ray:
+        again += " --executor ray" + (f" --ray-address {address}" if address else "")
+        again += "".join(f" --ray-resources {text}" for text in resources)
+    return again
 
 
 def _start_cluster(console: Console, executor: ExecutorName, address: str | None, resources: dict):

@@ -46,8 +46,9 @@ def ray_module():
 # -- what runs on a node ----------------------------------------------------------------------------------
 
 def node_record() -> dict:
-    """Where this process runs: host, Ray node, CPU model and cores, GPUs, torch and CUDA versions."""
-    import torch
+    """Where this process runs: host, Ray node, CPU model and cores, GPUs, torch and CUDA versions.
+    (Read without importing torch here: the node's Ray workers stay light; the cells' children import it.)"""
+    from importlib.metadata import version
 
     from harness.machine import available_memory_bytes, cpu_info
 
@@ -55,36 +56,42 @@ def node_record() -> dict:
     context = ray.get_runtime_context()
     gpus = context.get_accelerator_ids().get("GPU", [])
     gpu = {}
-    if gpus:
-        from harness import worker
-
-        outcome = run_isolated(worker.cuda_info, (), timeout=120)
+    if gpus:  # read in a child (the GPU Ray gave this probe is visible there)
+        env = {"CUDA_VISIBLE_DEVICES": os.environ.get("CUDA_VISIBLE_DEVICES", "")}
+        outcome = run_isolated(_with_environment, (env, [], "harness.worker", "cuda_info"), timeout=120)
         gpu = outcome.value if outcome.kind == "result" else {}
     cpu = cpu_info()
     return {"node_id": context.get_node_id(), "host": socket.gethostname(), "ip": ray.util.get_node_ip_address(),
             "cpu_model": cpu["model"], "cpu_cores": cpu["cores"], "memory_available": available_memory_bytes(),
             "gpu_name": gpu.get("name"), "gpu_free_bytes": gpu.get("free_bytes"), "gpus": len(gpus),
-            "torch": torch.__version__, "cuda": torch.version.cuda, "python": sys.version.split()[0]}
+            "torch": version("torch"), "cuda": gpu.get("cuda"), "python": sys.version.split()[0]}
 
 
-def _with_environment(env: dict, paths: list, fn, *args):
-    """In the cell's child: the GPU Ray gave this task (the fork server was started with another task's
-    environment) and the driver's import paths, then the cell."""
-    os.environ.update(env)
+def _add_paths(paths: list) -> None:
     for path in reversed(paths):
         if path not in sys.path and os.path.isdir(path):
             sys.path.insert(0, path)
-    return fn(*args)
 
 
-def run_on_node(fn, args: tuple, timeout: float, imports: tuple, paths: list, record: dict) -> tuple:
-    """The Ray task: the cell in an isolated child of this node's fork server. Returns (outcome, node, log)."""
-    for path in reversed(paths):  # before the fork server starts, so its children import what the driver can
-        if path not in sys.path and os.path.isdir(path):
-            sys.path.insert(0, path)
+def _with_environment(env: dict, paths: list, module: str, name: str, *args):
+    """In the cell's child: the GPU Ray gave this task (the fork server was started with another task's
+    environment) and the driver's import paths, then the cell's function, found by name."""
+    import importlib
+
+    os.environ.update(env)
+    _add_paths(paths)
+    return getattr(importlib.import_module(module), name)(*args)
+
+
+def run_on_node(function: tuple, args: tuple, timeout: float, imports: tuple, paths: list, record: dict) -> tuple:
+    """The Ray task: the cell (`function` = (module, name), e.g. harness.worker.measure_cell) in an isolated
+    child of this node's fork server. Returns (outcome, node, log). Named, not pickled: this Ray worker
+    never imports torch; only the children do."""
+    _add_paths(paths)  # before the fork server starts, so its children import what the driver can
     env = {"CUDA_VISIBLE_DEVICES": os.environ.get("CUDA_VISIBLE_DEVICES", "")}
     with tempfile.NamedTemporaryFile("r", suffix=".log", prefix="attnbench-cell-") as log:
-        outcome = run_isolated(_with_environment, (env, paths, fn, *args), timeout=timeout, imports=imports, log_path=log.name)
+        outcome = run_isolated(_with_environment, (env, paths, *function, *args), timeout=timeout, imports=imports,
+                               log_path=log.name)
         text = log.read()[-LOG_TAIL:]
     return outcome, record, text
 
@@ -206,7 +213,7 @@ class RayExecutor:
         job.ref = self._remote_task.options(
             **options, resources=self.resources or None, max_retries=0,
             scheduling_strategy=NodeAffinitySchedulingStrategy(node_id, soft=False),
-        ).remote(fn, args, timeout, imports, list(sys.path), record)
+        ).remote((fn.__module__, fn.__name__), args, timeout, imports, list(sys.path), record)
         with self._lock:
             self._outstanding.add(job)
 

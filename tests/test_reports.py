@@ -93,7 +93,7 @@ def test_plot_works_on_partial_runs(tmp_path):
 
 
 def test_plot_rejects_non_run_dirs(tmp_path):
-    result = runner.invoke(app, ["plot", str(tmp_path)])
+    result = runner.invoke(app, ["plot", str(tmp_path)], env={"COLUMNS": "300"})  # one line, whatever the path's length
     assert result.exit_code == 2
     assert "is not a run directory" in result.output
 
