@@ -560,6 +560,11 @@ def compare(
         summary.add_row(r["device"], r["variant"], r["pass"], "yes" if r["causal"] else "no", str(r["cells"]),
                         f"{r['time_geomean']:.3f}", "—" if r["mem_geomean"] != r["mem_geomean"] else f"{r['mem_geomean']:.3f}", verdict)
     console.print(summary)
+    from harness.report import geomean
+
+    ratios = cells["time_ratio"]
+    console.print(f"all {len(cells)} matched ok cells: time B/A geometric mean {geomean(ratios):.3f} "
+                  f"(cells {ratios.min():.3f} to {ratios.max():.3f})")
     if failed:
         console.print(f"[red]slower by more than {threshold:.0%}[/]: {', '.join(failed)}")
     if threshold is not None and (failed or not broken.empty):

@@ -138,6 +138,8 @@ def test_compare_ratios_and_exit_codes(tmp_path):
     assert "slower by more than 10%" in bad.output and "linear" in bad.output
     plain = runner.invoke(app, ["compare", str(a), str(b)], env={"COLUMNS": "200"})
     assert plain.exit_code == 0 and "1.200" in plain.output
+    overall = 1.2 ** (20 / 31)  # full and linear (20 cells) 1.2x slower, the other 11 cells unchanged
+    assert f"all 31 matched ok cells: time B/A geometric mean {overall:.3f} (cells 1.000 to 1.200)" in plain.output
     assert runner.invoke(app, ["compare", str(a), str(b), "--fail-if-slower", "fast"]).exit_code == 2
 
 
