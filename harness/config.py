@@ -10,7 +10,6 @@ import json
 import math
 import re
 from dataclasses import asdict, dataclass, field, fields
-from pathlib import Path
 
 PASSES = ("fwd", "fwdbwd")
 BASELINE = "full"  # the variant every other is compared with (speed-ups, crossovers)

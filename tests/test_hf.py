@@ -12,7 +12,6 @@ import torch
 
 transformers = pytest.importorskip("transformers")
 
-import variants  # noqa: E402
 import variants.hf as vh  # noqa: E402
 from transformers import (  # noqa: E402
     AutoModelForCausalLM,
