@@ -101,6 +101,7 @@ def run_on_node(function: tuple, args: tuple, timeout: float, imports: tuple, pa
 class RayJob:
     def __init__(self, call: tuple, group: tuple, deadline_s: float):
         self.call, self.group, self.deadline_s = call, group, deadline_s
+        self.failed: Outcome | None = None  # set when no node of its hardware is left to run it
         self.ref = None
         self.node = None
         self.started = 0.0
@@ -126,8 +127,9 @@ class RayExecutor:
         self._lock = threading.Condition()
         self._outstanding: set = set()
         self._closing = False
-        for group, slots in self._slots().items():
-            self._free[group] = slots
+        self._slots_of = self._slots()  # (kind, device name) -> node ids, one entry per slot
+        self._free = {group: list(slots) for group, slots in self._slots_of.items()}
+        self._lost: set = set()  # nodes that died under a cell: never given a cell again
 
     # connecting and probing
     def _connect(self, address: str | None) -> None:
@@ -177,7 +179,7 @@ class RayExecutor:
 
     def devices(self, kind: str) -> dict:
         """{device name: slots} of the cluster for "cpu" or "cuda" (nodes without --ray-resources left out)."""
-        return {name: len(ids) for (k, name), ids in self._free.items() if k == kind}
+        return {name: len([n for n in ids if n not in self._lost]) for (k, name), ids in self._slots_of.items() if k == kind}
 
     def node_records(self) -> list[dict]:
         return list(self.nodes)
@@ -199,8 +201,10 @@ class RayExecutor:
             while not self._free.get(job.group):
                 if self._closing or job.cancelled:
                     raise CellCancelled()
-                if job.group not in self._free:
-                    raise RuntimeError(f"no node of the cluster has {job.group[0]} {job.group[1]!r}")
+                if not [n for n in self._slots_of.get(job.group, []) if n not in self._lost]:
+                    job.failed = Outcome("exception", ("NodeDiedError", f"no node of the cluster with {job.group[0]} "
+                                                       f"{job.group[1]!r} is left (lost: {len(self._lost)})", False))
+                    return
                 self._lock.wait(1.0)
             node_id = self._free[job.group].pop(0)
         node = next(n for n in self.nodes if n["node_id"] == node_id)
@@ -217,11 +221,17 @@ class RayExecutor:
         with self._lock:
             self._outstanding.add(job)
 
-    def _release(self, job: RayJob) -> None:
+    def _release(self, job: RayJob, lost: bool = False) -> None:
+        """The job's slot is free again; or, when its node died under it, that node leaves every group."""
         with self._lock:
             self._outstanding.discard(job)
             if job.node is not None:
-                self._free[job.group].append(job.node)
+                if lost:
+                    self._lost.add(job.node)
+                    for group in self._free:
+                        self._free[group] = [n for n in self._free[group] if n != job.node]
+                elif job.node not in self._lost:
+                    self._free[job.group].append(job.node)
                 job.node = None
                 self._lock.notify_all()
 
@@ -231,6 +241,8 @@ class RayExecutor:
         while True:
             if job.cancelled:
                 raise CellCancelled()
+            if job.failed is not None:
+                return job.failed, None
             ready, _ = ray.wait([job.ref], timeout=max(0.0, job.started + job.deadline_s - time.monotonic()))
             if job.cancelled:
                 raise CellCancelled()
@@ -245,7 +257,7 @@ class RayExecutor:
                 return Outcome("exception", ("OutOfMemoryError", f"Ray's memory monitor killed the task: {_first_line(err)}", True)), None
             except (exceptions.WorkerCrashedError, exceptions.NodeDiedError, exceptions.LocalRayletDiedError,
                     exceptions.ObjectLostError, exceptions.RaySystemError) as err:
-                self._release(job)
+                self._release(job, lost=True)
                 if job.attempts < 2:  # the node's failure, not the cell's: once more, on any node of the group
                     self._start(job)
                     continue

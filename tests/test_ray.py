@@ -193,3 +193,42 @@ def test_two_gpu_kinds_are_two_devices_in_reports(tmp_path):
     assert list(by_hardware(df)["device"]) == ["cuda (NVIDIA A100)", "cuda (NVIDIA H100)", "cpu"]
     single = pd.DataFrame({"device": ["cuda", "cuda"], "device_name": ["NVIDIA H100", "NVIDIA H100"]})
     assert list(by_hardware(single)["device"]) == ["cuda", "cuda"]
+
+
+@pytest.mark.slow
+def test_a_node_lost_mid_cell_costs_one_retry_on_another_node(tmp_path, cluster):
+    # opt in (-m slow): a third node joins, a sweep starts, the node is removed while a cell runs there
+    import threading
+
+    import fault_variants  # noqa: F401
+    from harness import config as cfg
+    from harness import runner
+    from harness.executors import make_executor
+
+    extra = cluster.add_node(num_cpus=1)
+    cluster.wait_for_nodes()
+    config = cfg.build_run_config(variants="test_slow,full,linear", lengths=(65, 66, 67, 68), devices="cpu", passes="fwd",
+                                  causal=(False,), options={}, imports=["fault_variants"], min_time=0, cell_timeout=60,
+                                  cluster=("cpu",), batch=1, heads=2, head_dim=16, dtype="float32", repeats=3, warmup=1,
+                                  threads=0, check_len=32)
+    executor = make_executor("ray")
+    victim = extra.node_id
+    assert executor.devices("cpu") and sum(executor.devices("cpu").values()) == 3
+    out = tmp_path / "lost"
+    out.mkdir()
+    done = {}
+    sweep = threading.Thread(target=lambda: done.setdefault("rows", runner.sweep(
+        config, out, device_names={"cpu": sorted(executor.devices("cpu"))}, executor=executor)))
+    sweep.start()
+    deadline = time.time() + 120
+    while time.time() < deadline and not any(job.node == victim for job in list(executor._outstanding)):
+        time.sleep(0.02)
+    assert any(job.node == victim for job in list(executor._outstanding)), "no cell ran on the third node"
+    cluster.remove_node(extra)
+    sweep.join(300)
+    assert not sweep.is_alive()
+    rows = read_rows(out)
+    assert sorted((r["variant"], r["n"]) for r in rows) == sorted((v, n) for v in ("test_slow", "full", "linear") for n in range(65, 69))
+    assert {r["status"] for r in rows} == {"ok"}, [r["message"] for r in rows if r["status"] != "ok"]
+    assert executor._lost == {victim}
+    assert executor.devices("cpu") == {rows[0]["device_name"]: 2}
