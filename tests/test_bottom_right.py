@@ -60,12 +60,22 @@ def test_decoding_one_position_at_a_time_equals_the_whole_sequence(name, options
 
 
 def test_flex_last_queries_match_the_reference():
-    # forward only on the CPU; one shape (Nq = 3 against 13 keys, w = 3: the last 6 keys are kept)
+    # forward only on the CPU: Nq = 3 against 13 keys (w = 3: the last 6 keys are kept), and decoding one
+    # position at a time, where every step has the same shape (w + 1 keys, padded ones masked while
+    # fewer exist): one compilation for all of them, not one per step
     attn = variants.build("sliding_window_flex", window=3)
     q, k, v = make_qkv(b=2, h=2, n_q=3, n_k=N_K, d=8, dtype=torch.float32, requires_grad=False)
     kpm = make_padding(2, N_K, seed=4)
     out = attn(q, k, v, causal=True, key_padding_mask=kpm)
     torch.testing.assert_close(out.double(), ref_sliding_window(q, k, v, 3, 0, causal=True, kpm=kpm), atol=2e-5, rtol=2e-5)
+    shapes = []
+    inner = attn._attend_self
+    attn._attend_self = lambda q_, *rest: shapes.append(tuple(q_.shape)) or inner(q_, *rest)
+    for i in range(N_K):
+        step = attn(q[:, :, -1:], k[:, :, : i + 1], v[:, :, : i + 1], causal=True, key_padding_mask=kpm[:, : i + 1])
+        want = ref_sliding_window(q[:, :, -1:], k[:, :, : i + 1], v[:, :, : i + 1], 3, 0, causal=True, kpm=kpm[:, : i + 1])
+        torch.testing.assert_close(step.double(), want, atol=2e-5, rtol=2e-5)
+    assert set(shapes[1:]) == {(2, 2, 4, 8)}  # (the first step, Nq = Nk = 1, is a prompt of one token)
 
 
 @pytest.mark.parametrize("name", ["full", "sliding_window", "linear"])

@@ -359,3 +359,28 @@ def test_importing_variants_does_not_import_transformers():
 
     code = "import sys, variants; assert 'transformers' not in sys.modules, 'imported'"
     assert subprocess.run([sys.executable, "-c", code]).returncode == 0
+
+
+@pytest.mark.slow
+def test_flex_generates_with_one_compilation_for_every_decoding_step(monkeypatch):
+    # opt in (-m slow; about 11 s): FlexAttention compiles per shape and stride, so every decoding step must
+    # hand it the same ones (w + 1 keys, contiguous) — else 30 new tokens compile 30 times (150 s, seen)
+    import variants.sliding_window_flex as flex
+
+    seen = set()
+    compiled = flex.compiled_flex_attention
+
+    def recording(device_type):
+        def call(q, k, v, **kwargs):
+            seen.add(tuple((tuple(t.shape), t.stride()) for t in (q, k, v)))
+            return compiled(device_type)(q, k, v, **kwargs)
+        return call
+
+    monkeypatch.setattr(flex, "compiled_flex_attention", recording)
+    model = llama().float().eval()
+    ids, mask = batch()
+    kwargs = dict(attention_mask=mask, max_new_tokens=30, do_sample=False, pad_token_id=0)
+    want = vh.use(model, "sliding_window", window=8).generate(ids, **kwargs)
+    vh.use(model, "sliding_window_flex", window=8)
+    assert torch.equal(model.generate(ids, **kwargs), want)
+    assert len(seen) == 2, seen  # the prompt's shapes, and one set for all 29 decoding steps

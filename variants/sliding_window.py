@@ -276,12 +276,21 @@ class LongformerPattern(AttentionVariant):
         if n_q == n_k:
             return self._attend_self(q, k, v, causal, key_padding_mask)
         # causal with Nq < Nk (the interface checked it): the queries are the last Nq positions, as when
-        # decoding with a KV cache. Without global tokens they see only the last Nq + w keys: keep those,
-        # put the queries at their positions with zero rows before them, and keep the last Nq rows of
-        # the self-attention: O((Nq + w) w) per call, whatever Nk. (Global keys sit at the start: keep all.)
-        start = 0 if self.global_tokens else max(0, n_k - n_q - self.window)
-        k, v = k[:, :, start:], v[:, :, start:]
-        key_padding_mask = None if key_padding_mask is None else key_padding_mask[:, start:]
+        # decoding with a KV cache. Without global tokens they see only the last Nq + w keys: keep exactly
+        # that many (padded keys before the first one, masked, while Nk is shorter), put the queries at
+        # their positions with zero rows before them, and keep the last Nq rows of the self-attention:
+        # O((Nq + w) w) per call whatever Nk, and one shape for every decoding step (FlexAttention
+        # compiles per shape). Global keys sit at the start: with them, every key is kept.
+        if not self.global_tokens:
+            start = n_k - n_q - self.window
+            if start >= 0:  # (a copy: a view's strides would change with Nk, and FlexAttention recompiles on strides)
+                k, v = k[:, :, start:].contiguous(), v[:, :, start:].contiguous()
+                key_padding_mask = None if key_padding_mask is None else key_padding_mask[:, start:]
+            else:
+                if key_padding_mask is None:
+                    key_padding_mask = torch.ones(k.shape[0], n_k, dtype=torch.bool, device=k.device)
+                key_padding_mask = torch.nn.functional.pad(key_padding_mask, (-start, 0), value=False)
+                k, v = (torch.nn.functional.pad(t, (0, 0, -start, 0)) for t in (k, v))
         q = torch.nn.functional.pad(q, (0, 0, k.shape[-2] - n_q, 0))
         return self._attend_self(q, k, v, True, key_padding_mask)[:, :, -n_q:]
 
