@@ -209,7 +209,14 @@ def run(
     (continue with --resume RUN_DIR). At the end the run's REPORT.md and figures are written. Example:
 
         bench run --variants full,sliding_window,linear --max-len 16384 --passes fwd
+
+    With --executor ray the cells run as Ray tasks on a cluster's nodes (or a local Ray instance), each
+    exactly as here; see README "Run a sweep on a cluster".
     """
+    from harness import isolation
+
+    if executor is ExecutorName.local:
+        isolation.start_fork_server()  # its imports overlap this process's own
     from harness import config as cfg
     from harness import rundir, runner
 

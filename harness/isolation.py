@@ -103,6 +103,15 @@ def _context():
     return ctx
 
 
+def start_fork_server() -> None:
+    """Start the fork server now, without waiting: it imports torch and the variants while the caller
+    does its own start-up (the first cell then finds it ready). Safe to call more than once."""
+    _context()
+    from multiprocessing import forkserver
+
+    forkserver.ensure_running()
+
+
 def run_isolated(
     fn, args: tuple, *, timeout: float, imports: tuple[str, ...] = (), log_path: str | None = None
 ) -> Outcome:
