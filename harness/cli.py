@@ -293,9 +293,11 @@ def run(
 
 
 def _warn_if_busy(console: Console) -> None:
+    from harness.isolation import fork_server_pid
     from harness.noise import machine_busy
 
-    busy = machine_busy()
+    pid = fork_server_pid()
+    busy = machine_busy(exclude=(pid,) if pid else ())
     if busy:
         console.print(f"[yellow]warning[/]: {busy}; the benchmark result may be unstable (cells measured now are flagged)")
 

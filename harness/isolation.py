@@ -112,6 +112,13 @@ def start_fork_server() -> None:
     forkserver.ensure_running()
 
 
+def fork_server_pid() -> int | None:
+    """The fork server's process id once started (its CPU time is this run's, not another process's)."""
+    from multiprocessing import forkserver
+
+    return getattr(getattr(forkserver, "_forkserver", None), "_forkserver_pid", None)
+
+
 def run_isolated(
     fn, args: tuple, *, timeout: float, imports: tuple[str, ...] = (), log_path: str | None = None
 ) -> Outcome:

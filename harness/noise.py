@@ -74,11 +74,39 @@ def noise_fields(before: Snapshot, after: Snapshot, median: float, iqr: float) -
             "noisy": bool(reasons), "noise": "; ".join(reasons)}
 
 
-def machine_busy(seconds: float = 0.5) -> str | None:
-    """Why the machine is too busy to time on right now (sampled over `seconds`), or None."""
-    before = Snapshot.now()
+def tree_cpu_seconds(roots: tuple[int, ...]) -> float:
+    """CPU seconds of the processes `roots` and their live descendants, from /proc (0 where unreadable)."""
+    if not roots or not os.path.isdir("/proc"):
+        return 0.0
+    tick = os.sysconf("SC_CLK_TCK")
+    parents: dict[int, int] = {}
+    times: dict[int, float] = {}
+    for entry in os.listdir("/proc"):
+        if not entry.isdigit():
+            continue
+        try:
+            with open(f"/proc/{entry}/stat") as f:
+                fields = f.read().rsplit(")", 1)[1].split()
+        except OSError:
+            continue
+        parents[int(entry)] = int(fields[1])
+        times[int(entry)] = (int(fields[11]) + int(fields[12])) / tick  # utime, stime
+    tree = {pid for pid in roots if pid in times}
+    while True:
+        grown = {pid for pid, parent in parents.items() if parent in tree} - tree
+        if not grown:
+            return sum(times[pid] for pid in tree)
+        tree |= grown
+
+
+def machine_busy(seconds: float = 0.5, exclude: tuple[int, ...] = ()) -> str | None:
+    """Why the machine is too busy to time on right now (sampled over `seconds`), or None.
+    exclude: processes of this run (the fork server importing torch) whose CPU time is not "other"."""
+    before, ours = Snapshot.now(), tree_cpu_seconds(exclude)
     time.sleep(seconds)
-    others = others_cores(before, Snapshot.now())
+    after = Snapshot.now()
+    after.own += tree_cpu_seconds(exclude) - ours
+    others = others_cores(before, after)
     if others is not None and others > BUSY_CORES:
         return f"other processes are using {others:.1f} CPU cores (1-minute load average {os.getloadavg()[0]:.2f})"
     return None
