@@ -99,7 +99,7 @@ def tree_cpu_seconds(roots: tuple[int, ...]) -> float:
         tree |= grown
 
 
-def machine_busy(seconds: float = 0.5, exclude: tuple[int, ...] = ()) -> str | None:
+def machine_busy(seconds: float = 0.3, exclude: tuple[int, ...] = ()) -> str | None:
     """Why the machine is too busy to time on right now (sampled over `seconds`), or None.
     exclude: processes of this run (the fork server importing torch) whose CPU time is not "other"."""
     before, ours = Snapshot.now(), tree_cpu_seconds(exclude)
