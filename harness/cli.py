@@ -243,7 +243,7 @@ def run(
                 if cluster is None:
                     rundir.check_same_devices(device_names, runner.current_device_names(config.devices), resume)
                 else:  # the cluster's hardware now: rows of hardware it no longer has stay in the file, unused
-                    device_names = {kind: sorted(cluster.devices(kind)) for kind in config.devices}
+                    device_names = cluster.device_names(config.devices)
             else:
                 _import_modules(import_ or [])
                 config = cfg.build_run_config(

@@ -316,23 +316,17 @@ def memory_budgets(text: str, devices: tuple[str, ...], machine: dict) -> tuple[
         if size <= 0:
             raise ArgumentError(f"--memory-budget: {text!r} must be more than 0 bytes")
         return tuple((device, size) for device in devices)
-    nodes = machine.get("nodes")
-    if nodes:  # a cluster: what the smallest node of each kind has free
-        cpu = [n["memory_available"] for n in nodes if n.get("cpus") and n.get("memory_available")]
-        gpu = [n["gpu_free_bytes"] for n in nodes if n.get("gpus") and n.get("gpu_free_bytes")]
-        return tuple(budget for budget in (("cpu", int(min(cpu) * CPU_BUDGET_FRACTION)) if cpu and "cpu" in devices else None,
-                                           ("cuda", int(min(gpu) * GPU_BUDGET_FRACTION)) if gpu and "cuda" in devices else None)
-                     if budget)
+    nodes = machine.get("nodes")  # a cluster (--executor ray): what its smallest node of each kind has free
+    if nodes:
+        cpu = min((n["memory_available"] for n in nodes if n.get("cpus") and n.get("memory_available")), default=None)
+        gpu = min((n["gpu_free_bytes"] for n in nodes if n.get("gpus") and n.get("gpu_free_bytes")), default=None)
+    else:
+        cpu, gpu = available_memory_bytes(), (machine.get("gpu") or {}).get("free_bytes")
     budgets = []
     for device in devices:
-        if device == "cpu":
-            avail = available_memory_bytes()
-            if avail:
-                budgets.append(("cpu", int(avail * CPU_BUDGET_FRACTION)))
-        else:
-            free = (machine.get("gpu") or {}).get("free_bytes")
-            if free:
-                budgets.append(("cuda", int(free * GPU_BUDGET_FRACTION)))
+        free, fraction = (cpu, CPU_BUDGET_FRACTION) if device == "cpu" else (gpu, GPU_BUDGET_FRACTION)
+        if free:
+            budgets.append((device, int(free * fraction)))
     return tuple(budgets)
 
 

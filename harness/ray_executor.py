@@ -123,12 +123,11 @@ class RayExecutor:
         self._connect(address)
         self._remote_task = self.ray.remote(run_on_node)
         self.nodes = self._probe_nodes()
-        self._free: dict[tuple, list] = {}  # (kind, device name) -> node ids with a free slot (one entry per slot)
         self._lock = threading.Condition()
         self._outstanding: set = set()
         self._closing = False
         self._slots_of = self._slots()  # (kind, device name) -> node ids, one entry per slot
-        self._free = {group: list(slots) for group, slots in self._slots_of.items()}
+        self._free = {group: list(slots) for group, slots in self._slots_of.items()}  # slots not running a cell
         self._lost: set = set()  # nodes that died under a cell: never given a cell again
 
     # connecting and probing
@@ -180,6 +179,11 @@ class RayExecutor:
     def devices(self, kind: str) -> dict:
         """{device name: slots} of the cluster for "cpu" or "cuda" (nodes without --ray-resources left out)."""
         return {name: len([n for n in ids if n not in self._lost]) for (k, name), ids in self._slots_of.items() if k == kind}
+
+    def device_names(self, kinds) -> dict[str, list[str]]:
+        """{kind: the cluster's hardware names for it, sorted}: what a run's plan measures each kind on
+        (a GPU whose name could not be read is left out: its cells are skipped with the reason)."""
+        return {kind: sorted(name for name in self.devices(kind) if name) for kind in kinds}
 
     def node_records(self) -> list[dict]:
         return list(self.nodes)

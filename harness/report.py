@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import math
 import re
+from collections import Counter
 from pathlib import Path
 
 import pandas as pd
@@ -105,10 +106,7 @@ def write_report(run_dir: Path, figures: list[Path], quality_figures: list[Path]
 
 def _nodes_section(nodes: list[dict], df: pd.DataFrame) -> list[str]:
     """A run on a cluster (--executor ray): every node of it, and how many cells each ran."""
-    ran: dict[str, int] = {}
-    for node in df.get("node", pd.Series(dtype=object)).dropna() if "node" in df else []:
-        if isinstance(node, dict):
-            ran[node.get("node_id")] = ran.get(node.get("node_id"), 0) + 1
+    ran = Counter(node.get("node_id") for node in df.get("node", []) if isinstance(node, dict))  # (NaN: not run)
     rows = [[md_text(n.get("host")), code_span(str(n.get("node_id"))[:8]), md_text(n.get("ip")), str(n.get("cpus")),
              md_text(n.get("cpu_model")), f"{n.get('gpus')} x {md_text(n.get('gpu_name'))}" if n.get("gpus") else "-",
              md_text(f"torch {n.get('torch')}" + (f", CUDA {n.get('cuda')}" if n.get("cuda") else "")),

@@ -131,9 +131,8 @@ def run_cell(config: RunConfig, cell: Cell, state: SweepState, log_path: str | N
     started = time.perf_counter()
     status, message, measured, node = decide(config, cell, state, row, log_path, executor or LocalExecutor())
     row = Row.from_json({**row.to_json(), "status": status, "message": message, **(measured or {})})
-    if node:  # where an executor ran it on a cluster: the node, and the hardware name read there
+    if node:  # where an executor ran it on a cluster (a node of the cell's hardware, device_name)
         row.extra["node"] = node
-        row.device_name = node.get("gpu_name") if cell.device == "cuda" else node.get("cpu_model")
     if status == "ok" and row.time_median_s:
         row.gflops = row.flops / row.time_median_s / 1e9
     row.wall_s = round(time.perf_counter() - started, 3)
@@ -340,10 +339,9 @@ def measure_cluster(config: RunConfig, cluster, peak_seconds: float = 1.0) -> di
     """What `measure_machine` records, for a cluster: every node's record, and the matmul peak of each
     hardware (run's dtype and float32), measured on one of its nodes as a cell is."""
     info: dict = {"executor": cluster.name, "nodes": cluster.node_records(), "matmul_peak_gflops": {},
-                  "matmul_peak_precision": {}, "matmul_peak_seconds": peak_seconds, "gpu": None, "device_names": {}}
-    for device in config.devices:
-        names = sorted(name for name in cluster.devices(device) if name)
-        info["device_names"][device] = names
+                  "matmul_peak_precision": {}, "matmul_peak_seconds": peak_seconds, "gpu": None,
+                  "device_names": cluster.device_names(config.devices)}
+    for device, names in info["device_names"].items():
         for index, name in enumerate(names):
             for dtype in dict.fromkeys((config.dtype, "float32")):
                 job = cluster.submit(worker.matmul_peak, (device, dtype, config.threads, peak_seconds), device=device,

@@ -36,6 +36,17 @@ def cluster():
     two.shutdown()
 
 
+def cluster_config(variants: str, repeats: int, warmup: int):
+    """A sweep of `variants` at N = 65..68, forward, on the cluster's CPUs (for runner.sweep called directly)."""
+    from harness import config as cfg
+
+    import fault_variants  # noqa: F401 — registers test_slow
+
+    return cfg.build_run_config(variants=variants, lengths=(65, 66, 67, 68), devices="cpu", passes="fwd", causal=(False,),
+                                options={}, imports=["fault_variants"], min_time=0, cell_timeout=60, cluster=("cpu",), batch=1,
+                                heads=2, head_dim=16, dtype="float32", repeats=repeats, warmup=warmup, threads=0, check_len=32)
+
+
 def ray_bench(*args: str):
     return bench("run", "--executor", "ray", *args)
 
@@ -122,17 +133,11 @@ def test_interrupt_cancels_outstanding_cells_and_keeps_finished_rows(tmp_path, c
     # other series' cell runs on the other node): outstanding tasks are cancelled, no row is written for
     # them, and every finished row stays. (The CLI's exit 130 and printed command are the local executor's
     # path, tested in test_harness.py; the command for a Ray run is checked below.)
-    from harness import config as cfg
     from harness import runner
     from harness.executors import make_executor
     from harness.cli import resume_hint
 
-    import fault_variants  # noqa: F401
-
-    config = cfg.build_run_config(variants="test_slow,full", lengths=(65, 66, 67, 68), devices="cpu", passes="fwd",
-                                  causal=(False,), options={}, imports=["fault_variants"], min_time=0, cell_timeout=60,
-                                  cluster=("cpu",), batch=1, heads=2, head_dim=16, dtype="float32", repeats=2, warmup=0,
-                                  threads=0, check_len=32)
+    config = cluster_config("test_slow,full", repeats=2, warmup=0)
     executor = make_executor("ray")
     names = {"cpu": sorted(executor.devices("cpu"))}
     out = tmp_path / "interrupted"
@@ -200,17 +205,12 @@ def test_a_node_lost_mid_cell_costs_one_retry_on_another_node(tmp_path, cluster)
     # opt in (-m slow): a third node joins, a sweep starts, the node is removed while a cell runs there
     import threading
 
-    import fault_variants  # noqa: F401
-    from harness import config as cfg
     from harness import runner
     from harness.executors import make_executor
 
     extra = cluster.add_node(num_cpus=1)
     cluster.wait_for_nodes()
-    config = cfg.build_run_config(variants="test_slow,full,linear", lengths=(65, 66, 67, 68), devices="cpu", passes="fwd",
-                                  causal=(False,), options={}, imports=["fault_variants"], min_time=0, cell_timeout=60,
-                                  cluster=("cpu",), batch=1, heads=2, head_dim=16, dtype="float32", repeats=3, warmup=1,
-                                  threads=0, check_len=32)
+    config = cluster_config("test_slow,full,linear", repeats=3, warmup=1)
     executor = make_executor("ray")
     victim = extra.node_id
     assert executor.devices("cpu") and sum(executor.devices("cpu").values()) == 3

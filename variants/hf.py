@@ -27,6 +27,7 @@ Needs the `hf` extra (`pip install -e '.[hf]'`); `import variants` never imports
 
 from __future__ import annotations
 
+import functools
 import inspect
 import json
 import os
@@ -65,9 +66,8 @@ def use(model, variant: str, **options):
         >>> model = variants.hf.use(LlamaForCausalLM(config), "linear")
     """
     _transformers()
-    _check_model(model)
     _check_variant(variant, options)
-    layers = attention_layers(model)
+    layers = _check_model(model)
     config = model.config
     dropout = getattr(config, "attention_dropout", 0.0) or 0.0
     if isinstance(dropout, (int, float)) and dropout > 0:
@@ -124,14 +124,17 @@ def attention_layers(model) -> dict[str, nn.Module]:
 
 # -- checks ----------------------------------------------------------------------------------------
 
-def _check_model(model) -> None:
+def _check_model(model) -> dict[str, nn.Module]:
+    """The model's attention layers; TypeError/ValueError when it is not a model whose attention can switch."""
     transformers = _transformers()
     if not isinstance(model, transformers.PreTrainedModel):
         raise TypeError(f"variants.hf.use: model must be a transformers PreTrainedModel, got {type(model).__name__}")
-    if not (model._can_set_attn_implementation() and attention_layers(model)):
+    layers = attention_layers(model) if model._can_set_attn_implementation() else {}
+    if not layers:
         raise ValueError(f"variants.hf.use: {type(model).__name__} does not route its attention through transformers' "
                          f"AttentionInterface, so its attention cannot be switched (model families that do: Llama, "
                          f"Mistral, Qwen2, GPT-NeoX, BERT, ...)")
+    return layers
 
 
 def _check_variant(variant: str, options: dict) -> None:
@@ -146,7 +149,9 @@ def _check_variant(variant: str, options: dict) -> None:
         raise TypeError(f"variants.hf: {variant} takes no option(s) {unknown}; allowed options: {', '.join(allowed)}")
 
 
+@functools.lru_cache(maxsize=None)
 def _calls_attention_interface(cls: type) -> bool:
+    """Whether the class's own forward calls AttentionInterface (its source read once per class)."""
     forward = vars(cls).get("forward")
     if forward is None or not issubclass(cls, nn.Module):
         return False
@@ -281,11 +286,9 @@ def _attention_forward(module: nn.Module, query: Tensor, key: Tensor, value: Ten
                          f"(cross-attention); {name} has no cross-attention")
     if scaling is not None and not attn._attnbench_fixed_scale:
         attn.scale = float(scaling)
-    key_padding_mask = None
+    key_padding_mask = None  # (_padding_mask gives None already where nothing is padded)
     if attention_mask is not None:
         key_padding_mask = attention_mask[:, -n_k:].to(device=query.device, dtype=torch.bool)
-        if key_padding_mask.all():
-            key_padding_mask = None
     out = attn(query, key, value.to(query.dtype), causal=bool(causal), key_padding_mask=key_padding_mask)
     return out.transpose(1, 2).contiguous(), None
 
