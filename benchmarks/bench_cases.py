@@ -100,10 +100,6 @@ class Suite:
         self.disabled = config.getoption("benchmark_disable", False)
         self.device = torch.device(self.s["device"])
         measure.set_threads()
-        if self.memory:
-            from harness.memory import pin_mmap_threshold
-
-            pin_mmap_threshold()  # for the whole session, so every timing sees the same allocator
         self.peak_gflops = None if self.disabled else measure.matmul_peak(self.s["device"], self.s["dtype"])["gflops"]
         gpu = {"free_bytes": torch.cuda.mem_get_info()[0]} if self.device.type == "cuda" else None
         self.budgets = memory_budgets("auto", (self.s["device"],), {"gpu": gpu})

@@ -185,7 +185,8 @@ def run(
     compression: Annotated[Optional[int], typer.Option(help="Memory-compressed stride c (default 3).")] = None,
     option: OptionOption = None,
     repeats: Annotated[int, typer.Option(callback=_at_least(1), help="At most this many timed calls per cell.")] = 10,
-    warmup: Annotated[int, typer.Option(callback=_at_least(0), help="Untimed calls before timing.")] = 1,
+    warmup: Annotated[int, typer.Option(callback=_at_least(0), help="Untimed calls before timing (at least; see --warmup-time).")] = 1,
+    warmup_time: Annotated[float, typer.Option(help="Untimed calls go on until they lasted this many seconds: a fresh process runs its first calls slower.")] = 0.25,
     min_time: Annotated[float, typer.Option(help="Stop timing a cell after 3 calls once this many seconds were timed.")] = 1.0,
     cell_timeout: Annotated[float, typer.Option(help="Seconds a cell may take (check, warm-up, timing, memory) before it is killed.")] = 300.0,
     memory_budget: Annotated[str, typer.Option(help="Memory a cell may use: auto (60% of free RAM, 90% of free GPU memory) or a size like 8GiB.")] = "auto",
@@ -250,7 +251,7 @@ def run(
                     variants=variants_, lengths=cfg.parse_lengths(lengths) if lengths else cfg.powers_of_two(min_len, max_len),
                     devices=devices, passes=passes, causal=CAUSAL[causal.value],
                     options=cfg.merge_options(option or [], window=window, compression=compression), imports=import_ or [],
-                    min_time=min_time, cell_timeout=cell_timeout, batch=batch, heads=heads, head_dim=head_dim, dtype=dtype.value,
+                    min_time=min_time, warmup_time=warmup_time, cell_timeout=cell_timeout, batch=batch, heads=heads, head_dim=head_dim, dtype=dtype.value,
                     repeats=repeats, warmup=warmup, threads=threads, check_len=check_len,
                     cluster=None if cluster is None else tuple(kind for kind in ("cpu", "cuda") if cluster.devices(kind)),
                 )

@@ -32,6 +32,7 @@ class RunConfig:
     options: tuple[tuple[str, object], ...] = ()  # variant options, passed to the variants that take them
     repeats: int = 10  # at most this many timed calls per cell
     warmup: int = 1  # untimed calls before timing
+    warmup_time: float = 0.25  # ... lasting at least this many seconds (measure.WARMUP_S)
     min_time: float = 1.0  # stop timing after 3 calls once this many seconds were timed
     cell_timeout: float = 300.0  # seconds a cell (warm-up, timing and memory) may take before it is killed
     memory_budget: tuple[tuple[str, int], ...] = ()  # per device: bytes a cell may use (predicted, and enforced on CPU)
@@ -354,12 +355,13 @@ def merge_options(option: list[str], **named) -> dict:
 
 
 def build_run_config(*, variants: str, lengths: tuple[int, ...], devices: str, passes: str, causal: tuple[bool, ...],
-                     options: dict, imports: list[str], min_time: float, cell_timeout: float,
+                     options: dict, imports: list[str], min_time: float, cell_timeout: float, warmup_time: float = 0.25,
                      cluster: tuple[str, ...] | None = None, **settings) -> RunConfig:
     """A sweep's configuration from checked command-line values (`settings`: batch, heads, head_dim,
     dtype, repeats, warmup, threads, check_len); every variant's options are checked and fixed.
     cluster: the device kinds of a cluster's nodes, when the cells run there (--executor ray)."""
     check_number("--min-time", min_time, 0, 3600, "seconds")
+    check_number("--warmup-time", warmup_time, 0, 3600, "seconds")
     check_number("--cell-timeout", cell_timeout, 1e-3, 86400, "seconds", low_inclusive=False)
     device_list = resolve_devices(devices, cluster)
     names = resolve_variants(variants, device_list, here=cluster is None)
@@ -368,7 +370,7 @@ def build_run_config(*, variants: str, lengths: tuple[int, ...], devices: str, p
     check_options(options, names)
     config = RunConfig(variants=names, lengths=lengths, devices=device_list, passes=parse_list(passes, "--passes", PASSES),
                        causal=causal, options=tuple(sorted(options.items())), min_time=min_time, cell_timeout=cell_timeout,
-                       imports=tuple(imports), **settings)
+                       warmup_time=warmup_time, imports=tuple(imports), **settings)
     return config.with_resolved_options()
 
 

@@ -4,7 +4,7 @@
     q, k, v = make_inputs(b, h, n, d, "float32", "cpu", requires_grad=True)
     verdict = gate(attn, b, h, n, d, "float32", "cpu", causal=False, backward=True)  # before any timing
     call = pass_call(attn, q, k, v, causal=False, backward=True)
-    times, per_sample = time_calls(call, WallClock(), repeats=10, min_time=1.0)
+    timing = measure_time(call, torch.device("cpu"), warmup=1, repeats=10, min_time=1.0)
 
 Everything here works on one process's tensors; where a call runs (a fresh child per cell, or a
 pytest session) is the caller's business.
@@ -16,8 +16,12 @@ import math
 import os
 import statistics
 import time
+from dataclasses import dataclass
 
 import torch
+
+from harness.memory import steady_allocator
+from harness.noise import Snapshot
 
 # The correctness gate, FlashAttention's criterion: the variant's error against the float64 definition
 # may be at most twice the error of the dense definition computed in the run's dtype, plus a small
@@ -27,10 +31,15 @@ GATE_ALLOWANCE = {"float64": 1e-9, "float32": 2e-6, "float16": 1e-3, "bfloat16":
 FALLBACK_TOLERANCE = {"float64": 1e-6, "float32": 1e-3, "float16": 2e-2, "bfloat16": 8e-2}
 CHECK_BATCH = 2  # the gate checks a batch of 2, so broadcasting over the batch is exercised
 
-# CUDA kernels at small N take microseconds, less than the host needs to launch them: warm up for
-# at least this long, and time enough calls between one pair of events that a sample lasts this long
-# (as triton.testing.do_bench does). CPU calls are timed one by one: perf_counter resolves them.
-CUDA_WARMUP_S = 0.025
+# A fresh process runs its first calls slower for a few hundred milliseconds, whatever the count of
+# calls (measured on a quiet 2-core VM: sliding_window N = 256 at 3.6 ms in its first 0.25 s, 2.6 ms
+# after 1.5 s of work, or at once after a second of other work; on CUDA, kernels at small N take less
+# time than the host needs to launch them): warm up for at least WARMUP_S. Then a sample times enough
+# calls to last MIN_SAMPLE_S between one start and stop of the clock: a sub-millisecond CPU call timed
+# alone catches a timer interrupt or a scheduler tick in a large share of its samples, and a CUDA
+# kernel shorter than its launch would time the launch (pyperf and triton.testing.do_bench calibrate so).
+WARMUP_S = 0.25
+CPU_MIN_SAMPLE_S = 0.01
 CUDA_MIN_SAMPLE_S = 0.001
 MAX_CALLS_PER_SAMPLE = 1000
 
@@ -192,6 +201,39 @@ class CudaClock:
 
 def clock_for(device: torch.device):
     return CudaClock(device) if device.type == "cuda" else WallClock()
+
+
+@dataclass(frozen=True)
+class Timing:
+    """The samples of one timed call: seconds per call of each sample, calls per sample, and the noise
+    snapshots taken around the timed samples (warm-up excluded)."""
+
+    times: list
+    per_sample: int
+    before: Snapshot
+    after: Snapshot
+
+
+def measure_time(call, device: torch.device, *, warmup: int, repeats: int, min_time: float,
+                 warmup_time: float = WARMUP_S) -> Timing:
+    """Time `call` as `bench run`, the micro-benchmarks and the training-step cost all do: `warmed`
+    (steady allocator, at least `warmup` calls lasting at least `warmup_time` seconds), then `time_calls`
+    with calls per sample calibrated to a sample of CPU_MIN_SAMPLE_S (CUDA_MIN_SAMPLE_S)."""
+    clock = warmed(call, device, warmup=warmup, seconds=warmup_time)
+    before = Snapshot.now()
+    times, per_sample = time_calls(call, clock, repeats=repeats, min_time=min_time,
+                                   min_sample_s=CUDA_MIN_SAMPLE_S if device.type == "cuda" else CPU_MIN_SAMPLE_S)
+    return Timing(times, per_sample, before, before.after())
+
+
+def warmed(call, device: torch.device, *, warmup: int, seconds: float = WARMUP_S):
+    """Make `call` ready to time on `device`: the allocator steady (CPU: `memory.steady_allocator`), then
+    at least `warmup` calls, lasting at least `seconds`. Returns the device's clock."""
+    if device.type != "cuda":
+        steady_allocator()
+    clock = clock_for(device)
+    warm_up(call, clock, calls=warmup, seconds=seconds)
+    return clock
 
 
 def warm_up(call, clock, *, calls: int, seconds: float) -> None:

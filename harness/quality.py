@@ -155,10 +155,10 @@ def train_one(task_name: str, lengths, variant: str, options: dict, cfg: TrainCo
 def measure_training_step(task_name: str, length: int, variant: str, options: dict, cfg: TrainConfig,
                           device: str = "cpu", dtype: str = "float32", repeats: int = 5) -> dict:
     """Model-level cost of one training step (forward, backward, optimizer) at `length`: median time of
-    `repeats` steps after two warm-up steps, tokens per second, and the step's peak memory (the measuring
+    `repeats` samples after two warm-up steps (the measuring core's `measure_time`), tokens per second, and the step's peak memory (the measuring
     core's: process RSS over the state before, CPU; the allocator's peak, CUDA). Meant to run in a
     process of its own (it pins the allocator's mmap threshold): `harness.isolation.run_isolated`."""
-    from harness.measure import set_threads
+    from harness.measure import measure_time, set_threads
     from harness.memory import measure_peak, pin_mmap_threshold
 
     threads = set_threads(cfg.threads) if device == "cpu" else None
@@ -177,12 +177,7 @@ def measure_training_step(task_name: str, length: int, variant: str, options: di
         if dev.type == "cuda":
             torch.cuda.synchronize(dev)
 
-    times = []
-    for i in range(2 + repeats):
-        t0 = time.perf_counter()
-        step()
-        if i >= 2:
-            times.append(time.perf_counter() - t0)
+    times = measure_time(step, dev, warmup=2, repeats=repeats, min_time=math.inf).times
     if dev.type == "cpu":
         pin_mmap_threshold()
     opt.zero_grad(set_to_none=False)  # gradients and optimizer state exist before: the peak is the step's own

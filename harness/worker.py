@@ -14,10 +14,9 @@ import torch
 
 import variants
 from harness.config import Cell, RunConfig
-from harness.measure import (CHECK_BATCH, CUDA_MIN_SAMPLE_S, CUDA_WARMUP_S, clock_for, gate, gate_length, make_inputs, matmul_peak,
-                             pass_call, set_threads, time_calls, timing_stats, warm_up)
+from harness.measure import CHECK_BATCH, gate, gate_length, make_inputs, matmul_peak, measure_time, pass_call, set_threads, timing_stats
 from harness.memory import measure_peak, pin_mmap_threshold
-from harness.noise import Snapshot, noise_fields
+from harness.noise import noise_fields
 
 __all__ = ["check_variant", "measure_cell", "matmul_peak", "cuda_info", "is_oom"]  # what runs in a cell's process
 
@@ -78,21 +77,16 @@ def measure_cell(config: RunConfig, cell: Cell) -> dict:
     else:
         _limit_cuda_memory(config.budget(cell.device), dev)
     call = pass_call(attn, q, k, v, causal=cell.causal, backward=backward)
-    cuda = dev.type == "cuda"
-    clock = clock_for(dev)
-    warm_up(call, clock, calls=config.warmup, seconds=CUDA_WARMUP_S if cuda else 0.0)
-    before = Snapshot.now()
-    times, per_sample = time_calls(call, clock, repeats=config.repeats, min_time=config.min_time,
-                                   min_sample_s=CUDA_MIN_SAMPLE_S if cuda else 0.0)
-    after = before.after()
-    pin_mmap_threshold()  # time first, with the allocator as users have it; then make memory visible
+    timing = measure_time(call, dev, warmup=config.warmup, repeats=config.repeats, min_time=config.min_time,
+                          warmup_time=config.warmup_time)
+    pin_mmap_threshold()  # time first, in the allocator's steady state; then make memory visible
     memory = measure_peak(call, dev)
-    stats = timing_stats(times)
+    stats = timing_stats(timing.times)
     return {
-        **noise_fields(before, after, stats["time_median_s"], stats["time_iqr_s"]),
+        **noise_fields(timing.before, timing.after, stats["time_median_s"], stats["time_iqr_s"]),
         **stats,
-        "timed_calls": len(times),
-        "calls_per_sample": per_sample,
+        "timed_calls": len(timing.times),
+        "calls_per_sample": timing.per_sample,
         "peak_bytes": memory["peak_bytes"],
         "reserved_bytes": memory["reserved_bytes"],
         "memory_kind": memory["kind"],

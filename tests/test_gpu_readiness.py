@@ -172,7 +172,8 @@ def test_rows_record_kernel_memory_kind_and_calls_per_sample(tmp_path):
     rows = run_dir_rows(out).set_index("variant")
     assert rows.loc["full", "kernel"] == "flash_attention"
     assert pd.isna(rows.loc["linear", "kernel"])
-    assert set(rows["memory_kind"]) == {"rss"} and set(rows["calls_per_sample"]) == {1}
+    assert set(rows["memory_kind"]) == {"rss"}
+    assert (rows["calls_per_sample"] > 1).all()  # calls at N = 64 last far less than a 10 ms sample: calibrated on the CPU too
     meta = json.loads((out / "metadata.json").read_text())
     assert meta["machine"]["matmul_peak_precision"]["cpu/float32"] == "float32"
 

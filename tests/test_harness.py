@@ -18,7 +18,7 @@ from harness.storage import read_metadata, read_rows
 
 runner = CliRunner()
 TESTS = Path(__file__).resolve().parent
-FAST = ["--check-len", "32", "--repeats", "2", "--min-time", "0", "--warmup", "0", "--heads", "2", "--head-dim", "16", "--no-report",
+FAST = ["--check-len", "32", "--repeats", "2", "--min-time", "0", "--warmup", "0", "--warmup-time", "0", "--heads", "2", "--head-dim", "16", "--no-report",
         "--peak-time", "0.05"]
 
 
