@@ -219,46 +219,51 @@ def measure_time(call, device: torch.device, *, warmup: int, repeats: int, min_t
     """Time `call` as `bench run`, the micro-benchmarks and the training-step cost all do: `warmed`
     (steady allocator, at least `warmup` calls lasting at least `warmup_time` seconds), then `time_calls`
     with calls per sample calibrated to a sample of CPU_MIN_SAMPLE_S (CUDA_MIN_SAMPLE_S)."""
-    clock = warmed(call, device, warmup=warmup, seconds=warmup_time)
+    clock, last = warmed(call, device, warmup=warmup, seconds=warmup_time)
     before = Snapshot.now()
-    times, per_sample = time_calls(call, clock, repeats=repeats, min_time=min_time,
+    times, per_sample = time_calls(call, clock, repeats=repeats, min_time=min_time, per_call=last,
                                    min_sample_s=CUDA_MIN_SAMPLE_S if device.type == "cuda" else CPU_MIN_SAMPLE_S)
     return Timing(times, per_sample, before, before.after())
 
 
 def warmed(call, device: torch.device, *, warmup: int, seconds: float = WARMUP_S):
     """Make `call` ready to time on `device`: the allocator steady (CPU: `memory.steady_allocator`), then
-    at least `warmup` calls, lasting at least `seconds`. Returns the device's clock."""
+    at least `warmup` calls, lasting at least `seconds`. Returns (the device's clock, the last call's seconds or None)."""
     if device.type != "cuda":
         steady_allocator()
     clock = clock_for(device)
-    warm_up(call, clock, calls=warmup, seconds=seconds)
-    return clock
+    return clock, warm_up(call, clock, calls=warmup, seconds=seconds)
 
 
-def warm_up(call, clock, *, calls: int, seconds: float) -> None:
-    """At least `calls` calls, and (where `seconds` > 0) calls until that much time has passed."""
+def warm_up(call, clock, *, calls: int, seconds: float) -> float | None:
+    """At least `calls` calls, and (where `seconds` > 0) calls until that much time has passed.
+    Returns the last call's seconds (what calibrates the samples), None when it made no call."""
     clock.start()
-    done = 0
-    while done < calls or (seconds > 0 and done < 1_000_000 and clock.stop() < seconds):
+    done, elapsed, last = 0, 0.0, None
+    while done < calls or (seconds > 0 and done < 1_000_000 and elapsed < seconds):
         call()
         done += 1
-    clock.stop()
+        now = clock.stop()
+        last, elapsed = now - elapsed, now
+    return last
 
 
-def time_calls(call, clock, *, repeats: int, min_time: float, min_sample_s: float = 0.0) -> tuple[list[float], int]:
+def time_calls(call, clock, *, repeats: int, min_time: float, min_sample_s: float = 0.0,
+               per_call: float | None = None) -> tuple[list[float], int]:
     """(seconds per call of each sample, calls per sample).
 
     A sample times `per_sample` consecutive calls between one start and stop of the clock, with
-    `per_sample` chosen from one calibrating call so that a sample lasts >= min_sample_s (1 when
-    min_sample_s is 0). Samples are taken until `repeats`, or 3 once `min_time` seconds were timed.
+    `per_sample` chosen so that a sample lasts >= min_sample_s (1 when min_sample_s is 0), from
+    `per_call` (the last warm-up call's seconds) or else one calibrating call. Samples are taken until
+    `repeats`, or 3 once `min_time` seconds were timed.
     """
     per_sample = 1
     if min_sample_s > 0:
-        clock.start()
-        call()
-        once = max(clock.stop(), 1e-9)
-        per_sample = max(1, min(MAX_CALLS_PER_SAMPLE, math.ceil(min_sample_s / once)))
+        if per_call is None:
+            clock.start()
+            call()
+            per_call = clock.stop()
+        per_sample = max(1, min(MAX_CALLS_PER_SAMPLE, math.ceil(min_sample_s / max(per_call, 1e-9))))
     times: list[float] = []
     while len(times) < repeats and (len(times) < 3 or sum(times) * per_sample < min_time):
         clock.start()

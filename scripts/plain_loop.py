@@ -2,6 +2,12 @@
 
     python scripts/plain_loop.py results/cpu-reference                        # every ok cell
     python scripts/plain_loop.py RUN_DIR --variants full,linear --lengths 256,2048
+    python scripts/plain_loop.py RUN_DIR --rounds 3    # harness and plain loop measured again, alternating
+
+With --rounds K, each cell is measured K times by the harness itself (`worker.measure_cell` in a child
+of the fork server, with the run's configuration, as `bench run` does) and K times by the plain loop,
+alternating, and the medians of the K are compared: a machine whose speed drifts by more than the
+difference looked for (a VM's often does, by 10-20 % over minutes) then drifts under both alike.
 
 The yardstick of "does the harness measure what a user's own loop measures": one process, torch's
 threads set to the cores this process may use, the cell's variant built with the run's options and
@@ -23,8 +29,21 @@ from pathlib import Path
 import torch
 
 import variants
+from harness import worker
+from harness.config import Cell, RunConfig
+from harness.isolation import run_isolated
 from harness.measure import make_inputs, pass_call, set_threads
 from harness.memory import steady_allocator
+from harness.storage import read_metadata
+
+
+def harness_median(config: RunConfig, row: dict) -> float:
+    """The cell measured again as bench run measures it: in a child of the fork server."""
+    cell = Cell(row["device"], row["variant"], row["pass"], row["causal"], row["n"])
+    outcome = run_isolated(worker.measure_cell, (config, cell), timeout=config.cell_timeout)
+    if outcome.kind != "result":
+        raise RuntimeError(f"{cell.label()}: {outcome.describe()}")
+    return outcome.value["time_median_s"]
 
 
 def plain_median(attn, row: dict, *, warmup: int, calls: int, seconds: float) -> tuple[float, float]:
@@ -52,6 +71,8 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--calls", type=int, default=30, help="at most this many timed calls (default 30)")
     parser.add_argument("--seconds", type=float, default=10.0, help="stop after 5 calls once this long was timed (default 10)")
     parser.add_argument("--steady", action="store_true", help="glibc keeps freed memory, as bench run sets it while timing")
+    parser.add_argument("--rounds", type=int, default=0, help="measure each cell again this many times with the harness and the "
+                        "plain loop, alternating (default 0: compare with the run's own medians)")
     args = parser.parse_args(argv)
     rows = [json.loads(line) for line in (args.run_dir / "results.jsonl").read_text().splitlines() if line.strip()]
     wanted_variants = set(filter(None, args.variants.split(",")))
@@ -65,18 +86,27 @@ def main(argv: list[str] | None = None) -> None:
         steady_allocator()
     torch.manual_seed(0)
     print(f"{'variant':20s} {'pass':6s} {'causal':6s} {'N':>6s} {'harness':>10s} {'spread':>7s} {'plain':>10s} {'spread':>7s} {'ratio':>6s}")
+    print("(spread: the row's IQR/median; with --rounds, harness: (max - min) / median of its rounds, plain: the median IQR/median)")
+    config = RunConfig.from_json(read_metadata(args.run_dir)["config"]) if args.rounds else None
     ratios = []
     for row in rows:
         options = {**row["options"], "num_heads": row["heads"], "head_dim": row["head_dim"]}
         attn = variants.build(row["variant"], device=torch.device("cpu"), **options).to(getattr(torch, row["dtype"]))
-        median, spread = plain_median(attn, row, warmup=args.warmup, calls=args.calls, seconds=args.seconds)
-        ratio = row["time_median_s"] / median
-        ratios.append(ratio)
-        print(f"{row['variant']:20s} {row['pass']:6s} {str(row['causal']):6s} {row['n']:6d} {row['time_median_s'] * 1e3:8.3f}ms "
-              f"{row['spread']:7.1%} {median * 1e3:8.3f}ms {spread:7.1%} {ratio:6.3f}")
+        harness, plain, spreads = [], [], []
+        for _ in range(max(1, args.rounds)):
+            harness.append(harness_median(config, row) if args.rounds else row["time_median_s"])
+            median, spread = plain_median(attn, row, warmup=args.warmup, calls=args.calls, seconds=args.seconds)
+            plain.append(median)
+            spreads.append(spread)
+        got, want = statistics.median(harness), statistics.median(plain)
+        ratios.append(got / want)
+        print(f"{row['variant']:20s} {row['pass']:6s} {str(row['causal']):6s} {row['n']:6d} {got * 1e3:8.3f}ms "
+              f"{row['spread'] if not args.rounds else (max(harness) - min(harness)) / got:7.1%} {want * 1e3:8.3f}ms "
+              f"{statistics.median(spreads):7.1%} {got / want:6.3f}", flush=True)
     within = sum(abs(r - 1) <= 0.05 for r in ratios)
     geomean = statistics.geometric_mean(ratios)
-    print(f"{len(ratios)} cells, {threads} threads{', steady allocator' if args.steady else ''}: harness / plain "
+    print(f"{len(ratios)} cells, {threads} threads{', steady allocator' if args.steady else ''}"
+          f"{f', {args.rounds} alternating rounds' if args.rounds else ''}: harness / plain "
           f"geometric mean {geomean:.3f}, range {min(ratios):.3f}-{max(ratios):.3f}, {within} within 5%")
 
 

@@ -155,6 +155,19 @@ def test_time_calls_one_call_per_sample_on_cpu_and_min_time():
     assert per_sample == 1 and len(times) == 3  # 3 samples of 0.4 s pass min_time = 1 s
 
 
+def test_last_warm_up_call_calibrates_samples_without_another_call():
+    # a cell of seconds a call must not pay one more call to learn what its warm-up already measured
+    clock = FakeClock(per_call=10e-6, overhead=50e-6)
+    calls = []
+    last = measure.warm_up(lambda: (calls.append(1), clock.call()), clock, calls=3, seconds=0.0)
+    assert len(calls) == 3 and last == pytest.approx(60e-6)
+    calls.clear()
+    times, per_sample = measure.time_calls(lambda: (calls.append(1), clock.call()), clock, repeats=5, min_time=1.0,
+                                           min_sample_s=1e-3, per_call=last)
+    assert per_sample == 17 and len(calls) == 5 * 17  # ceil(1 ms / 60 µs), and no calibrating call
+    assert measure.warm_up(clock.call, clock, calls=0, seconds=0.0) is None
+
+
 def test_warm_up_runs_by_count_and_by_time():
     clock = FakeClock(per_call=0.004, overhead=0.0)
     calls = []
