@@ -10,11 +10,11 @@ import torch
 
 import variants
 from harness import measure
-from harness.config import ArgumentError, Cell, RunConfig, memory_budgets, parse_lengths, parse_list, resolve_variants
+from harness.config import ArgumentError, Cell, RunConfig, memory_budgets, merge_options, parse_lengths, parse_list, resolve_variants
 from harness.fmt import fmt_bytes
 from harness.runner import predicted_bytes, useful_flops
 from variants._base import VariantSpec
-from variants.sliding_window import LongformerPattern
+from variants.methods.sliding_window import LongformerPattern
 
 FLEX = "flex_attention (torch)"  # the yardstick of the sliding-window variants: torch's FlexAttention, called directly
 
@@ -34,7 +34,7 @@ class FlexDirect(LongformerPattern):
     def _attend(self, q, k, v, causal, key_padding_mask):
         from torch.nn.attention.flex_attention import create_block_mask
 
-        from variants.sliding_window_flex import RECOMPILE_LIMIT, compiled_flex_attention
+        from variants.methods.sliding_window_flex import RECOMPILE_LIMIT, compiled_flex_attention
 
         n, w = q.shape[-2], self.window
         key = (n, causal, str(q.device))
@@ -77,7 +77,9 @@ def _settings(config) -> dict:
             "passes": parse_list(config.getoption("--bench-passes"), "--bench-passes", ("fwd", "fwdbwd")),
             "causal": {"no": (False,), "yes": (True,), "both": (False, True)}[config.getoption("--bench-causal")],
             "dtype": config.getoption("--bench-dtype"), "batch": b, "heads": h, "head_dim": d,
-            "window": config.getoption("--bench-window"), "compression": config.getoption("--bench-compression"),
+            "window": config.getoption("--bench-window"),
+            "options": merge_options(config.getoption("--bench-option") or [], window=config.getoption("--bench-window"),
+                                     compression=config.getoption("--bench-compression")),
         }
     except (ArgumentError, ValueError) as err:
         raise pytest.UsageError(str(err)) from None
@@ -86,7 +88,7 @@ def _settings(config) -> dict:
 def cases(config) -> list[Case]:
     s = _settings(config)
     names = [name for name in s["variants"] if variants.variant_class(name).unavailable_reason(s["device"]) is None]
-    if "sliding_window" in names or "sliding_window_flex" in names:
+    if any(variants.variant_class(name).spec.reach_option for name in names):  # a windowed method: its yardstick too
         names.append(FLEX)
     return [Case(name, n, pass_, causal) for name in names for n in s["lengths"] for pass_ in s["passes"] for causal in s["causal"]]
 
@@ -108,7 +110,7 @@ class Suite:
 
     def build(self, name: str):
         if name not in self._built:
-            opts = {"window": self.s["window"], "compression": self.s["compression"]}
+            opts = self.s["options"]
             if name == FLEX:
                 attn = FlexDirect(window=self.s["window"])
             else:

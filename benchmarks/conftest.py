@@ -24,6 +24,7 @@ def pytest_addoption(parser):
     group.addoption("--bench-shape", default="1,8,64", help="B,H,D (default 1,8,64)")
     group.addoption("--bench-window", type=int, default=256, help="sliding-window w, also FlexAttention's band (default 256)")
     group.addoption("--bench-compression", type=int, default=3, help="memory_compressed stride c (default 3)")
+    group.addoption("--bench-option", action="append", help="any variant option as name=value (bench list shows them); repeatable")
     group.addoption("--bench-memory", action="store_true",
                     help="also record each call's peak extra memory in extra_info (pins glibc's mmap threshold for the whole session)")
 

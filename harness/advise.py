@@ -19,11 +19,7 @@ import pandas as pd
 from harness.config import ArgumentError
 from harness.fmt import fmt_bytes, fmt_time
 from harness.quality_frames import accuracy_summary, by_distance_frame, quality_rows
-from harness.storage import RESULTS, load_frame
-
-# implementations of one attention function: the quality of one is the quality of the others
-SAME_FUNCTION = {"full_naive": "full", "full_xformers": "full", "sliding_window_flex": "sliding_window"}
-QUALITY_OPTIONS_COMPARED = ("window", "compression", "global_tokens", "feature_map")
+from harness.storage import RESULTS, load_frame, variant_facts
 
 
 @dataclass
@@ -108,7 +104,7 @@ def _causal_word(causal: bool) -> str:
 
 
 def _options_text(options: dict) -> str:
-    return ", ".join(f"{k}={options[k]}" for k in QUALITY_OPTIONS_COMPARED if options.get(k) is not None)
+    return ", ".join(f"{k}={v}" for k, v in options.items() if v is not None)
 
 
 def advise(run_dirs: list[Path], *, n: int, device: str | None = None, pass_: str = "fwdbwd", causal: bool = True,
@@ -121,7 +117,8 @@ def advise(run_dirs: list[Path], *, n: int, device: str | None = None, pass_: st
     speed_dirs, quality_dirs = split_runs(run_dirs)
     device, sel = speed_rows(speed_dirs, device, pass_, causal)
     rows = [r for d in quality_dirs for r in quality_rows(d)]
-    summary, distance = accuracy_summary(rows), by_distance_frame(rows)
+    facts = variant_facts(*run_dirs)
+    summary, distance = accuracy_summary(rows), by_distance_frame(rows, facts)
     if rows:
         quality_devices = {r.get("device", "cpu") for r in rows}
         summary = summary[summary["task"] == task]
@@ -152,15 +149,19 @@ def advise(run_dirs: list[Path], *, n: int, device: str | None = None, pass_: st
             answer.peak_bytes = log_interp(mem, n)[0] if mem else None
         speed_options = group["options"].iloc[0] or {}
         if rows:
-            _attach_quality(answer, summary, distance, n, speed_options)
+            _attach_quality(answer, summary, distance, n, speed_options, facts)
         answers.append(answer)
     _rank(answers, memory, min_accuracy, bool(rows))
     return answers, {"device": device, "pass": pass_, "causal": causal, "n": n, "task": task, "quality_runs": bool(rows),
                      "memory": memory, "min_accuracy": min_accuracy}
 
 
-def _attach_quality(answer: Answer, summary: pd.DataFrame, distance: pd.DataFrame, n: int, speed_options: dict) -> None:
-    name = answer.variant if answer.variant in set(summary["variant"]) else SAME_FUNCTION.get(answer.variant)
+def _attach_quality(answer: Answer, summary: pd.DataFrame, distance: pd.DataFrame, n: int, speed_options: dict,
+                    facts: dict[str, dict]) -> None:
+    """The accuracy of the variant, or of the variant its spec says computes the same function (as the
+    runs recorded it), at the trained length nearest N; notes where the options that change the
+    function differ between the speed and the quality run."""
+    name = answer.variant if answer.variant in set(summary["variant"]) else facts.get(answer.variant, {}).get("same_function_as")
     mine = summary[summary["variant"] == name] if name else summary.iloc[0:0]
     if mine.empty:
         answer.quality_note.append("not trained in the quality runs")
@@ -177,7 +178,8 @@ def _attach_quality(answer: Answer, summary: pd.DataFrame, distance: pd.DataFram
         tokens = f" ({per * length} tokens)" if per != 1 else ""
         answer.quality_note.append(f"trained at L={length}{tokens} < N: accuracy at N not measured")
     trained_options = row["options"] or {}  # the options given; the rest were the variant's defaults
-    differ = [k for k in QUALITY_OPTIONS_COMPARED if k in trained_options and trained_options[k] != speed_options.get(k, trained_options[k])]
+    compared = facts.get(name, {}).get("function_options") or ()
+    differ = [k for k in compared if k in trained_options and trained_options[k] != speed_options.get(k, trained_options[k])]
     if differ:
         answer.quality_note.append(f"trained with {_options_text({k: trained_options[k] for k in differ})}, "
                                    f"timed with {_options_text({k: speed_options[k] for k in differ})}")

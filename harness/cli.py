@@ -268,7 +268,7 @@ def run(
                 budgets = cfg.memory_budgets(memory_budget, config.devices, machine)
             config = RunConfig.from_json({**config.to_json(), "memory_budget": dict(budgets)})
             device_names = machine["device_names"]
-            rundir.start(run_dir, "sweep", config.to_json(), machine)
+            rundir.start(run_dir, "sweep", config.to_json(), machine, cfg.recorded_facts(config.variants))
         else:
             console.print(f"resuming {run_dir} with its original options (other options given now are ignored)")
 
@@ -589,6 +589,7 @@ def viz(
     window: Annotated[int, typer.Option(help="Sliding window w for the picture (small, so the band shows).")] = 6,
     global_tokens: Annotated[int, typer.Option(help="Global tokens for the sliding-window variants.")] = 2,
     compression: Annotated[int, typer.Option(help="Memory-compressed stride c.")] = 4,
+    option: OptionOption = None,
     out: Annotated[Path, typer.Option(help="Image to write (.png, .svg or .pdf).")] = Path("attention_patterns.png"),
     import_: ImportOption = None,
     force: Annotated[bool, typer.Option("--force", help="Overwrite --out if it exists.")] = False,
@@ -600,17 +601,19 @@ def viz(
     (called with v = identity), so the picture is also a visual check of causality and of the window.
     """
     import variants
+    from harness import config as cfg
     from harness.config import resolve_variants
     from harness.viz import attention_patterns, draw_patterns
 
     with _checked():
         _import_modules(import_ or [])
         names = tuple(variants.available()) if variants_.strip() == "all" else resolve_variants(variants_, ("cpu",))
+        options = cfg.merge_options(option or [], window=window, global_tokens=global_tokens, compression=compression)
     if out.suffix.lstrip(".") not in ("png", "svg", "pdf"):
         raise typer.BadParameter(f"--out: {out} must end in .png, .svg or .pdf")
     if out.exists() and not force:
         raise typer.BadParameter(f"--out: {out} already exists; pass --force to overwrite it")
-    result = attention_patterns(list(names), n, causal, {"window": window, "global_tokens": global_tokens, "compression": compression})
+    result = attention_patterns(list(names), n, causal, options)
     path = draw_patterns(result, out, n, causal)
     console = _console()
     for name, reason in result["skipped"].items():
@@ -682,7 +685,7 @@ def quality(
             )
             run_dir = rundir.new_run_dir(out, "quality-")
     if resume is None:
-        rundir.start(run_dir, "quality", config.to_json())
+        rundir.start(run_dir, "quality", config.to_json(), variants=cfg.recorded_facts(config.variants))
     else:
         console.print(f"resuming {run_dir} with its original options (other options given now are ignored)")
     kept = lambda: f"finished trainings are kept in {run_dir / 'quality.jsonl'}"  # noqa: E731

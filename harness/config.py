@@ -244,6 +244,14 @@ def resolve_variants(text: str, devices: tuple[str, ...], here: bool = True) -> 
     return names
 
 
+def recorded_facts(names: tuple[str, ...]) -> dict[str, dict]:
+    """What a run records of its variants at its start (`VariantSpec.facts`: equivalences, reach, the
+    options that change the function, labels), so readers take them from the run, not from code."""
+    import variants
+
+    return {name: variants.variant_class(name).spec.facts() for name in names}
+
+
 def shape_only(name: str, **options):
     """Variant `name` built on the meta device: parameters have shapes but no storage, nothing is
     computed and no device is touched (so a huge option costs no memory, and CUDA stays uninitialized)."""

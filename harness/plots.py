@@ -13,7 +13,7 @@ from pathlib import Path
 import pandas as pd
 
 from harness.config import BASELINE
-from harness.storage import load_frame, read_metadata
+from harness.storage import load_frame, read_metadata, variant_facts
 from harness.summary import PANEL, crossover, fit_exponent, panel_rows
 
 FORMATS = ("png", "svg", "pdf")
@@ -287,7 +287,7 @@ def plot_quality(run_dir: Path, out_dir: Path | None = None, fmt: str = "png") -
                  f"{', curriculum' if cfg.get('curriculum') else ''}, options {cfg.get('options')}", fontsize=10)
     paths = [save_figure(fig, out_dir / f"quality_accuracy.{fmt}")]
 
-    distance = by_distance_frame(rows)
+    distance = by_distance_frame(rows, variant_facts(run_dir))
     if not distance.empty:
         paths.append(_distance_figure(distance, cfg, out_dir / f"quality_distance.{fmt}"))
     costs = cost_frame(run_dir)
@@ -325,12 +325,14 @@ def _distance_figure(distance: pd.DataFrame, cfg: dict, path: Path) -> Path:
                             lw=1.3, ms=4, elinewidth=0.6, capsize=0, label=variant)
             if (group["seeds"] > 1).any():
                 ax.fill_between(mid, group["accuracy_min"], group["accuracy_max"], color=color, alpha=0.12, lw=0)
-        windows = {int(w) for w in sub["window"].dropna()}
+        reached = sub.dropna(subset=["window"]).drop_duplicates("window")
+        windows = dict(zip(reached["window"].astype(int), reached["variant"]))  # each reach in the colour of its first variant
         for w in sorted(windows):
-            ax.axvline(w, color=variant_style("sliding_window")[0], ls="--", lw=1)
-            ax.axvline(2 * w, color=variant_style("sliding_window")[0], ls=":", lw=1)
-            ax.text(w, 0.02, f" w={w}", color=variant_style("sliding_window")[0], fontsize=7)
-            ax.text(2 * w, 0.1, " 2w", color=variant_style("sliding_window")[0], fontsize=7)
+            color = variant_style(windows[w])[0]
+            ax.axvline(w, color=color, ls="--", lw=1)
+            ax.axvline(2 * w, color=color, ls=":", lw=1)
+            ax.text(w, 0.02, f" w={w}", color=color, fontsize=7)
+            ax.text(2 * w, 0.1, " 2w", color=color, fontsize=7)
         ax.set_xscale("log", base=2)
         ax.minorticks_off()
         ax.set_ylim(-0.02, 1.02)

@@ -19,7 +19,7 @@ import torch.nn.functional as F
 from torch import nn
 
 import variants
-from harness.config import BASELINE, QualityConfig, TrainConfig
+from harness.config import QualityConfig, TrainConfig
 from harness.storage import QUALITY_RESULTS, TRAIN_COST, RowWriter, drop_torn_tail, read_rows, rewrite_rows
 from harness.tasks import distance_buckets, make_task
 
@@ -189,11 +189,6 @@ def measure_training_step(task_name: str, length: int, variant: str, options: di
             "train_peak_bytes": memory["peak_bytes"], "memory_kind": memory["kind"], "threads": threads}
 
 
-# implementations of a function another variant already computes (tested equal to float precision):
-# training them again would only repeat that variant's row
-SAME_FUNCTION_AS = {"full_naive": BASELINE, "full_xformers": BASELINE}
-
-
 def cannot_train_reason(name: str, device: str = "cpu") -> str | None:
     """Why variant `name` cannot train the (causal) decoder on `device`, or None."""
     cls = variants.variant_class(name)
@@ -203,8 +198,10 @@ def cannot_train_reason(name: str, device: str = "cpu") -> str | None:
 
 
 def trainable_variants(device: str = "cpu") -> list[str]:
-    """Every registered variant that trains on `device` — one per attention function (`SAME_FUNCTION_AS`)."""
-    return [name for name in variants.available() if name not in SAME_FUNCTION_AS and cannot_train_reason(name, device) is None]
+    """Every registered variant that trains on `device` — one per attention function: a variant whose spec
+    says another computes the same function (`same_function_as`) would only repeat that one's rows."""
+    return [name for name in variants.available()
+            if variants.variant_class(name).spec.same_function_as is None and cannot_train_reason(name, device) is None]
 
 
 def run_key(row: dict) -> tuple:

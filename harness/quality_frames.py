@@ -34,9 +34,10 @@ def accuracy_summary(rows: list[dict]) -> pd.DataFrame:
     return out
 
 
-def by_distance_frame(rows: list[dict]) -> pd.DataFrame:
+def by_distance_frame(rows: list[dict], facts: dict[str, dict] | None = None) -> pd.DataFrame:
     """Accuracy by distance bucket per (task, variant, length): pooled over seeds (scored positions
-    weighted by their count), with the lowest and highest seed's accuracy in that bucket."""
+    weighted by their count), with the lowest and highest seed's accuracy in that bucket, and the
+    variant's reach (`window`: the value of its spec's reach option, from the run's recorded `facts`)."""
     records = []
     for r in final_frame(rows).to_dict("records"):
         for b in r.get("by_distance") or []:
@@ -51,7 +52,8 @@ def by_distance_frame(rows: list[dict]) -> pd.DataFrame:
         accuracy_max=("seed_accuracy", "max"), seeds=("seed", "nunique"), options=("options", "first"),
     ).reset_index()
     out["accuracy"] = out["right"] / out["count"]
-    out["window"] = [o.get("window") if v.startswith("sliding_window") else None for v, o in zip(out["variant"], out["options"])]
+    reach = {name: fact.get("reach_option") for name, fact in (facts or {}).items()}
+    out["window"] = [o.get(reach[v]) if reach.get(v) else None for v, o in zip(out["variant"], out["options"])]
     return out.drop(columns=["right"]).sort_values([*KEY, "min"], kind="stable").reset_index(drop=True)
 
 

@@ -11,7 +11,7 @@ import pandas as pd
 
 from harness.config import BASELINE
 from harness.fmt import fmt_bytes, fmt_time
-from harness.storage import load_frame, read_metadata
+from harness.storage import load_frame, read_metadata, variant_facts
 from harness.summary import NOISE_NOTE, PANEL, crossover_text, noisy_mask, summarize
 
 KEY = ["device", "variant", "pass", "causal", "n", "batch", "heads", "head_dim", "dtype"]
@@ -293,7 +293,7 @@ def _quality_section(run_dir: Path, cfg: dict, figures) -> list[str]:
     ]
     final = [r for r in rows if r.get("final") and r.get("by_distance")]
     if final:
-        distance = by_distance_frame(rows)
+        distance = by_distance_frame(rows, variant_facts(run_dir))
         lines += ["### Accuracy by distance", "",
                   "Distance: how many positions back the answer sits from the scored position (recall: the binding's value, "
                   "or an earlier answer to the same key; copy: L for every symbol). A window w sees distances up to w in one "

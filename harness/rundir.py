@@ -32,11 +32,14 @@ def new_run_dir(out: Path | None, prefix: str = "") -> Path:
     return run_dir
 
 
-def start(run_dir: Path, kind: str, config: dict, machine: dict | None = None) -> None:
-    """Create RUN_DIR with its metadata: the kind, the configuration, the environment and the command."""
+def start(run_dir: Path, kind: str, config: dict, machine: dict | None = None, variants: dict | None = None) -> None:
+    """Create RUN_DIR with its metadata: the kind, the configuration, the environment, the command and
+    `variants`, the facts of the run's variants (`config.recorded_facts`) that readers use."""
     from harness.machine import environment
 
     metadata = {"kind": kind, "config": config, "environment": environment(sys.argv), "argv": sys.argv}
+    if variants is not None:
+        metadata["variants"] = variants
     if machine is not None:
         metadata["machine"] = machine
     create_run_dir(run_dir, metadata)

@@ -105,6 +105,16 @@ def read_metadata(run_dir: Path) -> dict:
     return data
 
 
+def variant_facts(*run_dirs: Path) -> dict[str, dict]:
+    """{variant: facts} as the runs recorded them at their start (`VariantSpec.facts`: same_function_as,
+    reach_option, function_options, ...); the later run wins where two name one variant. Runs made before
+    facts were recorded give none (add them with scripts/record_variant_facts.py)."""
+    facts: dict[str, dict] = {}
+    for run_dir in run_dirs:
+        facts.update(read_metadata(run_dir).get("variants") or {})
+    return facts
+
+
 def _parse(line: bytes):
     try:
         row = json.loads(line)

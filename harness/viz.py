@@ -16,7 +16,8 @@ import variants
 
 
 def attention_patterns(names: list[str], n: int, causal: bool, options: dict, head_dim: int = 16, seed: int = 0) -> dict:
-    """{variant: (N, N) weights of head 0} on one random (1, 1, N, head_dim) input; skips what cannot run here."""
+    """{variant: ((N, N) weights of head 0, the options shown in its title: those of `options` it takes that
+    change its function, per its spec)} on one random (1, 1, N, head_dim) input; skips what cannot run here."""
     g = torch.Generator().manual_seed(seed)
     q, k = (torch.randn(1, 1, n, head_dim, generator=g) for _ in range(2))
     patterns, skipped = {}, {}
@@ -28,7 +29,8 @@ def attention_patterns(names: list[str], n: int, causal: bool, options: dict, he
             continue
         opts = variants.options_taken(name, options)
         attn = variants.build(name, num_heads=1, head_dim=head_dim, **opts)
-        patterns[name] = (attn.attention_matrix(q, k, causal=causal)[0, 0], opts)
+        shown = {key: value for key, value in opts.items() if key in cls.spec.function_options}  # what changes the pattern
+        patterns[name] = (attn.attention_matrix(q, k, causal=causal)[0, 0], shown)
     return {"patterns": patterns, "skipped": skipped}
 
 
@@ -46,12 +48,11 @@ def draw_patterns(result: dict, out: Path, n: int, causal: bool) -> Path:
     fig, axes = plt.subplots(rows, cols, figsize=(3.3 * cols, 3.6 * rows), squeeze=False, layout="constrained")
     for ax in axes.flat:
         ax.set_visible(False)
-    for ax, (name, (weights, opts)) in zip(axes.flat, patterns.items()):
+    for ax, (name, (weights, shown)) in zip(axes.flat, patterns.items()):
         ax.set_visible(True)
         w = weights.float().numpy()
         # square-root colour scale: the few large weights (a query's first keys) would otherwise hide the pattern
         ax.imshow(w, cmap="magma", norm=PowerNorm(0.5, vmin=0.0, vmax=max(float(w.max()), 1e-9)), interpolation="nearest")
-        shown = {k: v for k, v in opts.items() if k in ("window", "global_tokens", "compression")}
         ax.set_title(name + ("\n" + ", ".join(f"{k}={v}" for k, v in shown.items()) if shown else ""), fontsize=8)
         ax.set_xlabel("key position", fontsize=7)
         ax.set_ylabel("query position", fontsize=7)

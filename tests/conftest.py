@@ -1,7 +1,9 @@
-"""Independent dense references (float64) and input factories shared by the tests.
+"""Independent dense references (float64), input factories and the registry's test cases, shared by the tests.
 
 Nothing here imports the variants' own helpers: these are the sources of truth the variants are
-compared against.
+compared against. The shared contract tests take their cases from the registry (`registry_cases`:
+every registered variant with each option set its spec gives as `examples`), so a variant is tested
+the moment its file exists; `independent_reference` says what to add for one without a reference here.
 """
 
 from __future__ import annotations
@@ -9,6 +11,8 @@ from __future__ import annotations
 import pytest
 import torch
 import torch.nn.functional as F
+
+import variants
 
 
 def make_qkv(b=2, h=2, n_q=16, n_k=None, d=8, dv=None, dtype=torch.float64, seed=0, requires_grad=True):
@@ -59,14 +63,14 @@ def ref_full(q, k, v, causal=False, kpm=None, scale=None):
     return ref_attention(q, k, v, causal_and_padding(q.shape[-2], k.shape[-2], causal, kpm), scale)
 
 
-def ref_sliding_window(q, k, v, window, n_global=0, causal=False, kpm=None):
+def ref_sliding_window(q, k, v, window, n_global=0, causal=False, kpm=None, scale=None):
     n_q, n = q.shape[-2], k.shape[-2]
     i = torch.arange(n - n_q, n)[:, None]  # query positions
     j = torch.arange(n)[None, :]
     allowed = (i - j).abs() <= window
     if n_global:
         allowed = allowed | (i < n_global) | (j < n_global)
-    return ref_attention(q, k, v, allowed[None, None] & causal_and_padding(n_q, n, causal, kpm))
+    return ref_attention(q, k, v, allowed[None, None] & causal_and_padding(n_q, n, causal, kpm), scale)
 
 
 def ref_linear(q, k, v, causal=False, kpm=None, eps=1e-6):
@@ -111,6 +115,75 @@ def ref_memory_compressed(q, k, v, module, causal=False, kpm=None):
         own_block = own_block & kpm[:, None, None, :]
     keys, values = torch.cat([kc, k], 2), torch.cat([vc, v], 2)
     return ref_attention(q, keys, values, torch.cat([visible_slot.expand(b, 1, n_q, m), own_block.expand(b, 1, n_q, n)], -1))
+
+
+# each takes the variant as built (its options) and the scale it applies to q·k (`_scale`: its `scale` option, or D ** -0.5)
+def _ref_full(attn, q, k, v, causal, kpm):
+    return ref_full(q, k, v, causal, kpm, scale=attn._scale(q))
+
+
+def _ref_sliding_window(attn, q, k, v, causal, kpm):
+    return ref_sliding_window(q, k, v, attn.window, attn.global_tokens, causal, kpm, scale=attn._scale(q))
+
+
+def _ref_linear(attn, q, k, v, causal, kpm):
+    return ref_linear(q if attn.scale is None else q * attn.scale, k, v, causal, kpm, eps=attn.eps)
+
+
+def _ref_memory_compressed(attn, q, k, v, causal, kpm):
+    return ref_memory_compressed(q, k, v, attn, causal, kpm)
+
+
+# the function each reference computes, keyed by the variant that defines it; a variant whose spec says
+# another computes the same function (`same_function_as`) is checked against that one's reference
+INDEPENDENT_REFERENCES = {
+    "full": _ref_full,
+    "sliding_window": _ref_sliding_window,
+    "linear": _ref_linear,
+    "memory_compressed": _ref_memory_compressed,
+}
+
+
+def reference_key(name: str) -> str:
+    """The variant whose function `name` computes (itself, or its spec's `same_function_as`, followed)."""
+    seen = [name]
+    while (target := variants.variant_class(seen[-1]).spec.same_function_as) is not None and target not in seen:
+        seen.append(target)
+    return seen[-1]
+
+
+def independent_reference(name, attn, q, k, v, causal=False, kpm=None):
+    """The tests' own float64 definition of variant `name` (built as `attn`) on q, k, v."""
+    key = reference_key(name)
+    if key not in INDEPENDENT_REFERENCES:
+        pytest.fail(f"{name} has no independent reference in tests/conftest.py: write its dense definition there "
+                    f"(from the paper, not from the variant's code) and add it to INDEPENDENT_REFERENCES as {key!r}")
+    return INDEPENDENT_REFERENCES[key](attn, q, k, v, causal, kpm)
+
+
+def shipped() -> list[str]:
+    """The variants of the package (each a file of `variants/methods/`), not the test-only ones some tests register."""
+    return [name for name in variants.available() if variants.variant_class(name).__module__.startswith("variants.methods.")]
+
+
+def registry_cases(device: str = "cpu", backward: bool = True, shapes: bool = True) -> list:
+    """pytest params (name, options) for every variant of the package (a file of `variants/methods/`; not
+    the test-only variants some tests register) that runs on `device` (with a backward there when
+    `backward`), one per option set of its spec's `examples`; id: the name and the options."""
+    cases = []
+    for name in shipped():
+        cls = variants.variant_class(name)
+        if cls.unavailable_reason(device) or (backward and cls.backward_unsupported_reason(device)):
+            continue
+        for options in cls.spec.example_options():
+            cases.append(pytest.param(name, options, id="-".join([name, *(f"{k}{v}" for k, v in options.items())])))
+    return cases
+
+
+def build_case(name: str, options: dict, heads: int = 2, head_dim: int = 8, dtype=torch.float64):
+    """The variant with its example options and the shape hints of the inputs it will see (variants with
+    per-head parameters need them; every variant checks them)."""
+    return variants.build(name, **{"num_heads": heads, "head_dim": head_dim, **options}).to(dtype)
 
 
 def assert_close_with_grads(out, ref, inputs, atol=1e-9, rtol=1e-7, seed=3):

@@ -172,7 +172,7 @@ class _FlexWrongOrder(variants.variant_class("sliding_window_flex")):
     def _block_mask(self, n, causal, key_padding_mask, device):
         from torch.nn.attention.flex_attention import BlockMask
 
-        from variants.sliding_window_flex import TILE, sliding_window_mask_mod, tile_coverage
+        from variants.methods.sliding_window_flex import TILE, sliding_window_mask_mod, tile_coverage
 
         touched, _ = tile_coverage(n, self.window, self.global_tokens, causal, device)
         touched = touched[None, None]

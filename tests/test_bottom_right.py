@@ -11,48 +11,31 @@ import pytest
 import torch
 
 import variants
-from conftest import assert_close_with_grads, make_padding, make_qkv, ref_full, ref_linear, ref_memory_compressed, ref_sliding_window
+from conftest import (assert_close_with_grads, build_case, independent_reference, make_padding, make_qkv, ref_sliding_window,
+                      registry_cases)
 
 N_K = 13
-CASES = [  # (variant, options): the sliding windows with and without global tokens (two code paths)
-    ("full", {}),
-    ("full_naive", {}),
-    ("sliding_window", {"window": 3}),
-    ("sliding_window", {"window": 3, "global_tokens": 2, "block_size": 4}),
-    ("linear", {"chunk_size": 4}),
-    ("memory_compressed", {"compression": 3, "num_heads": 2, "head_dim": 8}),  # Nq <= c: direct rows; Nq > c: the scan
-    ("memory_compressed", {"compression": 2, "num_heads": 2, "head_dim": 8}),
-]
-
-
-def independent_reference(name, attn, q, k, v, kpm):
-    if name in ("full", "full_naive", "full_xformers"):
-        return ref_full(q, k, v, causal=True, kpm=kpm)
-    if name.startswith("sliding_window"):
-        return ref_sliding_window(q, k, v, attn.window, attn.global_tokens, causal=True, kpm=kpm)
-    if name == "linear":
-        return ref_linear(q, k, v, causal=True, kpm=kpm)
-    return ref_memory_compressed(q, k, v, attn, causal=True, kpm=kpm)
+CASES = registry_cases()  # every registered CPU variant with a backward, with each example of its spec
 
 
 @pytest.mark.parametrize("padded", [False, True], ids=["dense", "padded"])
 @pytest.mark.parametrize("n_q", [1, 3, 7, N_K])
-@pytest.mark.parametrize("name, options", CASES, ids=[f"{n}-{'-'.join(f'{k}{v}' for k, v in o.items() if k in ('window', 'global_tokens', 'compression'))}" for n, o in CASES])
+@pytest.mark.parametrize("name, options", CASES)
 def test_last_queries_match_the_references(name, options, n_q, padded):
-    attn = variants.build(name, **options).double()
+    attn = build_case(name, options)
     q, k, v = make_qkv(b=2, h=2, n_q=n_q, n_k=N_K, d=8)
     kpm = make_padding(2, N_K, seed=4) if padded else None  # batch row 1: every key padded
     out = attn(q, k, v, causal=True, key_padding_mask=kpm)
     assert out.shape == (2, 2, n_q, 8)
     assert torch.isfinite(out).all()
-    assert_close_with_grads(out, independent_reference(name, attn, q, k, v, kpm), (q, k, v))
+    assert_close_with_grads(out, independent_reference(name, attn, q, k, v, causal=True, kpm=kpm), (q, k, v))
     torch.testing.assert_close(out, attn.reference(q, k, v, causal=True, key_padding_mask=kpm))
 
 
-@pytest.mark.parametrize("name, options", CASES[:1] + CASES[2:], ids=lambda x: x if isinstance(x, str) else "")
+@pytest.mark.parametrize("name, options", CASES)
 def test_decoding_one_position_at_a_time_equals_the_whole_sequence(name, options):
     # what generate() with a KV cache does: each step, the newest query against every key so far
-    attn = variants.build(name, **options).double()
+    attn = build_case(name, options)
     q, k, v = make_qkv(b=1, h=2, n_q=N_K, d=8, requires_grad=False)
     whole = attn(q, k, v, causal=True)
     steps = torch.cat([attn(q[:, :, i : i + 1], k[:, :, : i + 1], v[:, :, : i + 1], causal=True) for i in range(N_K)], 2)

@@ -50,14 +50,37 @@ def peak_bytes(name: str, n: int | list[int], backward: bool, dv: int = 32, caus
     return peaks if many else peaks[0]
 
 
-SUBQUADRATIC = [  # (name, options, backward on the CPU)
-    ("sliding_window", {"window": 256}, True),
-    ("sliding_window", {"window": 256, "global_tokens": 4}, True),
-    ("linear", {}, True),
-    ("memory_compressed", {"num_heads": 1, "head_dim": 32}, True),
-]
-CASES = [(name, options, backward) for name, options, can_backward in SUBQUADRATIC
-         for backward in ((False, True) if can_backward else (False,))]
+
+def subquadratic_cases() -> list[tuple[str, dict, bool]]:
+    """(name, options, backward on the CPU): every registered variant whose spec says it is subquadratic,
+    with its default options, plus EXTRA_PATHS (options that take another code path at long N)."""
+    import variants
+    from conftest import shipped
+
+    cases = []
+    for name in shipped():
+        cls = variants.variant_class(name)
+        if cls.spec.subquadratic and cls.unavailable_reason("cpu") is None:
+            backward = cls.backward_unsupported_reason("cpu") is None
+            for options in ({}, *EXTRA_PATHS.get(name, ())):
+                cases.append((name, {"num_heads": 1, "head_dim": 32, **options}, backward))
+    return cases
+
+
+EXTRA_PATHS = {"sliding_window": ({"global_tokens": 4},)}  # the global rows and columns beside the band
+SUBQUADRATIC = [case for case in subquadratic_cases() if case[2]]
+CASES = [(name, options, backward) for name, options, _ in SUBQUADRATIC for backward in (False, True)]
+# subquadratic on the CPU without a CPU backward: compiled per shape, so each has a test of its own below
+FORWARD_ONLY = {"sliding_window_flex": "test_flex_forward_keeps_below_one_score_matrix"}
+
+
+def test_every_subquadratic_variant_is_measured():
+    forward_only = {name for name, _, backward in subquadratic_cases() if not backward}
+    missing = sorted(forward_only - set(FORWARD_ONLY))
+    assert not missing, (f"subquadratic variants without a CPU backward, measured by no test: {missing}; add each to "
+                         "FORWARD_ONLY in tests/test_complexity.py with a forward memory test of its own")
+    assert {name for name, _, _ in SUBQUADRATIC} | forward_only >= {"sliding_window", "linear", "memory_compressed"}
+    assert all(name in globals() for name in FORWARD_ONLY.values())
 SHORT, LONG = 2048, 8192
 MIB = 2**20
 

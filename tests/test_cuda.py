@@ -10,15 +10,24 @@ import torch
 from typer.testing import CliRunner
 
 import variants
+from conftest import shipped
 from harness.cli import app
 
 pytestmark = pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA device")
 
-OPTIONS = {
-    "full": {}, "full_naive": {}, "full_xformers": {}, "sliding_window": {"window": 16, "global_tokens": 2},
-    "sliding_window_flex": {"window": 16, "global_tokens": 2}, "linear": {},
-    "memory_compressed": {"compression": 3, "num_heads": 2, "head_dim": 64},
-}
+
+def cuda_cases() -> dict[str, dict]:
+    """Every registered variant that runs on CUDA, with the last (richest) example of its spec and the
+    shape hints of these tests' inputs (H = 2, D = 64)."""
+    found = {}
+    for name in shipped():
+        spec = variants.variant_class(name).spec
+        if "cuda" in spec.devices:
+            found[name] = {"num_heads": 2, "head_dim": 64, **spec.example_options()[-1]}
+    return found
+
+
+OPTIONS = cuda_cases()
 
 
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16, torch.float16], ids=["fp32", "bf16", "fp16"])
@@ -111,7 +120,7 @@ def test_cuda_oom_is_recorded_as_oom(tmp_path):
 
 
 def test_flex_on_cuda_uses_its_own_compiled_kernel():
-    from variants.sliding_window_flex import compiled_flex_attention
+    from variants.methods.sliding_window_flex import compiled_flex_attention
 
     assert compiled_flex_attention("cuda") is not compiled_flex_attention("cpu")
     attn = variants.build("sliding_window_flex", device="cuda", window=300, global_tokens=130)

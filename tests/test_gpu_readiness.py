@@ -77,7 +77,7 @@ def test_xformers_availability_does_not_import_it(tmp_path):
     (pkg / "ops.py").write_text("raise RuntimeError('xformers.ops was imported')\n")
     code = textwrap.dedent("""
         import sys, variants
-        from variants.full_xformers import _xformers_installed
+        from variants.methods.full_xformers import _xformers_installed
         assert _xformers_installed() is None
         variants.variant_class("full_xformers").unavailable_reason("cuda")
         assert "xformers.ops" not in sys.modules

@@ -13,6 +13,7 @@ import torch
 transformers = pytest.importorskip("transformers")
 
 import variants.hf as vh  # noqa: E402
+from conftest import registry_cases  # noqa: E402
 from transformers import (  # noqa: E402
     AutoModelForCausalLM,
     BertConfig,
@@ -26,9 +27,9 @@ from transformers import (  # noqa: E402
 VOCAB, N = 61, 14
 TINY = dict(vocab_size=VOCAB, hidden_size=32, intermediate_size=64, num_hidden_layers=2, num_attention_heads=4,
             max_position_embeddings=128)
-# every variant that runs on the CPU with a backward, with options that exercise its method at N = 14
-VARIANTS = {"full_naive": {}, "sliding_window": {"window": 3}, "linear": {"chunk_size": 4},
-            "memory_compressed": {"compression": 3}}
+# every registered variant that runs on the CPU with a backward, with the first example of its spec
+# (options that exercise its method at N = 14); the layer gives the shape hints
+VARIANTS = {case.values[0]: case.values[1] for case in reversed(registry_cases())}
 
 
 def llama(seed=0, **extra):
@@ -166,7 +167,7 @@ def test_variant_in_llama_trains_is_causal_and_ignores_padding(name):
         torch.testing.assert_close(again[mask.bool()], logits.detach()[mask.bool()], atol=1e-12, rtol=0)
 
 
-@pytest.mark.parametrize("name", ["full", *sorted(VARIANTS)])
+@pytest.mark.parametrize("name", sorted(VARIANTS))
 def test_generation_with_cache_equals_generation_without(name):
     model = vh.use(llama().eval(), name, **VARIANTS.get(name, {}))
     ids, mask = batch()
@@ -237,7 +238,7 @@ def test_register_gives_a_name_for_from_config():
 
 # -- an encoder ------------------------------------------------------------------------------------------
 
-@pytest.mark.parametrize("name", ["full", *sorted(VARIANTS)])
+@pytest.mark.parametrize("name", sorted(VARIANTS))
 def test_bert_encoder_is_bidirectional_with_padding(name):
     torch.manual_seed(0)
     config = BertConfig(vocab_size=VOCAB, hidden_size=32, num_hidden_layers=2, num_attention_heads=4, intermediate_size=64,
@@ -365,7 +366,7 @@ def test_importing_variants_does_not_import_transformers():
 def test_flex_generates_with_one_compilation_for_every_decoding_step(monkeypatch):
     # opt in (-m slow; about 11 s): FlexAttention compiles per shape and stride, so every decoding step must
     # hand it the same ones (w + 1 keys, contiguous) — else 30 new tokens compile 30 times (150 s, seen)
-    import variants.sliding_window_flex as flex
+    import variants.methods.sliding_window_flex as flex
 
     seen = set()
     compiled = flex.compiled_flex_attention

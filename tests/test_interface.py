@@ -9,19 +9,14 @@ import pytest
 import torch
 
 import variants
-from conftest import make_padding, make_qkv, ref_full
+from conftest import build_case, independent_reference, make_padding, make_qkv, registry_cases, shipped
 
-# every variant that runs on CPU, with the options that make it exercise its method at small N
-CPU_VARIANTS = {
-    "full": {},
-    "full_naive": {},
-    "sliding_window": {"window": 3, "global_tokens": 1},
-    "linear": {"chunk_size": 4},
-    "memory_compressed": {"compression": 3, "num_heads": 2, "head_dim": 8},
-}
+# every registered variant that runs on the CPU with a backward, once per option set of its spec's examples
+CASES = registry_cases()
+CASE_NAMES = {case.values[0] for case in CASES}
 
-
-# registered CPU variants left out of the shared tests above, each with the reason and where it is tested instead
+# registered CPU variants without a CPU backward are left out of the shared tests above (they cannot
+# train there); each is named here with where it is tested instead
 NOT_IN_SHARED_TESTS = {
     "sliding_window_flex": "compiled per shape (seconds each) and forward-only on CPU; tests/test_sliding_window.py "
                            "checks it against the same dense references",
@@ -29,14 +24,13 @@ NOT_IN_SHARED_TESTS = {
 
 
 def test_every_cpu_variant_is_in_the_shared_tests():
-    # the contract guard: a new variant file cannot skip the tests every variant must pass
-    shipped = [name for name in variants.available() if variants.variant_class(name).__module__.startswith("variants.")]
-    on_cpu = [name for name in shipped if variants.variant_class(name).unavailable_reason("cpu") is None]
-    missing = sorted(set(on_cpu) - set(CPU_VARIANTS) - set(NOT_IN_SHARED_TESTS))
-    assert not missing, (f"registered CPU variants missing from the shared interface tests: {missing}; add each to "
-                         "CPU_VARIANTS in tests/test_interface.py (with options that exercise its method at small N)")
-    assert not set(NOT_IN_SHARED_TESTS) & set(CPU_VARIANTS)
-    assert set(CPU_VARIANTS) <= set(on_cpu), "CPU_VARIANTS names a variant that is not registered or does not run on the CPU"
+    # the contract guard: a variant registered from a file in variants/methods/ is in CASES by its spec;
+    # one that runs on the CPU but cannot be in them must say where it is tested instead
+    on_cpu = [name for name in shipped() if variants.variant_class(name).unavailable_reason("cpu") is None]
+    missing = sorted(set(on_cpu) - CASE_NAMES - set(NOT_IN_SHARED_TESTS))
+    assert not missing, (f"registered CPU variants without a CPU backward, so not in the shared tests: {missing}; name each in "
+                         "NOT_IN_SHARED_TESTS in tests/test_interface.py with the test file that checks it instead")
+    assert not set(NOT_IN_SHARED_TESTS) & CASE_NAMES
 
 
 def test_every_option_is_documented():
@@ -47,8 +41,44 @@ def test_every_option_is_documented():
             assert not undocumented, f"{name}: options without an Args: entry in an __init__ docstring: {undocumented}"
 
 
-def build_cpu(name, **extra):
-    return variants.build(name, **{**CPU_VARIANTS[name], **extra}).double()
+@pytest.mark.parametrize("name", shipped())
+def test_spec_facts_name_real_variants_and_options(name):
+    # what the harness reads instead of tables keyed by names must point at things that exist
+    spec = variants.variant_class(name).spec
+    taken = set(variants.option_names(name))
+    assert spec.same_function_as is None or (spec.same_function_as in variants.available() and spec.same_function_as != name)
+    assert spec.reach_option is None or spec.reach_option in spec.function_options
+    assert set(spec.function_options) <= taken, f"{name}: function_options not taken: {set(spec.function_options) - taken}"
+    assert spec.examples, f"{name}: examples must hold at least one option set (() for the defaults)"
+    for options in spec.example_options():
+        assert set(options) <= taken, f"{name}: example options not taken: {set(options) - taken}"
+        if variants.variant_class(name).unavailable_reason("cpu") is None:
+            build_case(name, options)
+
+
+@pytest.mark.parametrize("name", [n for n in shipped() if variants.variant_class(n).spec.same_function_as])
+def test_same_function_as_is_true(name):
+    # a variant that says another computes its function gets that one's accuracy in bench advise: check it
+    target = variants.variant_class(name).spec.same_function_as
+    for who in (name, target):
+        reason = variants.variant_class(who).unavailable_reason("cpu")
+        if reason:
+            pytest.skip(reason)
+    q, k, v = make_qkv(n_q=13, dtype=torch.float32, requires_grad=False)
+    kpm = make_padding(2, 13, all_padded_row=False)
+    for options in variants.variant_class(name).spec.example_options():
+        shared = variants.options_taken(target, options)
+        attn = build_case(name, options, dtype=torch.float32)
+        same = build_case(target, {**shared, "scale": attn._scale(q)}, dtype=torch.float32)  # the scale it applies, too
+        with torch.no_grad():
+            for causal in (False, True):
+                got = attn(q, k, v, causal=causal, key_padding_mask=kpm)
+                torch.testing.assert_close(got, same(q, k, v, causal=causal, key_padding_mask=kpm), atol=2e-5, rtol=2e-5)
+
+
+def build_cpu(name, options, **extra):
+    """The case's variant in float64, built for inputs of H = 2, D = 8 unless `extra` says otherwise."""
+    return build_case(name, {**options, **extra})
 
 
 def test_available_lists_every_variant_sorted():
@@ -129,16 +159,16 @@ def _qkv(**kw):
     ],
     ids=["rank", "batch-heads", "head-dim", "key-length", "int-dtype", "mixed-dtype", "not-tensor"],
 )
-@pytest.mark.parametrize("name", sorted(CPU_VARIANTS))
-def test_bad_tensors_raise_clear_errors(name, make, pattern):
-    attn = build_cpu(name)
+@pytest.mark.parametrize("name, options", CASES)
+def test_bad_tensors_raise_clear_errors(name, options, make, pattern):
+    attn = build_cpu(name, options)
     with pytest.raises((ValueError, TypeError), match=pattern):
         attn(*make(*_qkv()))
 
 
-@pytest.mark.parametrize("name", sorted(CPU_VARIANTS))
-def test_bad_mask_raises_clear_errors(name):
-    attn = build_cpu(name)
+@pytest.mark.parametrize("name, options", CASES)
+def test_bad_mask_raises_clear_errors(name, options):
+    attn = build_cpu(name, options)
     q, k, v = _qkv()
     with pytest.raises(TypeError, match=r"key_padding_mask must be a bool tensor \(True = real token\), got torch.float32"):
         attn(q, k, v, key_padding_mask=torch.ones(2, 6))
@@ -150,14 +180,14 @@ def test_cross_attention_rejected_where_unsupported():
     q, _, _ = _qkv()
     _, k, v = make_qkv(b=2, h=2, n_q=9, d=8, requires_grad=False)
     with pytest.raises(ValueError, match=r"sliding_window: cross-attention \(Nq=6 != Nk=9, causal=False\) is not supported"):
-        build_cpu("sliding_window")(q, k, v)
+        build_cpu("sliding_window", {})(q, k, v)
 
 
 def test_causal_with_more_queries_than_keys_rejected():
     _, k, v = _qkv()
     q, _, _ = make_qkv(b=2, h=2, n_q=9, d=8, requires_grad=False)
     with pytest.raises(ValueError, match=r"causal=True needs Nq <= Nk \(the queries are the last Nq of the Nk positions\), got Nq=9, Nk=6"):
-        build_cpu("full")(q, k, v, causal=True)
+        build_cpu("full", {})(q, k, v, causal=True)
 
 
 def test_shape_hints_are_checked():
@@ -169,9 +199,9 @@ def test_shape_hints_are_checked():
 # -- behaviour every variant shares ---------------------------------------------------------------
 
 @pytest.mark.parametrize("causal", [False, True], ids=["bidir", "causal"])
-@pytest.mark.parametrize("name", sorted(CPU_VARIANTS))
-def test_all_masked_rows_give_zeros_not_nan(name, causal):
-    attn = build_cpu(name)
+@pytest.mark.parametrize("name, options", CASES)
+def test_all_masked_rows_give_zeros_not_nan(name, options, causal):
+    attn = build_cpu(name, options)
     q, k, v = make_qkv(b=3, h=2, n_q=10, d=8)
     kpm = torch.ones(3, 10, dtype=torch.bool)
     kpm[1] = False  # a batch element with no real key at all
@@ -185,9 +215,9 @@ def test_all_masked_rows_give_zeros_not_nan(name, causal):
     assert all(torch.isfinite(t.grad).all() for t in (q, k, v))
 
 
-@pytest.mark.parametrize("name", sorted(CPU_VARIANTS))
-def test_length_one_and_odd_lengths(name):
-    attn = build_cpu(name)
+@pytest.mark.parametrize("name, options", CASES)
+def test_length_one_and_odd_lengths(name, options):
+    attn = build_cpu(name, options)
     for n in (1, 7):
         q, k, v = make_qkv(b=1, h=2, n_q=n, d=8, requires_grad=False)
         out = attn(q, k, v, causal=True)
@@ -196,9 +226,9 @@ def test_length_one_and_odd_lengths(name):
 
 
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16, torch.float16], ids=["fp32", "bf16", "fp16"])
-@pytest.mark.parametrize("name", sorted(CPU_VARIANTS))
-def test_lower_precision_close_to_float64(name, dtype):
-    attn = variants.build(name, **CPU_VARIANTS[name]).to(dtype)
+@pytest.mark.parametrize("name, options", CASES)
+def test_lower_precision_close_to_float64(name, options, dtype):
+    attn = build_case(name, options, dtype=dtype)
     q, k, v = make_qkv(b=1, h=2, n_q=33, d=8, dtype=dtype, requires_grad=False)
     kpm = make_padding(1, 33, all_padded_row=False)
     out = attn(q, k, v, causal=True, key_padding_mask=kpm)
@@ -208,19 +238,20 @@ def test_lower_precision_close_to_float64(name, dtype):
     torch.testing.assert_close(out.double(), ref, atol=tol, rtol=tol)
 
 
-@pytest.mark.parametrize("name", sorted(CPU_VARIANTS))
-def test_reference_method_matches_independent_reference_for_full(name):
-    # the variants' own dense references (used by the harness) agree with the tests' for exact attention
-    if name not in ("full", "full_naive"):
-        pytest.skip("exact attention only")
+@pytest.mark.parametrize("name, options", CASES)
+@pytest.mark.parametrize("causal", [False, True], ids=["bidir", "causal"])
+def test_reference_method_matches_independent_reference(name, options, causal):
+    # the variants' own dense references (the harness's gate uses them) agree with the tests' independent ones
+    attn = build_cpu(name, options)
     q, k, v = make_qkv(requires_grad=False)
     kpm = make_padding(2, 16)
-    torch.testing.assert_close(build_cpu(name).reference(q, k, v, causal=True, key_padding_mask=kpm), ref_full(q, k, v, True, kpm))
+    torch.testing.assert_close(attn.reference(q, k, v, causal=causal, key_padding_mask=kpm),
+                               independent_reference(name, attn, q, k, v, causal=causal, kpm=kpm))
 
 
-@pytest.mark.parametrize("name", sorted(CPU_VARIANTS))
-def test_gradcheck_float64(name):
-    attn = build_cpu(name, **({"num_heads": 1, "head_dim": 3} if name == "memory_compressed" else {}))
+@pytest.mark.parametrize("name, options", CASES)
+def test_gradcheck_float64(name, options):
+    attn = build_cpu(name, options, num_heads=1, head_dim=3)
     q, k, v = make_qkv(b=1, h=1, n_q=5, d=3)
     kpm = torch.tensor([[True, False, True, True, True]])
     assert torch.autograd.gradcheck(lambda q, k, v: attn(q, k, v, causal=True, key_padding_mask=kpm), (q, k, v))
@@ -228,14 +259,14 @@ def test_gradcheck_float64(name):
 
 
 @pytest.mark.parametrize("causal", [False, True], ids=["bidir", "causal"])
-@pytest.mark.parametrize("name", sorted(CPU_VARIANTS))
-def test_scale_is_honoured(name, causal):
+@pytest.mark.parametrize("name, options", CASES)
+def test_scale_is_honoured(name, options, causal):
     # a model's layer may scale scores by other than D ** -0.5 (transformers passes its `scaling`): scale s
     # on q must equal the default on q rescaled — s·√D for the softmax variants, s for linear (whose default
     # applies no scale) — and equal the variant's own definition
     s = 0.37
-    attn = build_cpu(name, scale=s)
-    plain = build_cpu(name)
+    attn = build_cpu(name, options, scale=s)
+    plain = build_cpu(name, options)
     plain.load_state_dict(attn.state_dict())
     q, k, v = make_qkv(b=2, h=2, n_q=10, d=8, requires_grad=False)
     kpm = make_padding(2, 10, seed=2, all_padded_row=False)

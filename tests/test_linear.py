@@ -39,7 +39,7 @@ def test_linear_causal_ignores_future_tokens():
 
 
 def test_feature_map_is_elu_plus_one_with_its_gradient():
-    from variants.linear import elu_feature_map
+    from variants.methods.linear import elu_feature_map
 
     x = torch.tensor([-3.0, -0.5, -0.0, 0.0, 1e-12, 2.0], dtype=torch.float64, requires_grad=True)
     y = elu_feature_map(x)

@@ -11,10 +11,10 @@ import torch
 from typer.testing import CliRunner
 
 from harness.cli import app
-from harness.config import TrainConfig
+from harness.config import TrainConfig, recorded_facts
 from harness.quality import train_one
 from harness.quality_frames import by_distance_frame
-from harness.storage import QUALITY_RESULTS, RowWriter, read_rows, write_metadata
+from harness.storage import QUALITY_RESULTS, RowWriter, read_rows, variant_facts, write_metadata
 from harness.tasks import CopyTask, RecallTask, distance_buckets
 from test_reports import make_run
 
@@ -156,7 +156,7 @@ def test_quality_report_shows_seeds_distance_and_cost(tmp_path):
     assert "### Accuracy by distance" in text and "### Cost of a training step" in text and "seeds 0-1" in text
     for name in ("quality_accuracy", "quality_distance", "training_cost", "quality_curves"):
         assert (out / "figures" / f"{name}.png").exists(), name
-    distance = by_distance_frame(read_rows(out, QUALITY_RESULTS))
+    distance = by_distance_frame(read_rows(out, QUALITY_RESULTS), variant_facts(out))
     assert set(distance["window"].dropna()) == {4}
 
 
@@ -167,7 +167,7 @@ def make_quality_run(path, accuracy: dict, lengths=(256,), device="cpu"):
     """A quality run whose final rows give `accuracy[variant]` (3 seeds spread +-2 points) at each length."""
     path.mkdir(parents=True)
     write_metadata(path, {"config": {"tasks": ["recall"], "variants": list(accuracy), "lengths": list(lengths), "seeds": 3},
-                          "environment": {}, "machine": {}})
+                          "environment": {}, "machine": {}, "variants": recorded_facts(tuple(accuracy))})
     with RowWriter(path, QUALITY_RESULTS) as writer:
         for variant, acc in accuracy.items():
             for n in lengths:

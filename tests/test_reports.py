@@ -12,6 +12,7 @@ from typer.testing import CliRunner
 import variants
 from harness.cli import app
 from harness.rows import Row
+from harness.config import recorded_facts
 from harness.storage import RowWriter, write_metadata
 from harness.summary import crossover, fit_exponent, summarize
 
@@ -28,6 +29,7 @@ def make_run(path: Path, slow_factor: float = 1.0, partial: bool = False) -> Pat
                         "cpu": {"model": "Test CPU", "usable_cores": 2, "memory_bytes": 2**34}, "git": {"commit": "abc", "dirty": False},
                         "started": "2026-01-01T00:00:00+00:00"},
         "machine": {"matmul_peak_gflops": {"cpu/float32": 100.0}, "gpu": None},
+        "variants": recorded_facts(("full", "linear", "full_naive", "sliding_window_flex")),  # as bench run records them
     })
     rows = []
     for pass_ in ("fwd", "fwdbwd"):

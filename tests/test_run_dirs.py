@@ -271,12 +271,17 @@ def test_poisoned_numbers_are_rejected_before_any_file_exists(tmp_path, args, me
 def test_interrupted_start_up_leaves_no_directory(tmp_path, monkeypatch):
     from harness import runner
 
+    reached = []
+
     def interrupted(config, *args):
+        reached.append(config)
         raise KeyboardInterrupt
 
     monkeypatch.setattr(runner, "measure_machine", interrupted)
     out = tmp_path / "startup"
-    bench("run", "--variants", "full", "--lengths", "32", "--out", str(out))
+    result = bench("run", "--variants", "full", "--lengths", "32", "--out", str(out))
+    assert reached, f"the start-up never reached measure_machine, so this test checked nothing: {result.output}"
+    assert result.exit_code == 130, result.output  # Ctrl-C's exit code
     assert not out.exists() and not list(tmp_path.iterdir())
 
 

@@ -78,7 +78,7 @@ def test_flex_matches_reference_forward(n, window, g, causal, padded):
                                                  (1024, 255, 0, True), (1024, 383, 200, False), (129, 1000, 0, False)])
 def test_flex_tile_coverage_is_the_pattern_per_tile(n, window, g, causal):
     """touched = some pair of the tile is in the pattern; full = all are (never on the ragged end)."""
-    from variants.sliding_window_flex import TILE, tile_coverage
+    from variants.methods.sliding_window_flex import TILE, tile_coverage
 
     touched, full = tile_coverage(n, window, g, causal, "cpu")
     i, j = torch.arange(n)[:, None], torch.arange(n)[None, :]

@@ -5,9 +5,13 @@
     attn = variants.build("sliding_window", window=128)
     out = attn(q, k, v, causal=True)           # (B, H, N, D) -> (B, H, N, Dv)
 
-Importing this package registers every variant; it imports no optional dependency (xformers is
-imported only when `full_xformers` is built for a CUDA device).
+Importing this package registers every variant: each module of `variants/methods/` (one method a
+file) is imported and registers itself, so a method file placed there needs no other edit. It
+imports no optional dependency (xformers is imported only when `full_xformers` is built for a CUDA device).
 """
+
+import importlib
+import pkgutil
 
 from ._base import (
     AttentionVariant,
@@ -22,10 +26,18 @@ from ._base import (
     unregister,
     variant_class,
 )
+from . import methods
 from .modules import MultiHeadAttention, SinusoidalPositionalEncoding, TransformerBlock, swap_attention
 
-# each import registers one variant
-from . import full, full_naive, full_xformers, sliding_window, sliding_window_flex, linear, memory_compressed  # noqa: E402,F401  isort: skip
+
+def _import_methods() -> None:
+    """Import every method file of `variants/methods/` (in name order; files starting with _ are helpers)."""
+    for info in sorted(pkgutil.iter_modules(methods.__path__), key=lambda info: info.name):
+        if not info.name.startswith("_"):
+            importlib.import_module(f"{methods.__name__}.{info.name}")
+
+
+_import_methods()
 
 __all__ = [
     "AttentionVariant",

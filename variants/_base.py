@@ -36,8 +36,23 @@ class VariantSpec:
     devices: tuple[str, ...] = ("cpu", "cuda")  # device types it runs on
     backward_devices: tuple[str, ...] = ("cpu", "cuda")  # device types where backward works
     dtypes: tuple[str, ...] = ("float32", "float64", "float16", "bfloat16")
-    subquadratic: bool = False  # memory (and, where the method is, time) below O(N^2)
+    subquadratic: bool = False  # memory (and, where the method is, time) below O(N^2); the complexity tests hold it to that
     notes: str = ""  # anything a user must know (e.g. what causal means for this method)
+    # facts the harness and the tests read instead of tables keyed by names:
+    same_function_as: str | None = None  # another variant computing the same function with the options they share and the same scale (tested): its quality stands for this one's
+    reach_option: str | None = None  # the option bounding how far back a position sees (a window): readers mark it, judge accuracy inside and beyond
+    function_options: tuple[str, ...] = ()  # options that change the function computed: a speed run and a quality run must agree on them
+    examples: tuple[tuple[tuple[str, object], ...], ...] = ((),)  # option sets that exercise every path at a test's small N (N ~ 13)
+
+    def example_options(self) -> list[dict]:
+        """`examples` as dicts: what the shared contract tests build the variant with."""
+        return [dict(options) for options in self.examples]
+
+    def facts(self) -> dict:
+        """What a run records of the variant in its metadata, so readers need no variant code."""
+        return {"name": self.name, "summary": self.summary, "same_function_as": self.same_function_as,
+                "reach_option": self.reach_option, "function_options": list(self.function_options),
+                "subquadratic": self.subquadratic}
 
 
 class AttentionVariant(nn.Module):

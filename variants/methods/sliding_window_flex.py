@@ -18,7 +18,7 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor
 
-from ._base import VariantSpec, register
+from .._base import VariantSpec, register
 from .sliding_window import LongformerPattern
 
 TILE = 128  # FlexAttention's default block size
@@ -113,6 +113,10 @@ class FlexSlidingWindowAttention(LongformerPattern):
         subquadratic=True,
         notes="CPU: forward only (no FlexAttention backward on CPU in torch 2.13); CUDA: no float64; "
               "compiles once per shape; head dims below 32 (CPU) / 16 (CUDA) are zero-padded",
+        same_function_as="sliding_window",
+        reach_option="window",
+        function_options=("window", "global_tokens"),
+        examples=((("window", 3),), (("window", 3), ("global_tokens", 2))),
     )
 
     def __init__(self, *, window: int = 256, global_tokens: int = 0, **base):

@@ -8,8 +8,8 @@ from __future__ import annotations
 import torch
 from torch import Tensor
 
-from ._base import AttentionVariant, VariantSpec, causal_mask, register
-from ._utils import masked_softmax
+from .._base import AttentionVariant, VariantSpec, causal_mask, register
+from .._utils import masked_softmax
 from .full import full_attention_pairs
 
 
@@ -21,6 +21,7 @@ class NaiveFullAttention(AttentionVariant):
         reference="Vaswani et al. 2017, 'Attention Is All You Need'",
         time_complexity="O(Nq Nk D)",
         memory_complexity="O(Nq Nk) per head",
+        same_function_as="full",
     )
 
     def _attend(self, q: Tensor, k: Tensor, v: Tensor, causal: bool, key_padding_mask: Tensor | None) -> Tensor:

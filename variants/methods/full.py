@@ -11,8 +11,8 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor
 
-from ._base import AttentionVariant, VariantSpec, causal_mask, register
-from ._utils import dead_query_rows, zero_rows
+from .._base import AttentionVariant, VariantSpec, causal_mask, register
+from .._utils import dead_query_rows, zero_rows
 
 
 def full_attention_pairs(n_q: int, n_k: int, causal: bool) -> int:

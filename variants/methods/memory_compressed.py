@@ -25,8 +25,8 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
 
-from ._base import AttentionVariant, VariantSpec, register
-from ._utils import dead_query_rows, dense_attention, pad_to_multiple, zero_rows
+from .._base import AttentionVariant, VariantSpec, register
+from .._utils import dead_query_rows, dense_attention, pad_to_multiple, zero_rows
 from .full import padding_and_causal_mask, sdpa
 
 MASKED = -1.0e4  # score of a masked slot / empty sink: exp(-1e4) is 0 in every float type
@@ -109,6 +109,8 @@ class MemoryCompressedAttention(AttentionVariant):
         memory_complexity="O(N D)",
         subquadratic=True,
         notes="causal: complete slots <= i plus the raw keys of the query's unfinished block; needs num_heads and head_dim",
+        function_options=("compression",),
+        examples=((("compression", 3),), (("compression", 2),)),  # with Nq <= c: direct rows; Nq > c: the scan
     )
 
     def __init__(self, *, compression: int = 3, value_dim: int | None = None, **base):

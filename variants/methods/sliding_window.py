@@ -22,8 +22,8 @@ import math
 import torch
 from torch import Tensor
 
-from ._base import AttentionVariant, VariantSpec, dense_mask, register
-from ._utils import dense_attention, pad_to_multiple
+from .._base import AttentionVariant, VariantSpec, dense_mask, register
+from .._utils import dense_attention, pad_to_multiple
 from .full import sdpa
 
 GROUP_SCORE_BYTES = 8 * 2**20  # scores held at once per group of blocks (a few such buffers live)
@@ -316,6 +316,9 @@ class SlidingWindowAttention(LongformerPattern):
         supports_cross_attention=False,
         subquadratic=True,
         notes="self-attention (and causal with Nq < Nk: the last Nq positions); w >= N equals full attention",
+        reach_option="window",
+        function_options=("window", "global_tokens"),
+        examples=((("window", 3),), (("window", 3), ("global_tokens", 2), ("block_size", 4))),  # two code paths
     )
 
     def __init__(self, *, window: int = 256, global_tokens: int = 0, block_size: int | None = None, **base):

@@ -13,8 +13,8 @@ import warnings
 import torch
 from torch import Tensor
 
-from ._base import AttentionVariant, VariantSpec, register
-from ._utils import dead_query_rows, zero_rows
+from .._base import AttentionVariant, VariantSpec, register
+from .._utils import dead_query_rows, zero_rows
 from .full import full_attention_pairs, padding_and_causal_mask
 
 
@@ -62,6 +62,7 @@ class XformersFullAttention(AttentionVariant):
         devices=("cuda",),
         backward_devices=("cuda",),
         dtypes=("float32", "float16", "bfloat16"),
+        same_function_as="full",
     )
 
     @classmethod

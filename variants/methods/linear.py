@@ -24,8 +24,8 @@ import math
 import torch
 from torch import Tensor
 
-from ._base import AttentionVariant, VariantSpec, dense_mask, register
-from ._utils import pad_to_multiple
+from .._base import AttentionVariant, VariantSpec, dense_mask, register
+from .._utils import pad_to_multiple
 
 GROUP_POSITIONS = 512  # positions processed at once in the causal scan (a multiple of the chunk size)
 
@@ -207,6 +207,8 @@ class LinearAttention(AttentionVariant):
         time_complexity="O(N D Dv) (+ O(N C D) inside chunks when causal)",
         memory_complexity="O(N Dv) + one group of chunks",
         subquadratic=True,
+        function_options=("feature_map",),
+        examples=((("chunk_size", 4),),),  # several chunks at N ~ 13
     )
 
     def __init__(self, *, feature_map: str = "elu", chunk_size: int = 64, eps: float = 1e-6, **base):
