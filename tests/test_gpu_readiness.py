@@ -180,7 +180,8 @@ def test_warm_up_runs_by_count_and_by_time():
 
 def test_rows_record_kernel_memory_kind_and_calls_per_sample(tmp_path):
     out = tmp_path / "row"
-    result = bench("run", "--variants", "full,linear", "--lengths", "64", "--passes", "fwd", "--out", str(out), *FAST)
+    # warmed calls calibrate the samples (FAST's --warmup 0 would calibrate on the process's first, cold call)
+    result = bench("run", "--variants", "full,linear", "--lengths", "64", "--passes", "fwd", "--out", str(out), *FAST, "--warmup", "3")
     assert result.exit_code == 0, result.output
     rows = run_dir_rows(out).set_index("variant")
     assert rows.loc["full", "kernel"] == "flash_attention"
