@@ -2,53 +2,9 @@
 
 from __future__ import annotations
 
-import json
-import subprocess
-import sys
-
 import pytest
 
-# runs in a fresh process so nothing else's memory or allocator state is counted
-MEASURE = r"""
-import json, sys, torch, variants
-from harness.memory import measure_peak, pin_mmap_threshold
-name, cases, backward, options, dv = sys.argv[1], json.loads(sys.argv[2]), sys.argv[3] == "1", json.loads(sys.argv[4]), int(sys.argv[5])
-torch.set_num_threads(2)
-attn = variants.build(name, **options)
-peaks = []
-for n, causal in cases:
-    q, k = (torch.randn(1, 1, n, 32, requires_grad=backward) for _ in range(2))
-    v = torch.randn(1, 1, n, dv, requires_grad=backward)
-    def call():
-        if backward:
-            attn(q, k, v, causal=causal).sum().backward()
-            q.grad = k.grad = v.grad = None
-        else:
-            with torch.no_grad():
-                attn(q, k, v, causal=causal)
-    call()  # warm-up (and compile)
-    pin_mmap_threshold()
-    peaks.append(measure_peak(call, torch.device("cpu"))["peak_bytes"])
-    del q, k, v
-print(json.dumps(peaks))
-"""
-
-
-def peak_bytes(name: str, n: int | list[int], backward: bool, dv: int = 32, causal: bool | list[bool] = False, **options):
-    """Peak extra bytes of one call at (B, H) = (1, 1), D = 32 and the given Dv, in a fresh process: one
-    figure, or one per (length, causal) pair when given lists (measured one after the other)."""
-    many = isinstance(n, list) or isinstance(causal, list)
-    lengths = n if isinstance(n, list) else [n]
-    modes = causal if isinstance(causal, list) else [causal]
-    cases = [[length, mode] for mode in modes for length in lengths]
-    out = subprocess.run(
-        [sys.executable, "-c", MEASURE, name, json.dumps(cases), "1" if backward else "0", json.dumps(options), str(dv)],
-        capture_output=True, text=True, timeout=300,
-    )
-    assert out.returncode == 0, out.stderr[-2000:]
-    peaks = json.loads(out.stdout.strip().splitlines()[-1])
-    return peaks if many else peaks[0]
-
+from helpers import peak_bytes
 
 
 def subquadratic_cases() -> list[tuple[str, dict, bool]]:

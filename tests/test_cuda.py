@@ -7,11 +7,10 @@ from __future__ import annotations
 
 import pytest
 import torch
-from typer.testing import CliRunner
 
 import variants
 from conftest import shipped
-from harness.cli import app
+from helpers import bench
 
 pytestmark = pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA device")
 
@@ -78,7 +77,7 @@ def test_variant_on_cuda_bottom_right_causal(name, n_q):
 
 
 def _bench(*args):
-    return CliRunner().invoke(app, ["run", "--devices", "cuda", *args], env={"COLUMNS": "200"})
+    return bench("run", "--devices", "cuda", *args)
 
 
 def test_cuda_sweep_runs_and_records_gpu(tmp_path):

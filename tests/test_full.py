@@ -49,7 +49,7 @@ def test_custom_scale():
 def test_full_keeps_to_fused_kernel_when_dv_differs():
     # D != Dv must not fall back to torch's score-materializing math kernel: `full` zero-pads to the
     # fused kernel's shape. Measured, as test_complexity does: at N = 4096 one head's scores are 64 MiB.
-    from test_complexity import peak_bytes
+    from helpers import peak_bytes
 
     n = 4096
     dv_differs = peak_bytes("full", n, False, dv=16)

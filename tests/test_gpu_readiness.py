@@ -18,7 +18,7 @@ from conftest import make_qkv, ref_linear
 from harness import measure, worker
 from harness.config import Cell, RunConfig
 from harness.runner import shape_only_variant, useful_flops
-from test_harness import FAST, bench, run_dir_rows
+from helpers import FAST, bench, run_dir_rows
 
 TESTS = Path(__file__).resolve().parent
 
@@ -27,7 +27,7 @@ def config(**kw) -> RunConfig:
     return RunConfig(**{**base, **kw})
 
 
-# -- 1. the parent plans on the meta device ------------------------------------------------------------
+# -- the parent plans on the meta device ------------------------------------------------------------
 
 @pytest.mark.parametrize("name", variants.available())
 def test_parent_plans_every_variant_without_a_device(name):
@@ -88,7 +88,7 @@ def test_xformers_availability_does_not_import_it(tmp_path):
     assert done.stdout.strip() == "ok", done.stderr
 
 
-# -- 2. failures are readable -----------------------------------------------------------------------------
+# -- failures are readable -----------------------------------------------------------------------------
 
 def test_multiline_errors_keep_their_reason_and_log_a_traceback(tmp_path):
     out = tmp_path / "multi"
@@ -109,7 +109,7 @@ def test_alloc_failures_of_cuda_libraries_are_oom():
     assert not worker.is_oom(RuntimeError("CUBLAS_STATUS_EXECUTION_FAILED"))
 
 
-# -- 3. 16-bit linear attention keeps its sums in float32 -----------------------------------------------------
+# -- 16-bit linear attention keeps its sums in float32 -----------------------------------------------------
 
 @pytest.mark.parametrize("causal", [False, True], ids=["bidir", "causal"])
 def test_linear_fp16_long_sequence_matches_reference(causal):
@@ -122,7 +122,7 @@ def test_linear_fp16_long_sequence_matches_reference(causal):
     assert relative < 5e-3, relative  # fp16 sums gave all zeros here (relative error 1.0)
 
 
-# -- 4. timing batches calls per sample ------------------------------------------------------------------------
+# -- timing batches calls per sample ------------------------------------------------------------------------
 
 class FakeClock:
     """Each call advances time by `per_call` seconds, and each start/stop pair costs `overhead`."""
@@ -192,7 +192,7 @@ def test_rows_record_kernel_memory_kind_and_calls_per_sample(tmp_path):
     assert meta["machine"]["matmul_peak_precision"]["cpu/float32"] == "float32"
 
 
-# -- 6. the gate --------------------------------------------------------------------------------------------
+# -- the gate --------------------------------------------------------------------------------------------
 
 def test_gate_catches_a_tile_skipping_bug_only_at_a_sparse_length():
     """Every tile pair touches the band at short N; the gate's length (>= 2w + 3 tiles) must make some skipped."""
@@ -229,7 +229,7 @@ def test_gate_verdicts():
     assert overflow["ok"] and "overflows" in overflow["describe"]
 
 
-# -- 10. GPU metadata -----------------------------------------------------------------------------------------
+# -- GPU metadata -----------------------------------------------------------------------------------------
 
 SMI_TWO_GPUS = (
     "GPU-aaaa-1111, 580.159.03, 1980, 3201, 700.00, Disabled, Enabled, Default\n"
@@ -254,7 +254,7 @@ def test_nvidia_smi_parser_never_stores_error_text_as_values(stdout, code, uuid,
     assert set(row) == {"error"} and error in row["error"]
 
 
-# -- 11. FlexAttention on CUDA -----------------------------------------------------------------------------
+# -- FlexAttention on CUDA -----------------------------------------------------------------------------
 
 def test_flex_has_no_float64_on_cuda_and_the_sweep_skips_it():
     cls = variants.variant_class("sliding_window_flex")

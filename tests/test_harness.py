@@ -4,31 +4,11 @@ from __future__ import annotations
 
 import os
 import signal
-import subprocess
-import sys
-import time
-from pathlib import Path
 
-import pandas as pd
 import pytest
-from typer.testing import CliRunner
 
-from harness.cli import app
 from harness.storage import read_metadata, read_rows
-
-runner = CliRunner()
-TESTS = Path(__file__).resolve().parent
-FAST = ["--check-len", "32", "--repeats", "2", "--min-time", "0", "--warmup", "0", "--warmup-time", "0", "--heads", "2", "--head-dim", "16", "--no-report",
-        "--peak-time", "0.05"]
-
-
-def bench(*args: str, columns: int = 200):
-    result = runner.invoke(app, list(args), env={"COLUMNS": str(columns)})
-    return result
-
-
-def run_dir_rows(path: Path) -> pd.DataFrame:
-    return pd.read_json(path / "results.jsonl", lines=True)
+from helpers import FAST, SLOW_RUN, bench, bench_process, run_dir_rows, wait_for_rows
 
 
 def test_tiny_sweep_writes_every_cell(tmp_path):
@@ -169,37 +149,10 @@ def test_existing_out_dir_is_never_overwritten(tmp_path):
     assert "already exists" in result.output
 
 
-def _default_sigint() -> None:
-    # bench as a user runs it at a terminal: a test run started in the background (a non-interactive
-    # shell's `cmd &`) inherits SIGINT ignored, and Python keeps an inherited ignore, so Ctrl-C would never arrive
-    signal.signal(signal.SIGINT, signal.SIG_DFL)
-
-
-def _bench_process(*args: str) -> subprocess.Popen:
-    env = {**os.environ, "PYTHONPATH": f"{TESTS}{os.pathsep}{os.environ.get('PYTHONPATH', '')}", "COLUMNS": "200"}
-    return subprocess.Popen([sys.executable, "-m", "harness.cli", *args], env=env, stdout=subprocess.PIPE,
-                            stderr=subprocess.STDOUT, text=True, start_new_session=True, preexec_fn=_default_sigint)
-
-
-def _wait_for_rows(path: Path, count: int, proc: subprocess.Popen, limit: float = 120) -> None:
-    deadline = time.time() + limit
-    while time.time() < deadline:
-        if len(read_rows(path)) >= count:
-            return
-        if proc.poll() is not None:
-            pytest.fail(f"bench exited early: {proc.stdout.read()}")
-        time.sleep(0.1)
-    pytest.fail("no rows appeared")
-
-
-SLOW_RUN = ["--import", "fault_variants", "--variants", "test_slow,full", "--lengths", "65,66,67,68",
-            "--passes", "fwd", *FAST]
-
-
 def test_ctrl_c_then_sigkill_then_resume_give_exactly_the_plan(tmp_path):
     out = tmp_path / "interrupted"
-    proc = _bench_process("run", *SLOW_RUN, "--out", str(out))
-    _wait_for_rows(out, 1, proc)
+    proc = bench_process("run", *SLOW_RUN, "--out", str(out))
+    wait_for_rows(out, 1, proc)
     with open(f"/proc/{proc.pid}/status") as f:  # how the process treats SIGINT, for the failure message
         dispositions = [line.strip() for line in f if line.startswith(("SigIgn", "SigCgt", "SigBlk"))]
     proc.send_signal(signal.SIGINT)  # Ctrl-C: rows kept, the resume command said, exit 130
@@ -208,12 +161,12 @@ def test_ctrl_c_then_sigkill_then_resume_give_exactly_the_plan(tmp_path):
     assert f"bench run --resume {out}" in " ".join(output.split())
     interrupted = len(read_rows(out))
     assert interrupted >= 1
-    resumed = _bench_process("run", "--resume", str(out), "--import", "fault_variants")  # its code runs again: named again
-    _wait_for_rows(out, interrupted + 1, resumed)
+    resumed = bench_process("run", "--resume", str(out), "--import", "fault_variants")  # its code runs again: named again
+    wait_for_rows(out, interrupted + 1, resumed)
     os.killpg(resumed.pid, signal.SIGKILL)  # the parent and everything it started
     resumed.wait()
     assert interrupted + 1 <= len(read_rows(out)) < 8
-    final = _bench_process("run", "--resume", str(out), "--import", "fault_variants")
+    final = bench_process("run", "--resume", str(out), "--import", "fault_variants")
     output, _ = final.communicate(timeout=300)
     assert final.returncode == 0, output
     rows = run_dir_rows(out)
@@ -236,7 +189,7 @@ def test_torn_last_line_is_dropped_on_resume(tmp_path):
 
 
 def test_list_shows_variants_and_availability():
-    result = runner.invoke(app, ["list"], env={"COLUMNS": "250"})
+    result = bench("list", columns=250)
     assert result.exit_code == 0, result.output
     for name in ("full", "full_naive", "full_xformers", "sliding_window", "sliding_window_flex", "linear", "memory_compressed"):
         assert name in result.output
@@ -246,7 +199,7 @@ def test_list_shows_variants_and_availability():
 
 
 def test_help_explains_options():
-    result = runner.invoke(app, ["run", "--help"], env={"COLUMNS": "200"})
+    result = bench("run", "--help", columns=200)
     assert result.exit_code == 0
     for text in ("--variants", "--memory-budget", "--resume", "--cell-timeout", "fwdbwd"):
         assert text in result.output

@@ -7,6 +7,7 @@ import torch
 
 from harness.quality import TinyDecoder, TrainConfig, lr_factor, train_one, trainable_variants
 from harness.tasks import CopyTask, RecallTask, make_task
+from helpers import bench
 
 
 def test_copy_task_layout():
@@ -84,11 +85,7 @@ def test_trainable_variants_on_cpu():
 # -- the bench quality command ------------------------------------------------------------------
 
 def _quality(*args):
-    from typer.testing import CliRunner
-
-    from harness.cli import app
-
-    return CliRunner().invoke(app, ["quality", *args, "--no-cost"], env={"COLUMNS": "200"})  # cost: test_quality_long
+    return bench("quality", *args, "--no-cost")  # cost: test_quality_long
 
 
 def test_quality_cli_writes_rows_and_report(tmp_path):

@@ -8,21 +8,18 @@ import math
 
 import pytest
 import torch
-from typer.testing import CliRunner
 
-from harness.cli import app
 from harness.config import TrainConfig, recorded_facts
 from harness.quality import train_one
 from harness.quality_frames import by_distance_frame
 from harness.storage import QUALITY_RESULTS, RowWriter, read_rows, variant_facts, write_metadata
 from harness.tasks import CopyTask, RecallTask, distance_buckets
-from test_reports import make_run
+from helpers import bench, make_run
 
 TINY = TrainConfig(d_model=16, heads=2, layers=1, steps=6, batch=4, eval_every=3, eval_examples=16)
 
 
-def _invoke(*args):
-    return CliRunner().invoke(app, [*args], env={"COLUMNS": "200"})
+_invoke = bench
 
 
 def _text(result) -> str:

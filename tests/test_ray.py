@@ -17,7 +17,7 @@ import pytest
 ray = pytest.importorskip("ray")
 
 from harness.storage import read_metadata, read_rows  # noqa: E402
-from test_harness import FAST, SLOW_RUN, _bench_process, _wait_for_rows, bench, run_dir_rows  # noqa: E402
+from helpers import FAST, SLOW_RUN, bench, bench_process, run_dir_rows, wait_for_rows  # noqa: E402
 
 KEY = ["device", "variant", "pass", "causal", "n"]
 
@@ -115,12 +115,12 @@ def test_wrong_result_is_incorrect(tmp_path, cluster):
 def test_killed_driver_then_resume_gives_exactly_the_plan(tmp_path, cluster):
     out = tmp_path / "killed"
     on_cluster = ["--executor", "ray", "--ray-address", cluster.address]
-    proc = _bench_process("run", *on_cluster, *SLOW_RUN, "--out", str(out))
-    _wait_for_rows(out, 2, proc, limit=180)
+    proc = bench_process("run", *on_cluster, *SLOW_RUN, "--out", str(out))
+    wait_for_rows(out, 2, proc, limit=180)
     os.killpg(proc.pid, signal.SIGKILL)  # the driver killed mid-run
     proc.wait()
     assert 2 <= len(read_rows(out)) < 8
-    resumed = _bench_process("run", "--resume", str(out), "--import", "fault_variants", *on_cluster)
+    resumed = bench_process("run", "--resume", str(out), "--import", "fault_variants", *on_cluster)
     output, _ = resumed.communicate(timeout=300)
     assert resumed.returncode == 0, output
     rows = run_dir_rows(out)
@@ -169,7 +169,7 @@ def test_bad_executor_arguments_are_clear(tmp_path):
 
 def test_unreachable_address_fails_within_seconds_and_writes_nothing(tmp_path):
     started = time.monotonic()
-    proc = _bench_process("run", "--executor", "ray", "--ray-address", "127.0.0.1:9", "--out", str(tmp_path / "x"))
+    proc = bench_process("run", "--executor", "ray", "--ray-address", "127.0.0.1:9", "--out", str(tmp_path / "x"))
     output, _ = proc.communicate(timeout=60)
     assert proc.returncode == 2, output
     assert "nothing answers at 127.0.0.1:9" in " ".join(output.split())

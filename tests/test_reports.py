@@ -7,56 +7,10 @@ from pathlib import Path
 
 import pytest
 import torch
-from typer.testing import CliRunner
 
 import variants
-from harness.cli import app
-from harness.rows import Row
-from harness.config import recorded_facts
-from harness.storage import RowWriter, write_metadata
 from harness.summary import crossover, fit_exponent, summarize
-
-runner = CliRunner()
-NS = [256, 512, 1024, 2048, 4096]
-
-
-def make_run(path: Path, slow_factor: float = 1.0, partial: bool = False) -> Path:
-    """A run dir: full ~ n^2, linear ~ n, full_naive stops with oom at 2048, flex skipped for fwdbwd."""
-    path.mkdir(parents=True)
-    write_metadata(path, {
-        "config": {"dtype": "float32", "batch": 1, "heads": 8, "head_dim": 64, "options": {}, "memory_budget": {"cpu": 2**33}},
-        "environment": {"command": "bench run --test", "python": "3.11", "versions": {"torch": "2.13.0"},
-                        "cpu": {"model": "Test CPU", "usable_cores": 2, "memory_bytes": 2**34}, "git": {"commit": "abc", "dirty": False},
-                        "started": "2026-01-01T00:00:00+00:00"},
-        "machine": {"matmul_peak_gflops": {"cpu/float32": 100.0}, "gpu": None},
-        "variants": recorded_facts(("full", "linear", "full_naive", "sliding_window_flex")),  # as bench run records them
-    })
-    rows = []
-    for pass_ in ("fwd", "fwdbwd"):
-        for n in NS:
-            rows.append(_row("full", pass_, n, 1e-9 * n * n * slow_factor, 64 * n))
-            rows.append(_row("linear", pass_, n, 2e-6 * n * slow_factor, 256 * n))
-            if n < 2048:
-                rows.append(_row("full_naive", pass_, n, 3e-9 * n * n, 4 * n * n))
-            else:
-                rows.append(_row("full_naive", pass_, n, None, None, "oom" if n == 2048 else "skipped",
-                                 "killed" if n == 2048 else "series stopped at N=2048 (oom)"))
-            if pass_ == "fwd":
-                rows.append(_row("sliding_window_flex", pass_, n, 1e-6 * n, 128 * n))
-            else:
-                rows.append(_row("sliding_window_flex", pass_, n, None, None, "skipped", "sliding_window_flex has no backward on cpu"))
-    if partial:
-        rows = rows[: len(rows) // 2]
-    with RowWriter(path) as writer:
-        for row in rows:
-            writer.append(row)
-    return path
-
-
-def _row(variant, pass_, n, t, mem, status="ok", message=""):
-    return Row(device="cpu", variant=variant, pass_=pass_, causal=False, n=n, status=status, message=message, time_median_s=t,
-               time_min_s=t, time_iqr_s=0.0 if t else None, peak_bytes=mem, flops=4.0 * n * n * 64 * 8 if t else None,
-               gflops=(4.0 * n * n * 64 * 8 / t / 1e9) if t else None, timed_calls=3 if t else 0)
+from helpers import NS, bench, make_run
 
 
 def digest(path: Path) -> str:
@@ -78,8 +32,8 @@ def test_fit_exponent_and_crossover():
 @pytest.mark.parametrize("fmt", ["png", "svg", "pdf"])
 def test_plot_writes_figures_deterministically(tmp_path, fmt):
     run = make_run(tmp_path / "run")
-    first = runner.invoke(app, ["plot", str(run), "--format", fmt, "--out", str(tmp_path / "a")])
-    second = runner.invoke(app, ["plot", str(run), "--format", fmt, "--out", str(tmp_path / "b")])
+    first = bench("plot", str(run), "--format", fmt, "--out", str(tmp_path / "a"), columns=80)
+    second = bench("plot", str(run), "--format", fmt, "--out", str(tmp_path / "b"), columns=80)
     assert first.exit_code == 0 and second.exit_code == 0, first.output
     names = sorted(p.name for p in (tmp_path / "a").iterdir())
     assert names == sorted(f"{k}.{fmt}" for k in ("time", "memory", "speedup", "efficiency"))
@@ -89,20 +43,20 @@ def test_plot_writes_figures_deterministically(tmp_path, fmt):
 
 def test_plot_works_on_partial_runs(tmp_path):
     run = make_run(tmp_path / "partial", partial=True)
-    result = runner.invoke(app, ["plot", str(run)])
+    result = bench("plot", str(run), columns=80)
     assert result.exit_code == 0, result.output
     assert (run / "figures" / "time.png").stat().st_size > 1000
 
 
 def test_plot_rejects_non_run_dirs(tmp_path):
-    result = runner.invoke(app, ["plot", str(tmp_path)], env={"COLUMNS": "300"})  # one line, whatever the path's length
+    result = bench("plot", str(tmp_path), columns=300)  # one line, whatever the path's length
     assert result.exit_code == 2
     assert "is not a run directory" in result.output
 
 
 def test_report_has_tables_exponents_and_reasons(tmp_path):
     run = make_run(tmp_path / "run")
-    result = runner.invoke(app, ["report", str(run)])
+    result = bench("report", str(run), columns=80)
     assert result.exit_code == 0, result.output
     text = (run / "REPORT.md").read_text()
     assert "Command: ` bench run --test `" in text
@@ -133,23 +87,23 @@ def test_compare_ratios_and_exit_codes(tmp_path):
     assert ratios[("full", "fwd")] == pytest.approx(1.2)
     assert ratios[("full_naive", "fwd")] == pytest.approx(1.0)
     assert len(cells) == 2 * 5 * 2 + 2 * 3 + 5  # full, linear: 10 each; naive: 6 ok; flex fwd: 5
-    ok = runner.invoke(app, ["compare", str(a), str(b), "--fail-if-slower", "25%"], env={"COLUMNS": "200"})
+    ok = bench("compare", str(a), str(b), "--fail-if-slower", "25%", columns=200)
     assert ok.exit_code == 0, ok.output
-    bad = runner.invoke(app, ["compare", str(a), str(b), "--fail-if-slower", "10%"], env={"COLUMNS": "200"})
+    bad = bench("compare", str(a), str(b), "--fail-if-slower", "10%", columns=200)
     assert bad.exit_code == 1
     assert "slower by more than 10%" in bad.output and "linear" in bad.output
-    plain = runner.invoke(app, ["compare", str(a), str(b)], env={"COLUMNS": "200"})
+    plain = bench("compare", str(a), str(b), columns=200)
     assert plain.exit_code == 0 and "1.200" in plain.output
     overall = 1.2 ** (20 / 31)  # full and linear (20 cells) 1.2x slower, the other 11 cells unchanged
     assert f"all 31 matched ok cells: time B/A geometric mean {overall:.3f} (cells 1.000 to 1.200)" in plain.output
-    assert runner.invoke(app, ["compare", str(a), str(b), "--fail-if-slower", "fast"]).exit_code == 2
+    assert bench("compare", str(a), str(b), "--fail-if-slower", "fast", columns=80).exit_code == 2
 
 
 @pytest.mark.parametrize("causal", [False, True], ids=["bidir", "causal"])
 def test_viz_draws_every_variant(tmp_path, causal):
     out = tmp_path / "patterns.png"
     args = ["viz", "--n", "32", "--out", str(out)] + (["--causal"] if causal else [])
-    result = runner.invoke(app, args, env={"COLUMNS": "200"})
+    result = bench(*args, columns=200)
     assert result.exit_code == 0, result.output
     assert out.stat().st_size > 1000
     assert "skipped full_xformers" in result.output
@@ -179,8 +133,8 @@ def test_attention_matrix_is_what_the_variant_applies(name, options, causal):
 
 
 def test_viz_bad_arguments(tmp_path):
-    assert runner.invoke(app, ["viz", "--n", "0"]).exit_code == 2
-    bad = runner.invoke(app, ["viz", "--out", str(tmp_path / "x.gif")], env={"COLUMNS": "200"})
+    assert bench("viz", "--n", "0", columns=80).exit_code == 2
+    bad = bench("viz", "--out", str(tmp_path / "x.gif"), columns=200)
     assert bad.exit_code == 2 and "must end in .png, .svg or .pdf" in bad.output
 
 

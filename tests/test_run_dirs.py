@@ -15,7 +15,7 @@ from pathlib import Path
 
 import pytest
 import torch
-from test_harness import FAST, SLOW_RUN, _bench_process, _wait_for_rows, bench, run_dir_rows
+from helpers import FAST, SLOW_RUN, bench, bench_process, run_dir_rows, wait_for_rows
 from torch import nn
 
 import variants
@@ -39,13 +39,13 @@ def tiny_run(path: Path, *extra: str) -> Path:
     return path
 
 
-# -- 1, 2: one writer per run directory ---------------------------------------------------------------------
+# -- one writer per run directory ---------------------------------------------------------------------
 
 def test_second_writer_is_refused_and_nothing_is_lost(tmp_path):
     out = tmp_path / "locked"
-    first = _bench_process("run", *SLOW_RUN, "--out", str(out))
-    _wait_for_rows(out, 1, first)
-    second = _bench_process("run", "--resume", str(out), "--import", "fault_variants")
+    first = bench_process("run", *SLOW_RUN, "--out", str(out))
+    wait_for_rows(out, 1, first)
+    second = bench_process("run", "--resume", str(out), "--import", "fault_variants")
     output, _ = second.communicate(timeout=120)
     assert second.returncode == 2 and f"PID {first.pid}" in output and "being written by another process" in output
     first_out, _ = first.communicate(timeout=300)
@@ -66,7 +66,7 @@ def test_quality_resume_while_training_is_refused(tmp_path):
     assert result.exit_code == 2 and "being written by another process" in result.output
 
 
-# -- 4: rows of another configuration do not count ------------------------------------------------------------
+# -- rows of another configuration do not count ------------------------------------------------------------
 
 def test_foreign_rows_are_ignored_with_a_warning_and_measured(tmp_path, capfd):
     out = tiny_run(tmp_path / "foreign")
@@ -83,7 +83,7 @@ def test_foreign_rows_are_ignored_with_a_warning_and_measured(tmp_path, capfd):
     assert len(df) == 4 and set(df["head_dim"]) == {16}
 
 
-# -- 5: tolerant, loud readers ---------------------------------------------------------------------------------
+# -- tolerant, loud readers ---------------------------------------------------------------------------------
 
 def test_bad_line_mid_file_is_skipped_named_and_remeasured(tmp_path, capfd):
     out = tiny_run(tmp_path / "bad")
@@ -149,7 +149,7 @@ def test_retry_failed_remeasures_failed_cells_and_what_they_stopped(tmp_path):
     assert finished[128] >= finished[32]
 
 
-# -- 3: honest compare --------------------------------------------------------------------------------------
+# -- honest compare --------------------------------------------------------------------------------------
 
 def test_compare_fails_when_a_cell_stops_being_ok(tmp_path):
     a = tiny_run(tmp_path / "a")
@@ -171,7 +171,7 @@ def test_compare_thresholds_must_be_finite_and_positive(tmp_path, threshold):
     assert result.exit_code == 2 and "--fail-if-slower" in result.output
 
 
-# -- 6: no silent code execution -------------------------------------------------------------------------
+# -- no silent code execution -------------------------------------------------------------------------
 
 def test_resume_with_imports_requires_naming_them(tmp_path):
     out = tmp_path / "imp"
@@ -194,7 +194,7 @@ def test_report_escapes_text_from_metadata(tmp_path):
     assert "<img" not in report.replace("\\<img", "") and "\n# injected" not in report and "`` bench run `rm -rf /` # injected ``" in report
 
 
-# -- 7: the gate cannot be fooled by a broken definition ---------------------------------------------------------
+# -- the gate cannot be fooled by a broken definition ---------------------------------------------------------
 
 @pytest.mark.parametrize("value", ["Infinity", "NaN", "-Infinity"])
 def test_non_finite_options_are_rejected_before_anything_exists(tmp_path, value):
@@ -228,7 +228,7 @@ def test_gate_checks_the_band_against_an_independent_softmax(tmp_path):
     assert not verdict["ok"] and "exact softmax at N=9" in verdict["message"]
 
 
-# -- 8: noise is measured and shown ----------------------------------------------------------------------------
+# -- noise is measured and shown ----------------------------------------------------------------------------
 
 def test_noisy_cells_are_flagged_and_the_start_warns(tmp_path):
     out = tmp_path / "noisy"
@@ -255,7 +255,7 @@ def test_quiet_cells_record_their_noise_too(tmp_path):
         assert {"load_before", "load_after", "others_cores", "spread", "noisy", "noise"} <= set(row)
 
 
-# -- 9, 10: nothing runs before it is validated -----------------------------------------------------------------
+# -- nothing runs before it is validated -----------------------------------------------------------------
 
 @pytest.mark.parametrize("args, message", [
     (["--cell-timeout", "nan"], "--cell-timeout"), (["--cell-timeout", "inf"], "--cell-timeout"),
@@ -333,7 +333,7 @@ def test_quality_diverging_loss_reports_no_accuracy(tmp_path, monkeypatch):
     assert not any(r.get("final") for r in read_rows(out, "quality.jsonl"))
 
 
-# -- 11: library traps ------------------------------------------------------------------------------------------
+# -- library traps ------------------------------------------------------------------------------------------
 
 def _encoder():
     layer = nn.TransformerEncoderLayer(16, 2, 32, batch_first=True)
