@@ -19,6 +19,7 @@ import pandas as pd
 from harness.config import ArgumentError
 from harness.fmt import fmt_bytes, fmt_time
 from harness.quality_frames import accuracy_summary, by_distance_frame, quality_rows
+from harness.rows import NO_TIME
 from harness.storage import RESULTS, load_frame, variant_facts
 
 
@@ -137,7 +138,7 @@ def advise(run_dirs: list[Path], *, n: int, device: str | None = None, pass_: st
     for variant, group in sel.groupby("variant", sort=False):
         answer = Answer(variant)
         ok = group[group["status"] == "ok"]
-        stopped = group[(group["status"].isin(["oom", "timeout", "error", "incorrect"])) & (group["n"] <= n)]
+        stopped = group[(group["status"].isin(NO_TIME)) & (group["n"] <= n)]
         if not stopped.empty:
             first = stopped.sort_values("n").iloc[0]
             answer.failed = f"{first['status']} at N={int(first['n'])}"

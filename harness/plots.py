@@ -30,7 +30,7 @@ STYLE = {
 }
 _FALLBACK_COLORS = ["#8c564b", "#e377c2", "#bcbd22", "#ff7f0e", "#aec7e8", "#ffbb78", "#c5b0d5"]
 _FALLBACK_MARKERS = ["<", ">", "h", "*", "p", "d", "8"]
-STOP_MARKER = {"oom": "OOM", "timeout": "timeout", "skipped": "skipped", "error": "error", "incorrect": "incorrect"}
+STOP_MARKER = {"oom": "OOM"}  # how a figure labels where a series stopped; other statuses by their name
 
 
 def matplotlib_rc() -> None:

@@ -16,7 +16,10 @@ from pathlib import Path
 from harness.storage import RESULTS, read_rows, warn
 
 IDENTITY = ("batch", "heads", "head_dim", "dtype", "options")  # beyond the cell key, what changes a measurement
-STATUSES = ("ok", "skipped", "incorrect", "oom", "timeout", "error")
+STATUSES = ("ok", "skipped", "incorrect", "oom", "timeout", "error")  # every row's status, and what each set of them means:
+STOPPING = ("oom", "timeout", "skipped")  # a series that hits one of these does not try larger N
+FAILED = ("oom", "timeout", "error")  # what --retry-failed measures again
+NO_TIME = ("incorrect", *FAILED)  # tried and gave no time: bench advise excludes the variant from that N on
 
 
 @dataclass

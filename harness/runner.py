@@ -22,11 +22,9 @@ from harness.config import Cell, RunConfig, plan, shape_only
 from harness.fmt import fmt_bytes
 from harness.executors import LocalExecutor
 from harness.isolation import Outcome, run_isolated
-from harness.rows import Row, cell_key, run_rows, series_key
+from harness.rows import FAILED, STOPPING, Row, cell_key, run_rows, series_key
 from harness.storage import SUPERSEDED, RowWriter, drop_torn_tail, read_rows, rewrite_rows
 
-STOPPING = ("oom", "timeout", "skipped")  # a series that hits one of these does not try larger N
-FAILED = ("oom", "timeout", "error")  # what --retry-failed measures again
 WORKER_LOG = "worker.log"  # what the cells' processes print (compiler warnings, tracebacks)
 
 
