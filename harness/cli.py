@@ -604,12 +604,11 @@ def viz(
     """
     import variants
     from harness import config as cfg
-    from harness.config import resolve_variants
     from harness.viz import attention_patterns, draw_patterns
 
     with _checked():
         _import_modules(import_ or [])
-        names = tuple(variants.available()) if variants_.strip() == "all" else resolve_variants(variants_, ("cpu",))
+        names = tuple(variants.available()) if variants_.strip() == "all" else cfg.resolve_variants(variants_, ("cpu",))
         options = cfg.merge_options(option or [], window=window, global_tokens=global_tokens, compression=compression)
     if out.suffix.lstrip(".") not in ("png", "svg", "pdf"):
         raise typer.BadParameter(f"--out: {out} must end in .png, .svg or .pdf")

@@ -216,9 +216,10 @@ class Timing:
 
 def measure_time(call, device: torch.device, *, warmup: int, repeats: int, min_time: float,
                  warmup_time: float = WARMUP_S) -> Timing:
-    """Time `call` as `bench run`, the micro-benchmarks and the training-step cost all do: `warmed`
-    (steady allocator, at least `warmup` calls lasting at least `warmup_time` seconds), then `time_calls`
-    with calls per sample calibrated to a sample of CPU_MIN_SAMPLE_S (CUDA_MIN_SAMPLE_S)."""
+    """Time `call` as `bench run`'s cells and the training-step cost do: `warmed` (steady allocator, at
+    least `warmup` calls lasting at least `warmup_time` seconds; the micro-benchmarks call it before
+    pytest-benchmark's own loop), then `time_calls` with calls per sample calibrated from the last warm-up
+    call to a sample of CPU_MIN_SAMPLE_S (CUDA_MIN_SAMPLE_S)."""
     clock, last = warmed(call, device, warmup=warmup, seconds=warmup_time)
     before = Snapshot.now()
     times, per_sample = time_calls(call, clock, repeats=repeats, min_time=min_time, per_call=last,

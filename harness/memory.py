@@ -36,13 +36,17 @@ def _libc():
     return ctypes.CDLL(name) if name else None
 
 
-def pin_mmap_threshold(nbytes: int = PINNED_MMAP_THRESHOLD) -> bool:
-    """Serve every allocation >= nbytes by mmap (and return it on free). False where glibc is absent."""
+def _set_thresholds(mmap_bytes: int, trim_bytes: int) -> bool:
+    """glibc's mmap and trim thresholds (fixed: glibc stops adjusting them); False where glibc is absent."""
     libc = _libc()
     if libc is None or not hasattr(libc, "mallopt"):
         return False
-    ok = libc.mallopt(M_MMAP_THRESHOLD, int(nbytes)) == 1
-    ok = ok and libc.mallopt(M_TRIM_THRESHOLD, int(nbytes)) == 1
+    return libc.mallopt(M_MMAP_THRESHOLD, int(mmap_bytes)) == 1 and libc.mallopt(M_TRIM_THRESHOLD, int(trim_bytes)) == 1
+
+
+def pin_mmap_threshold(nbytes: int = PINNED_MMAP_THRESHOLD) -> bool:
+    """Serve every allocation >= nbytes by mmap (and return it on free). False where glibc is absent."""
+    ok = _set_thresholds(nbytes, nbytes)
     release_free_memory()  # what the heap already holds would otherwise be reused unseen
     return ok
 
@@ -51,11 +55,7 @@ def steady_allocator() -> bool:
     """Keep freed memory for reuse: every allocation below glibc's largest mmap threshold comes from the
     heap and goes back to it, never to the OS (no page faults from one call to the next once warmed).
     What timing is measured under; False where glibc is absent."""
-    libc = _libc()
-    if libc is None or not hasattr(libc, "mallopt"):
-        return False
-    ok = libc.mallopt(M_MMAP_THRESHOLD, STEADY_MMAP_THRESHOLD) == 1
-    return ok and libc.mallopt(M_TRIM_THRESHOLD, STEADY_TRIM_THRESHOLD) == 1
+    return _set_thresholds(STEADY_MMAP_THRESHOLD, STEADY_TRIM_THRESHOLD)
 
 
 def release_free_memory() -> None:

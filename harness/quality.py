@@ -155,9 +155,10 @@ def train_one(task_name: str, lengths, variant: str, options: dict, cfg: TrainCo
 def measure_training_step(task_name: str, length: int, variant: str, options: dict, cfg: TrainConfig,
                           device: str = "cpu", dtype: str = "float32", repeats: int = 5) -> dict:
     """Model-level cost of one training step (forward, backward, optimizer) at `length`: median time of
-    `repeats` samples after two warm-up steps (the measuring core's `measure_time`), tokens per second, and the step's peak memory (the measuring
-    core's: process RSS over the state before, CPU; the allocator's peak, CUDA). Meant to run in a
-    process of its own (it pins the allocator's mmap threshold): `harness.isolation.run_isolated`."""
+    `repeats` samples after at least two warm-up steps (the measuring core's `measure_time`), tokens per
+    second, and the step's peak memory (the measuring core's: process RSS over the state before, CPU; the
+    allocator's peak, CUDA). Meant to run in a process of its own (it sets the allocator's thresholds):
+    `harness.isolation.run_isolated`."""
     from harness.measure import measure_time, set_threads
     from harness.memory import measure_peak, pin_mmap_threshold
 
