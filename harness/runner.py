@@ -69,7 +69,7 @@ def static_skip_reason(config: RunConfig, cell: Cell, remote: bool = False) -> s
         if reason:
             return f"unavailable: {reason}"
     if cell.causal and not cls.spec.supports_causal:
-        return f"{cell.variant} does not support causal attention"
+        return f"{cell.variant} does not support causal attention" + (f": {cls.spec.why_not_causal}" if cls.spec.why_not_causal else "")
     if cell.pass_ == "fwdbwd":
         reason = cls.backward_unsupported_reason(cell.device)
         if reason:
@@ -149,6 +149,9 @@ def decide(config: RunConfig, cell: Cell, state: SweepState, row: Row, log_path:
         return "skipped", f"series stopped at N={stopped[0]} ({stopped[1]})", None, None
     try:  # what the parent needs of the variant: its FLOPs and memory estimate, from a shape-only instance
         attn = shape_only_variant(config, cell.variant)
+        reason = attn.length_unsupported_reason(cell.n, cell.n)
+        if reason:
+            return "skipped", f"{cell.variant} at N={cell.n}: {reason}", None, None
         row.flops = useful_flops(config, cell, attn)
         row.predicted_bytes = predicted = predicted_bytes(config, cell, attn)
     except Exception as err:  # noqa: BLE001 — a plug-in variant's fault costs its cells, not the sweep

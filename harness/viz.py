@@ -27,8 +27,15 @@ def attention_patterns(names: list[str], n: int, causal: bool, options: dict, he
         if reason:
             skipped[name] = reason
             continue
+        if causal and not cls.spec.supports_causal:
+            skipped[name] = f"not causal: {cls.spec.why_not_causal}"
+            continue
         opts = variants.options_taken(name, options)
         attn = variants.build(name, num_heads=1, head_dim=head_dim, **opts)
+        reason = attn.length_unsupported_reason(n, n)
+        if reason:
+            skipped[name] = f"at N={n}: {reason}"
+            continue
         shown = {key: value for key, value in opts.items() if key in cls.spec.function_options}  # what changes the pattern
         patterns[name] = (attn.attention_matrix(q, k, causal=causal)[0, 0], shown)
     return {"patterns": patterns, "skipped": skipped}

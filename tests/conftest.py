@@ -73,12 +73,48 @@ def ref_sliding_window(q, k, v, window, n_global=0, causal=False, kpm=None, scal
     return ref_attention(q, k, v, allowed[None, None] & causal_and_padding(n_q, n, causal, kpm), scale)
 
 
-def ref_linear(q, k, v, causal=False, kpm=None, eps=1e-6):
-    """A = φ(Q) φ(K)ᵀ (masked), rows normalized by their sums + eps, times V; φ = elu + 1."""
+def linear_kernel(q, k, feature_map="elu", max_len=None, causal=False):
+    """The kernel φ(q_i)·φ(k_j) of each feature map, written from its definition (not from features):
+    elu: (elu(q)+1)·(elu(k)+1); relu: relu(q)·relu(k); taylor: 1 + s + s²/2 with s = q·k/√D;
+    cosformer: relu(q_i)·relu(k_j) cos(π (i − j) / 2M), M = max_len or max(Nq, Nk), query i at
+    position Nk − Nq + i when causal."""
+    if feature_map == "elu":
+        return (F.elu(q) + 1) @ (F.elu(k) + 1).transpose(-1, -2)
+    if feature_map == "relu":
+        return q.relu() @ k.relu().transpose(-1, -2)
+    if feature_map == "taylor":
+        s = q @ k.transpose(-1, -2) / q.shape[-1] ** 0.5
+        return 1 + s + s * s / 2
+    if feature_map == "cosformer":
+        n_q, n_k = q.shape[-2], k.shape[-2]
+        m = max_len or max(n_q, n_k)
+        i = torch.arange(n_q, dtype=torch.float64)[:, None] + (n_k - n_q if causal else 0)
+        j = torch.arange(n_k, dtype=torch.float64)[None, :]
+        return (q.relu() @ k.relu().transpose(-1, -2)) * torch.cos(torch.pi * (i - j) / (2 * m))
+    raise AssertionError(f"no reference kernel for feature_map={feature_map!r}")
+
+
+def ref_linear(q, k, v, causal=False, kpm=None, eps=1e-6, feature_map="elu", max_len=None):
+    """A = φ(Q) φ(K)ᵀ (masked), rows normalized by their sums + eps, times V; φ = elu + 1 unless told."""
     q, k, v = q.double(), k.double(), v.double()
-    a = (F.elu(q) + 1) @ (F.elu(k) + 1).transpose(-1, -2)
+    a = linear_kernel(q, k, feature_map, max_len, causal)
     a = a * causal_and_padding(q.shape[-2], k.shape[-2], causal, kpm)
     return (a @ v) / (a.sum(-1, keepdim=True) + eps)
+
+
+def ref_performer(q, k, v, projection, scale=None, causal=False, kpm=None):
+    """FAVOR+ from the paper: φ(x) = exp(W x − ‖x‖²/2)/√m on a = q·scale·D^¼ and b = k·D^-¼ (so that
+    E[φ(a)·φ(b)] = exp(scale q·k)), then A = φ(a)φ(b)ᵀ masked, rows normalized (no eps; empty rows 0)."""
+    q, k, v, w = q.double(), k.double(), v.double(), projection.double()
+    d = q.shape[-1]
+    scale = d**-0.5 if scale is None else scale
+
+    def phi(x):
+        return torch.exp(x @ w.T - (x * x).sum(-1, keepdim=True) / 2) / w.shape[0] ** 0.5
+
+    a = phi(q * scale * d**0.25) @ phi(k * d**-0.25).transpose(-1, -2)
+    a = a * causal_and_padding(q.shape[-2], k.shape[-2], causal, kpm)
+    return (a @ v) / a.sum(-1, keepdim=True).clamp_min(1e-300)  # a row that sees no key: 0 / 1e-300 = 0
 
 
 def ref_memory_compressed(q, k, v, module, causal=False, kpm=None):
@@ -127,7 +163,87 @@ def _ref_sliding_window(attn, q, k, v, causal, kpm):
 
 
 def _ref_linear(attn, q, k, v, causal, kpm):
-    return ref_linear(q if attn.scale is None else q * attn.scale, k, v, causal, kpm, eps=attn.eps)
+    return ref_linear(q if attn.scale is None else q * attn.scale, k, v, causal, kpm, eps=attn.eps,
+                      feature_map=attn.feature_map, max_len=attn.max_len)
+
+
+def _ref_bilinear(attn, q, k, v, causal, kpm):
+    return ref_full(torch.einsum("bhid,hde->bhie", q.double(), attn.weight.double()), k, v, causal, kpm, scale=attn._scale(q))
+
+
+def _ref_linformer(attn, q, k, v, causal, kpm):
+    """softmax(Q (E K)ᵀ · scale) (F V), padded keys zeroed first (E, F: their first Nk columns)."""
+    assert not causal, "linformer is not causal"
+    n = k.shape[-2]
+    k, v = k.double(), v.double()
+    if kpm is not None:
+        k, v = k * kpm[:, None, :, None], v * kpm[:, None, :, None]
+    kp = torch.einsum("hrn,bhnd->bhrd", attn.e[:, :, :n].double(), k)
+    vp = torch.einsum("hrn,bhnd->bhrd", attn.f[:, :, :n].double(), v)
+    out = ref_attention(q, kp, vp, None, attn._scale(q))
+    return out if kpm is None else out * kpm.any(-1)[:, None, None, None]
+
+
+def ref_nystrom(q, k, v, landmarks, iterations, scale=None, kpm=None):
+    """Nyströmformer from the paper, every matrix stored: landmarks = means of m segments (segment l:
+    positions [l N / m, (l+1) N / m) rounded down; padded positions left out, of queries too when
+    Nq = Nk), pinv by the paper's iteration from Z0 = Aᵀ / (‖A‖₁ ‖A‖∞)."""
+    q, k, v = q.double(), k.double(), v.double()
+    scale = q.shape[-1] ** -0.5 if scale is None else scale
+    b, h, n_q, _ = q.shape
+    n_k, m = k.shape[-2], landmarks
+
+    def means(x, valid):
+        n = x.shape[-2]
+        out = torch.zeros(b, h, m, x.shape[-1], dtype=torch.float64)
+        ok = torch.zeros(b, m, dtype=torch.bool)
+        for l in range(m):
+            lo, hi = l * n // m, (l + 1) * n // m
+            for e in range(b):
+                rows = [i for i in range(lo, hi) if valid is None or valid[e, i]]
+                if rows:
+                    out[e, :, l] = x[e, :, rows].mean(1)
+                    ok[e, l] = True
+        return out, ok
+
+    qm, _ = means(q, kpm if kpm is not None and n_q == n_k else None)
+    km, k_ok = means(k, kpm)
+
+    def softmax(s, allowed):
+        p = torch.softmax(s.masked_fill(~allowed, float("-inf")), -1)
+        return torch.nan_to_num(p, nan=0.0)
+
+    real = torch.ones(b, n_k, dtype=torch.bool) if kpm is None else kpm
+    left = softmax(q @ km.transpose(-1, -2) * scale, k_ok[:, None, None, :])
+    a = softmax(qm @ km.transpose(-1, -2) * scale, k_ok[:, None, None, :])
+    right = softmax(qm @ k.transpose(-1, -2) * scale, real[:, None, None, :])
+    eye = torch.eye(m, dtype=torch.float64)
+    norm = a.abs().sum(-2).amax(-1) * a.abs().sum(-1).amax(-1)
+    z = a.transpose(-1, -2) / torch.where(norm > 0, norm, 1.0)[..., None, None]  # pinv(0) = 0
+    for _ in range(iterations):
+        az = a @ z
+        z = 0.25 * z @ (13 * eye - az @ (15 * eye - az @ (7 * eye - az)))
+    return left @ z @ right @ v
+
+
+def _ref_nystrom(attn, q, k, v, causal, kpm):
+    assert not causal, "nystrom is not causal"
+    return ref_nystrom(q, k, v, attn.landmarks, attn.pinv_iterations, attn._scale(q), kpm)
+
+
+def _ref_additive(attn, q, k, v, causal, kpm):
+    """Bahdanau: score(i, j) = scale · v_h · tanh(q_i W_q + k_j W_k), every pair stored, then softmax."""
+    q, k = q.double(), k.double()
+    hq = torch.einsum("bhid,hda->bhia", q, attn.w_q.double())
+    hk = torch.einsum("bhjd,hda->bhja", k, attn.w_k.double())
+    scores = torch.einsum("bhija,ha->bhij", torch.tanh(hq[:, :, :, None] + hk[:, :, None]), attn.v.double())
+    scale = 1.0 if attn.scale is None else attn.scale
+    p = torch.softmax((scores * scale).masked_fill(~causal_and_padding(q.shape[-2], k.shape[-2], causal, kpm), float("-inf")), -1)
+    return torch.nan_to_num(p, nan=0.0) @ v.double()
+
+
+def _ref_performer(attn, q, k, v, causal, kpm):
+    return ref_performer(q, k, v, attn.projection, attn.scale, causal, kpm)
 
 
 def _ref_memory_compressed(attn, q, k, v, causal, kpm):
@@ -141,6 +257,11 @@ INDEPENDENT_REFERENCES = {
     "sliding_window": _ref_sliding_window,
     "linear": _ref_linear,
     "memory_compressed": _ref_memory_compressed,
+    "performer": _ref_performer,
+    "bilinear": _ref_bilinear,
+    "linformer": _ref_linformer,
+    "nystrom": _ref_nystrom,
+    "additive": _ref_additive,
 }
 
 
@@ -166,18 +287,27 @@ def shipped() -> list[str]:
     return [name for name in variants.available() if variants.variant_class(name).__module__.startswith("variants.methods.")]
 
 
-def registry_cases(device: str = "cpu", backward: bool = True, shapes: bool = True) -> list:
+def registry_cases(device: str = "cpu", backward: bool = True, shapes: bool = True, causal: bool = False) -> list:
     """pytest params (name, options) for every variant of the package (a file of `variants/methods/`; not
     the test-only variants some tests register) that runs on `device` (with a backward there when
-    `backward`), one per option set of its spec's `examples`; id: the name and the options."""
+    `backward`; causal when `causal`), one per option set of its spec's `examples`; id: the name and the options."""
     cases = []
     for name in shipped():
         cls = variants.variant_class(name)
         if cls.unavailable_reason(device) or (backward and cls.backward_unsupported_reason(device)):
             continue
+        if causal and not cls.spec.supports_causal:
+            continue
         for options in cls.spec.example_options():
             cases.append(pytest.param(name, options, id="-".join([name, *(f"{k}{v}" for k, v in options.items())])))
     return cases
+
+
+def skip_unless_causal(name: str, causal: bool) -> None:
+    """Skip a causal case of a variant whose method is not causal (linformer, nystrom: its error is tested apart)."""
+    spec = variants.variant_class(name).spec
+    if causal and not spec.supports_causal:
+        pytest.skip(f"{name} is not causal: {spec.why_not_causal}")
 
 
 def build_case(name: str, options: dict, heads: int = 2, head_dim: int = 8, dtype=torch.float64):

@@ -30,6 +30,7 @@ TINY = dict(vocab_size=VOCAB, hidden_size=32, intermediate_size=64, num_hidden_l
 # every registered variant that runs on the CPU with a backward, with the first example of its spec
 # (options that exercise its method at N = 14); the layer gives the shape hints
 VARIANTS = {case.values[0]: case.values[1] for case in reversed(registry_cases())}
+CAUSAL = {case.values[0]: case.values[1] for case in reversed(registry_cases(causal=True))}  # the ones a decoder can use
 
 
 def llama(seed=0, **extra):
@@ -146,9 +147,9 @@ def test_a_variant_reading_past_mistrals_window_gets_a_full_cache():
 
 # -- every variant, by behaviour --------------------------------------------------------------------------
 
-@pytest.mark.parametrize("name", sorted(VARIANTS))
+@pytest.mark.parametrize("name", sorted(CAUSAL))
 def test_variant_in_llama_trains_is_causal_and_ignores_padding(name):
-    model = vh.use(llama(), name, **VARIANTS[name])
+    model = vh.use(llama(), name, **CAUSAL[name])
     ids, mask = batch(left_pad=4, right_pad=2)
     logits = model(ids, attention_mask=mask).logits
     assert logits.shape == (2, N, VOCAB) and torch.isfinite(logits).all()
@@ -167,14 +168,29 @@ def test_variant_in_llama_trains_is_causal_and_ignores_padding(name):
         torch.testing.assert_close(again[mask.bool()], logits.detach()[mask.bool()], atol=1e-12, rtol=0)
 
 
-@pytest.mark.parametrize("name", sorted(VARIANTS))
+@pytest.mark.parametrize("name", sorted(CAUSAL))
 def test_generation_with_cache_equals_generation_without(name):
-    model = vh.use(llama().eval(), name, **VARIANTS.get(name, {}))
+    model = vh.use(llama().eval(), name, **CAUSAL[name])
     ids, mask = batch()
     kwargs = dict(attention_mask=mask, max_new_tokens=8, do_sample=False, pad_token_id=0)
     cached = model.generate(ids, use_cache=True, **kwargs)
     assert cached.shape == (2, N + 8)
     assert torch.equal(cached, model.generate(ids, use_cache=False, **kwargs))
+
+
+@pytest.mark.parametrize("name", sorted(set(VARIANTS) - set(CAUSAL)))
+def test_non_causal_variant_is_refused_in_a_decoder(name):
+    with pytest.raises(ValueError, match=rf"LlamaForCausalLM\.model\.layers\.0\.self_attn \(LlamaAttention\) is causal "
+                                         rf"\(a decoder\); {name} is not causal: "):
+        vh.use(llama(), name, **VARIANTS[name])
+
+
+def test_linformer_in_an_encoder_takes_the_models_longest_input():
+    config = transformers.BertConfig(vocab_size=VOCAB, hidden_size=32, num_hidden_layers=1, num_attention_heads=4,
+                                     intermediate_size=64, max_position_embeddings=96)
+    model = vh.use(BertModel(config), "linformer", rank=8)
+    attn = next(iter(vh.attention_layers(model).values())).attnbench_attention
+    assert attn.max_len == 96 and attn.e.shape == (4, 8, 96)
 
 
 def test_flex_runs_forward_in_a_model():

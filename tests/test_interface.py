@@ -9,7 +9,7 @@ import pytest
 import torch
 
 import variants
-from conftest import build_case, independent_reference, make_padding, make_qkv, registry_cases, shipped
+from conftest import build_case, independent_reference, make_padding, make_qkv, registry_cases, shipped, skip_unless_causal
 
 # every registered variant that runs on the CPU with a backward, once per option set of its spec's examples
 CASES = registry_cases()
@@ -104,7 +104,7 @@ def test_build_unknown_variant_lists_available():
     [
         ("sliding_window", {"window": 0}, r"window=0 is invalid; expected an int >= 1"),
         ("sliding_window", {"global_tokens": -1}, r"global_tokens=-1 is invalid"),
-        ("linear", {"feature_map": "relu"}, r"feature_map='relu' is invalid; allowed: 'elu'"),
+        ("linear", {"feature_map": "softmax"}, r"feature_map='softmax' is invalid; allowed: 'elu', 'relu', 'taylor', 'cosformer'"),
         ("linear", {"chunk_size": 0}, r"chunk_size=0 is invalid"),
         ("memory_compressed", {"compression": 0, "num_heads": 2, "head_dim": 8}, r"compression=0 is invalid"),
         ("memory_compressed", {}, r"num_heads and head_dim are required"),
@@ -201,6 +201,7 @@ def test_shape_hints_are_checked():
 @pytest.mark.parametrize("causal", [False, True], ids=["bidir", "causal"])
 @pytest.mark.parametrize("name, options", CASES)
 def test_all_masked_rows_give_zeros_not_nan(name, options, causal):
+    skip_unless_causal(name, causal)
     attn = build_cpu(name, options)
     q, k, v = make_qkv(b=3, h=2, n_q=10, d=8)
     kpm = torch.ones(3, 10, dtype=torch.bool)
@@ -218,11 +219,16 @@ def test_all_masked_rows_give_zeros_not_nan(name, options, causal):
 @pytest.mark.parametrize("name, options", CASES)
 def test_length_one_and_odd_lengths(name, options):
     attn = build_cpu(name, options)
+    causal = attn.spec.supports_causal
     for n in (1, 7):
         q, k, v = make_qkv(b=1, h=2, n_q=n, d=8, requires_grad=False)
-        out = attn(q, k, v, causal=True)
+        if attn.length_unsupported_reason(n, n):  # e.g. more landmarks than positions: a clear error
+            with pytest.raises(ValueError, match=rf"{name}: Nq={n}, Nk={n} is not supported: "):
+                attn(q, k, v, causal=causal)
+            continue
+        out = attn(q, k, v, causal=causal)
         assert out.shape == (1, 2, n, 8)
-        torch.testing.assert_close(out, attn.reference(q, k, v, causal=True))
+        torch.testing.assert_close(out, attn.reference(q, k, v, causal=causal))
 
 
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16, torch.float16], ids=["fp32", "bf16", "fp16"])
@@ -231,9 +237,10 @@ def test_lower_precision_close_to_float64(name, options, dtype):
     attn = build_case(name, options, dtype=dtype)
     q, k, v = make_qkv(b=1, h=2, n_q=33, d=8, dtype=dtype, requires_grad=False)
     kpm = make_padding(1, 33, all_padded_row=False)
-    out = attn(q, k, v, causal=True, key_padding_mask=kpm)
+    causal = attn.spec.supports_causal
+    out = attn(q, k, v, causal=causal, key_padding_mask=kpm)
     assert out.dtype == dtype
-    ref = attn.double().reference(q.double(), k.double(), v.double(), causal=True, key_padding_mask=kpm)
+    ref = attn.double().reference(q.double(), k.double(), v.double(), causal=causal, key_padding_mask=kpm)
     tol = {torch.float32: 1e-5, torch.bfloat16: 5e-2, torch.float16: 1e-2}[dtype]
     torch.testing.assert_close(out.double(), ref, atol=tol, rtol=tol)
 
@@ -242,6 +249,7 @@ def test_lower_precision_close_to_float64(name, options, dtype):
 @pytest.mark.parametrize("causal", [False, True], ids=["bidir", "causal"])
 def test_reference_method_matches_independent_reference(name, options, causal):
     # the variants' own dense references (the harness's gate uses them) agree with the tests' independent ones
+    skip_unless_causal(name, causal)
     attn = build_cpu(name, options)
     q, k, v = make_qkv(requires_grad=False)
     kpm = make_padding(2, 16)
@@ -254,7 +262,8 @@ def test_gradcheck_float64(name, options):
     attn = build_cpu(name, options, num_heads=1, head_dim=3)
     q, k, v = make_qkv(b=1, h=1, n_q=5, d=3)
     kpm = torch.tensor([[True, False, True, True, True]])
-    assert torch.autograd.gradcheck(lambda q, k, v: attn(q, k, v, causal=True, key_padding_mask=kpm), (q, k, v))
+    causal = attn.spec.supports_causal
+    assert torch.autograd.gradcheck(lambda q, k, v: attn(q, k, v, causal=causal, key_padding_mask=kpm), (q, k, v))
     assert torch.autograd.gradcheck(lambda q, k, v: attn(q, k, v), (q, k, v))
 
 
@@ -262,8 +271,10 @@ def test_gradcheck_float64(name, options):
 @pytest.mark.parametrize("name, options", CASES)
 def test_scale_is_honoured(name, options, causal):
     # a model's layer may scale scores by other than D ** -0.5 (transformers passes its `scaling`): scale s
-    # on q must equal the default on q rescaled — s·√D for the softmax variants, s for linear (whose default
-    # applies no scale) — and equal the variant's own definition
+    # on q must equal the default on q rescaled by s over what scale=None stands for (`default_scale`:
+    # D ** -0.5 for the softmax variants, 1 for the feature-map ones, which apply no scale by default) —
+    # and equal the variant's own definition
+    skip_unless_causal(name, causal)
     s = 0.37
     attn = build_cpu(name, options, scale=s)
     plain = build_cpu(name, options)
@@ -271,7 +282,10 @@ def test_scale_is_honoured(name, options, causal):
     q, k, v = make_qkv(b=2, h=2, n_q=10, d=8, requires_grad=False)
     kpm = make_padding(2, 10, seed=2, all_padded_row=False)
     out = attn(q, k, v, causal=causal, key_padding_mask=kpm)
-    factor = s if name == "linear" else s * 8**0.5
-    torch.testing.assert_close(out, plain(q * factor, k, v, causal=causal, key_padding_mask=kpm))
+    if attn.spec.scale_is_query_factor:
+        torch.testing.assert_close(out, plain(q * (s / plain.default_scale(q.shape[-1])), k, v, causal=causal, key_padding_mask=kpm))
     torch.testing.assert_close(out, attn.reference(q, k, v, causal=causal, key_padding_mask=kpm))
-    assert not torch.allclose(out, plain(q, k, v, causal=causal, key_padding_mask=kpm))
+    unscaled = plain(q, k, v, causal=causal, key_padding_mask=kpm)
+    if torch.allclose(plain(q * 3, k, v, causal=causal, key_padding_mask=kpm), unscaled) and attn.spec.scale_is_query_factor:
+        return  # the function ignores a scale of q (relu features are homogeneous: it cancels in the ratio)
+    assert not torch.allclose(out, unscaled)

@@ -112,7 +112,8 @@ def test_viz_draws_every_variant(tmp_path, causal):
 @pytest.mark.parametrize("name, options", [
     ("full", {}), ("full_naive", {}), ("sliding_window", {"window": 3, "global_tokens": 2}),
     ("sliding_window_flex", {"window": 3, "global_tokens": 2}), ("linear", {}),
-    ("memory_compressed", {"compression": 4}),
+    ("memory_compressed", {"compression": 4}), ("linear", {"feature_map": "taylor"}), ("linear", {"feature_map": "cosformer"}),
+    ("performer", {"features": 32}), ("bilinear", {}), ("additive", {}),
 ])
 @pytest.mark.parametrize("causal", [False, True], ids=["bidir", "causal"])
 def test_attention_matrix_is_what_the_variant_applies(name, options, causal):

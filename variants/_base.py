@@ -31,6 +31,9 @@ class VariantSpec:
     time_complexity: str  # e.g. "O(N^2 D)"
     memory_complexity: str  # extra memory beyond inputs and output, e.g. "O(N w)"
     supports_causal: bool = True
+    scale_is_query_factor: bool = True  # the `scale` option acts as a factor of q (dot-product scores); False: it multiplies scores of another form
+    why_not_causal: str = ""
+    max_len_option: str | None = None  # the option bounding N (a learned projection's columns): variants.hf fills it from the model's max_position_embeddings  # where supports_causal is False: the method's reason, for errors and skipped cells
     supports_cross_attention: bool = True  # Nq != Nk without causal (causal Nq <= Nk: every variant)
     supports_key_padding_mask: bool = True
     devices: tuple[str, ...] = ("cpu", "cuda")  # device types it runs on
@@ -128,6 +131,12 @@ class AttentionVariant(nn.Module):
             return f"{cls.spec.name} has no backward on {dev} (backward runs on: {', '.join(cls.spec.backward_devices) or 'none'})"
         return None
 
+    def length_unsupported_reason(self, n_q: int, n_k: int) -> str | None:
+        """None when the variant takes Nq queries over Nk keys, else why not (a learned projection of
+        max_len columns, more landmarks than keys...): checked before any computation, and `bench run`
+        records a cell it refuses as skipped with this reason."""
+        return None
+
     def kernel_name(self, q: Tensor, k: Tensor, v: Tensor, *, causal: bool = False, backward: bool = False) -> str | None:
         """The library kernel a call with these inputs dispatches to, where the variant can tell (else None)."""
         return None
@@ -199,8 +208,12 @@ class AttentionVariant(nn.Module):
             allowed = f"an int >= {minimum}" + (" or None" if allow_none else "")
             raise ValueError(f"{self.spec.name}: option {option}={value!r} is invalid; expected {allowed}")
 
+    def default_scale(self, d: int) -> float:
+        """What scale=None stands for at head dim D: D ** -0.5 (feature-map variants: 1, q as it is)."""
+        return d**-0.5
+
     def _scale(self, q: Tensor) -> float:
-        return self.scale if self.scale is not None else q.shape[-1] ** -0.5
+        return self.scale if self.scale is not None else self.default_scale(q.shape[-1])
 
     def extra_repr(self) -> str:
         return f"name={self.spec.name!r}"
@@ -259,10 +272,13 @@ def check_inputs(attn: AttentionVariant, q: Tensor, k: Tensor, v: Tensor, causal
         raise ValueError(f"{name}: built for head_dim={attn.head_dim}, got D={q.shape[-1]}")
     n_q, n_k = q.shape[-2], k.shape[-2]
     if causal and not attn.spec.supports_causal:
-        raise ValueError(f"{name}: causal=True is not supported by this variant")
+        raise ValueError(f"{name}: causal=True is not supported by this variant" + (f": {attn.spec.why_not_causal}" if attn.spec.why_not_causal else ""))
     if causal and n_q > n_k:
         raise ValueError(f"{name}: causal=True needs Nq <= Nk (the queries are the last Nq of the Nk positions), "
                          f"got Nq={n_q}, Nk={n_k}")
+    reason = attn.length_unsupported_reason(n_q, n_k)
+    if reason:
+        raise ValueError(f"{name}: Nq={n_q}, Nk={n_k} is not supported: {reason}")
     if n_q != n_k and not causal and not attn.spec.supports_cross_attention:
         raise ValueError(f"{name}: cross-attention (Nq={n_q} != Nk={n_k}, causal=False) is not supported; this variant "
                          f"needs Nq == Nk, or causal=True with Nq <= Nk (the queries are the last Nq positions)")

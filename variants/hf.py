@@ -176,6 +176,9 @@ def _check_layer_fits(model, path: str, layer: nn.Module, variant: str) -> None:
     if getattr(layer, "has_relative_attention_bias", False) or hasattr(layer, "relative_attention_bias"):
         raise ValueError(f"variants.hf.use: {where} adds a learned position bias to its scores (T5-style); the attnbench "
                          f"variants compute plain scaled dot-product scores")
+    if not spec.supports_causal and getattr(layer, "is_causal", True):
+        raise ValueError(f"variants.hf.use: {where} is causal (a decoder); {variant} is not causal: {spec.why_not_causal} "
+                         f"(use it in a bidirectional encoder such as BERT)")
     if _is_cross_attention(path, layer) and not spec.supports_cross_attention:
         raise ValueError(f"variants.hf.use: {where} is a cross-attention layer (queries and keys from different "
                          f"sequences); {variant} has no cross-attention")
@@ -204,7 +207,10 @@ def _variant_for_layer(config, where: str, layer: nn.Module, variant: str, optio
             raise ValueError(f"variants.hf: {where}: {variant} needs window=: the model's config has no sliding_window "
                              f"to take it from")
         chosen["window"] = max(int(window) - 1, 1)  # transformers' W counts the query itself
-    if "scale" not in chosen and getattr(layer, "scaling", None) is not None:
+    spec = variant_class(variant).spec
+    if spec.max_len_option and spec.max_len_option not in chosen and getattr(config, "max_position_embeddings", None):
+        chosen[spec.max_len_option] = int(config.max_position_embeddings)  # parameters sized to the model's longest input
+    if "scale" not in chosen and getattr(layer, "scaling", None) is not None and spec.scale_is_query_factor:
         chosen["scale"] = float(layer.scaling)
     module = build(variant, num_heads=heads, head_dim=head_dim, **chosen)
     module._attnbench_fixed_scale = "scale" in options  # the user's scale wins over the layer's
@@ -284,8 +290,8 @@ def _attention_forward(module: nn.Module, query: Tensor, key: Tensor, value: Ten
     if not causal and n_q != n_k and not attn.spec.supports_cross_attention:
         raise ValueError(f"variants.hf: {type(module).__name__} attends {n_q} queries to {n_k} other keys "
                          f"(cross-attention); {name} has no cross-attention")
-    if scaling is not None and not attn._attnbench_fixed_scale:
-        attn.scale = float(scaling)
+    if scaling is not None and not attn._attnbench_fixed_scale and attn.spec.scale_is_query_factor:
+        attn.scale = float(scaling)  # (a score of another form, additive's, keeps its own scale)
     key_padding_mask = None  # (_padding_mask gives None already where nothing is padded)
     if attention_mask is not None:
         key_padding_mask = attention_mask[:, -n_k:].to(device=query.device, dtype=torch.bool)

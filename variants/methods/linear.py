@@ -1,20 +1,34 @@
-"""Linear attention with the elu+1 feature map: Katharopoulos et al. 2020, "Transformers are RNNs".
+"""Linear attention: Katharopoulos et al. 2020, "Transformers are RNNs", with the feature maps the field compares.
 
-Softmax's exp(q·k) is replaced by φ(q)·φ(k) with φ(x) = elu(x) + 1 > 0, so the sums reassociate:
+Softmax's exp(q·k) is replaced by a kernel φ(q)·φ(k) of features φ: (B, H, N, D) -> (B, H, N, F), so
+the sums reassociate:
 
     out_i = φ(q_i)ᵀ (Σ_j φ(k_j) v_jᵀ) / (φ(q_i)ᵀ Σ_j φ(k_j) + eps)
 
-The `scale` option defaults to none here (φ of q itself, as in the paper).
-Non-causal: one D x Dv state S = Σ_j φ(k_j) v_jᵀ and one normalizer z = Σ_j φ(k_j): O(N·D·Dv) time.
-Causal: the sums run over j <= i (with Nq < Nk, over the keys up to the query's position Nk - Nq + i). Computed chunk by chunk: within a chunk of C positions a masked
-C x C product, across chunks the running state (S, z) of everything before — never a per-position
-(N, D, Dv) prefix sum. Chunks are taken in groups sized to a memory bound, the state carried
-from group to group, so peak memory stays O(group + N·Dv) whatever N.
+The feature maps (`feature_map`), each a small class below:
+  elu        φ(x) = elu(x) + 1 > 0 (Katharopoulos et al. 2020), F = D; the default.
+  relu       φ(x) = max(x, 0) (Zoology's and cosFormer's baseline), F = D.
+  taylor     the 2nd-order Taylor expansion of exp(q·k/√D) (Based, Arora et al. 2024):
+             φ(x) = [1, x', x' ⊗ x' / √2] with x' = x / D^¼, so φ(q)·φ(k) = 1 + s + s²/2, s = q·k/√D;
+             F = 1 + D + D² — used on a reduced head dim (Based: 16), not on D = 64 (F = 4161).
+  cosformer  ReLU features re-weighted by position (Qin et al. 2022, "cosFormer"):
+             φ(x_i) = [relu(x_i) cos(π i / 2M), relu(x_i) sin(π i / 2M)], F = 2D, so
+             φ(q_i)·φ(k_j) = relu(q_i)·relu(k_j) cos(π (i − j) / 2M): nearby tokens weigh more.
+`performer` (performer.py) is this same scan with positive random features.
 
-Backward (`_NonCausalLinear`, `_CausalLinear`): written out, group by group, recomputing the
-features instead of storing them (as FlashAttention recomputes its weights); the causal one runs
-the groups in reverse with the gradient of the state. The normalizer is carried as a column of
-ones appended to v, so one set of sums serves numerator and denominator.
+The `scale` option defaults to none here (φ of q itself, as in the paper); given, it multiplies q
+before φ. Non-causal: one F x Dv state S = Σ_j φ(k_j) v_jᵀ and one normalizer z = Σ_j φ(k_j):
+O(N·F·Dv) time. Causal: the sums run over j <= i (with Nq < Nk, over the keys up to the query's
+position Nk - Nq + i). Computed chunk by chunk: within a chunk of C positions a masked C x C
+product, across chunks the running state (S, z) of everything before — never a per-position
+(N, F, Dv) prefix sum. Chunks are taken in groups sized to a memory bound, the state carried from
+group to group, so peak memory stays O(group + N·Dv) whatever N.
+
+Backward (`_NonCausalScan`, `_CausalScan`): written out, group by group, recomputing the features
+instead of storing them (as FlashAttention recomputes its weights); the causal one runs the groups
+in reverse with the gradient of the state. The normalizer is carried as a column of ones appended
+to v, so one set of sums serves numerator and denominator. Each feature map gives its own
+vector-Jacobian product (`vjp`); one without falls back to autograd on its `apply`.
 """
 
 from __future__ import annotations
@@ -27,8 +41,10 @@ from torch import Tensor
 from .._base import AttentionVariant, VariantSpec, dense_mask, register
 from .._utils import pad_to_multiple
 
-GROUP_POSITIONS = 512  # positions processed at once in the causal scan (a multiple of the chunk size)
+GROUP_FEATURES = 512 * 256  # positions x features computed at once (512 positions up to F = 256)
 
+
+# -- feature maps ------------------------------------------------------------------------------
 
 def elu_feature_map(x: Tensor) -> Tensor:
     """φ(x) = elu(x) + 1 = exp(min(x, 0)) + max(x, 0), positive everywhere.
@@ -44,6 +60,118 @@ def elu_feature_map_grad(x: Tensor) -> Tensor:
     return x.clamp_max(0).exp_()
 
 
+class FeatureMap:
+    """φ of a kernel φ(q)·φ(k): what the scan needs of it.
+
+    `apply(x, start, consts, query)` maps rows x (B, H, L, D) — positions start .. start + L - 1 —
+    to features (B, H, L, F); `consts` are per-call constants from `setup` (no gradient flows
+    through them); `query` says whether x are queries or keys (a map may treat them apart).
+    """
+
+    name = ""
+
+    def dim(self, d: int) -> int:
+        """F, the number of features of a D-dim row."""
+        return d
+
+    def setup(self, q: Tensor, k: Tensor, keep: Tensor | None) -> dict:
+        """Per-call constants (positions' scale, a stabilizer...), computed once before the scan."""
+        return {}
+
+    def apply(self, x: Tensor, start: int, consts: dict, query: bool) -> Tensor:
+        raise NotImplementedError
+
+    def vjp(self, x: Tensor, grad: Tensor, start: int, consts: dict, query: bool) -> Tensor:
+        """dL/dx given dL/dφ(x): by autograd on `apply` unless the map writes it out."""
+        with torch.enable_grad():
+            x = x.detach().requires_grad_()
+            (dx,) = torch.autograd.grad(self.apply(x, start, consts, query), x, grad)
+        return dx
+
+
+class EluFeatures(FeatureMap):
+    name = "elu"
+
+    def apply(self, x, start, consts, query):
+        return elu_feature_map(x)
+
+    def vjp(self, x, grad, start, consts, query):
+        return grad * elu_feature_map_grad(x)
+
+
+class ReluFeatures(FeatureMap):
+    name = "relu"
+
+    def apply(self, x, start, consts, query):
+        return torch.relu(x)
+
+    def vjp(self, x, grad, start, consts, query):
+        return grad * (x > 0).to(grad.dtype)
+
+
+class TaylorFeatures(FeatureMap):
+    """[1, x', vec(x' x'ᵀ) / √2], x' = x / D^¼: φ(q)·φ(k) = 1 + s + s²/2 with s = q·k / √D."""
+
+    name = "taylor"
+
+    def dim(self, d):
+        return 1 + d + d * d
+
+    def apply(self, x, start, consts, query):
+        y = x * x.shape[-1] ** -0.25
+        outer = (y[..., :, None] * y[..., None, :]).flatten(-2) * 0.5**0.5  # (B, H, L, D²)
+        return torch.cat([torch.ones_like(y[..., :1]), y, outer], dim=-1)
+
+    def vjp(self, x, grad, start, consts, query):
+        d = x.shape[-1]
+        c = d**-0.25
+        y = x * c
+        g2 = grad[..., 1 + d :].unflatten(-1, (d, d))  # (B, H, L, D, D)
+        dy = grad[..., 1 : 1 + d] + torch.matmul(g2 + g2.transpose(-1, -2), y[..., None])[..., 0] * 0.5**0.5
+        return dy * c
+
+
+class CosformerFeatures(FeatureMap):
+    """[relu(x_i) cos(π i / 2M), relu(x_i) sin(π i / 2M)] for the row at position i."""
+
+    name = "cosformer"
+
+    def __init__(self, max_len: int | None):
+        self.max_len = max_len
+
+    def dim(self, d):
+        return 2 * d
+
+    def setup(self, q, k, keep):
+        m = self.max_len if self.max_len is not None else max(q.shape[-2], k.shape[-2])
+        return {"angle": math.pi / (2 * m)}
+
+    def _cos_sin(self, x, start, consts):
+        i = torch.arange(start, start + x.shape[-2], device=x.device, dtype=x.dtype)[:, None] * consts["angle"]
+        return torch.cos(i), torch.sin(i)  # (L, 1) each
+
+    def apply(self, x, start, consts, query):
+        cos, sin = self._cos_sin(x, start, consts)
+        r = torch.relu(x)
+        return torch.cat([r * cos, r * sin], dim=-1)
+
+    def vjp(self, x, grad, start, consts, query):
+        cos, sin = self._cos_sin(x, start, consts)
+        d = x.shape[-1]
+        return (grad[..., :d] * cos + grad[..., d:] * sin) * (x > 0).to(grad.dtype)
+
+
+FEATURE_MAPS = {"elu": EluFeatures, "relu": ReluFeatures, "taylor": TaylorFeatures, "cosformer": CosformerFeatures}
+
+
+# -- the scan ----------------------------------------------------------------------------------
+
+def group_positions(features: int, chunk: int = 1) -> int:
+    """Positions computed at once: about GROUP_FEATURES / F, a multiple of the chunk (at least one chunk)."""
+    size = max(1, min(512, GROUP_FEATURES // features))
+    return max(chunk, size // chunk * chunk)
+
+
 def _groups(n: int, size: int):
     """Slices of [0, n) of `size` positions (the last may be shorter)."""
     return [slice(start, min(start + size, n)) for start in range(0, n, size)]
@@ -54,10 +182,22 @@ def _ones_column(v: Tensor) -> Tensor:
     return torch.cat([v, v.new_ones(*v.shape[:-1], 1)], dim=-1)
 
 
+def _ratio(num: Tensor, eps: float) -> tuple[Tensor, Tensor]:
+    """(out, den) of [numerator, denominator] (B, H, L, Dv + 1): den = denominator + eps, never below the
+    smallest normal number, so a row that sees no key (numerator 0) reads 0 even with eps = 0."""
+    den = (num[..., -1:] + eps).clamp_min(torch.finfo(num.dtype).tiny)
+    return num[..., :-1] / den, den
+
+
+def _key_features(fmap: FeatureMap, k: Tensor, keep: Tensor | None, sl: slice, consts: dict) -> Tensor:
+    kf = fmap.apply(k[:, :, sl], sl.start, consts, False)
+    return kf if keep is None else kf * keep[:, :, sl]  # padded keys contribute to neither sum
+
+
 def _states_before(kc: Tensor, vc: Tensor, state: Tensor) -> tuple[Tensor, Tensor]:
-    """(state before each chunk (B, H, c, D, E), state after the last chunk) of chunked φ(k) (B, H, c, C, D)
-    and values (B, H, c, C, E), given `state` (B, H, D, E), the sums over everything before them."""
-    chunk_state = torch.matmul(kc.transpose(-1, -2), vc)  # (B, H, c, D, E)
+    """(state before each chunk (B, H, c, F, E), state after the last chunk) of chunked φ(k) (B, H, c, C, F)
+    and values (B, H, c, C, E), given `state` (B, H, F, E), the sums over everything before them."""
+    chunk_state = torch.matmul(kc.transpose(-1, -2), vc)  # (B, H, c, F, E)
     c = kc.shape[2]
     earlier = torch.ones(c, c, dtype=kc.dtype, device=kc.device).tril_(-1)  # earlier[t, u] = 1 if chunk u < t
     # exclusive prefix sums over chunks as one small matmul (much faster on CPU than cumsum along dim 2)
@@ -68,8 +208,8 @@ def _states_before(kc: Tensor, vc: Tensor, state: Tensor) -> tuple[Tensor, Tenso
 def _causal_group(q: Tensor, k: Tensor, v: Tensor, state: Tensor, chunk: int) -> tuple[Tensor, Tensor]:
     """Causal linear attention over one group of whole chunks, given the sums over all earlier positions.
 
-    q, k: (B, H, L, D) features φ(q), φ(k); v: (B, H, L, E) values with a ones column last (E = Dv + 1);
-    state: (B, H, D, E) = Σ_{j before} φ(k_j) [v_j, 1]ᵀ. Returns ([numerator, denominator] (B, H, L, E),
+    q, k: (B, H, L, F) features φ(q), φ(k); v: (B, H, L, E) values with a ones column last (E = Dv + 1);
+    state: (B, H, F, E) = Σ_{j before} φ(k_j) [v_j, 1]ᵀ. Returns ([numerator, denominator] (B, H, L, E),
     the state after this group).
     """
     qc, kc, vc = (t.unflatten(2, (-1, chunk)) for t in (q, k, v))  # (B, H, c, C, ·)
@@ -79,109 +219,102 @@ def _causal_group(q: Tensor, k: Tensor, v: Tensor, state: Tensor, chunk: int) ->
     return num.flatten(2, 3), after
 
 
-class _NonCausalLinear(torch.autograd.Function):
+class _NonCausalScan(torch.autograd.Function):
     """out = φ(q) S / (φ(q) z + eps), S = Σ φ(k_j) v_jᵀ, z = Σ φ(k_j), in groups of positions.
 
-    Nothing of size N·D is stored for the backward beyond the inputs and the output: the features
+    Nothing of size N·F is stored for the backward beyond the inputs and the output: the features
     are recomputed group by group (as FlashAttention recomputes its weights), so forward+backward
-    holds O(group + D·Dv) besides the inputs, the output and the gradients.
+    holds O(group + F·Dv) besides the inputs, the output and the gradients.
     """
 
     @staticmethod
-    def forward(ctx, q, k, v, keep, eps):
+    def forward(ctx, q, k, v, keep, fmap, consts, eps):
         b, h, n_k, d = k.shape
-        state = k.new_zeros(b, h, d, v.shape[-1] + 1)  # [Σ φ(k) vᵀ, Σ φ(k)]
-        for sl in _groups(n_k, GROUP_POSITIONS):
-            kf = elu_feature_map(k[:, :, sl])
-            if keep is not None:  # padded keys contribute to neither sum
-                kf = kf * keep[:, :, sl]
-            state += torch.matmul(kf.transpose(-1, -2), _ones_column(v[:, :, sl]))
-        out = q.new_empty(*q.shape[:-1], v.shape[-1])
-        den = q.new_empty(*q.shape[:-1], 1)
-        for sl in _groups(q.shape[-2], GROUP_POSITIONS):
-            num = torch.matmul(elu_feature_map(q[:, :, sl]), state)
-            den[:, :, sl] = num[..., -1:] + eps
-            torch.div(num[..., :-1], den[:, :, sl], out=out[:, :, sl])
+        size = group_positions(fmap.dim(d))
+        state = k.new_zeros(b, h, fmap.dim(d), v.shape[-1] + 1)  # [Σ φ(k) vᵀ, Σ φ(k)]
+        for sl in _groups(n_k, size):
+            state += torch.matmul(_key_features(fmap, k, keep, sl, consts).transpose(-1, -2), _ones_column(v[:, :, sl]))
+        outs, dens = [], []
+        for sl in _groups(q.shape[-2], size):
+            out, den = _ratio(torch.matmul(fmap.apply(q[:, :, sl], sl.start, consts, True), state), eps)
+            outs.append(out)
+            dens.append(den)
+        out, den = torch.cat(outs, 2), torch.cat(dens, 2)
         ctx.save_for_backward(q, k, v, keep, state, out, den)
+        ctx.fmap, ctx.consts, ctx.size = fmap, consts, size
         return out
 
     @staticmethod
     def backward(ctx, grad_out):
         q, k, v, keep, state, out, den = ctx.saved_tensors
+        fmap, consts = ctx.fmap, ctx.consts
         dq = torch.empty_like(q) if ctx.needs_input_grad[0] else None
         dstate = torch.zeros_like(state)
-        for sl in _groups(q.shape[-2], GROUP_POSITIONS):
+        for sl in _groups(q.shape[-2], ctx.size):
             qg = q[:, :, sl]
             d_num = _d_num_den(grad_out[:, :, sl], out[:, :, sl], den[:, :, sl])  # (L, Dv + 1)
-            qf = elu_feature_map(qg)
             if dq is not None:
-                dq[:, :, sl] = torch.matmul(d_num, state.transpose(-1, -2)).mul_(elu_feature_map_grad(qg))
-            dstate += torch.matmul(qf.transpose(-1, -2), d_num)
+                dq[:, :, sl] = fmap.vjp(qg, torch.matmul(d_num, state.transpose(-1, -2)), sl.start, consts, True)
+            dstate += torch.matmul(fmap.apply(qg, sl.start, consts, True).transpose(-1, -2), d_num)
         dk = torch.empty_like(k) if ctx.needs_input_grad[1] else None
         dv = torch.empty_like(v) if ctx.needs_input_grad[2] else None
-        for sl in _groups(k.shape[-2], GROUP_POSITIONS):
-            kg = k[:, :, sl]
+        for sl in _groups(k.shape[-2], ctx.size):
             if dk is not None:
                 dkf = torch.matmul(_ones_column(v[:, :, sl]), dstate.transpose(-1, -2))
                 if keep is not None:
                     dkf = dkf * keep[:, :, sl]
-                dk[:, :, sl] = dkf.mul_(elu_feature_map_grad(kg))
+                dk[:, :, sl] = fmap.vjp(k[:, :, sl], dkf, sl.start, consts, False)
             if dv is not None:
-                kf = elu_feature_map(kg)
-                if keep is not None:
-                    kf = kf * keep[:, :, sl]
-                dv[:, :, sl] = torch.matmul(kf, dstate[..., :-1])
-        return dq, dk, dv, None, None
+                dv[:, :, sl] = torch.matmul(_key_features(fmap, k, keep, sl, consts), dstate[..., :-1])
+        return dq, dk, dv, None, None, None, None
 
 
 def _d_num_den(grad_out: Tensor, out: Tensor, den: Tensor) -> Tensor:
-    """Gradient of the loss w.r.t. [numerator, denominator] of out = num / den: [dO / den, -(dO·O) / den]."""
-    return torch.cat([grad_out, -(grad_out * out).sum(-1, keepdim=True)], dim=-1).div_(den)
+    """Gradient of the loss w.r.t. [numerator, denominator] of out = num / den: [dO / den, -(dO·O) / den];
+    0 on rows that see no key (den held at the smallest normal number: their output is 0 whatever the keys)."""
+    d_num = torch.cat([grad_out, -(grad_out * out).sum(-1, keepdim=True)], dim=-1).div_(den)
+    return d_num.masked_fill_(den <= torch.finfo(den.dtype).tiny, 0.0)
 
 
-class _CausalLinear(torch.autograd.Function):
+class _CausalScan(torch.autograd.Function):
     """Causal linear attention, chunk-wise within groups of positions, the running state carried across
     groups. The backward runs the groups in reverse, carrying the gradient of the state, and recomputes
-    the features of each group; it keeps only the state before each group (N / group of D x (Dv+1))
+    the features of each group; it keeps only the state before each group (N / group of F x (Dv+1))
     and the normalizer, besides the inputs and the output."""
 
     @staticmethod
-    def forward(ctx, q, k, v, keep, chunk, eps):
+    def forward(ctx, q, k, v, keep, fmap, consts, chunk, eps):
         b, h, n, d = q.shape
-        size = max(chunk, GROUP_POSITIONS // chunk * chunk)
-        state = q.new_zeros(b, h, d, v.shape[-1] + 1)
-        out = q.new_empty(b, h, n, v.shape[-1])
-        den = q.new_empty(b, h, n, 1)
-        states = []
+        size = group_positions(fmap.dim(d), chunk)
+        state = q.new_zeros(b, h, fmap.dim(d), v.shape[-1] + 1)
+        outs, dens, states = [], [], []
         for sl in _groups(n, size):
             states.append(state)
-            kf = elu_feature_map(k[:, :, sl])
-            if keep is not None:
-                kf = kf * keep[:, :, sl]
-            num, state = _causal_group(elu_feature_map(q[:, :, sl]), kf, _ones_column(v[:, :, sl]), state, chunk)
-            den[:, :, sl] = num[..., -1:] + eps
-            torch.div(num[..., :-1], den[:, :, sl], out=out[:, :, sl])
+            kf = _key_features(fmap, k, keep, sl, consts)
+            num, state = _causal_group(fmap.apply(q[:, :, sl], sl.start, consts, True), kf, _ones_column(v[:, :, sl]), state, chunk)
+            out, den = _ratio(num, eps)
+            outs.append(out)
+            dens.append(den)
+        out, den = torch.cat(outs, 2), torch.cat(dens, 2)
         ctx.save_for_backward(q, k, v, keep, out, den, torch.stack(states))
-        ctx.chunk, ctx.size = chunk, size
+        ctx.fmap, ctx.consts, ctx.chunk, ctx.size = fmap, consts, chunk, size
         return out
 
     @staticmethod
     def backward(ctx, grad_out):
         q, k, v, keep, out, den, states = ctx.saved_tensors
-        chunk = ctx.chunk
+        fmap, consts, chunk = ctx.fmap, ctx.consts, ctx.chunk
         dq, dk, dv = torch.empty_like(q), torch.empty_like(k), torch.empty_like(v)
         dstate_later = torch.zeros_like(states[0])  # Σ over later groups of φ(q_i)ᵀ [dnum_i, dden_i]
         for index, sl in reversed(list(enumerate(_groups(q.shape[-2], ctx.size)))):
             qg, kg = q[:, :, sl], k[:, :, sl]
-            qf, kf = elu_feature_map(qg), elu_feature_map(kg)
-            if keep is not None:
-                kf = kf * keep[:, :, sl]
+            qf, kf = fmap.apply(qg, sl.start, consts, True), _key_features(fmap, k, keep, sl, consts)
             vg = _ones_column(v[:, :, sl])
             d_num = _d_num_den(grad_out[:, :, sl], out[:, :, sl], den[:, :, sl])
             qc, kc, vc, dc = (t.unflatten(2, (-1, chunk)) for t in (qf, kf, vg, d_num))  # (B, H, c, C, ·)
             c = qc.shape[2]
-            state_before, _ = _states_before(kc, vc, states[index])  # (B, H, c, D, E)
-            q_sums = torch.matmul(qc.transpose(-1, -2), dc)  # (B, H, c, D, E): each chunk's Σ φ(q) dN
+            state_before, _ = _states_before(kc, vc, states[index])  # (B, H, c, F, E)
+            q_sums = torch.matmul(qc.transpose(-1, -2), dc)  # (B, H, c, F, E): each chunk's Σ φ(q) dN
             later = torch.ones(c, c, dtype=q.dtype, device=q.device).triu_(1)  # later[t, u] = 1 if chunk u > t
             dstate_after = torch.matmul(later, q_sums.flatten(3)).view_as(q_sums).add_(dstate_later[:, :, None])
             dv_scores = torch.matmul(dc, vc.transpose(-1, -2)).tril_()  # (B, H, c, C, C): dN_i · V_j, j <= i
@@ -192,65 +325,66 @@ class _CausalLinear(torch.autograd.Function):
             dstate_later = dstate_later + q_sums.sum(2)
             if keep is not None:
                 dkf = dkf * keep[:, :, sl].unflatten(2, (-1, chunk))
-            dq[:, :, sl] = dqf.flatten(2, 3).mul_(elu_feature_map_grad(qg))
-            dk[:, :, sl] = dkf.flatten(2, 3).mul_(elu_feature_map_grad(kg))
+            dq[:, :, sl] = fmap.vjp(qg, dqf.flatten(2, 3), sl.start, consts, True)
+            dk[:, :, sl] = fmap.vjp(kg, dkf.flatten(2, 3), sl.start, consts, False)
             dv[:, :, sl] = dvg.flatten(2, 3)[..., :-1]
-        return dq, dk, dv, None, None, None
+        return dq, dk, dv, None, None, None, None, None
 
 
-@register
-class LinearAttention(AttentionVariant):
-    spec = VariantSpec(
-        name="linear",
-        summary="linear attention, phi(x) = elu(x) + 1; causal computed chunk-wise with a running D x Dv state",
-        reference="Katharopoulos et al. 2020, 'Transformers are RNNs'",
-        time_complexity="O(N D Dv) (+ O(N C D) inside chunks when causal)",
-        memory_complexity="O(N Dv) + one group of chunks",
-        subquadratic=True,
-        function_options=("feature_map",),
-        examples=((("chunk_size", 4),),),  # several chunks at N ~ 13
-    )
+class FeatureMapAttention(AttentionVariant):
+    """The scan, for any `FeatureMap`: subclasses give `feature_map_for(d)`; not registered itself."""
 
-    def __init__(self, *, feature_map: str = "elu", chunk_size: int = 64, eps: float = 1e-6, **base):
+    def __init__(self, *, chunk_size: int = 64, eps: float = 1e-6, **base):
         """
         Args:
-            feature_map: φ applied to queries and keys; "elu" is elu(x) + 1 (Katharopoulos et al.), the only one.
             chunk_size: C, positions per chunk of the causal computation (exact within a chunk, a running
-                D x Dv state across chunks). A tuning knob: the result does not depend on it.
+                F x Dv state across chunks). A tuning knob: the result does not depend on it.
             eps: added to the normalizer φ(q)·Σφ(k) (keeps rows with no visible key finite).
-            scale: factor applied to q before φ; None (the default) leaves q as it is, as in the paper.
         """
         super().__init__(**base)
-        if feature_map != "elu":
-            raise ValueError(f"linear: option feature_map={feature_map!r} is invalid; allowed: 'elu'")
         self._check_int("chunk_size", chunk_size, 1)
-        if not (isinstance(eps, (int, float)) and not isinstance(eps, bool) and math.isfinite(eps) and eps > 0):
-            raise ValueError(f"linear: option eps={eps!r} is invalid; expected a positive finite number")
-        self.feature_map, self.chunk_size, self.eps = feature_map, chunk_size, float(eps)
+        if not (isinstance(eps, (int, float)) and not isinstance(eps, bool) and math.isfinite(eps) and eps >= 0):
+            raise ValueError(f"{self.spec.name}: option eps={eps!r} is invalid; expected a finite number >= 0")
+        self.chunk_size, self.eps = chunk_size, float(eps)
+
+    def feature_map_for(self, q: Tensor) -> FeatureMap:
+        raise NotImplementedError
+
+    def default_scale(self, d: int) -> float:
+        """scale=None: q enters φ as it is (the paper's)."""
+        return 1.0
+
+    def _query_factor(self, q: Tensor) -> float | None:
+        """What q is multiplied by before φ (None: nothing)."""
+        return self.scale
 
     def _attend(self, q: Tensor, k: Tensor, v: Tensor, causal: bool, key_padding_mask: Tensor | None) -> Tensor:
         if q.dtype in (torch.float16, torch.bfloat16):
-            # the normalizer φ(q)·Σφ(k) grows like N·D (about 86·N at D = 64): in float16 it passes
+            # the normalizer φ(q)·Σφ(k) grows like N·D (about 86·N at D = 64 for elu): in float16 it passes
             # 65504 from N ≈ 760, and a bfloat16 running state loses the sum's low bits group after
             # group. The sums are kept in float32, the output returned in the input's dtype.
             out = self._attend(q.float(), k.float(), v.float(), causal, key_padding_mask)
             return out.to(q.dtype)
-        if self.scale is not None:  # as in the paper, φ applies to q itself unless a scale is given
-            q = q * self.scale
+        if torch.is_autocast_enabled(q.device.type):  # the scan's sums stay in the inputs' dtype, forward and backward
+            with torch.autocast(q.device.type, enabled=False):
+                return self._attend(q, k, v, causal, key_padding_mask)
+        factor = self._query_factor(q)
+        if factor is not None:  # φ applies to q itself unless a scale is given
+            q = q * factor
         keep = None if key_padding_mask is None else key_padding_mask[:, None, :, None].to(k.dtype)  # (B, 1, Nk, 1)
-        if not causal:
-            return self._non_causal(q, k, v, keep)
         n_q, n_k = q.shape[-2], k.shape[-2]
-        if n_q < n_k:  # the queries are the last Nq positions: zero rows put them there, and are cut after.
-            # The prefix sums over the first Nk - Nq keys are the running state of the scan: O(Nk D Dv), as
+        if causal and n_q < n_k:  # the queries are the last Nq positions: zero rows put them there, and are cut after.
+            # The prefix sums over the first Nk - Nq keys are the running state of the scan: O(Nk F Dv), as
             # building that state from the keys costs anyway (a KV cache keeps keys, not the state)
             return self._causal(torch.nn.functional.pad(q, (0, 0, n_k - n_q, 0)), k, v, keep)[:, :, -n_q:]
+        fmap = self.feature_map_for(q)
+        if not causal:
+            return _NonCausalScan.apply(q, k, v, keep, fmap, fmap.setup(q, k, keep), self.eps)
         return self._causal(q, k, v, keep)
 
-    def _non_causal(self, q: Tensor, k: Tensor, v: Tensor, keep: Tensor | None) -> Tensor:
-        return _NonCausalLinear.apply(q, k, v, keep, self.eps)
-
     def _causal(self, q: Tensor, k: Tensor, v: Tensor, keep: Tensor | None) -> Tensor:
+        fmap = self.feature_map_for(q)
+        consts = fmap.setup(q, k, keep)
         n = q.shape[-2]
         chunk = min(self.chunk_size, n)
         q, _ = pad_to_multiple(q, chunk)
@@ -260,21 +394,89 @@ class LinearAttention(AttentionVariant):
             keep = torch.ones(1, 1, n, 1, dtype=k.dtype, device=k.device)
         if keep is not None:
             keep, _ = pad_to_multiple(keep, chunk)  # the padding added here is masked like any padded key
-        return _CausalLinear.apply(q, k, v, keep, chunk, self.eps)[:, :, :n]
+        return _CausalScan.apply(q, k, v, keep, fmap, consts, chunk, self.eps)[:, :, :n]
+
+    def kernel(self, q: Tensor, k: Tensor, *, causal: bool = False, key_padding_mask: Tensor | None = None) -> Tensor:
+        """The explicit (B, H, Nq, Nk) kernel matrix A = φ(q) φ(k)ᵀ, masked (O(N²): for checks at small N)."""
+        factor = self._query_factor(q)
+        q = q if factor is None else q * factor
+        keep = None if key_padding_mask is None else key_padding_mask[:, None, :, None].to(k.dtype)
+        n_q, n_k = q.shape[-2], k.shape[-2]
+        fmap = self.feature_map_for(q)
+        consts = fmap.setup(q, k, keep)
+        start = n_k - n_q if causal else 0  # the queries' positions
+        a = torch.matmul(fmap.apply(q, start, consts, True), fmap.apply(k, 0, consts, False).transpose(-1, -2))
+        allowed = dense_mask(n_q, n_k, causal, key_padding_mask, q.device)
+        return a if allowed is None else a * allowed
 
     def reference(self, q, k, v, *, causal=False, key_padding_mask=None):
         """The explicit O(N²) form: A = φ(Q)φ(K)ᵀ (masked), rows normalized by their sums (+ eps), times V."""
-        q = q if self.scale is None else q * self.scale
-        a = torch.matmul(elu_feature_map(q), elu_feature_map(k).transpose(-1, -2))  # (B, H, Nq, Nk)
-        allowed = dense_mask(q.shape[-2], k.shape[-2], causal, key_padding_mask, q.device)
-        if allowed is not None:
-            a = a * allowed
-        return torch.matmul(a, v) / (a.sum(-1, keepdim=True) + self.eps)
+        a = self.kernel(q, k, causal=causal, key_padding_mask=key_padding_mask)
+        return torch.matmul(a, v) / (a.sum(-1, keepdim=True) + self.eps).clamp_min(torch.finfo(a.dtype).tiny)
+
+    def _features(self, d: int) -> int:
+        """F for a head dim D."""
+        raise NotImplementedError
 
     def flops(self, n_q: int, n_k: int, d: int, dv: int, causal: bool) -> float:
-        # the recurrent form's useful work: build the state (2 N D Dv) and read it out (2 N D Dv), normalizers
-        return 2.0 * n_k * d * dv + 2.0 * n_q * d * dv + 2.0 * (n_k + n_q) * d
+        # the recurrent form's useful work: build the state (2 N F Dv) and read it out (2 N F Dv), normalizers
+        f = self._features(d)
+        return 2.0 * n_k * f * dv + 2.0 * n_q * f * dv + 2.0 * (n_k + n_q) * f
 
     def memory_estimate(self, batch, heads, n_q, n_k, d, dv, element_size, causal, backward):
-        group = batch * heads * GROUP_POSITIONS * (d + dv + 1) * 4 * (8 if causal else 4)  # a group's features and products
-        return int(group + super().memory_estimate(batch, heads, n_q, n_k, d, dv, element_size, causal, backward))
+        f = self._features(d)
+        size = group_positions(f, self.chunk_size)
+        group = batch * heads * size * (f + dv + 1) * 4 * (8 if causal else 4)  # a group's features and products
+        states = batch * heads * math.ceil(n_k / size) * f * (dv + 1) * 4 if causal else 0  # kept for the backward
+        return int(group + states + super().memory_estimate(batch, heads, n_q, n_k, d, dv, element_size, causal, backward))
+
+
+@register
+class LinearAttention(FeatureMapAttention):
+    spec = VariantSpec(
+        name="linear",
+        summary="linear attention, phi(q)·phi(k) for softmax (elu+1, relu, taylor, cosformer); causal chunk-wise with a running F x Dv state",
+        reference="Katharopoulos et al. 2020, 'Transformers are RNNs'; Arora et al. 2024 (Based: taylor); Qin et al. 2022 (cosFormer)",
+        time_complexity="O(N F Dv) (+ O(N C F) causal)",
+        memory_complexity="O(N Dv) + one group of chunks",
+        subquadratic=True,
+        notes="F features a row: D (elu, relu), 2D (cosformer), 1 + D + D^2 (taylor); cosformer: M = max(Nq, Nk) unless "
+              "max_len is given (give it for decoding: a prefix's outputs then do not change with N)",
+        function_options=("feature_map", "max_len"),
+        examples=((("chunk_size", 4),), (("feature_map", "relu"),), (("feature_map", "taylor"), ("chunk_size", 4)),
+                  (("feature_map", "cosformer"), ("chunk_size", 4), ("max_len", 64))),
+    )
+
+    def __init__(self, *, feature_map: str = "elu", max_len: int | None = None, **base):
+        """
+        Args:
+            feature_map: φ applied to queries and keys: "elu" (elu(x) + 1, Katharopoulos et al.), "relu",
+                "taylor" (1 + x + x⊗x/2 of x / D^¼, Based: F = 1 + D + D², for a small head dim) or
+                "cosformer" (relu with cos/sin re-weighting by position, F = 2D).
+            max_len: cosformer only: M of its re-weighting cos(π (i − j) / 2M); None: max(Nq, Nk) of each call
+                (the paper's). Positions must stay below it.
+            scale: factor applied to q before φ; None (the default) leaves q as it is, as in the paper.
+        """
+        super().__init__(**base)
+        if feature_map not in FEATURE_MAPS:
+            raise ValueError(f"linear: option feature_map={feature_map!r} is invalid; allowed: "
+                             + ", ".join(repr(name) for name in FEATURE_MAPS))
+        self._check_int("max_len", max_len, 1, allow_none=True)
+        if max_len is not None and feature_map != "cosformer":
+            raise ValueError(f"linear: option max_len={max_len!r} is for feature_map='cosformer' only, got feature_map={feature_map!r}")
+        self.feature_map, self.max_len = feature_map, max_len
+        self._map = CosformerFeatures(max_len) if feature_map == "cosformer" else FEATURE_MAPS[feature_map]()
+
+    def length_unsupported_reason(self, n_q: int, n_k: int) -> str | None:
+        if self.max_len is not None and max(n_q, n_k) > self.max_len:
+            return f"positions up to {max(n_q, n_k)} pass cosformer's max_len={self.max_len}"
+        return None
+
+    def feature_map_for(self, q: Tensor) -> FeatureMap:
+        return self._map
+
+    def _features(self, d: int) -> int:
+        return self._map.dim(d)
+
+    def extra_repr(self) -> str:
+        return f"feature_map={self.feature_map!r}, chunk_size={self.chunk_size}"
