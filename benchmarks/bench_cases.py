@@ -10,7 +10,8 @@ import torch
 
 import variants
 from harness import measure
-from harness.config import ArgumentError, Cell, RunConfig, memory_budgets, merge_options, parse_lengths, parse_list, resolve_variants
+from harness.config import (ArgumentError, Cell, RunConfig, memory_budgets, merge_options, parse_lengths, parse_list, parse_option,
+                            resolve_variants)
 from harness.fmt import fmt_bytes
 from harness.runner import predicted_bytes, useful_flops
 from variants._base import VariantSpec
@@ -52,7 +53,7 @@ class FlexDirect(LongformerPattern):
 
 @dataclass(frozen=True)
 class Case:
-    variant: str
+    variant: str  # the label: a registered name, or NAME[name=value,...] for a --bench-also entry
     n: int
     pass_: str
     causal: bool
@@ -60,6 +61,11 @@ class Case:
     @property
     def id(self) -> str:
         return f"{self.variant}-N{self.n}-{self.pass_}{'-causal' if self.causal else ''}"
+
+    @property
+    def name(self) -> str:
+        """The registered variant behind the label."""
+        return self.variant.split("[", 1)[0]
 
     @property
     def group(self) -> str:
@@ -80,15 +86,25 @@ def _settings(config) -> dict:
             "window": config.getoption("--bench-window"),
             "options": merge_options(config.getoption("--bench-option") or [], window=config.getoption("--bench-window"),
                                      compression=config.getoption("--bench-compression")),
+            "also": dict(_also(text) for text in config.getoption("--bench-also") or []),
         }
     except (ArgumentError, ValueError) as err:
         raise pytest.UsageError(str(err)) from None
 
 
+def _also(text: str) -> tuple[str, dict]:
+    """'linear feature_map=relu chunk_size=32' -> ('linear[feature_map=relu,chunk_size=32]', {options})."""
+    name, *pairs = text.split()
+    variants.variant_class(name)  # ValueError listing the registered names
+    options = dict(parse_option(pair) for pair in pairs)
+    return f"{name}[{','.join(f'{key}={value}' for key, value in options.items())}]", options
+
+
 def cases(config) -> list[Case]:
     s = _settings(config)
     names = [name for name in s["variants"] if variants.variant_class(name).unavailable_reason(s["device"]) is None]
-    if any(variants.variant_class(name).spec.reach_option for name in names):  # a windowed method: its yardstick too
+    names += [label for label in s["also"] if variants.variant_class(label.split("[")[0]).unavailable_reason(s["device"]) is None]
+    if any(variants.variant_class(name.split("[")[0]).spec.reach_option for name in names):  # a windowed method: its yardstick too
         names.append(FLEX)
     return [Case(name, n, pass_, causal) for name in names for n in s["lengths"] for pass_ in s["passes"] for causal in s["causal"]]
 
@@ -113,6 +129,9 @@ class Suite:
             opts = self.s["options"]
             if name == FLEX:
                 attn = FlexDirect(window=self.s["window"])
+            elif name in self.s["also"]:
+                attn = variants.build(name.split("[")[0], device=self.device, num_heads=self.s["heads"],
+                                      head_dim=self.s["head_dim"], **self.s["also"][name])
             else:
                 attn = variants.build(name, device=self.device, num_heads=self.s["heads"], head_dim=self.s["head_dim"],
                                       **variants.options_taken(name, opts))
@@ -124,7 +143,10 @@ class Suite:
         above the automatic budget (60% of the available RAM, 90% of the free GPU memory)."""
         attn = self.build(case.variant)
         if case.causal and not attn.spec.supports_causal:
-            return f"{case.variant} does not support causal attention"
+            return f"{case.variant} does not support causal attention: {attn.spec.why_not_causal}"
+        reason = attn.length_unsupported_reason(case.n, case.n)
+        if reason:
+            return f"{case.variant} at N={case.n}: {reason}"
         reason = attn.backward_unsupported_reason(self.s["device"]) if case.pass_ == "fwdbwd" else None
         reason = reason or attn.dtype_unsupported_reason(self.s["device"], self.s["dtype"])
         if reason:
@@ -154,9 +176,9 @@ class Suite:
     def _cell(self, case: Case) -> tuple[RunConfig, Cell]:
         """The case as bench run's planner sees it, so budgets and FLOPs come from the same code."""
         s = self.s
-        config = RunConfig(variants=(case.variant,), lengths=(case.n,), devices=(s["device"],), passes=(case.pass_,),
+        config = RunConfig(variants=(case.name,), lengths=(case.n,), devices=(s["device"],), passes=(case.pass_,),
                            causal=(case.causal,), batch=s["batch"], heads=s["heads"], head_dim=s["head_dim"], dtype=s["dtype"])
-        return config, Cell(s["device"], case.variant, case.pass_, case.causal, case.n)
+        return config, Cell(s["device"], case.name, case.pass_, case.causal, case.n)
 
     def flops(self, case: Case, attn) -> float:
         return useful_flops(*self._cell(case), attn)

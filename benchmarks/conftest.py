@@ -3,6 +3,7 @@
     pytest benchmarks/ --benchmark-only                                  # N = 1024, 4096 on the CPU
     pytest benchmarks/ --benchmark-only --bench-lengths 1024,4096,16384 --bench-memory
     pytest benchmarks/ --benchmark-disable --bench-lengths 64            # each case once, gate included (CI)
+    pytest benchmarks/ --benchmark-only --bench-variants full,linear --bench-also 'linear feature_map=relu'  # one variant, two option sets
 
 Every benchmark calls the measuring core of `bench run` (`harness.measure`): the same inputs, the
 same correctness gate before timing, the same call per pass, threads from the affinity mask.
@@ -25,6 +26,9 @@ def pytest_addoption(parser):
     group.addoption("--bench-window", type=int, default=256, help="sliding-window w, also FlexAttention's band (default 256)")
     group.addoption("--bench-compression", type=int, default=3, help="memory_compressed stride c (default 3)")
     group.addoption("--bench-option", action="append", help="any variant option as name=value (bench list shows them); repeatable")
+    group.addoption("--bench-also", action="append", metavar="'NAME name=value ...'",
+                    help="one more variant with options of its own, beside the others, labelled NAME[name=value,...] "
+                         "(e.g. 'linear feature_map=taylor feature_dim=16'); repeatable")
     group.addoption("--bench-memory", action="store_true",
                     help="also record each call's peak extra memory in extra_info (pins glibc's mmap threshold for the whole session)")
 

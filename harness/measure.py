@@ -87,8 +87,10 @@ def pass_call(attn, q, k, v, *, causal: bool, backward: bool, sync: bool = False
 
 def gate_length(attn, default: int, longest: int) -> int:
     """N of the gate: `default`, raised to what the variant needs to exercise its sparse paths
-    (`attn.check_length`, e.g. 2w + 3 tiles for a band), but never past `longest` (the longest N measured)."""
-    return max(default, min(attn.check_length(default), longest))
+    (`attn.check_length`, e.g. 2w + 3 tiles for a band) but never past `longest` (the longest N measured),
+    or lowered to what it takes at most (linformer's max_len)."""
+    wanted = attn.check_length(default)
+    return wanted if wanted < default else max(default, min(wanted, longest))
 
 
 def gate(attn, batch: int, heads: int, n: int, head_dim: int, dtype: str, device, *, causal: bool, backward: bool) -> dict:
@@ -116,6 +118,11 @@ def gate(attn, batch: int, heads: int, n: int, head_dim: int, dtype: str, device
         want = torch.autograd.grad(ref, (q64, k64, v64), grad_out)
         pairs.update({label: triple for label, triple in zip(("dq", "dk", "dv"), zip(got, low, want))})
     verdicts = {label: gate_verdict(a, b, c, dtype) for label, (a, b, c) in pairs.items()}
+    # how far the method is from the softmax attention it replaces, on these inputs (at its scale, or D^-½)
+    scale = attn.scale if attn.scale is not None else head_dim**-0.5
+    with torch.no_grad():
+        exact = exact_softmax_attention(q64.detach(), k64.detach(), v64.detach(), causal, scale)
+    softmax_error = ((out.detach().double() - exact).norm() / exact.norm().clamp_min(1e-12)).item()  # Frobenius
     exact_n = attn.softmax_equivalent_length()
     if exact_n is not None:  # where the definition is plain softmax attention, check against our own as well
         m = min(exact_n, n)
@@ -128,7 +135,7 @@ def gate(attn, batch: int, heads: int, n: int, head_dim: int, dtype: str, device
     ok = all(v["ok"] for v in verdicts.values())
     worst = max(verdicts.values(), key=lambda v: v["error"] / v["bound"] if v["bound"] else math.inf)
     detail = "; ".join(f"{label} {v['describe']}" for label, v in verdicts.items())
-    return {"ok": ok, "max_error": worst["error"], "check_len": n,
+    return {"ok": ok, "max_error": worst["error"], "check_len": n, "softmax_error": softmax_error,
             "message": f"relative error vs dense float64 at B={batch}, N={n}: {detail}"}
 
 

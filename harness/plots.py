@@ -18,16 +18,7 @@ from harness.summary import PANEL, crossover, fit_exponent, panel_rows
 
 FORMATS = ("png", "svg", "pdf")
 
-# fixed colour and marker per variant, the same in every figure and run; unknown names get a stable pick
-STYLE = {
-    "full": ("#1f77b4", "o"),
-    "full_naive": ("#7f7f7f", "x"),
-    "full_xformers": ("#17becf", "D"),
-    "sliding_window": ("#2ca02c", "s"),
-    "sliding_window_flex": ("#98df8a", "^"),
-    "linear": ("#d62728", "v"),
-    "memory_compressed": ("#9467bd", "P"),
-}
+# a variant's colour and marker come from its spec (`style`, recorded in a run's metadata); names without one get a stable pick
 _FALLBACK_COLORS = ["#8c564b", "#e377c2", "#bcbd22", "#ff7f0e", "#aec7e8", "#ffbb78", "#c5b0d5"]
 _FALLBACK_MARKERS = ["<", ">", "h", "*", "p", "d", "8"]
 STOP_MARKER = {"oom": "OOM"}  # how a figure labels where a series stopped; other statuses by their name
@@ -40,9 +31,12 @@ def matplotlib_rc() -> None:
     matplotlib.rcParams["svg.hashsalt"] = "attnbench"  # deterministic SVG ids
 
 
-def variant_style(name: str) -> tuple[str, str]:
-    if name in STYLE:
-        return STYLE[name]
+def variant_style(name: str, facts: dict | None = None) -> tuple[str, str]:
+    """(colour, marker) of variant `name`: its spec's `style` as `facts` ({variant: facts}, a run's
+    metadata["variants"]) recorded it, else a stable pick from the name."""
+    style = ((facts or {}).get(name) or {}).get("style")
+    if style:
+        return style[0], style[1]
     h = zlib.crc32(name.encode())
     return _FALLBACK_COLORS[h % len(_FALLBACK_COLORS)], _FALLBACK_MARKERS[(h // 7) % len(_FALLBACK_MARKERS)]
 
@@ -123,7 +117,7 @@ def _guides(ax, ns, anchor: float) -> None:
         ax.annotate(label, (hi, ys[1]), fontsize=7, color="0.5", xytext=(2, 0), textcoords="offset points")
 
 
-def _stop_marker(ax, group: pd.DataFrame, ycol: str, y_default: float, scale: float) -> None:
+def _stop_marker(ax, group: pd.DataFrame, ycol: str, y_default: float, scale: float, facts: dict | None = None) -> None:
     """Mark where a series stopped (oom, timeout, skipped...), at its last measured height (× scale)."""
     failed = group[group["status"] != "ok"].sort_values("n")
     if failed.empty:
@@ -132,7 +126,7 @@ def _stop_marker(ax, group: pd.DataFrame, ycol: str, y_default: float, scale: fl
     ok = group[(group["status"] == "ok") & (group["n"] < first["n"])].sort_values("n")
     y = float(ok.iloc[-1][ycol]) if not ok.empty and pd.notna(ok.iloc[-1][ycol]) and ok.iloc[-1][ycol] > 0 else y_default
     y *= scale
-    color, _ = variant_style(first["variant"])
+    color, _ = variant_style(first["variant"], facts)
     ax.scatter([first["n"]], [y], marker="X", s=60, color=color, edgecolor="black", linewidths=0.6, zorder=5)
     ax.annotate(STOP_MARKER.get(first["status"], first["status"]), (first["n"], y), fontsize=7, color=color,
                 xytext=(4, -10), textcoords="offset points")
@@ -157,13 +151,13 @@ def _scaling_figure(df, metadata, ycol, ylabel, title, scale, path) -> Path:
         sub = panel_rows(df, panel)
         ok_all = sub[(sub["status"] == "ok") & (sub[ycol] > 0)]
         for variant, group in sub.groupby("variant", sort=False):
-            color, marker = variant_style(variant)
+            color, marker = variant_style(variant, metadata.get("variants"))
             ok = group[(group["status"] == "ok") & (group[ycol] > 0)].sort_values("n")
             if not ok.empty:
                 exponent = fit_exponent(ok["n"], ok[ycol].astype(float))
                 label = f"{variant}: n^{exponent:.2f}" if exponent is not None else variant
                 ax.plot(ok["n"], ok[ycol] * scale, color=color, marker=marker, ms=4, lw=1.4, label=label)
-            _stop_marker(ax, group, ycol, float(ok_all[ycol].min()) if not ok_all.empty else 1.0, scale)
+            _stop_marker(ax, group, ycol, float(ok_all[ycol].min()) if not ok_all.empty else 1.0, scale, metadata.get("variants"))
         if not ok_all.empty:
             _guides(ax, sub["n"].tolist(), float(ok_all.sort_values("n").iloc[0][ycol]) * scale)
         ax.set_yscale("log")
@@ -183,7 +177,7 @@ def _speedup_figure(df, metadata, path) -> Path:
         for variant, group in sub.groupby("variant", sort=False):
             if variant == BASELINE or base.empty:
                 continue
-            color, marker = variant_style(variant)
+            color, marker = variant_style(variant, metadata.get("variants"))
             ok = group.set_index("n")["time_median_s"]
             common = sorted(set(ok.index) & set(base.index))
             if not common:
@@ -215,7 +209,7 @@ def _efficiency_figure(df, metadata, path) -> Path:
         for variant, group in sub.groupby("variant", sort=False):
             if not peak:
                 break
-            color, marker = variant_style(variant)
+            color, marker = variant_style(variant, metadata.get("variants"))
             group = group.sort_values("n")
             ax.plot(group["n"], group["gflops"] / peak, color=color, marker=marker, ms=4, lw=1.4, label=variant)
         ax.axhline(1.0, color="black", lw=0.8, ls="--")
@@ -272,7 +266,7 @@ def plot_quality(run_dir: Path, out_dir: Path | None = None, fmt: str = "png") -
     fig, axes = plt.subplots(1, len(tasks), figsize=(6.0 * len(tasks), 4.4), squeeze=False, layout="constrained")
     for ax, task in zip(axes.flat, tasks):
         for variant, group in summary[summary["task"] == task].groupby("variant", sort=False):
-            color, marker = variant_style(variant)
+            color, marker = variant_style(variant, meta.get("variants"))
             group = group.sort_values("length")
             ax.plot(group["length"], group["accuracy"], color=color, marker=marker, lw=1.4, label=variant)
             if seeds > 1:
@@ -289,11 +283,11 @@ def plot_quality(run_dir: Path, out_dir: Path | None = None, fmt: str = "png") -
 
     distance = by_distance_frame(rows, variant_facts(run_dir))
     if not distance.empty:
-        paths.append(_distance_figure(distance, cfg, out_dir / f"quality_distance.{fmt}"))
+        paths.append(_distance_figure(distance, cfg, out_dir / f"quality_distance.{fmt}", meta.get("variants")))
     costs = cost_frame(run_dir)
     if not costs.empty and (costs["status"] == "ok").any():
         paths.append(_training_cost_figure(costs[costs["status"] == "ok"], meta, out_dir / f"training_cost.{fmt}"))
-    paths.append(_curves_figure(df, out_dir / f"quality_curves.{fmt}"))
+    paths.append(_curves_figure(df, out_dir / f"quality_curves.{fmt}", meta.get("variants")))
     return paths
 
 
@@ -306,7 +300,7 @@ def _length_axis(ax, ticks, label: str = "length L") -> None:
     ax.grid(True, alpha=0.3)
 
 
-def _distance_figure(distance: pd.DataFrame, cfg: dict, path: Path) -> Path:
+def _distance_figure(distance: pd.DataFrame, cfg: dict, path: Path, facts: dict | None = None) -> Path:
     """Accuracy against distance (bucket midpoints, log axis), a panel per (task, L); the window's
     reach w (one layer) and 2w (the model's) drawn as lines."""
     # copy reads every answer exactly L back: one panel across L; other tasks a panel per L
@@ -315,7 +309,7 @@ def _distance_figure(distance: pd.DataFrame, cfg: dict, path: Path) -> Path:
     for ax, (task, length) in zip(axes, panels):
         sub = distance[(distance["task"] == task) & ((distance["length"] == length) if length else True)]
         for variant, group in sub.groupby("variant", sort=False):
-            color, marker = variant_style(variant)
+            color, marker = variant_style(variant, facts)
             if length is None:  # copy: the distance is exactly L
                 mid = group["length"]
                 ax.plot(mid, group["accuracy"], color=color, marker=marker, lw=1.3, ms=4, label=variant)
@@ -328,7 +322,7 @@ def _distance_figure(distance: pd.DataFrame, cfg: dict, path: Path) -> Path:
         reached = sub.dropna(subset=["window"]).drop_duplicates("window")
         windows = dict(zip(reached["window"].astype(int), reached["variant"]))  # each reach in the colour of its first variant
         for w in sorted(windows):
-            color = variant_style(windows[w])[0]
+            color = variant_style(windows[w], facts)[0]
             ax.axvline(w, color=color, ls="--", lw=1)
             ax.axvline(2 * w, color=color, ls=":", lw=1)
             ax.text(w, 0.02, f" w={w}", color=color, fontsize=7)
@@ -358,7 +352,7 @@ def _training_cost_figure(costs: pd.DataFrame, meta: dict, path: Path) -> Path:
                                                     ("train_peak_bytes", "peak memory of a step (MiB)", 1 / 2**20))):
             ax = axes[row][col]
             for variant, group in sub.groupby("variant", sort=False):
-                color, marker = variant_style(variant)
+                color, marker = variant_style(variant, meta.get("variants"))
                 group = group.sort_values("seq_len")
                 ax.plot(group["seq_len"], group[ycol] * scale, color=color, marker=marker, lw=1.3, label=variant)
             _length_axis(ax, sorted(sub["seq_len"].unique()), "tokens per sequence")
@@ -370,14 +364,14 @@ def _training_cost_figure(costs: pd.DataFrame, meta: dict, path: Path) -> Path:
     return save_figure(fig, path)
 
 
-def _curves_figure(df: pd.DataFrame, path: Path) -> Path:
+def _curves_figure(df: pd.DataFrame, path: Path, facts: dict | None = None) -> Path:
     df = df.assign(seed=df["seed"] if "seed" in df else 0)
     panels = list(dict.fromkeys(zip(df["task"], df["length"])))
     fig, axes = _grid(len(panels), 4, (4.2, 3.4))
     for ax, (task, length) in zip(axes, panels):
         sub = df[(df["task"] == task) & (df["length"] == length)]
         for (variant, seed), group in sub.groupby(["variant", "seed"], sort=False):
-            color, marker = variant_style(variant)
+            color, marker = variant_style(variant, facts)
             group = group.sort_values("step")
             ax.plot(group["step"], group["eval_accuracy"], color=color, lw=1.0, alpha=0.8, label=variant if seed == sub["seed"].min() else None)
         ax.set_ylim(-0.02, 1.02)
@@ -390,7 +384,7 @@ def _curves_figure(df: pd.DataFrame, path: Path) -> Path:
     return save_figure(fig, path)
 
 
-def tradeoff_figure(panels: list[tuple[str, int, list]], path: Path, subtitle: str) -> Path:
+def tradeoff_figure(panels: list[tuple[str, int, list]], path: Path, subtitle: str, facts: dict | None = None) -> Path:
     """Accuracy against time per call, a panel per (task, N): each variant one point (bar: the seeds'
     min-max); a hollow marker where the time at N is interpolated or extrapolated, not measured.
     panels: (task, N, advise.Answer list)."""
@@ -401,7 +395,7 @@ def tradeoff_figure(panels: list[tuple[str, int, list]], path: Path, subtitle: s
     for ax, (task, n, answers) in zip(axes.flat, panels):
         drawn = [a for a in answers if a.accuracy is not None and a.time_s is not None and math.isfinite(a.time_s)]
         for i, a in enumerate(sorted(drawn, key=lambda a: a.time_s)):
-            color, marker = variant_style(a.variant)
+            color, marker = variant_style(a.variant, facts)
             lo, hi = a.accuracy_range or (a.accuracy, a.accuracy)
             ax.errorbar([a.time_s * 1e3], [a.accuracy], yerr=[[a.accuracy - lo], [hi - a.accuracy]], color=color, marker=marker,
                         ms=8, mfc=color if a.how == "measured" else "none", capsize=3, lw=1, label=a.variant)

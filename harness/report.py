@@ -137,6 +137,24 @@ def _figure_links(run_dir: Path, figures) -> list[str]:
     return lines
 
 
+def _softmax_error_section(df: pd.DataFrame) -> list[str]:
+    """Each variant's relative error against exact softmax attention on the check's inputs (rows made
+    before runs recorded it have none: no section)."""
+    if "softmax_error" not in df or df["softmax_error"].isna().all():
+        return []
+    known = df[df["softmax_error"].notna()]
+    errors = known.groupby(["device", "variant", "causal"])["softmax_error"].first()
+    modes = sorted(known["causal"].unique())
+    body = [[f"`{variant}` ({device})", *(f"{errors[(device, variant, mode)]:.2e}" if (device, variant, mode) in errors else "—"
+                                          for mode in modes)]
+            for device, variant in dict.fromkeys(zip(known["device"], known["variant"]))]
+    return ["## Error against exact softmax", "",
+            "‖out − exact‖ / ‖exact‖ of each variant's output against exact softmax attention (float64, the variant's "
+            "scale or D^-½) on the correctness check's inputs (standard normal, N = the check length): what an "
+            "approximation loses before any training, not what a trained model loses.", "",
+            markdown_table(["variant", *("causal" if mode else "non-causal" for mode in modes)], body), ""]
+
+
 def _speed_section(run_dir: Path, df: pd.DataFrame, cfg: dict, machine: dict, figures) -> list[str]:
     df["causal"] = df["causal"].astype(bool)
     peaks = ", ".join(f"{k}: {v:.0f} GFLOP/s" for k, v in (machine.get("matmul_peak_gflops") or {}).items() if v)
@@ -158,6 +176,7 @@ def _speed_section(run_dir: Path, df: pd.DataFrame, cfg: dict, machine: dict, fi
         "",
         _summary_table(summarize(df)),
         "",
+        *_softmax_error_section(df),
         "## Every cell (median time / peak extra memory, or status)",
         "",
     ]
@@ -365,7 +384,8 @@ def write_tradeoff_report(run_dirs: list[Path], out_dir: Path, n: int | None = N
     sections += _surviving_speedup(speed, quality, pass_, causal, device)
     kind = "causal" if causal else "non-causal"
     figure = tradeoff_figure(panels, out_dir / "figures" / "tradeoff.png",
-                             f"time: {pass_} {kind} attention calls from {', '.join(d.name for d in speed)}; accuracy: {', '.join(d.name for d in quality)}")
+                             f"time: {pass_} {kind} attention calls from {', '.join(d.name for d in speed)}; accuracy: {', '.join(d.name for d in quality)}",
+                             variant_facts(*run_dirs))
     command = "bench report " + " ".join(str(d) for d in run_dirs) + f" --out {out_dir}" + (f" --len {n}" if n else "")
     lines = [f"# attnbench trade-off: {', '.join(d.name for d in speed)} x {', '.join(d.name for d in quality)}", "",
              f"Regenerate with `{command}`.", "",

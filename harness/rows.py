@@ -17,7 +17,8 @@ from harness.storage import RESULTS, read_rows, warn
 
 IDENTITY = ("batch", "heads", "head_dim", "dtype", "options")  # beyond the cell key, what changes a measurement
 STATUSES = ("ok", "skipped", "incorrect", "oom", "timeout", "error")  # every row's status, and what each set of them means:
-STOPPING = ("oom", "timeout", "skipped")  # a series that hits one of these does not try larger N
+STOPPING = ("oom", "timeout")  # a series that hits one of these does not try larger N (a skip is decided for each N: a budget
+# skip recurs at every larger N by its own prediction; a length a method refuses may be too short, not too long)
 FAILED = ("oom", "timeout", "error")  # what --retry-failed measures again
 NO_TIME = ("incorrect", *FAILED)  # tried and gave no time: bench advise excludes the variant from that N on
 
@@ -52,6 +53,7 @@ class Row:
     gflops: float | None = None  # flops / time_median_s
     threads: int | None = None
     kernel: str | None = None
+    softmax_error: float | None = None  # ‖out − exact softmax attention‖ / ‖exact‖ on the gate's inputs (float64 exact, same scale)
     device_name: str | None = None  # the CPU model or GPU name
     load_before: float | None = None
     load_after: float | None = None

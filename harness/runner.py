@@ -35,6 +35,7 @@ class SweepState:
     done: set = field(default_factory=set)
     stopped: dict = field(default_factory=dict)  # series -> (n, status)
     checks: dict = field(default_factory=dict)  # (device, name, variant, causal) -> (status, message) or None when it passed
+    softmax_errors: dict = field(default_factory=dict)  # the same key -> the gate's relative error against exact softmax
     check_locks: dict = field(default_factory=dict)  # one per check key: series sharing a check wait for the first
     lock: object = field(default_factory=threading.RLock)  # cells of several series may finish at once (--executor ray)
 
@@ -162,6 +163,7 @@ def decide(config: RunConfig, cell: Cell, state: SweepState, row: Row, log_path:
     check = ensure_checked(config, cell, state, log_path, executor)
     if check is not None:
         return check[0], check[1], None, None
+    row.softmax_error = state.softmax_errors.get((cell.device, cell.device_name, cell.variant, cell.causal))
     job = executor.submit(worker.measure_cell, (config, cell), device=cell.device, device_name=cell.device_name,
                           timeout=config.cell_timeout, imports=config.imports, log_path=log_path)
     outcome, node = executor.outcome(job)
@@ -187,6 +189,7 @@ def ensure_checked(config: RunConfig, cell: Cell, state: SweepState, log_path: s
             if outcome.kind == "result":
                 result = outcome.value
                 state.checks[key] = None if result["ok"] else ("incorrect", result["message"])
+                state.softmax_errors[key] = result.get("softmax_error")
             else:
                 status, message = outcome_status(outcome)
                 state.checks[key] = (status, f"correctness check failed: {message}")

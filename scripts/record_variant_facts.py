@@ -6,7 +6,8 @@
 which variant computes the same function, its reach option, the options that change its function)
 when a run starts; readers (`bench report`, `bench advise`, the figures) take equivalences and
 windows from there, never from code. For an older run this writes the facts of the variants as they
-are registered now, and says so in `metadata.json["variants_recorded_by"]`. A run that has them is left alone.
+are registered now, and says so in `metadata.json["variants_recorded_by"]`; for a run whose facts lack
+a field VariantSpec gained since (`style`), it adds that field and says so in `variants_completed_by`.
 """
 
 from __future__ import annotations
@@ -21,14 +22,25 @@ from harness.storage import read_metadata, write_metadata
 
 def record(run_dir: Path) -> str:
     metadata = read_metadata(run_dir)
-    if metadata.get("variants"):
-        return f"{run_dir}: has its facts already"
     names = [name for name in metadata["config"].get("variants", []) if name in variants.available()]
     unknown = sorted(set(metadata["config"].get("variants", [])) - set(names))
-    metadata["variants"] = recorded_facts(tuple(names))
-    metadata["variants_recorded_by"] = "scripts/record_variant_facts.py, after the run: the facts of the variants as registered then"
+    now = recorded_facts(tuple(names))
+    if not metadata.get("variants"):
+        metadata["variants"] = now
+        metadata["variants_recorded_by"] = "scripts/record_variant_facts.py, after the run: the facts of the variants as registered then"
+        write_metadata(run_dir, metadata)
+        return f"{run_dir}: recorded {', '.join(names)}" + (f" (not registered, left without facts: {', '.join(unknown)})" if unknown else "")
+    # facts VariantSpec gained after the run started (its `style`, ...): added, the recorded ones left as they are
+    recorded = metadata["variants"]
+    added = sorted({key for name in now for key in now[name] if key not in recorded.get(name, {})})
+    if not added:
+        return f"{run_dir}: has its facts already"
+    for name, facts in now.items():
+        recorded.setdefault(name, {}).update({key: value for key, value in facts.items() if key not in recorded.get(name, {})})
+    metadata["variants_completed_by"] = (f"scripts/record_variant_facts.py, after the run: {', '.join(added)} (facts added to "
+                                         f"VariantSpec later), as registered then")
     write_metadata(run_dir, metadata)
-    return f"{run_dir}: recorded {', '.join(names)}" + (f" (not registered, left without facts: {', '.join(unknown)})" if unknown else "")
+    return f"{run_dir}: added {', '.join(added)}"
 
 
 if __name__ == "__main__":

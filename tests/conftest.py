@@ -163,6 +163,8 @@ def _ref_sliding_window(attn, q, k, v, causal, kpm):
 
 
 def _ref_linear(attn, q, k, v, causal, kpm):
+    d = attn.feature_dim or q.shape[-1]  # the dims of q and k that enter φ
+    q, k = q[..., :d], k[..., :d]
     return ref_linear(q if attn.scale is None else q * attn.scale, k, v, causal, kpm, eps=attn.eps,
                       feature_map=attn.feature_map, max_len=attn.max_len)
 

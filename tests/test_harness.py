@@ -41,6 +41,21 @@ def test_tiny_sweep_writes_every_cell(tmp_path):
         assert (out / "figures" / f"{name}.png").is_file() and f"figure: {out / 'figures' / name}.png" in result.output
 
 
+def test_cells_a_method_cannot_run_are_skipped_with_its_reason(tmp_path):
+    # not causal by nature, more landmarks than positions: skipped cells naming why, the others measured
+    out = tmp_path / "run"
+    result = bench("run", "--variants", "nystrom,linformer", "--option", "landmarks=40", "--option", "rank=4", "--option", "max_len=64",
+                   "--lengths", "32,64", "--passes", "fwd", "--causal", "both", "--out", str(out), *FAST)
+    assert result.exit_code == 0, result.output
+    rows = {(r["variant"], r["causal"], r["n"]): r for r in read_rows(out)}
+    assert rows[("nystrom", False, 32)]["status"] == "skipped"
+    assert "landmarks=40 > N=32" in rows[("nystrom", False, 32)]["message"]
+    assert rows[("nystrom", False, 64)]["status"] == "ok" and rows[("linformer", False, 64)]["status"] == "ok"
+    for name in ("nystrom", "linformer"):
+        assert rows[(name, True, 64)]["status"] == "skipped"
+        assert f"{name} does not support causal attention: " in rows[(name, True, 64)]["message"]
+
+
 def test_faults_cost_one_cell_each(tmp_path):
     out = tmp_path / "faults"
     result = bench("run", "--import", "fault_variants", "--variants", "test_raises,test_hangs,test_kills_itself,test_segfaults",

@@ -50,10 +50,20 @@ def test_spec_facts_name_real_variants_and_options(name):
     assert spec.reach_option is None or spec.reach_option in spec.function_options
     assert set(spec.function_options) <= taken, f"{name}: function_options not taken: {set(spec.function_options) - taken}"
     assert spec.examples, f"{name}: examples must hold at least one option set (() for the defaults)"
+    assert all(step in ("export", "compile", "onnx") and why for step, why in spec.not_deployable)
+    assert spec.max_len_option is None or spec.max_len_option in taken
+    assert spec.supports_causal or spec.why_not_causal, f"{name}: a method that is not causal says why (why_not_causal)"
+    assert spec.style is None or (len(spec.style) == 2 and spec.style[0].startswith("#"))
     for options in spec.example_options():
         assert set(options) <= taken, f"{name}: example options not taken: {set(options) - taken}"
         if variants.variant_class(name).unavailable_reason("cpu") is None:
             build_case(name, options)
+
+
+def test_every_shipped_variant_has_a_style_of_its_own():
+    styles = {name: variants.variant_class(name).spec.style for name in shipped()}
+    assert None not in styles.values(), [name for name, style in styles.items() if style is None]
+    assert len(set(styles.values())) == len(styles), "two variants share a colour and marker in the figures"
 
 
 @pytest.mark.parametrize("name", [n for n in shipped() if variants.variant_class(n).spec.same_function_as])

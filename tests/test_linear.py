@@ -123,3 +123,16 @@ def test_linear_exports_with_torch_export():
 
     exported = torch.export.export(Wrap(), (q, k, v))
     torch.testing.assert_close(exported.module()(q, k, v), attn(q, k, v, causal=True))
+
+
+def test_feature_dim_takes_the_first_dims_of_q_and_k():
+    q, k, v = make_qkv(n_q=11, d=8, dv=6)
+    attn = variants.build("linear", feature_map="taylor", feature_dim=3, chunk_size=4)
+    out = attn(q, k, v, causal=True)
+    ref = ref_linear(q[..., :3], k[..., :3], v, True, None, feature_map="taylor")
+    assert_close_with_grads(out, ref, (q, k, v), atol=1e-8)
+    assert attn.flops(11, 11, 8, 6, False) == variants.build("linear", feature_map="taylor").flops(11, 11, 3, 6, False)
+    with pytest.raises(ValueError, match=r"linear: feature_dim=3 > the inputs' head dim D=2"):
+        attn(*make_qkv(n_q=4, d=2, requires_grad=False))
+    with pytest.raises(ValueError, match=r"linear: option feature_dim=9 is invalid; expected an int <= head_dim=8"):
+        variants.build("linear", feature_dim=9, head_dim=8)

@@ -228,6 +228,18 @@ def test_gate_checks_the_band_against_an_independent_softmax(tmp_path):
     assert not verdict["ok"] and "exact softmax at N=9" in verdict["message"]
 
 
+def test_rows_record_the_error_against_exact_softmax(tmp_path):
+    # what an approximation loses, from the gate's inputs: ~0 for exact attention, clearly more for the
+    # random-feature estimate of it, and the same value on every row of a (variant, causal) series
+    run = tmp_path / "run"
+    result = bench("run", "--variants", "full,performer", "--option", "features=8", "--lengths", "32,64", "--passes", "fwd",
+                   "--out", str(run), *FAST)
+    assert result.exit_code == 0, result.output
+    errors = {(r["variant"], r["n"]): r["softmax_error"] for r in read_rows(run)}
+    assert max(errors[("full", 32)], errors[("full", 64)]) < 1e-5
+    assert errors[("performer", 32)] == errors[("performer", 64)] > 0.05
+
+
 # -- noise is measured and shown ----------------------------------------------------------------------------
 
 def test_noisy_cells_are_flagged_and_the_start_warns(tmp_path):

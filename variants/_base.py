@@ -33,6 +33,7 @@ class VariantSpec:
     supports_causal: bool = True
     scale_is_query_factor: bool = True  # the `scale` option acts as a factor of q (dot-product scores); False: it multiplies scores of another form
     why_not_causal: str = ""
+    not_deployable: tuple[tuple[str, str], ...] = ()  # (step, why) for each of "export", "compile", "onnx" the variant cannot take (tested)
     max_len_option: str | None = None  # the option bounding N (a learned projection's columns): variants.hf fills it from the model's max_position_embeddings  # where supports_causal is False: the method's reason, for errors and skipped cells
     supports_cross_attention: bool = True  # Nq != Nk without causal (causal Nq <= Nk: every variant)
     supports_key_padding_mask: bool = True
@@ -45,6 +46,7 @@ class VariantSpec:
     same_function_as: str | None = None  # another variant computing the same function with the options they share and the same scale (tested): its quality stands for this one's
     reach_option: str | None = None  # the option bounding how far back a position sees (a window): readers mark it, judge accuracy inside and beyond
     function_options: tuple[str, ...] = ()  # options that change the function computed: a speed run and a quality run must agree on them
+    style: tuple[str, str] | None = None  # (colour, marker) in every figure; None: a stable pick from the name
     examples: tuple[tuple[tuple[str, object], ...], ...] = ((),)  # option sets that exercise every path at a test's small N (N ~ 13)
 
     def example_options(self) -> list[dict]:
@@ -55,7 +57,7 @@ class VariantSpec:
         """What a run records of the variant in its metadata, so readers need no variant code."""
         return {"name": self.name, "summary": self.summary, "same_function_as": self.same_function_as,
                 "reach_option": self.reach_option, "function_options": list(self.function_options),
-                "subquadratic": self.subquadratic}
+                "subquadratic": self.subquadratic, "style": list(self.style) if self.style else None}
 
 
 class AttentionVariant(nn.Module):

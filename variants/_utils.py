@@ -47,6 +47,8 @@ def dead_query_rows(key_padding_mask: Tensor | None, n_q: int, causal: bool) -> 
         dead = key_padding_mask.cumsum(dim=-1)[:, n_k - n_q :] == 0
     else:
         dead = ~key_padding_mask.any(dim=-1, keepdim=True).expand(-1, n_q)
+    if torch.compiler.is_compiling():  # traced (torch.export, torch.compile, ONNX): no branch on the data
+        return dead
     return dead if bool(dead.any()) else None
 
 

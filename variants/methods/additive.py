@@ -133,6 +133,7 @@ class AdditiveAttention(AttentionVariant):
     spec = VariantSpec(
         name="additive",
         summary="Bahdanau's concat score v·tanh(q W_q + k W_k) per head, tiled with an online softmax (no N x N x A)",
+        style=("#17a589", "*"),
         reference="Bahdanau et al. 2015, 'Neural Machine Translation by Jointly Learning to Align and Translate'",
         time_complexity="O(Nq Nk A)",
         memory_complexity="O(N A) + one tile",

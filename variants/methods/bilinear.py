@@ -26,6 +26,7 @@ class BilinearAttention(FullAttention):
     spec = VariantSpec(
         name="bilinear",
         summary="Luong's general score q W_h kᵀ (learned D x D per head, identity at init); fused SDPA on q W",
+        style=("#bcbd22", "d"),
         reference="Luong et al. 2015, 'Effective Approaches to Attention-based Neural Machine Translation'",
         time_complexity="O(Nq Nk D + Nq D^2)",
         memory_complexity="O(N D)",

@@ -58,6 +58,7 @@ class FullAttention(AttentionVariant):
     spec = VariantSpec(
         name="full",
         summary="exact softmax attention, fused SDPA kernel (scores never stored)",
+        style=("#1f77b4", "o"),
         reference="Vaswani et al. 2017; torch.nn.functional.scaled_dot_product_attention",
         time_complexity="O(Nq Nk D)",
         memory_complexity="O(N D) (key padding with causal, or causal with 1 < Nq < Nk: an Nq x Nk bool mask)",

@@ -18,6 +18,7 @@ class NaiveFullAttention(AttentionVariant):
     spec = VariantSpec(
         name="full_naive",
         summary="exact softmax attention, textbook form: the Nq x Nk score matrix is materialized",
+        style=("#7f7f7f", "x"),
         reference="Vaswani et al. 2017, 'Attention Is All You Need'",
         time_complexity="O(Nq Nk D)",
         memory_complexity="O(Nq Nk) per head",

@@ -56,6 +56,7 @@ class XformersFullAttention(AttentionVariant):
     spec = VariantSpec(
         name="full_xformers",
         summary="exact softmax attention, xformers memory_efficient_attention kernel",
+        style=("#17becf", "D"),
         reference="Rabe & Staats 2021; facebookresearch/xformers",
         time_complexity="O(Nq Nk D)",
         memory_complexity="O(N D) (key padding: an Nq x Nk additive bias)",

@@ -75,7 +75,8 @@ class FeatureMap:
         return d
 
     def setup(self, q: Tensor, k: Tensor, keep: Tensor | None) -> dict:
-        """Per-call constants (positions' scale, a stabilizer...), computed once before the scan."""
+        """Per-call constants (positions' scale, a stabilizer...), computed once before the scan (q: for its
+        shape; it arrives without the factor the scan multiplies each group of it by)."""
         return {}
 
     def apply(self, x: Tensor, start: int, consts: dict, query: bool) -> Tensor:
@@ -182,11 +183,17 @@ def _ones_column(v: Tensor) -> Tensor:
     return torch.cat([v, v.new_ones(*v.shape[:-1], 1)], dim=-1)
 
 
-def _ratio(num: Tensor, eps: float) -> tuple[Tensor, Tensor]:
-    """(out, den) of [numerator, denominator] (B, H, L, Dv + 1): den = denominator + eps, never below the
-    smallest normal number, so a row that sees no key (numerator 0) reads 0 even with eps = 0."""
-    den = (num[..., -1:] + eps).clamp_min(torch.finfo(num.dtype).tiny)
-    return num[..., :-1] / den, den
+def _write_ratio(out: Tensor, den: Tensor, num: Tensor, eps: float) -> None:
+    """Into the views out (B, H, L, Dv) and den (B, H, L, 1), from [numerator, denominator] (B, H, L, Dv + 1):
+    den = denominator + eps, never below the smallest normal number (a row that sees no key, numerator 0,
+    reads 0 even with eps = 0), out = numerator / den. Written in place: no second N x Dv buffer."""
+    den.copy_((num[..., -1:] + eps).clamp_min_(torch.finfo(num.dtype).tiny))
+    out.copy_(num[..., :-1]).div_(den)
+
+
+def _query_group(q: Tensor, sl: slice, factor: float) -> Tensor:
+    """Rows `sl` of q times the factor q enters φ with (multiplied per group: no scaled copy of all of q)."""
+    return q[:, :, sl] if factor == 1.0 else q[:, :, sl] * factor
 
 
 def _key_features(fmap: FeatureMap, k: Tensor, keep: Tensor | None, sl: slice, consts: dict) -> Tensor:
@@ -228,33 +235,32 @@ class _NonCausalScan(torch.autograd.Function):
     """
 
     @staticmethod
-    def forward(ctx, q, k, v, keep, fmap, consts, eps):
+    def forward(ctx, q, k, v, keep, fmap, consts, q_factor, eps):
         b, h, n_k, d = k.shape
         size = group_positions(fmap.dim(d))
         state = k.new_zeros(b, h, fmap.dim(d), v.shape[-1] + 1)  # [Σ φ(k) vᵀ, Σ φ(k)]
         for sl in _groups(n_k, size):
             state += torch.matmul(_key_features(fmap, k, keep, sl, consts).transpose(-1, -2), _ones_column(v[:, :, sl]))
-        outs, dens = [], []
+        out = q.new_empty(*q.shape[:-1], v.shape[-1])
+        den = q.new_empty(*q.shape[:-1], 1)
         for sl in _groups(q.shape[-2], size):
-            out, den = _ratio(torch.matmul(fmap.apply(q[:, :, sl], sl.start, consts, True), state), eps)
-            outs.append(out)
-            dens.append(den)
-        out, den = torch.cat(outs, 2), torch.cat(dens, 2)
+            num = torch.matmul(fmap.apply(_query_group(q, sl, q_factor), sl.start, consts, True), state)
+            _write_ratio(out[:, :, sl], den[:, :, sl], num, eps)
         ctx.save_for_backward(q, k, v, keep, state, out, den)
-        ctx.fmap, ctx.consts, ctx.size = fmap, consts, size
+        ctx.fmap, ctx.consts, ctx.size, ctx.q_factor = fmap, consts, size, q_factor
         return out
 
     @staticmethod
     def backward(ctx, grad_out):
         q, k, v, keep, state, out, den = ctx.saved_tensors
-        fmap, consts = ctx.fmap, ctx.consts
+        fmap, consts, q_factor = ctx.fmap, ctx.consts, ctx.q_factor
         dq = torch.empty_like(q) if ctx.needs_input_grad[0] else None
         dstate = torch.zeros_like(state)
         for sl in _groups(q.shape[-2], ctx.size):
-            qg = q[:, :, sl]
+            qg = _query_group(q, sl, q_factor)
             d_num = _d_num_den(grad_out[:, :, sl], out[:, :, sl], den[:, :, sl])  # (L, Dv + 1)
             if dq is not None:
-                dq[:, :, sl] = fmap.vjp(qg, torch.matmul(d_num, state.transpose(-1, -2)), sl.start, consts, True)
+                dq[:, :, sl] = fmap.vjp(qg, torch.matmul(d_num, state.transpose(-1, -2)), sl.start, consts, True).mul_(q_factor)
             dstate += torch.matmul(fmap.apply(qg, sl.start, consts, True).transpose(-1, -2), d_num)
         dk = torch.empty_like(k) if ctx.needs_input_grad[1] else None
         dv = torch.empty_like(v) if ctx.needs_input_grad[2] else None
@@ -266,7 +272,7 @@ class _NonCausalScan(torch.autograd.Function):
                 dk[:, :, sl] = fmap.vjp(k[:, :, sl], dkf, sl.start, consts, False)
             if dv is not None:
                 dv[:, :, sl] = torch.matmul(_key_features(fmap, k, keep, sl, consts), dstate[..., :-1])
-        return dq, dk, dv, None, None, None, None
+        return dq, dk, dv, None, None, None, None, None
 
 
 def _d_num_den(grad_out: Tensor, out: Tensor, den: Tensor) -> Tensor:
@@ -283,31 +289,31 @@ class _CausalScan(torch.autograd.Function):
     and the normalizer, besides the inputs and the output."""
 
     @staticmethod
-    def forward(ctx, q, k, v, keep, fmap, consts, chunk, eps):
+    def forward(ctx, q, k, v, keep, fmap, consts, q_factor, chunk, eps):
         b, h, n, d = q.shape
         size = group_positions(fmap.dim(d), chunk)
         state = q.new_zeros(b, h, fmap.dim(d), v.shape[-1] + 1)
-        outs, dens, states = [], [], []
+        out = q.new_empty(b, h, n, v.shape[-1])
+        den = q.new_empty(b, h, n, 1)
+        states = []
         for sl in _groups(n, size):
             states.append(state)
             kf = _key_features(fmap, k, keep, sl, consts)
-            num, state = _causal_group(fmap.apply(q[:, :, sl], sl.start, consts, True), kf, _ones_column(v[:, :, sl]), state, chunk)
-            out, den = _ratio(num, eps)
-            outs.append(out)
-            dens.append(den)
-        out, den = torch.cat(outs, 2), torch.cat(dens, 2)
+            qf = fmap.apply(_query_group(q, sl, q_factor), sl.start, consts, True)
+            num, state = _causal_group(qf, kf, _ones_column(v[:, :, sl]), state, chunk)
+            _write_ratio(out[:, :, sl], den[:, :, sl], num, eps)
         ctx.save_for_backward(q, k, v, keep, out, den, torch.stack(states))
-        ctx.fmap, ctx.consts, ctx.chunk, ctx.size = fmap, consts, chunk, size
+        ctx.fmap, ctx.consts, ctx.chunk, ctx.size, ctx.q_factor = fmap, consts, chunk, size, q_factor
         return out
 
     @staticmethod
     def backward(ctx, grad_out):
         q, k, v, keep, out, den, states = ctx.saved_tensors
-        fmap, consts, chunk = ctx.fmap, ctx.consts, ctx.chunk
+        fmap, consts, chunk, q_factor = ctx.fmap, ctx.consts, ctx.chunk, ctx.q_factor
         dq, dk, dv = torch.empty_like(q), torch.empty_like(k), torch.empty_like(v)
         dstate_later = torch.zeros_like(states[0])  # Σ over later groups of φ(q_i)ᵀ [dnum_i, dden_i]
         for index, sl in reversed(list(enumerate(_groups(q.shape[-2], ctx.size)))):
-            qg, kg = q[:, :, sl], k[:, :, sl]
+            qg, kg = _query_group(q, sl, q_factor), k[:, :, sl]
             qf, kf = fmap.apply(qg, sl.start, consts, True), _key_features(fmap, k, keep, sl, consts)
             vg = _ones_column(v[:, :, sl])
             d_num = _d_num_den(grad_out[:, :, sl], out[:, :, sl], den[:, :, sl])
@@ -325,10 +331,10 @@ class _CausalScan(torch.autograd.Function):
             dstate_later = dstate_later + q_sums.sum(2)
             if keep is not None:
                 dkf = dkf * keep[:, :, sl].unflatten(2, (-1, chunk))
-            dq[:, :, sl] = fmap.vjp(qg, dqf.flatten(2, 3), sl.start, consts, True)
+            dq[:, :, sl] = fmap.vjp(qg, dqf.flatten(2, 3), sl.start, consts, True).mul_(q_factor)
             dk[:, :, sl] = fmap.vjp(kg, dkf.flatten(2, 3), sl.start, consts, False)
             dv[:, :, sl] = dvg.flatten(2, 3)[..., :-1]
-        return dq, dk, dv, None, None, None, None, None
+        return dq, dk, dv, None, None, None, None, None, None
 
 
 class FeatureMapAttention(AttentionVariant):
@@ -350,6 +356,10 @@ class FeatureMapAttention(AttentionVariant):
     def feature_map_for(self, q: Tensor) -> FeatureMap:
         raise NotImplementedError
 
+    def _feature_inputs(self, x: Tensor) -> Tensor:
+        """The dims of q or k that enter φ (all of them unless a subclass says fewer)."""
+        return x
+
     def default_scale(self, d: int) -> float:
         """scale=None: q enters φ as it is (the paper's)."""
         return 1.0
@@ -368,21 +378,21 @@ class FeatureMapAttention(AttentionVariant):
         if torch.is_autocast_enabled(q.device.type):  # the scan's sums stay in the inputs' dtype, forward and backward
             with torch.autocast(q.device.type, enabled=False):
                 return self._attend(q, k, v, causal, key_padding_mask)
+        q, k = self._feature_inputs(q), self._feature_inputs(k)
         factor = self._query_factor(q)
-        if factor is not None:  # φ applies to q itself unless a scale is given
-            q = q * factor
+        factor = 1.0 if factor is None else float(factor)  # φ applies to q itself unless a scale is given
         keep = None if key_padding_mask is None else key_padding_mask[:, None, :, None].to(k.dtype)  # (B, 1, Nk, 1)
         n_q, n_k = q.shape[-2], k.shape[-2]
         if causal and n_q < n_k:  # the queries are the last Nq positions: zero rows put them there, and are cut after.
             # The prefix sums over the first Nk - Nq keys are the running state of the scan: O(Nk F Dv), as
             # building that state from the keys costs anyway (a KV cache keeps keys, not the state)
-            return self._causal(torch.nn.functional.pad(q, (0, 0, n_k - n_q, 0)), k, v, keep)[:, :, -n_q:]
+            return self._causal(torch.nn.functional.pad(q, (0, 0, n_k - n_q, 0)), k, v, keep, factor)[:, :, -n_q:]
         fmap = self.feature_map_for(q)
         if not causal:
-            return _NonCausalScan.apply(q, k, v, keep, fmap, fmap.setup(q, k, keep), self.eps)
-        return self._causal(q, k, v, keep)
+            return _NonCausalScan.apply(q, k, v, keep, fmap, fmap.setup(q, k, keep), factor, self.eps)
+        return self._causal(q, k, v, keep, factor)
 
-    def _causal(self, q: Tensor, k: Tensor, v: Tensor, keep: Tensor | None) -> Tensor:
+    def _causal(self, q: Tensor, k: Tensor, v: Tensor, keep: Tensor | None, factor: float) -> Tensor:
         fmap = self.feature_map_for(q)
         consts = fmap.setup(q, k, keep)
         n = q.shape[-2]
@@ -394,10 +404,11 @@ class FeatureMapAttention(AttentionVariant):
             keep = torch.ones(1, 1, n, 1, dtype=k.dtype, device=k.device)
         if keep is not None:
             keep, _ = pad_to_multiple(keep, chunk)  # the padding added here is masked like any padded key
-        return _CausalScan.apply(q, k, v, keep, fmap, consts, chunk, self.eps)[:, :, :n]
+        return _CausalScan.apply(q, k, v, keep, fmap, consts, factor, chunk, self.eps)[:, :, :n]
 
     def kernel(self, q: Tensor, k: Tensor, *, causal: bool = False, key_padding_mask: Tensor | None = None) -> Tensor:
         """The explicit (B, H, Nq, Nk) kernel matrix A = φ(q) φ(k)ᵀ, masked (O(N²): for checks at small N)."""
+        q, k = self._feature_inputs(q), self._feature_inputs(k)
         factor = self._query_factor(q)
         q = q if factor is None else q * factor
         keep = None if key_padding_mask is None else key_padding_mask[:, None, :, None].to(k.dtype)
@@ -436,18 +447,19 @@ class LinearAttention(FeatureMapAttention):
     spec = VariantSpec(
         name="linear",
         summary="linear attention, phi(q)·phi(k) for softmax (elu+1, relu, taylor, cosformer); causal chunk-wise with a running F x Dv state",
+        style=("#d62728", "v"),
         reference="Katharopoulos et al. 2020, 'Transformers are RNNs'; Arora et al. 2024 (Based: taylor); Qin et al. 2022 (cosFormer)",
         time_complexity="O(N F Dv) (+ O(N C F) causal)",
         memory_complexity="O(N Dv) + one group of chunks",
         subquadratic=True,
         notes="F features a row: D (elu, relu), 2D (cosformer), 1 + D + D^2 (taylor); cosformer: M = max(Nq, Nk) unless "
               "max_len is given (give it for decoding: a prefix's outputs then do not change with N)",
-        function_options=("feature_map", "max_len"),
-        examples=((("chunk_size", 4),), (("feature_map", "relu"),), (("feature_map", "taylor"), ("chunk_size", 4)),
+        function_options=("feature_map", "max_len", "feature_dim"),
+        examples=((("chunk_size", 4),), (("feature_map", "relu"),), (("feature_map", "taylor"), ("chunk_size", 4)), (("feature_map", "taylor"), ("feature_dim", 3)),
                   (("feature_map", "cosformer"), ("chunk_size", 4), ("max_len", 64))),
     )
 
-    def __init__(self, *, feature_map: str = "elu", max_len: int | None = None, **base):
+    def __init__(self, *, feature_map: str = "elu", max_len: int | None = None, feature_dim: int | None = None, **base):
         """
         Args:
             feature_map: φ applied to queries and keys: "elu" (elu(x) + 1, Katharopoulos et al.), "relu",
@@ -455,6 +467,8 @@ class LinearAttention(FeatureMapAttention):
                 "cosformer" (relu with cos/sin re-weighting by position, F = 2D).
             max_len: cosformer only: M of its re-weighting cos(π (i − j) / 2M); None: max(Nq, Nk) of each call
                 (the paper's). Positions must stay below it.
+            feature_dim: d', only the first d' dims of q and k enter φ (None: all D). Based runs taylor on
+                d' = 16 (its q, k projections are that narrow; the values keep their width): F = 1 + d' + d'².
             scale: factor applied to q before φ; None (the default) leaves q as it is, as in the paper.
         """
         super().__init__(**base)
@@ -464,7 +478,10 @@ class LinearAttention(FeatureMapAttention):
         self._check_int("max_len", max_len, 1, allow_none=True)
         if max_len is not None and feature_map != "cosformer":
             raise ValueError(f"linear: option max_len={max_len!r} is for feature_map='cosformer' only, got feature_map={feature_map!r}")
-        self.feature_map, self.max_len = feature_map, max_len
+        self._check_int("feature_dim", feature_dim, 1, allow_none=True)
+        if feature_dim is not None and self.head_dim is not None and feature_dim > self.head_dim:
+            raise ValueError(f"linear: option feature_dim={feature_dim} is invalid; expected an int <= head_dim={self.head_dim}")
+        self.feature_map, self.max_len, self.feature_dim = feature_map, max_len, feature_dim
         self._map = CosformerFeatures(max_len) if feature_map == "cosformer" else FEATURE_MAPS[feature_map]()
 
     def length_unsupported_reason(self, n_q: int, n_k: int) -> str | None:
@@ -476,7 +493,12 @@ class LinearAttention(FeatureMapAttention):
         return self._map
 
     def _features(self, d: int) -> int:
-        return self._map.dim(d)
+        return self._map.dim(d if self.feature_dim is None else min(d, self.feature_dim))
+
+    def _feature_inputs(self, x: Tensor) -> Tensor:
+        if self.feature_dim is not None and self.feature_dim > x.shape[-1]:
+            raise ValueError(f"linear: feature_dim={self.feature_dim} > the inputs' head dim D={x.shape[-1]}")
+        return x if self.feature_dim is None else x[..., : self.feature_dim]
 
     def extra_repr(self) -> str:
         return f"feature_map={self.feature_map!r}, chunk_size={self.chunk_size}"

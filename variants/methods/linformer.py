@@ -31,6 +31,7 @@ class Linformer(AttentionVariant):
     spec = VariantSpec(
         name="linformer",
         summary="keys and values projected along N to `rank` rows by learned E, F per head; SDPA over them",
+        style=("#8c564b", ">"),
         reference="Wang et al. 2020, 'Linformer: Self-Attention with Linear Complexity'",
         time_complexity="O(N rank D)",
         memory_complexity="O(N D + rank D)",
@@ -71,13 +72,19 @@ class Linformer(AttentionVariant):
             return f"Nk={n_k} > max_len={self.max_len} (E and F have max_len columns; build with a larger max_len)"
         return None
 
+    def check_length(self, n: int) -> int:
+        return min(n, self.max_len)  # a check past max_len would be refused
+
     def projected_kv(self, k: Tensor, v: Tensor, key_padding_mask: Tensor | None) -> tuple[Tensor, Tensor]:
         """(E K (B, H, rank, D), F V (B, H, rank, Dv)), padded keys zeroed first."""
         n = k.shape[-2]
         if key_padding_mask is not None:
             keep = key_padding_mask[:, None, :, None].to(k.dtype)
             k, v = k * keep, v * keep
-        e, f = self.e[:, :, :n].to(k.dtype), self.f[:, :, :n].to(v.dtype)  # (H, rank, N)
+        # (H, rank, N); at N = max_len the parameters themselves, so their gradients accumulate in place
+        # (a slice's backward would first build a zero tensor of the parameter's size, H·rank·max_len)
+        e, f = (self.e, self.f) if n == self.max_len else (self.e[:, :, :n], self.f[:, :, :n])
+        e, f = e.to(k.dtype), f.to(v.dtype)
         return torch.matmul(e, k), torch.matmul(f, v)
 
     def _attend(self, q, k, v, causal, key_padding_mask):

@@ -104,6 +104,7 @@ class MemoryCompressedAttention(AttentionVariant):
     spec = VariantSpec(
         name="memory_compressed",
         summary="keys/values compressed by a strided conv (kernel = stride = c) per head; fused SDPA over the N/c slots",
+        style=("#9467bd", "P"),
         reference="Liu et al. 2018, 'Generating Wikipedia by Summarizing Long Sequences'",
         time_complexity="O(N^2 D / c)",
         memory_complexity="O(N D)",

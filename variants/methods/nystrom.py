@@ -62,6 +62,7 @@ class NystromAttention(AttentionVariant):
     spec = VariantSpec(
         name="nystrom",
         summary="Nyström approximation of softmax through m segment-mean landmarks and an iterative pseudo-inverse",
+        style=("#e377c2", "h"),
         reference="Xiong et al. 2021, 'Nyströmformer: A Nyström-Based Algorithm for Approximating Self-Attention'",
         time_complexity="O(N m D + m^3)",
         memory_complexity="O(N D + N m + m^2)",
@@ -89,6 +90,9 @@ class NystromAttention(AttentionVariant):
         if self.landmarks > min(n_q, n_k):
             return f"landmarks={self.landmarks} > N={min(n_q, n_k)} (each landmark averages at least one position)"
         return None
+
+    def check_length(self, n: int) -> int:
+        return max(n, self.landmarks)  # at least one position a landmark
 
     def _landmarks(self, q, k, key_padding_mask):
         m = self.landmarks

@@ -95,6 +95,7 @@ class Performer(FeatureMapAttention):
     spec = VariantSpec(
         name="performer",
         summary="FAVOR+: softmax estimated by m positive orthogonal random features, linear attention's scan",
+        style=("#ff7f0e", "<"),
         reference="Choromanski et al. 2021, 'Rethinking Attention with Performers'",
         time_complexity="O(N m Dv) (+ O(N C m) causal)",
         memory_complexity="O(N Dv) + one group of features",

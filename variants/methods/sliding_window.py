@@ -310,6 +310,7 @@ class SlidingWindowAttention(LongformerPattern):
     spec = VariantSpec(
         name="sliding_window",
         summary="Longformer sliding window (|i-j| <= w) + global tokens, blocked in pure PyTorch",
+        style=("#2ca02c", "s"),
         reference="Beltagy et al. 2020, 'Longformer: The Long-Document Transformer'",
         time_complexity="O(N (w + g) D)",
         memory_complexity="O(N D) + one group of block scores (bounded)",

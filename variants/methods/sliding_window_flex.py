@@ -104,6 +104,7 @@ class FlexSlidingWindowAttention(LongformerPattern):
     spec = VariantSpec(
         name="sliding_window_flex",
         summary="Longformer sliding window + global tokens via compiled FlexAttention and a block mask",
+        style=("#98df8a", "^"),
         reference="Beltagy et al. 2020; torch.nn.attention.flex_attention (Dong et al. 2024)",
         time_complexity="O(N (w + g) D) (in 128 x 128 tiles)",
         memory_complexity="O(N D) + O((N/128)^2) tile indices",
@@ -116,6 +117,8 @@ class FlexSlidingWindowAttention(LongformerPattern):
         same_function_as="sliding_window",
         reach_option="window",
         function_options=("window", "global_tokens"),
+        not_deployable=(("onnx", "torch.onnx has no conversion for aten.sort.stable, which FlexAttention's block mask "
+                                 "(create_block_mask) is built with"),),
         examples=((("window", 3),), (("window", 3), ("global_tokens", 2))),
     )
 
@@ -172,7 +175,7 @@ def propagate_non_finite(out: Tensor, q: Tensor, k: Tensor, v: Tensor, window: i
     bad_kv = ~(_finite_rows(k) & _finite_rows(v))
     if key_padding_mask is not None:
         bad_kv = bad_kv & key_padding_mask[:, None, :]  # padded keys are never attended
-    if not bool(bad_q.any() | bad_kv.any()):
+    if not torch.compiler.is_compiling() and not bool(bad_q.any() | bad_kv.any()):  # (traced: no branch on the data)
         return out
     n = q.shape[-2]
     seen = F.pad(bad_kv.to(torch.int32).cumsum(-1), (1, 0))  # seen[..., j] = bad keys before j

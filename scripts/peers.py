@@ -1,0 +1,161 @@
+"""Ours against the packages people would install instead, side by side in one process: time and peak memory.
+
+    pip install performer-pytorch linformer nystrom-attention        # the peers (not dependencies of attnbench)
+    python scripts/peers.py results/peers/cpu-16384.json             # N = 16384, B = 1, H = 8, D = 64; fwd and fwdbwd
+    python scripts/peers.py OUT.json --n 4096 --passes fwd
+
+Pairs, each at the same shape and settings:
+  performer  the attention alone on (B, H, N, D): `variants.build("performer", features=256)` against
+             performer-pytorch's `FastAttention(dim_heads=64, nb_features=256)` (non-causal, softmax kernel)
+  linformer  the whole layer on x (B, N, 512): `MultiHeadAttention(512, 8, "linformer", rank=256, max_len=N)`
+             against linformer's `LinformerSelfAttention(512, seq_len=N, k=256, heads=8)` (its E, F are shared
+             by the heads; ours are per head)
+  nystrom    the whole layer: `MultiHeadAttention(512, 8, "nystrom", landmarks=64)` against nystrom-attention's
+             `NystromAttention(512, dim_head=64, heads=8, num_landmarks=64, pinv_iterations=6, residual=False)`
+Times: the harness's measuring core (`harness.measure.measure_time`); memory: `harness.memory.measure_peak`
+after the timing (extra bytes of one call beyond its inputs). fwdbwd: forward, then backward of a fixed
+random output gradient to the inputs and the parameters. A peer that cannot run a configuration gets its
+error recorded instead of figures. Run it alone on a quiet machine.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+import time
+import traceback
+from pathlib import Path
+
+import torch
+
+import variants
+from harness import measure
+from harness.machine import environment
+from harness.memory import measure_peak, pin_mmap_threshold, steady_allocator
+
+D_MODEL, HEADS, HEAD_DIM = 512, 8, 64
+
+
+def layer_call(module, x, backward: bool):
+    """One call of a layer on x (B, N, d_model): forward under no_grad, or forward + backward."""
+    grad = torch.randn(x.shape, generator=torch.Generator().manual_seed(1)) if backward else None
+
+    def call():
+        if backward:
+            module(x).backward(grad)
+            x.grad = None
+            for p in module.parameters():
+                p.grad = None
+        else:
+            with torch.no_grad():
+                module(x)
+
+    return call
+
+
+def attention_call(fn, q, k, v, backward: bool):
+    grad = torch.randn(q.shape, generator=torch.Generator().manual_seed(1)) if backward else None
+
+    def call():
+        if backward:
+            fn(q, k, v).backward(grad)
+            q.grad = k.grad = v.grad = None
+        else:
+            with torch.no_grad():
+                fn(q, k, v)
+
+    return call
+
+
+def builders(n: int) -> dict:
+    """{method: {"ours"/"peer": (what is called, a function of backward -> the call)}}."""
+    torch.manual_seed(0)
+    q, k, v = measure.make_inputs(1, HEADS, n, HEAD_DIM, "float32", "cpu", True)
+    x = torch.randn(1, n, D_MODEL, requires_grad=True)
+
+    def ours_performer():
+        attn = variants.build("performer", features=256, head_dim=HEAD_DIM)
+        return lambda backward: attention_call(attn, q, k, v, backward)
+
+    def peer_performer():
+        from performer_pytorch import FastAttention
+
+        attn = FastAttention(dim_heads=HEAD_DIM, nb_features=256)
+        return lambda backward: attention_call(attn, q, k, v, backward)
+
+    def mha(variant, **options):
+        module = variants.MultiHeadAttention(D_MODEL, HEADS, variant=variant, bias=False, **options)
+        return lambda backward: layer_call(module, x, backward)
+
+    def peer_linformer():
+        from linformer import LinformerSelfAttention
+
+        module = LinformerSelfAttention(D_MODEL, seq_len=n, k=256, heads=HEADS)
+        return lambda backward: layer_call(module, x, backward)
+
+    def peer_nystrom():
+        from nystrom_attention import NystromAttention
+
+        module = NystromAttention(D_MODEL, dim_head=HEAD_DIM, heads=HEADS, num_landmarks=64, pinv_iterations=6, residual=False)
+        return lambda backward: layer_call(module, x, backward)
+
+    return {
+        "performer": {"ours": ("variants performer, features=256", ours_performer),
+                      "peer": ("performer_pytorch.FastAttention(dim_heads=64, nb_features=256)", peer_performer)},
+        "linformer": {"ours": ("MultiHeadAttention(512, 8, 'linformer', rank=256)", lambda: mha("linformer", rank=256, max_len=n)),
+                      "peer": ("linformer.LinformerSelfAttention(512, seq_len=N, k=256, heads=8)", peer_linformer)},
+        "nystrom": {"ours": ("MultiHeadAttention(512, 8, 'nystrom', landmarks=64)", lambda: mha("nystrom", landmarks=64)),
+                    "peer": ("nystrom_attention.NystromAttention(512, dim_head=64, heads=8, num_landmarks=64, residual=False)",
+                             peer_nystrom)},
+    }
+
+
+def measure_one(make_call, min_time: float) -> dict:
+    call = make_call()
+    timing = measure.measure_time(call, torch.device("cpu"), warmup=1, repeats=5, min_time=min_time)
+    pin_mmap_threshold()
+    peak = measure_peak(call, torch.device("cpu"))["peak_bytes"]
+    steady_allocator()
+    return {"time_median_s": sorted(timing.times)[len(timing.times) // 2], "samples": len(timing.times), "peak_bytes": peak}
+
+
+def main(argv: list[str]) -> None:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    parser.add_argument("out", type=Path)
+    parser.add_argument("--n", type=int, default=16384)
+    parser.add_argument("--passes", default="fwd,fwdbwd")
+    parser.add_argument("--min-time", type=float, default=1.0)
+    args = parser.parse_args(argv)
+    passes = args.passes.split(",")
+    if not set(passes) <= {"fwd", "fwdbwd"}:
+        parser.error(f"--passes {args.passes}: each of fwd, fwdbwd")
+    measure.set_threads()
+    results, started = [], time.time()
+    for method, pair in builders(args.n).items():
+        for pass_ in passes:
+            row = {"method": method, "pass": pass_, "n": args.n}
+            for who in ("ours", "peer"):  # one after the other in one process, the same inputs
+                what, build = pair[who]
+                row[f"{who}_what"] = what
+                try:
+                    factory = build()
+                    row[who] = measure_one(lambda: factory(pass_ == "fwdbwd"), args.min_time)
+                except Exception as err:  # noqa: BLE001 — a peer that cannot run a configuration: say why
+                    row[who] = {"error": f"{type(err).__name__}: {err}"[:300], "trace": traceback.format_exc(limit=2)[-600:]}
+            if "time_median_s" in row["ours"] and "time_median_s" in row["peer"]:
+                row["time_ours_over_peer"] = row["ours"]["time_median_s"] / row["peer"]["time_median_s"]
+                row["memory_ours_over_peer"] = row["ours"]["peak_bytes"] / max(row["peer"]["peak_bytes"], 1)
+            results.append(row)
+            ours, peer = row["ours"], row["peer"]
+            describe = lambda r: (f"{r['time_median_s'] * 1e3:9.1f} ms {r['peak_bytes'] / 2**20:8.1f} MiB" if "time_median_s" in r
+                                  else r["error"][:60])
+            print(f"{method:10s} {pass_:7s} ours {describe(ours)} | peer {describe(peer)}", flush=True)
+    args.out.parent.mkdir(parents=True, exist_ok=True)
+    args.out.write_text(json.dumps({"command": "python scripts/peers.py " + " ".join(argv), "seconds": round(time.time() - started, 1),
+                                    "environment": environment(sys.argv), "results": results}, indent=1) + "\n")
+    print(f"wrote {args.out}")
+
+
+if __name__ == "__main__":
+    main(sys.argv[1:])
