@@ -215,7 +215,8 @@ def recommendation(answers: list[Answer], context: dict) -> str:
         need.append(f"keeps >= {context['min_accuracy']:.0%} on {context['task']}")
     what = "fastest" + (" that " + " and ".join(need) if need else "")
     if not ranked:
-        return f"No variant is {what.replace('fastest that ', '')} at N={context['n']}: see the reasons in the table."
+        return (f"No variant {' and '.join(need) if need else 'has a time'} at N={context['n']}: "
+                f"see the reasons in the table.")
     best = ranked[0]
     extra = f", {best.how}" if best.how != "measured" else ""
     acc = f", accuracy {best.accuracy:.1%} at L={best.quality_length}" if best.accuracy is not None else ""

@@ -17,7 +17,7 @@ from typing import Annotated, Callable, Optional
 import typer
 from rich.console import Console
 
-from harness.config import ArgumentError, RunConfig
+from harness.config import MAX_LENGTH, ArgumentError, RunConfig
 
 app = typer.Typer(
     help="attnbench: which attention should I use at my sequence length, on my hardware? Measure it.",
@@ -250,7 +250,7 @@ def run(
             else:
                 _import_modules(import_ or [])
                 config = cfg.build_run_config(
-                    variants=variants_, lengths=cfg.parse_lengths(lengths) if lengths else cfg.powers_of_two(min_len, max_len),
+                    variants=variants_, lengths=cfg.parse_lengths(lengths) if lengths is not None else cfg.powers_of_two(min_len, max_len),
                     devices=devices, passes=passes, causal=CAUSAL[causal.value],
                     options=cfg.merge_options(option or [], window=window, compression=compression), imports=import_ or [],
                     min_time=min_time, warmup_time=warmup_time, cell_timeout=cell_timeout, batch=batch, heads=heads, head_dim=head_dim, dtype=dtype.value,
@@ -472,7 +472,7 @@ def _fraction(text: str | None) -> float | None:
 @app.command()
 def advise(
     run_dirs: Annotated[list[Path], typer.Argument(help="Speed runs (bench run) and quality runs (bench quality): at least one speed run.")],
-    length: Annotated[int, typer.Option("--len", callback=_at_least(1), help="The sequence length N to choose for.")],
+    length: Annotated[int, typer.Option("--len", callback=_within(1, MAX_LENGTH), help="The sequence length N to choose for.")],
     device: Annotated[Optional[str], typer.Option(help="Device of the speed rows to use (default: cpu if the runs hold it).")] = None,
     pass_: Annotated[Pass, typer.Option("--pass", help="fwd (inference) or fwdbwd (training).")] = Pass.fwdbwd,
     causal: Annotated[bool, typer.Option("--causal/--no-causal", help="Causal (decoder) or bidirectional attention rows.")] = True,
@@ -492,6 +492,8 @@ def advise(
 
     with _checked():
         budget = cfg.parse_size(memory, "--memory") if memory is not None else None
+        if budget is not None and budget <= 0:
+            raise ArgumentError(f"--memory: {memory!r} is no memory at all; give a budget above 0, e.g. 2GiB")
         answers, context = answer(run_dirs, n=length, device=device, pass_=pass_.value, causal=causal, memory=budget,
                                   task=task.value, min_accuracy=_fraction(min_accuracy))
     console = _console()

@@ -176,19 +176,23 @@ def parse_size(text: str, option: str = "--memory-budget") -> int:
     return int(number * 1024 ** " kmgt".index(unit or " "))
 
 
+# the longest sequence any command takes: at N = 2^31 the inputs alone hold 24 GiB even at B = H = D = 1 (float32)
+MAX_LENGTH = 2**31
+
+
 def parse_lengths(text: str) -> tuple[int, ...]:
     try:
         values = [int(part) for part in text.split(",") if part.strip()]
     except ValueError:
         raise ArgumentError(f"--lengths: {text!r} is not a comma-separated list of integers (e.g. 1000,3000,10000)") from None
-    if not values or any(v < 1 for v in values):
-        raise ArgumentError(f"--lengths: {text!r} must list integers >= 1")
+    if not values or any(not 1 <= v <= MAX_LENGTH for v in values):
+        raise ArgumentError(f"--lengths: {text!r} must list integers from 1 to {MAX_LENGTH} (2^31)")
     return tuple(sorted(set(values)))
 
 
 def powers_of_two(min_len: int, max_len: int) -> tuple[int, ...]:
-    if min_len < 1 or max_len < min_len:
-        raise ArgumentError(f"--min-len {min_len} / --max-len {max_len}: need 1 <= min-len <= max-len")
+    if min_len < 1 or max_len < min_len or max_len > MAX_LENGTH:
+        raise ArgumentError(f"--min-len {min_len} / --max-len {max_len}: need 1 <= min-len <= max-len <= {MAX_LENGTH} (2^31)")
     lengths, n = [], 1
     while n <= max_len:
         if n >= min_len:

@@ -144,9 +144,12 @@ def test_spec_limits_are_skipped_with_reason(tmp_path):
         (["--compression", "3", "--variants", "full"], "option compression=3 is taken by none of the selected variants"),
         (["--min-len", "512", "--max-len", "256"], "need 1 <= min-len <= max-len"),
         (["--heads", "0"], "'--heads': 0 is not allowed; it must be >= 1"),
+        (["--lengths", ""], "--lengths: '' must list integers from 1 to 2147483648"),
+        (["--lengths", "32," + "9" * 27], "must list integers from 1 to 2147483648 (2^31)"),
+        (["--max-len", str(2**32)], "need 1 <= min-len <= max-len <= 2147483648"),
     ],
     ids=["unknown-variant", "no-cuda", "bad-device", "bad-lengths", "bad-pass", "bad-size", "bad-option", "bad-window",
-         "unused-option", "bad-range", "bad-heads"],
+         "unused-option", "bad-range", "bad-heads", "empty-lengths", "huge-length", "huge-max-len"],
 )
 def test_invalid_arguments(tmp_path, args, message):
     if "cuda" in args and __import__("torch").cuda.is_available():

@@ -210,7 +210,10 @@ def test_advise_filters_by_memory_and_accuracy(tmp_path):
     answers, ctx = advise([speed, quality], n=4096, causal=False, min_accuracy=0.3)
     assert next(a for a in answers if a.rank == 1).variant == "linear"  # faster at 4096, keeps >= 30%
     answers, ctx = advise([speed, quality], n=4096, causal=False, min_accuracy=0.999)
-    assert all(a.rank is None for a in answers) and recommendation(answers, ctx).startswith("No variant")
+    assert all(a.rank is None for a in answers)
+    assert recommendation(answers, ctx).startswith("No variant keeps >= 100% on recall at N=4096: see the reasons")
+    answers, ctx = advise([speed, quality], n=4096, causal=False, memory=1, min_accuracy=0.5)
+    assert recommendation(answers, ctx).startswith("No variant fits in 1 B and keeps >= 50% on recall at N=4096")
 
 
 def test_advise_cli_and_its_bad_input(tmp_path):
@@ -227,6 +230,8 @@ def test_advise_cli_and_its_bad_input(tmp_path):
         (["--len", "1024", "--no-causal", "--task", "copy", str(speed), str(quality)], "--task copy: the quality runs trained recall only"),
         (["--len", "1024", "--no-causal", "--min-accuracy", "150%", str(speed)], "--min-accuracy"),
         (["--len", "0", str(speed)], "0 is not allowed"),
+        (["--len", "1" + "0" * 300, str(speed)], "is not allowed; use 1 <= value <= 2147483648"),
+        (["--len", "1024", "--no-causal", "--memory", "0", str(speed)], "--memory: '0' is no memory at all"),
         (["--len", "1024", "--no-causal", "--memory", "lots", str(speed)], "--memory"),
         (["--len", "1024", str(tmp_path / "nowhere")], "nowhere"),
         (["--len", "1024", "--no-causal", str(speed), str(make_quality_run(tmp_path / "gpu", {"full": 0.9}, device="cuda"))],
