@@ -17,7 +17,7 @@ from typing import Annotated, Callable, Optional
 import typer
 from rich.console import Console
 
-from harness.config import MAX_LENGTH, ArgumentError, RunConfig
+from harness.config import MAX_CHECK_LEN, MAX_LENGTH, ArgumentError, RunConfig
 
 app = typer.Typer(
     help="attnbench: which attention should I use at my sequence length, on my hardware? Measure it.",
@@ -194,7 +194,7 @@ def run(
     memory_budget: Annotated[str, typer.Option(help="Memory a cell may use: auto (60% of free RAM, 90% of free GPU memory) or a size like 8GiB.")] = "auto",
     threads: Annotated[int, typer.Option(callback=_at_least(0), help="CPU threads per cell (0: every core this process may use).")] = 0,
     peak_time: Annotated[float, typer.Option(help="Seconds spent measuring the machine's matmul peak (the 100% of the efficiency figure) before the sweep.")] = 1.0,
-    check_len: Annotated[int, typer.Option(callback=_at_least(1), help="N of the correctness gate against the dense reference (raised per variant where its sparse paths need a longer N, never past the longest N of the run).")] = 320,
+    check_len: Annotated[int, typer.Option(callback=_within(1, MAX_CHECK_LEN), help=f"N of the correctness gate against the dense reference (raised per variant where its sparse paths need a longer N, never past the longest N of the run). At most {MAX_CHECK_LEN}: the reference holds B x H x N x N float64 scores.")] = 320,
     out: Annotated[Optional[Path], typer.Option(help="Run directory to create (default results/<timestamp>-<host>); never overwritten.")] = None,
     resume: Annotated[Optional[Path], typer.Option(help="Finish this run: only its missing cells, with its original options.")] = None,
     import_: Annotated[Optional[list[str]], typer.Option("--import", help="Module to import first (it may register more variants). With --resume, a run's modules must be named again: resuming runs their code.")] = None,

@@ -176,6 +176,14 @@ def parse_size(text: str, option: str = "--memory-budget") -> int:
     return int(number * 1024 ** " kmgt".index(unit or " "))
 
 
+# the measuring core's version, recorded in every run's metadata: rows timed by two cores never share a
+# run (--resume refuses). 2: steady allocator while timing, warm-up >= --warmup-time, samples calibrated to
+# >= 10 ms (CPU) from the last warm-up call (issue 31); 1: before (runs that record no version)
+TIMING_CORE = 2
+
+# the longest correctness check: its dense float64 reference holds B x H x N x N scores (2 x 8 x 4096² x 8 bytes = 2 GiB)
+MAX_CHECK_LEN = 4096
+
 # the longest sequence any command takes: at N = 2^31 the inputs alone hold 24 GiB even at B = H = D = 1 (float32)
 MAX_LENGTH = 2**31
 

@@ -13,7 +13,7 @@ import sys
 from datetime import datetime
 from pathlib import Path
 
-from harness.config import ArgumentError
+from harness.config import TIMING_CORE, ArgumentError
 from harness.storage import create_run_dir, read_metadata
 
 COMMANDS = {"sweep": "bench run", "quality": "bench quality"}
@@ -37,7 +37,7 @@ def start(run_dir: Path, kind: str, config: dict, machine: dict | None = None, v
     `variants`, the facts of the run's variants (`config.recorded_facts`) that readers use."""
     from harness.machine import environment
 
-    metadata = {"kind": kind, "config": config, "environment": environment(sys.argv), "argv": sys.argv}
+    metadata = {"kind": kind, "config": config, "environment": environment(sys.argv), "argv": sys.argv, "timing_core": TIMING_CORE}
     if variants is not None:
         metadata["variants"] = variants
     if machine is not None:
@@ -46,8 +46,9 @@ def start(run_dir: Path, kind: str, config: dict, machine: dict | None = None, v
 
 
 def open_to_resume(run_dir: Path, kind: str, imports_given: list[str]) -> dict:
-    """RUN_DIR's metadata, for resuming it as a run of `kind`. ArgumentError when it is another kind, or
-    when it was run with --import modules not named again (resuming runs their code)."""
+    """RUN_DIR's metadata, for resuming it as a run of `kind`. ArgumentError when it is another kind, when
+    another measuring core timed it (`TIMING_CORE`), or when it was run with --import modules not named
+    again (resuming runs their code)."""
     try:
         metadata = read_metadata(run_dir)
     except (FileNotFoundError, ValueError) as err:
@@ -55,6 +56,12 @@ def open_to_resume(run_dir: Path, kind: str, imports_given: list[str]) -> dict:
     if metadata["kind"] != kind:
         raise ArgumentError(f"--resume: {run_dir} is a {metadata['kind']} run; resume it with "
                             f"{COMMANDS.get(metadata['kind'], 'the command that made it')} --resume {run_dir}")
+    core = metadata.get("timing_core", 1)
+    if core != TIMING_CORE:
+        raise ArgumentError(f"--resume: {run_dir} was timed by measuring core {core}"
+                            + (" (it records none: made before runs recorded it)" if "timing_core" not in metadata else "")
+                            + f"; this version's is {TIMING_CORE} (harness.config.TIMING_CORE), so resuming would put rows "
+                            f"timed two ways into one run; start a new run with --out instead")
     stored = list(metadata["config"].get("imports") or [])
     missing = [module for module in stored if module not in imports_given]
     if missing:

@@ -147,9 +147,10 @@ def test_spec_limits_are_skipped_with_reason(tmp_path):
         (["--lengths", ""], "--lengths: '' must list integers from 1 to 2147483648"),
         (["--lengths", "32," + "9" * 27], "must list integers from 1 to 2147483648 (2^31)"),
         (["--max-len", str(2**32)], "need 1 <= min-len <= max-len <= 2147483648"),
+        (["--check-len", "100000000"], "100000000 is not allowed; use 1 <= value <= 4096"),
     ],
     ids=["unknown-variant", "no-cuda", "bad-device", "bad-lengths", "bad-pass", "bad-size", "bad-option", "bad-window",
-         "unused-option", "bad-range", "bad-heads", "empty-lengths", "huge-length", "huge-max-len"],
+         "unused-option", "bad-range", "bad-heads", "empty-lengths", "huge-length", "huge-max-len", "huge-check-len"],
 )
 def test_invalid_arguments(tmp_path, args, message):
     if "cuda" in args and __import__("torch").cuda.is_available():

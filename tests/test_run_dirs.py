@@ -19,6 +19,7 @@ from helpers import FAST, SLOW_RUN, bench, bench_process, run_dir_rows, wait_for
 from torch import nn
 
 import variants
+from harness.config import TIMING_CORE
 from harness.storage import read_rows
 
 TESTS = Path(__file__).resolve().parent
@@ -60,10 +61,25 @@ def test_quality_resume_while_training_is_refused(tmp_path):
     out = tmp_path / "q"
     out.mkdir()
     config = {"tasks": ["copy"], "variants": ["full"], "lengths": [8], "options": {}, "steps": 1}
-    (out / "metadata.json").write_text(json.dumps({"kind": "quality", "config": config}))
+    (out / "metadata.json").write_text(json.dumps({"kind": "quality", "config": config, "timing_core": TIMING_CORE}))
     with RunLock(out):  # as a running bench quality holds it
         result = bench("quality", "--resume", str(out))
     assert result.exit_code == 2 and "being written by another process" in result.output
+
+
+def test_resume_refuses_a_run_timed_by_another_measuring_core(tmp_path):
+    # rows timed two ways never share a run: the core's version is in the metadata from the start
+    run = tiny_run(tmp_path / "run")
+    metadata = json.loads((run / "metadata.json").read_text())
+    assert metadata["timing_core"] == TIMING_CORE
+    for stored in ({"timing_core": 1}, {}):  # an older core, or a run from before the field existed
+        edited = {key: value for key, value in metadata.items() if key != "timing_core"} | stored
+        (run / "metadata.json").write_text(json.dumps(edited))
+        result = bench("run", "--resume", str(run))
+        assert result.exit_code == 2, result.output
+        text = " ".join(result.output.split()).replace("│", "").replace("  ", " ")
+        assert "was timed by measuring core 1" in text and f"this version's is {TIMING_CORE}" in text, text
+        assert ("records none" in text) == (stored == {})
 
 
 # -- rows of another configuration do not count ------------------------------------------------------------
