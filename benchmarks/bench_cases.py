@@ -51,6 +51,11 @@ class FlexDirect(LongformerPattern):
             return compiled_flex_attention(q.device.type)(q, k, v, block_mask=self._masks[key], scale=self._scale(q))
 
 
+def registered(label: str) -> str:
+    """The registered variant behind a case's label: 'linear[feature_map=relu]' -> 'linear'."""
+    return label.split("[", 1)[0]
+
+
 @dataclass(frozen=True)
 class Case:
     variant: str  # the label: a registered name, or NAME[name=value,...] for a --bench-also entry
@@ -65,7 +70,7 @@ class Case:
     @property
     def name(self) -> str:
         """The registered variant behind the label."""
-        return self.variant.split("[", 1)[0]
+        return registered(self.variant)
 
     @property
     def group(self) -> str:
@@ -103,8 +108,8 @@ def _also(text: str) -> tuple[str, dict]:
 def cases(config) -> list[Case]:
     s = _settings(config)
     names = [name for name in s["variants"] if variants.variant_class(name).unavailable_reason(s["device"]) is None]
-    names += [label for label in s["also"] if variants.variant_class(label.split("[")[0]).unavailable_reason(s["device"]) is None]
-    if any(variants.variant_class(name.split("[")[0]).spec.reach_option for name in names):  # a windowed method: its yardstick too
+    names += [label for label in s["also"] if variants.variant_class(registered(label)).unavailable_reason(s["device"]) is None]
+    if any(variants.variant_class(registered(name)).spec.reach_option for name in names):  # a windowed method: its yardstick too
         names.append(FLEX)
     return [Case(name, n, pass_, causal) for name in names for n in s["lengths"] for pass_ in s["passes"] for causal in s["causal"]]
 
@@ -130,7 +135,7 @@ class Suite:
             if name == FLEX:
                 attn = FlexDirect(window=self.s["window"])
             elif name in self.s["also"]:
-                attn = variants.build(name.split("[")[0], device=self.device, num_heads=self.s["heads"],
+                attn = variants.build(registered(name), device=self.device, num_heads=self.s["heads"],
                                       head_dim=self.s["head_dim"], **self.s["also"][name])
             else:
                 attn = variants.build(name, device=self.device, num_heads=self.s["heads"], head_dim=self.s["head_dim"],
@@ -142,8 +147,8 @@ class Suite:
         """Why the case cannot run here: the variant's spec, or (as in bench run) its predicted memory
         above the automatic budget (60% of the available RAM, 90% of the free GPU memory)."""
         attn = self.build(case.variant)
-        if case.causal and not attn.spec.supports_causal:
-            return f"{case.variant} does not support causal attention: {attn.spec.why_not_causal}"
+        if case.causal and attn.causal_unsupported_reason():
+            return attn.causal_unsupported_reason()
         reason = attn.length_unsupported_reason(case.n, case.n)
         if reason:
             return f"{case.variant} at N={case.n}: {reason}"

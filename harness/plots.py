@@ -13,7 +13,7 @@ from pathlib import Path
 import pandas as pd
 
 from harness.config import BASELINE
-from harness.storage import load_frame, read_metadata, variant_facts
+from harness.storage import load_frame, read_metadata
 from harness.summary import PANEL, crossover, fit_exponent, panel_rows
 
 FORMATS = ("png", "svg", "pdf")
@@ -281,7 +281,7 @@ def plot_quality(run_dir: Path, out_dir: Path | None = None, fmt: str = "png") -
                  f"{', curriculum' if cfg.get('curriculum') else ''}, options {cfg.get('options')}", fontsize=10)
     paths = [save_figure(fig, out_dir / f"quality_accuracy.{fmt}")]
 
-    distance = by_distance_frame(rows, variant_facts(run_dir))
+    distance = by_distance_frame(rows, meta.get("variants"))
     if not distance.empty:
         paths.append(_distance_figure(distance, cfg, out_dir / f"quality_distance.{fmt}", meta.get("variants")))
     costs = cost_frame(run_dir)

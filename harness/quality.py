@@ -193,8 +193,8 @@ def measure_training_step(task_name: str, length: int, variant: str, options: di
 def cannot_train_reason(name: str, device: str = "cpu") -> str | None:
     """Why variant `name` cannot train the (causal) decoder on `device`, or None."""
     cls = variants.variant_class(name)
-    if not cls.spec.supports_causal:
-        return f"{name} does not support causal attention, which the decoder needs"
+    if cls.causal_unsupported_reason():
+        return f"{cls.causal_unsupported_reason()}, which the decoder needs"
     return cls.unavailable_reason(device) or cls.backward_unsupported_reason(device)
 
 

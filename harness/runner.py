@@ -69,8 +69,8 @@ def static_skip_reason(config: RunConfig, cell: Cell, remote: bool = False) -> s
         reason = cls.unavailable_reason(cell.device)
         if reason:
             return f"unavailable: {reason}"
-    if cell.causal and not cls.spec.supports_causal:
-        return f"{cell.variant} does not support causal attention" + (f": {cls.spec.why_not_causal}" if cls.spec.why_not_causal else "")
+    if cell.causal and cls.causal_unsupported_reason():
+        return cls.causal_unsupported_reason()
     if cell.pass_ == "fwdbwd":
         reason = cls.backward_unsupported_reason(cell.device)
         if reason:

@@ -56,8 +56,8 @@ def point(name: str, options: dict, q, k, v, exact, causal: bool, min_time: floa
     error = ((out.double() - exact).norm() / exact.norm()).item()
     call = measure.pass_call(attn, q, k, v, causal=causal, backward=False)
     timing = measure.measure_time(call, torch.device("cpu"), warmup=1, repeats=5, min_time=min_time)
-    median = sorted(timing.times)[len(timing.times) // 2]
-    return {"variant": name, "options": options, "error": error, "time_median_s": median, "samples": len(timing.times)}
+    return {"variant": name, "options": options, "error": error, "time_median_s": measure.timing_stats(timing.times)["time_median_s"],
+            "samples": len(timing.times)}
 
 
 def draw(points: list[dict], out: Path, n: int, causal: bool) -> Path:

@@ -117,7 +117,7 @@ def measure_one(make_call, min_time: float) -> dict:
     pin_mmap_threshold()
     peak = measure_peak(call, torch.device("cpu"))["peak_bytes"]
     steady_allocator()
-    return {"time_median_s": sorted(timing.times)[len(timing.times) // 2], "samples": len(timing.times), "peak_bytes": peak}
+    return {"time_median_s": measure.timing_stats(timing.times)["time_median_s"], "samples": len(timing.times), "peak_bytes": peak}
 
 
 def main(argv: list[str]) -> None:

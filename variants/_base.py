@@ -32,9 +32,9 @@ class VariantSpec:
     memory_complexity: str  # extra memory beyond inputs and output, e.g. "O(N w)"
     supports_causal: bool = True
     scale_is_query_factor: bool = True  # the `scale` option acts as a factor of q (dot-product scores); False: it multiplies scores of another form
-    why_not_causal: str = ""
+    why_not_causal: str = ""  # where supports_causal is False: the method's reason, for errors and skipped cells
     not_deployable: tuple[tuple[str, str], ...] = ()  # (step, why) for each of "export", "compile", "onnx" the variant cannot take (tested)
-    max_len_option: str | None = None  # the option bounding N (a learned projection's columns): variants.hf fills it from the model's max_position_embeddings  # where supports_causal is False: the method's reason, for errors and skipped cells
+    max_len_option: str | None = None  # the option bounding N (a learned projection's columns): variants.hf fills it from the model's max_position_embeddings
     supports_cross_attention: bool = True  # Nq != Nk without causal (causal Nq <= Nk: every variant)
     supports_key_padding_mask: bool = True
     devices: tuple[str, ...] = ("cpu", "cuda")  # device types it runs on
@@ -125,6 +125,13 @@ class AttentionVariant(nn.Module):
         if dtype not in cls.spec.dtypes:
             return f"{cls.spec.name} does not support {dtype} (supports {', '.join(cls.spec.dtypes)})"
         return None
+
+    @classmethod
+    def causal_unsupported_reason(cls) -> str | None:
+        """None when the variant computes causal attention, else why not (its spec's `why_not_causal`)."""
+        if cls.spec.supports_causal:
+            return None
+        return f"{cls.spec.name} does not support causal attention" + (f": {cls.spec.why_not_causal}" if cls.spec.why_not_causal else "")
 
     @classmethod
     def backward_unsupported_reason(cls, device: str) -> str | None:

@@ -18,6 +18,12 @@ def pad_to_multiple(x: Tensor, multiple: int, dim: int = -2, value: float = 0.0)
     return F.pad(x, widths, value=value), pad
 
 
+def spans(n: int, size: int) -> list[slice]:
+    """Slices of [0, n) of `size` positions each (the last may be shorter): the groups, tiles and chunks
+    the variants take a sequence in."""
+    return [slice(start, min(start + size, n)) for start in range(0, n, size)]
+
+
 def masked_softmax(scores: Tensor, allowed: Tensor | None, dim: int = -1) -> Tensor:
     """Softmax over `dim` where `allowed` is False gives weight 0; a row with nothing allowed gives all zeros.
 

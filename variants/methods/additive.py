@@ -23,14 +23,10 @@ import torch
 from torch import Tensor, nn
 
 from .._base import AttentionVariant, VariantSpec, dense_mask, register
-from .._utils import masked_softmax
+from .._utils import masked_softmax, spans
 
 TILE_ELEMENTS = 2**20  # (batch x heads) x Tq x Tk x A numbers of one tile: 4 MiB in float32
 KEY_TILE = 128  # keys per tile
-
-
-def _tiles(n: int, size: int):
-    return [slice(start, min(start + size, n)) for start in range(0, n, size)]
 
 
 def _query_tile(bh: int, key_tile: int, a: int) -> int:
@@ -74,11 +70,11 @@ class _TiledAdditive(torch.autograd.Function):
         tq = _query_tile(b * h, tk, a)
         out = torch.zeros(b, h, n_q, v.shape[-1], dtype=v.dtype, device=v.device)
         lse = torch.empty(b, h, n_q, dtype=qa.dtype, device=qa.device)
-        for i in _tiles(n_q, tq):
+        for i in spans(n_q, tq):
             row_max = torch.full((b, h, i.stop - i.start, 1), -math.inf, dtype=qa.dtype, device=qa.device)
             row_sum = torch.zeros_like(row_max)
             acc = out[:, :, i]
-            for j in _tiles(n_k, tk):
+            for j in spans(n_k, tk):
                 if not _visible(i, j, offset, causal):
                     break
                 s, _ = _tile_scores(qa[:, :, i], ka[:, :, j], w, scale)
@@ -108,9 +104,9 @@ class _TiledAdditive(torch.autograd.Function):
         dqa, dka, dv = torch.zeros_like(qa), torch.zeros_like(ka), torch.zeros_like(v)
         dw = torch.zeros_like(w)
         delta = (grad_out * out).sum(-1, keepdim=True)  # (B, H, Nq, 1): Σ_j P_ij dP_ij of each row
-        for i in _tiles(n_q, tq):
+        for i in spans(n_q, tq):
             do = grad_out[:, :, i]
-            for j in _tiles(n_k, tk):
+            for j in spans(n_k, tk):
                 if not _visible(i, j, offset, causal):
                     break
                 s, t = _tile_scores(qa[:, :, i], ka[:, :, j], w, scale)

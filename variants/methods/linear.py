@@ -39,7 +39,7 @@ import torch
 from torch import Tensor
 
 from .._base import AttentionVariant, VariantSpec, dense_mask, register
-from .._utils import pad_to_multiple
+from .._utils import pad_to_multiple, spans
 
 GROUP_FEATURES = 512 * 256  # positions x features computed at once (512 positions up to F = 256)
 
@@ -173,11 +173,6 @@ def group_positions(features: int, chunk: int = 1) -> int:
     return max(chunk, size // chunk * chunk)
 
 
-def _groups(n: int, size: int):
-    """Slices of [0, n) of `size` positions (the last may be shorter)."""
-    return [slice(start, min(start + size, n)) for start in range(0, n, size)]
-
-
 def _ones_column(v: Tensor) -> Tensor:
     """[v, 1]: a value column of ones turns the numerator's sums into the normalizer's."""
     return torch.cat([v, v.new_ones(*v.shape[:-1], 1)], dim=-1)
@@ -239,11 +234,11 @@ class _NonCausalScan(torch.autograd.Function):
         b, h, n_k, d = k.shape
         size = group_positions(fmap.dim(d))
         state = k.new_zeros(b, h, fmap.dim(d), v.shape[-1] + 1)  # [Σ φ(k) vᵀ, Σ φ(k)]
-        for sl in _groups(n_k, size):
+        for sl in spans(n_k, size):
             state += torch.matmul(_key_features(fmap, k, keep, sl, consts).transpose(-1, -2), _ones_column(v[:, :, sl]))
         out = q.new_empty(*q.shape[:-1], v.shape[-1])
         den = q.new_empty(*q.shape[:-1], 1)
-        for sl in _groups(q.shape[-2], size):
+        for sl in spans(q.shape[-2], size):
             num = torch.matmul(fmap.apply(_query_group(q, sl, q_factor), sl.start, consts, True), state)
             _write_ratio(out[:, :, sl], den[:, :, sl], num, eps)
         ctx.save_for_backward(q, k, v, keep, state, out, den)
@@ -256,7 +251,7 @@ class _NonCausalScan(torch.autograd.Function):
         fmap, consts, q_factor = ctx.fmap, ctx.consts, ctx.q_factor
         dq = torch.empty_like(q) if ctx.needs_input_grad[0] else None
         dstate = torch.zeros_like(state)
-        for sl in _groups(q.shape[-2], ctx.size):
+        for sl in spans(q.shape[-2], ctx.size):
             qg = _query_group(q, sl, q_factor)
             d_num = _d_num_den(grad_out[:, :, sl], out[:, :, sl], den[:, :, sl])  # (L, Dv + 1)
             if dq is not None:
@@ -264,7 +259,7 @@ class _NonCausalScan(torch.autograd.Function):
             dstate += torch.matmul(fmap.apply(qg, sl.start, consts, True).transpose(-1, -2), d_num)
         dk = torch.empty_like(k) if ctx.needs_input_grad[1] else None
         dv = torch.empty_like(v) if ctx.needs_input_grad[2] else None
-        for sl in _groups(k.shape[-2], ctx.size):
+        for sl in spans(k.shape[-2], ctx.size):
             if dk is not None:
                 dkf = torch.matmul(_ones_column(v[:, :, sl]), dstate.transpose(-1, -2))
                 if keep is not None:
@@ -296,7 +291,7 @@ class _CausalScan(torch.autograd.Function):
         out = q.new_empty(b, h, n, v.shape[-1])
         den = q.new_empty(b, h, n, 1)
         states = []
-        for sl in _groups(n, size):
+        for sl in spans(n, size):
             states.append(state)
             kf = _key_features(fmap, k, keep, sl, consts)
             qf = fmap.apply(_query_group(q, sl, q_factor), sl.start, consts, True)
@@ -312,7 +307,7 @@ class _CausalScan(torch.autograd.Function):
         fmap, consts, chunk, q_factor = ctx.fmap, ctx.consts, ctx.chunk, ctx.q_factor
         dq, dk, dv = torch.empty_like(q), torch.empty_like(k), torch.empty_like(v)
         dstate_later = torch.zeros_like(states[0])  # Σ over later groups of φ(q_i)ᵀ [dnum_i, dden_i]
-        for index, sl in reversed(list(enumerate(_groups(q.shape[-2], ctx.size)))):
+        for index, sl in reversed(list(enumerate(spans(q.shape[-2], ctx.size)))):
             qg, kg = _query_group(q, sl, q_factor), k[:, :, sl]
             qf, kf = fmap.apply(qg, sl.start, consts, True), _key_features(fmap, k, keep, sl, consts)
             vg = _ones_column(v[:, :, sl])
@@ -364,9 +359,9 @@ class FeatureMapAttention(AttentionVariant):
         """scale=None: q enters φ as it is (the paper's)."""
         return 1.0
 
-    def _query_factor(self, q: Tensor) -> float | None:
-        """What q is multiplied by before φ (None: nothing)."""
-        return self.scale
+    def _query_factor(self, q: Tensor) -> float:
+        """What q is multiplied by before φ: its scale (1 unless given)."""
+        return float(self._scale(q))
 
     def _attend(self, q: Tensor, k: Tensor, v: Tensor, causal: bool, key_padding_mask: Tensor | None) -> Tensor:
         if q.dtype in (torch.float16, torch.bfloat16):
@@ -380,7 +375,6 @@ class FeatureMapAttention(AttentionVariant):
                 return self._attend(q, k, v, causal, key_padding_mask)
         q, k = self._feature_inputs(q), self._feature_inputs(k)
         factor = self._query_factor(q)
-        factor = 1.0 if factor is None else float(factor)  # φ applies to q itself unless a scale is given
         keep = None if key_padding_mask is None else key_padding_mask[:, None, :, None].to(k.dtype)  # (B, 1, Nk, 1)
         n_q, n_k = q.shape[-2], k.shape[-2]
         if causal and n_q < n_k:  # the queries are the last Nq positions: zero rows put them there, and are cut after.
@@ -410,7 +404,7 @@ class FeatureMapAttention(AttentionVariant):
         """The explicit (B, H, Nq, Nk) kernel matrix A = φ(q) φ(k)ᵀ, masked (O(N²): for checks at small N)."""
         q, k = self._feature_inputs(q), self._feature_inputs(k)
         factor = self._query_factor(q)
-        q = q if factor is None else q * factor
+        q = q if factor == 1.0 else q * factor
         keep = None if key_padding_mask is None else key_padding_mask[:, None, :, None].to(k.dtype)
         n_q, n_k = q.shape[-2], k.shape[-2]
         fmap = self.feature_map_for(q)

@@ -22,7 +22,7 @@ import torch
 from torch import Tensor, nn
 
 from .._base import AttentionVariant, VariantSpec, register
-from .._utils import dense_attention
+from .._utils import dead_query_rows, dense_attention, zero_rows
 from .full import full_attention_pairs, sdpa
 
 
@@ -89,11 +89,8 @@ class Linformer(AttentionVariant):
 
     def _attend(self, q, k, v, causal, key_padding_mask):
         kp, vp = self.projected_kv(k, v, key_padding_mask)
-        if key_padding_mask is None:
-            return sdpa(q, kp, vp, scale=self._scale(q))
         # a batch element with no real key: its projected keys and values are all zero; its rows read 0
-        out = sdpa(q, kp, vp, scale=self._scale(q))
-        return out.masked_fill(~key_padding_mask.any(-1)[:, None, None, None], 0.0)
+        return zero_rows(sdpa(q, kp, vp, scale=self._scale(q)), dead_query_rows(key_padding_mask, q.shape[-2], False))
 
     def reference(self, q, k, v, *, causal=False, key_padding_mask=None):
         """softmax(Q (E K)ᵀ · scale) (F V) with every score stored; rows of an all-padding element 0."""

@@ -26,7 +26,7 @@ import torch
 from torch import Tensor
 
 from .._base import AttentionVariant, VariantSpec, register
-from .._utils import dense_attention, masked_softmax
+from .._utils import masked_softmax
 from .full import sdpa
 
 

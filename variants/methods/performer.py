@@ -29,6 +29,7 @@ import torch
 from torch import Tensor
 
 from .._base import VariantSpec, register
+from .._utils import spans
 from .linear import FeatureMap, FeatureMapAttention
 
 
@@ -67,10 +68,10 @@ class PositiveRandomFeatures(FeatureMap):
     def setup(self, q, k, keep):
         with torch.no_grad():
             key_max = torch.full(k.shape[:2], -math.inf, dtype=k.dtype, device=k.device)
-            for start in range(0, k.shape[-2], 512):
-                logits = self.logits(k[:, :, start : start + 512])
+            for sl in spans(k.shape[-2], 512):
+                logits = self.logits(k[:, :, sl])
                 if keep is not None:
-                    logits = logits.masked_fill(keep[:, :, start : start + 512] == 0, -math.inf)
+                    logits = logits.masked_fill(keep[:, :, sl] == 0, -math.inf)
                 key_max = torch.maximum(key_max, logits.amax(dim=(-1, -2)))
             key_max = torch.where(torch.isfinite(key_max), key_max, torch.zeros_like(key_max))  # every key padded
         return {"key_max": key_max[:, :, None, None]}  # (B, H, 1, 1)
