@@ -147,8 +147,9 @@ class Suite:
         """Why the case cannot run here: the variant's spec, or (as in bench run) its predicted memory
         above the automatic budget (60% of the available RAM, 90% of the free GPU memory)."""
         attn = self.build(case.variant)
-        if case.causal and attn.causal_unsupported_reason():
-            return attn.causal_unsupported_reason()
+        reason = attn.mode_unsupported_reason(case.causal)
+        if reason:
+            return reason
         reason = attn.length_unsupported_reason(case.n, case.n)
         if reason:
             return f"{case.variant} at N={case.n}: {reason}"

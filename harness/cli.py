@@ -124,7 +124,7 @@ def list_variants(import_: ImportOption = None) -> None:
 
     console = _console()
     table = Table(title="attnbench variants", title_justify="left")
-    for col in ("variant", "time", "extra memory", "causal", "cross", "padding", "cpu", "cuda"):
+    for col in ("variant", "time", "extra memory", "causal", "cross", "padding", "cpu", "cuda"):  # causal: yes, no, only
         table.add_column(col)
     unavailable = []
     for name in variants.available():
@@ -139,6 +139,8 @@ def list_variants(import_: ImportOption = None) -> None:
             return "[green]fwd only[/]" if cls.backward_unsupported_reason(device) else "[green]yes[/]"
 
         flags = ["yes" if f else "no" for f in (spec.supports_causal, spec.supports_cross_attention, spec.supports_key_padding_mask)]
+        flags[0] = flags[0] if spec.supports_non_causal else "only"
+        flags[1] = flags[1] if spec.supports_non_causal else "no"  # no non-causal call, so no cross-attention either
         table.add_row(name, spec.time_complexity, spec.memory_complexity, *flags, where("cpu"), where("cuda"))
     console.print(table)
     console.print("\n[bold]Methods[/]")

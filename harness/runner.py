@@ -69,8 +69,9 @@ def static_skip_reason(config: RunConfig, cell: Cell, remote: bool = False) -> s
         reason = cls.unavailable_reason(cell.device)
         if reason:
             return f"unavailable: {reason}"
-    if cell.causal and cls.causal_unsupported_reason():
-        return cls.causal_unsupported_reason()
+    reason = cls.mode_unsupported_reason(cell.causal)
+    if reason:
+        return reason
     if cell.pass_ == "fwdbwd":
         reason = cls.backward_unsupported_reason(cell.device)
         if reason:

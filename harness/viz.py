@@ -27,8 +27,8 @@ def attention_patterns(names: list[str], n: int, causal: bool, options: dict, he
         if reason:
             skipped[name] = reason
             continue
-        if causal and cls.causal_unsupported_reason():
-            skipped[name] = cls.causal_unsupported_reason()
+        if cls.mode_unsupported_reason(causal):
+            skipped[name] = cls.mode_unsupported_reason(causal)
             continue
         opts = variants.options_taken(name, options)
         attn = variants.build(name, num_heads=1, head_dim=head_dim, **opts)

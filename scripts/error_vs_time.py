@@ -105,7 +105,7 @@ def main(argv: list[str]) -> None:
     todo = [("full", {})] + [(name, {option: value}) for name, (option, values) in KNOBS.items() for value in values]
     points, started = [], time.time()
     for index, (name, options) in enumerate(todo, 1):
-        if args.causal and not variants.variant_class(name).spec.supports_causal:
+        if variants.variant_class(name).mode_unsupported_reason(args.causal):
             continue
         points.append(point(name, options, q, k, v, exact, args.causal, args.min_time))
         p = points[-1]

@@ -252,6 +252,114 @@ def _ref_memory_compressed(attn, q, k, v, causal, kpm):
     return ref_memory_compressed(q, k, v, attn, causal, kpm)
 
 
+def ref_recurrence(q, k, v, scale, log_decay=None, beta=None, kpm=None):
+    """The textbook recurrence, one position after another, in float64; the queries are the last Nq positions.
+
+    gated (beta None):  S_t = diag(exp(log_decay_t)) S_{t-1} + k_t v_tᵀ
+    delta rule:         S_t = exp(log_decay_t) (I − β_t k_t k_tᵀ) S_{t-1} + β_t k_t v_tᵀ   (log_decay None: 0)
+    o_t = scale · q_tᵀ S_t; a padded position (kpm False) leaves the state as it was.
+    """
+    q, k, v = q.double(), k.double(), v.double()
+    b, h, n_q, d = q.shape
+    n_k = k.shape[2]
+    s = torch.zeros(b, h, d, v.shape[-1], dtype=torch.float64)
+    eye = torch.eye(d, dtype=torch.float64)
+    outs = []
+    for t in range(n_k):
+        kt, vt = k[:, :, t], v[:, :, t]  # (B, H, D), (B, H, Dv)
+        a = torch.ones(b, h, 1, 1, dtype=torch.float64) if log_decay is None else log_decay[:, :, t].double().exp()
+        a = a if a.dim() == 4 else (a[..., None, None] if a.dim() == 2 else a[..., None])  # scalar or per key dim
+        write = torch.einsum("bhd,bhe->bhde", kt, vt)
+        if beta is None:
+            new = a * s + write
+        else:
+            bt = beta[:, :, t].double()[..., None, None]
+            new = a * torch.matmul(eye - bt * torch.einsum("bhd,bhe->bhde", kt, kt), s) + bt * write
+        s = new if kpm is None else torch.where(kpm[:, t, None, None, None], new, s)
+        i = t - (n_k - n_q)
+        if i >= 0:
+            outs.append(scale * torch.einsum("bhd,bhde->bhe", q[:, :, i].double(), s))
+    return torch.stack(outs, dim=2)
+
+
+def _scale_of(attn, q):
+    return q.shape[-1] ** -0.5 if attn.scale is None else attn.scale
+
+
+def _ssd_decay(k, decay):
+    """Mamba-2's decay from its parameters: (log a = −exp(A_log) softplus(k·w + b), Δ)."""
+    dt = F.softplus(torch.einsum("bhld,hd->bhl", k, decay.w_dt.double()) + decay.b_dt.double()[:, None])
+    return -decay.a_log.double().exp()[:, None] * dt, dt
+
+
+def _unit(x):
+    return x / x.norm(dim=-1, keepdim=True).clamp_min(1e-6)
+
+
+def _ref_retention(attn, q, k, v, causal, kpm):
+    h = q.shape[1]
+    gamma = 1 - 2.0 ** (-5 - torch.arange(h, dtype=torch.float64))  # RetNet's per-head decay
+    log_decay = gamma.log()[None, :, None].expand(k.shape[0], h, k.shape[2])
+    return ref_recurrence(q, k, v, _scale_of(attn, q), log_decay, kpm=kpm)
+
+
+def _ref_mamba2(attn, q, k, v, causal, kpm):
+    log_decay, dt = _ssd_decay(k.double(), attn.dt)
+    return ref_recurrence(q, k, v.double() * dt[..., None], _scale_of(attn, q), log_decay, kpm=kpm)
+
+
+def _ref_gla(attn, q, k, v, causal, kpm):
+    gate = torch.sigmoid(torch.einsum("bhld,hde->bhle", k.double(), attn.w_alpha.double()) + attn.b_alpha.double()[:, None])
+    log_decay = (gate ** (1 / 16)).log().clamp_min(-5.0)  # α = σ(·)^(1/16), its log floored at −5 (gla.py)
+    return ref_recurrence(q, k, v, _scale_of(attn, q), log_decay, kpm=kpm)
+
+
+def _beta(k, gate):
+    return torch.sigmoid(torch.einsum("bhld,hd->bhl", k.double(), gate.w.double()) + gate.b.double()[:, None])
+
+
+def _ref_deltanet(attn, q, k, v, causal, kpm):
+    return ref_recurrence(_unit(q.double()), _unit(k.double()), v, _scale_of(attn, q), beta=_beta(k, attn.beta), kpm=kpm)
+
+
+def _ref_gated_deltanet(attn, q, k, v, causal, kpm):
+    log_decay, _ = _ssd_decay(k.double(), attn.decay)
+    return ref_recurrence(_unit(q.double()), _unit(k.double()), v, _scale_of(attn, q), log_decay, _beta(k, attn.beta), kpm)
+
+
+def ref_moba(q, k, v, block, top_k, kpm=None, scale=None):
+    """MoBA by its definition, query by query in float64: the top_k earlier blocks by q · mean(real keys of the
+    block) (all of them where fewer exist; blocks without a real key never chosen), plus the own block up to the
+    query; softmax over those keys (real ones only)."""
+    q, k, v = q.double(), k.double(), v.double()
+    b, h, n_q, d = q.shape
+    n_k = k.shape[2]
+    scale = d**-0.5 if scale is None else scale
+    real = torch.ones(b, n_k, dtype=torch.bool) if kpm is None else kpm
+    out = torch.zeros(b, h, n_q, v.shape[-1], dtype=torch.float64)
+    for bi in range(b):
+        for hi in range(h):
+            for i in range(n_q):
+                pos = n_k - n_q + i
+                own = pos // block
+                gates = {}
+                for j in range(own):
+                    members = [s for s in range(j * block, (j + 1) * block) if real[bi, s]]
+                    if members:
+                        gates[j] = float(q[bi, hi, i] @ k[bi, hi, members].mean(0))
+                chosen = sorted(gates, key=gates.get, reverse=True)[:top_k]
+                keys = [s for j in chosen for s in range(j * block, (j + 1) * block)] + list(range(own * block, pos + 1))
+                keys = [s for s in keys if real[bi, s]]
+                if keys:
+                    w = torch.softmax(k[bi, hi, keys] @ q[bi, hi, i] * scale, dim=0)
+                    out[bi, hi, i] = w @ v[bi, hi, keys]
+    return out
+
+
+def _ref_moba(attn, q, k, v, causal, kpm):
+    return ref_moba(q, k, v, attn.block, attn.top_k, kpm, attn.scale)
+
+
 # the function each reference computes, keyed by the variant that defines it; a variant whose spec says
 # another computes the same function (`same_function_as`) is checked against that one's reference
 INDEPENDENT_REFERENCES = {
@@ -264,6 +372,12 @@ INDEPENDENT_REFERENCES = {
     "linformer": _ref_linformer,
     "nystrom": _ref_nystrom,
     "additive": _ref_additive,
+    "retention": _ref_retention,
+    "mamba2": _ref_mamba2,
+    "gla": _ref_gla,
+    "deltanet": _ref_deltanet,
+    "gated_deltanet": _ref_gated_deltanet,
+    "moba": _ref_moba,
 }
 
 
@@ -289,10 +403,11 @@ def shipped() -> list[str]:
     return [name for name in variants.available() if variants.variant_class(name).__module__.startswith("variants.methods.")]
 
 
-def registry_cases(device: str = "cpu", backward: bool = True, shapes: bool = True, causal: bool = False) -> list:
+def registry_cases(device: str = "cpu", backward: bool = True, shapes: bool = True, causal: bool = False,
+                   non_causal: bool = False) -> list:
     """pytest params (name, options) for every variant of the package (a file of `variants/methods/`; not
     the test-only variants some tests register) that runs on `device` (with a backward there when
-    `backward`; causal when `causal`), one per option set of its spec's `examples`; id: the name and the options."""
+    `backward`; causal when `causal`; non-causal when `non_causal`), one per option set of its spec's `examples`; id: the name and the options."""
     cases = []
     for name in shipped():
         cls = variants.variant_class(name)
@@ -300,16 +415,24 @@ def registry_cases(device: str = "cpu", backward: bool = True, shapes: bool = Tr
             continue
         if causal and not cls.spec.supports_causal:
             continue
+        if non_causal and not cls.spec.supports_non_causal:
+            continue
         for options in cls.spec.example_options():
             cases.append(pytest.param(name, options, id="-".join([name, *(f"{k}{v}" for k, v in options.items())])))
     return cases
 
 
 def skip_unless_causal(name: str, causal: bool) -> None:
-    """Skip a causal case of a variant whose method is not causal (linformer, nystrom: its error is tested apart)."""
-    spec = variants.variant_class(name).spec
-    if causal and not spec.supports_causal:
-        pytest.skip(f"{name} is not causal: {spec.why_not_causal}")
+    """Skip a case of a mode the method does not compute: causal for linformer and nystrom, non-causal for the
+    recurrences and moba (their errors are tested apart)."""
+    reason = variants.variant_class(name).mode_unsupported_reason(causal)
+    if reason:
+        pytest.skip(reason)
+
+
+def natural_causal(name: str) -> bool:
+    """The mode a case of `name` runs in when a test does not care: non-causal unless the method is causal only."""
+    return not variants.variant_class(name).spec.supports_non_causal
 
 
 def build_case(name: str, options: dict, heads: int = 2, head_dim: int = 8, dtype=torch.float64):

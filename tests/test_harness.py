@@ -133,7 +133,7 @@ def test_spec_limits_are_skipped_with_reason(tmp_path):
 @pytest.mark.parametrize(
     "args, message",
     [
-        (["--variants", "full,nope"], "unknown variant(s) nope; available: all, additive, bilinear, full"),
+        (["--variants", "full,nope"], "unknown variant(s) nope; available: all, additive, bilinear, deltanet, full"),
         (["--devices", "cuda"], "cuda was asked for, but no CUDA device is available"),
         (["--devices", "tpu"], "--devices: 'tpu' is not allowed; choose from cpu, cuda"),
         (["--lengths", "1k,2k"], "--lengths: '1k,2k' is not a comma-separated list of integers"),

@@ -31,6 +31,7 @@ TINY = dict(vocab_size=VOCAB, hidden_size=32, intermediate_size=64, num_hidden_l
 # (options that exercise its method at N = 14); the layer gives the shape hints
 VARIANTS = {case.values[0]: case.values[1] for case in reversed(registry_cases())}
 CAUSAL = {case.values[0]: case.values[1] for case in reversed(registry_cases(causal=True))}  # the ones a decoder can use
+BIDIRECTIONAL = {case.values[0]: case.values[1] for case in reversed(registry_cases(non_causal=True))}  # an encoder's
 
 
 def llama(seed=0, **extra):
@@ -254,7 +255,15 @@ def test_register_gives_a_name_for_from_config():
 
 # -- an encoder ------------------------------------------------------------------------------------------
 
-@pytest.mark.parametrize("name", sorted(VARIANTS))
+@pytest.mark.parametrize("name", sorted(set(VARIANTS) - set(BIDIRECTIONAL)))
+def test_causal_only_variants_are_refused_in_an_encoder(name):
+    config = BertConfig(vocab_size=VOCAB, hidden_size=32, num_hidden_layers=1, num_attention_heads=4, intermediate_size=64)
+    with pytest.raises(ValueError, match=rf"BertSelfAttention\) is not causal \(an encoder's bidirectional attention\); "
+                                         rf"{name} is causal only: .+ \(use it in a decoder\)"):
+        vh.use(BertModel(config), name, **VARIANTS[name])
+
+
+@pytest.mark.parametrize("name", sorted(BIDIRECTIONAL))
 def test_bert_encoder_is_bidirectional_with_padding(name):
     torch.manual_seed(0)
     config = BertConfig(vocab_size=VOCAB, hidden_size=32, num_hidden_layers=2, num_attention_heads=4, intermediate_size=64,

@@ -20,6 +20,8 @@ from dataclasses import dataclass
 import torch
 from torch import Tensor, nn
 
+from ._decoding import DecodingState, check_step, kv_cache
+
 
 @dataclass(frozen=True)
 class VariantSpec:
@@ -33,6 +35,8 @@ class VariantSpec:
     supports_causal: bool = True
     scale_is_query_factor: bool = True  # the `scale` option acts as a factor of q (dot-product scores); False: it multiplies scores of another form
     why_not_causal: str = ""  # where supports_causal is False: the method's reason, for errors and skipped cells
+    supports_non_causal: bool = True  # False: causal by nature (a recurrence over positions): causal=False is refused
+    why_not_non_causal: str = ""  # where supports_non_causal is False: the method's reason
     not_deployable: tuple[tuple[str, str], ...] = ()  # (step, why) for each of "export", "compile", "onnx" the variant cannot take (tested)
     max_len_option: str | None = None  # the option bounding N (a learned projection's columns): variants.hf fills it from the model's max_position_embeddings
     supports_cross_attention: bool = True  # Nq != Nk without causal (causal Nq <= Nk: every variant)
@@ -134,6 +138,20 @@ class AttentionVariant(nn.Module):
         return f"{cls.spec.name} does not support causal attention" + (f": {cls.spec.why_not_causal}" if cls.spec.why_not_causal else "")
 
     @classmethod
+    def non_causal_unsupported_reason(cls) -> str | None:
+        """None when the variant computes non-causal attention, else why not (its spec's `why_not_non_causal`)."""
+        if cls.spec.supports_non_causal:
+            return None
+        why = cls.spec.why_not_non_causal
+        return f"{cls.spec.name} is causal only" + (f": {why}" if why else "")
+
+    @classmethod
+    def mode_unsupported_reason(cls, causal: bool) -> str | None:
+        """None when the variant computes attention of this mode (causal or not), else why not: what the
+        runner, the micro-benchmarks, viz and quality record for a cell they skip."""
+        return cls.causal_unsupported_reason() if causal else cls.non_causal_unsupported_reason()
+
+    @classmethod
     def backward_unsupported_reason(cls, device: str) -> str | None:
         dev = torch.device(device).type
         if dev not in cls.spec.backward_devices:
@@ -185,6 +203,53 @@ class AttentionVariant(nn.Module):
         eye = torch.eye(k.shape[-2], dtype=q.dtype, device=q.device).expand(*k.shape[:2], -1, -1)
         with torch.no_grad():
             return self(q, k, eye, causal=causal, key_padding_mask=key_padding_mask)
+
+    # -- decoding -----------------------------------------------------------------------------
+    @classmethod
+    def decode_unsupported_reason(cls) -> str | None:
+        """None when the variant decodes (causal, one position after another), else why not."""
+        reason = cls.causal_unsupported_reason()
+        return f"{reason}, and decoding is causal" if reason else None
+
+    def init_state(self, batch: int, heads: int, head_dim: int, value_dim: int, dtype: torch.dtype = torch.float32,
+                   device: str | torch.device = "cpu", max_len: int | None = None) -> DecodingState:
+        """An empty decoding state for `step` (see variants/_decoding.py): by default a KV cache; the
+        recurrent methods keep a fixed-size state instead.
+
+        Example:
+            >>> attn = build("full")
+            >>> state = attn.init_state(1, 2, 8, 8)
+            >>> out, state = attn.step(*(torch.randn(1, 2, 1, 8) for _ in range(3)), state)
+            >>> out.shape, state.length
+            (torch.Size([1, 2, 1, 8]), 1)
+        """
+        reason = self.decode_unsupported_reason()
+        if reason:
+            raise ValueError(f"{self.spec.name} cannot decode: {reason}")
+        for option, value in (("batch", batch), ("heads", heads), ("head_dim", head_dim), ("value_dim", value_dim)):
+            self._check_int(option, value, 1)
+        self._check_int("max_len", max_len, 1, allow_none=True)
+        if not isinstance(dtype, torch.dtype) or not dtype.is_floating_point:
+            raise TypeError(f"{self.spec.name}: init_state's dtype must be a floating torch.dtype, got {dtype!r}")
+        dev = torch.device(device)
+        tensors = self._empty_state(batch, heads, head_dim, value_dim, dtype, dev)
+        kind = "kv" if set(tensors) >= {"k", "v"} else "recurrent"
+        return DecodingState(self.spec.name, kind, batch, heads, head_dim, value_dim, dtype, dev, 0, max_len, tensors)
+
+    def step(self, q: Tensor, k: Tensor, v: Tensor, state: DecodingState) -> tuple[Tensor, DecodingState]:
+        """The outputs (B, H, t, Dv) of t new positions given the state of everything before, and the new state.
+
+        Equals the causal forward over the whole sequence at those positions (tested for every variant)."""
+        check_step(self.spec.name, state, q, k, v)
+        return self._step(q, k, v, state)
+
+    def _empty_state(self, batch, heads, head_dim, value_dim, dtype, device) -> dict[str, Tensor]:
+        return kv_cache(batch, heads, head_dim, value_dim, dtype, device)
+
+    def _step(self, q: Tensor, k: Tensor, v: Tensor, state: DecodingState) -> tuple[Tensor, DecodingState]:
+        """KV cache: the new keys appended, then the variant's own causal call (bottom-right) over the cache."""
+        keys, values = torch.cat([state.tensors["k"], k], dim=2), torch.cat([state.tensors["v"], v], dim=2)
+        return self(q, keys, values, causal=True), state.advanced(q.shape[2], k=keys, v=values)
 
     # -- the call -----------------------------------------------------------------------------
     def forward(self, q: Tensor, k: Tensor, v: Tensor, *, causal: bool = False, key_padding_mask: Tensor | None = None) -> Tensor:
@@ -282,6 +347,10 @@ def check_inputs(attn: AttentionVariant, q: Tensor, k: Tensor, v: Tensor, causal
     n_q, n_k = q.shape[-2], k.shape[-2]
     if causal and not attn.spec.supports_causal:
         raise ValueError(f"{name}: causal=True is not supported by this variant" + (f": {attn.spec.why_not_causal}" if attn.spec.why_not_causal else ""))
+    if not causal and not attn.spec.supports_non_causal:
+        why = attn.spec.why_not_non_causal
+        raise ValueError(f"{name}: causal=False is not supported: the method is causal only" + (f" ({why})" if why else "")
+                         + "; call it with causal=True")
     if causal and n_q > n_k:
         raise ValueError(f"{name}: causal=True needs Nq <= Nk (the queries are the last Nq of the Nk positions), "
                          f"got Nq={n_q}, Nk={n_k}")

@@ -179,6 +179,12 @@ def _check_layer_fits(model, path: str, layer: nn.Module, variant: str) -> None:
     if not spec.supports_causal and getattr(layer, "is_causal", True):
         raise ValueError(f"variants.hf.use: {where} is causal (a decoder); {variant} is not causal: {spec.why_not_causal} "
                          f"(use it in a bidirectional encoder such as BERT)")
+    if not spec.supports_non_causal and not getattr(layer, "is_causal", True):
+        raise ValueError(f"variants.hf.use: {where} is not causal (an encoder's bidirectional attention); {variant} is "
+                         f"causal only: {spec.why_not_non_causal} (use it in a decoder)")
+    if not spec.supports_non_causal and _is_cross_attention(path, layer):
+        raise ValueError(f"variants.hf.use: {where} is a cross-attention layer (every query sees the whole encoder "
+                         f"sequence); {variant} is causal only: {spec.why_not_non_causal}")
     if _is_cross_attention(path, layer) and not spec.supports_cross_attention:
         raise ValueError(f"variants.hf.use: {where} is a cross-attention layer (queries and keys from different "
                          f"sequences); {variant} has no cross-attention")

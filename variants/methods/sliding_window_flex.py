@@ -110,7 +110,7 @@ class FlexSlidingWindowAttention(LongformerPattern):
         memory_complexity="O(N D) + O((N/128)^2) tile indices",
         supports_cross_attention=False,
         backward_devices=("cuda",),
-        dtypes=("float32", "float64", "float16", "bfloat16"),
+        dtypes=("float32", "float16", "bfloat16"),
         subquadratic=True,
         notes="CPU: forward only (no FlexAttention backward on CPU in torch 2.13); CUDA: no float64; "
               "compiles once per shape; head dims below 32 (CPU) / 16 (CUDA) are zero-padded",
@@ -129,8 +129,9 @@ class FlexSlidingWindowAttention(LongformerPattern):
 
     @classmethod
     def dtype_unsupported_reason(cls, device: str, dtype: str) -> str | None:
-        if torch.device(device).type == "cuda" and dtype == "float64":
-            return "sliding_window_flex has no float64 on cuda (FlexAttention's CUDA kernel takes float32, float16, bfloat16)"
+        if dtype == "float64":  # compiled FlexAttention refuses it on both (an InductorError from deep in torch before)
+            return (f"sliding_window_flex has no float64 on {torch.device(device).type} (FlexAttention's compiled kernels "
+                    f"take float32, float16, bfloat16)")
         return super().dtype_unsupported_reason(device, dtype)
 
     def _block_mask(self, n: int, causal: bool, key_padding_mask: Tensor | None, device):

@@ -1,0 +1,232 @@
+"""The gated recurrences (retention, mamba2, gla, deltanet, gated_deltanet) and moba: their inputs against the
+textbook recurrence, chunk and group boundaries, decoding one position after another, and bad input."""
+
+from __future__ import annotations
+
+import math
+
+import pytest
+import torch
+
+import variants
+from conftest import assert_close_with_grads, build_case, make_padding, make_qkv, ref_moba, ref_recurrence, shipped
+from variants.methods import _recurrence
+
+RECURRENT = [name for name in shipped() if hasattr(variants.variant_class(name), "recurrence_inputs")]
+CAUSAL_ONLY = [name for name in shipped() if not variants.variant_class(name).spec.supports_non_causal]
+
+
+def test_the_family_is_registered():
+    assert set(RECURRENT) == {"retention", "mamba2", "gla", "deltanet", "gated_deltanet"}
+    assert set(CAUSAL_ONLY) == set(RECURRENT) | {"moba"}
+
+
+@pytest.mark.parametrize("n_q", [13, 5], ids=["Nq13", "Nq5-bottom-right"])
+@pytest.mark.parametrize("name", RECURRENT)
+def test_output_is_the_textbook_recurrence_of_its_inputs(name, n_q):
+    # what recurrence_inputs says the method computes, run step by step, is what the chunked form returns
+    attn = build_case(name, {"chunk_size": 4})
+    q, k, v = make_qkv(b=2, h=2, n_q=n_q, n_k=13, d=8)
+    kpm = make_padding(2, 13)
+    x = attn.recurrence_inputs(torch.nn.functional.pad(q, (0, 0, 13 - n_q, 0)), k, v, kpm)
+    assert set(x) >= {"q", "k", "v", "scale"}
+    assert ("beta" in x) == attn.delta_rule and ("log_decay" in x) == (name != "deltanet")
+    want = ref_recurrence(x["q"][:, :, 13 - n_q:], x["k"], x["v"], x["scale"], x.get("log_decay"), x.get("beta"), kpm)
+    assert_close_with_grads(attn(q, k, v, causal=True, key_padding_mask=kpm), want, (q, k, v))
+
+
+@pytest.mark.parametrize("name", RECURRENT)
+def test_chunk_and_group_boundaries_change_nothing(name, monkeypatch):
+    # N = 150 over chunks of 4, 7 and the default, in groups of 32 positions (each recomputed in the backward)
+    q, k, v = make_qkv(b=1, h=2, n_q=150, d=8)
+    attn = build_case(name, {"chunk_size": 4})
+    monkeypatch.setattr(_recurrence, "GROUP_POSITIONS", 32)
+    for chunk in (4, 7, variants.effective_options(name)["chunk_size"]):
+        attn.chunk_size = chunk
+        assert_close_with_grads(attn(q, k, v, causal=True), attn.reference(q, k, v, causal=True), (q, k, v))
+    params = list(attn.parameters())
+    if params:  # the gates' parameters get the gradients of the dense form through the recomputed groups
+        got = torch.autograd.grad(attn(q, k, v, causal=True).sum(), params)
+        want = torch.autograd.grad(attn.reference(q, k, v, causal=True).sum(), params)
+        for a, b in zip(got, want):
+            torch.testing.assert_close(a, b)
+
+
+def test_retention_decays_are_the_papers():
+    attn = variants.build("retention")
+    assert torch.allclose(attn.decay(4), torch.tensor([1 - 2**-5, 1 - 2**-6, 1 - 2**-7, 1 - 2**-8], dtype=torch.float64))
+    q, k, v = make_qkv(b=1, h=3, n_q=6, d=4, requires_grad=False)
+    d = attn.decay(3)[:, None, None] ** (torch.arange(6)[:, None] - torch.arange(6)[None, :]).clamp_min(0).double()
+    want = torch.matmul((q @ k.transpose(-1, -2)) * 0.5 * d.tril(), v)  # (Q Kᵀ ⊙ D) V, D_ts = γ^(t−s)
+    torch.testing.assert_close(attn(q, k, v, causal=True), want)
+
+
+def test_deltanet_replaces_the_value_of_a_key_written_twice():
+    # with β = 1 the delta rule overwrites: read back at the same key, the state returns the last value
+    attn = build_case("deltanet", {}, heads=1, head_dim=4)
+    with torch.no_grad():
+        attn.beta.b.fill_(50.0)  # σ(50) = 1
+        attn.beta.w.zero_()
+    k = torch.tensor([[[[1.0, 0, 0, 0], [0, 1.0, 0, 0], [1.0, 0, 0, 0]]]], dtype=torch.float64)
+    v = torch.tensor([[[[1.0, 2, 3, 4], [5.0, 6, 7, 8], [9.0, 10, 11, 12]]]], dtype=torch.float64)
+    out = attn(k, k, v, causal=True, key_padding_mask=None)  # q = k: read each key back
+    torch.testing.assert_close(out[0, 0, -1] * 2, v[0, 0, -1])  # scale D^-½ = 1/2; the first value is gone
+    linear_sum = build_case("retention", {}, heads=1, head_dim=4)(k, k, v, causal=True)[0, 0, -1] * 2
+    assert not torch.allclose(linear_sum, v[0, 0, -1])  # an additive state keeps both values
+
+
+def test_gla_floor_keeps_strong_gates_finite_in_float32():
+    attn = build_case("gla", {}, heads=2, head_dim=8, dtype=torch.float32)
+    with torch.no_grad():
+        attn.b_alpha.fill_(-200.0)  # σ(−200)^(1/16): log α = −12.5, floored at −5
+    q, k, v = make_qkv(b=1, h=2, n_q=64, d=8, dtype=torch.float32)
+    out = attn(q, k, v, causal=True)
+    assert torch.isfinite(out).all()
+    want = attn.double().reference(q.double(), k.double(), v.double(), causal=True)
+    torch.testing.assert_close(out.double(), want, atol=1e-5, rtol=1e-4)
+
+
+@pytest.mark.parametrize("name", CAUSAL_ONLY)
+def test_half_precision_is_computed_in_float32(name):
+    attn = build_case(name, {}, heads=2, head_dim=16, dtype=torch.float32)
+    q, k, v = make_qkv(b=1, h=2, n_q=1024, d=16, dtype=torch.float32, requires_grad=False)
+    want = attn(q, k, v, causal=True)
+    got = attn.to(torch.bfloat16)(q.bfloat16(), k.bfloat16(), v.bfloat16(), causal=True)
+    assert got.dtype == torch.bfloat16 and torch.isfinite(got).all()
+    assert ((got.float() - want).norm() / want.norm()) < 0.05
+
+
+def test_moba_selects_top_k_earlier_blocks_by_mean_key():
+    attn = variants.build("moba", block=4, top_k=2)
+    q, k, v = make_qkv(b=1, h=2, n_q=20, d=8, requires_grad=False)
+    chosen = attn.selected_blocks(q, k)  # (B, H, Nq, 5)
+    assert chosen.shape == (1, 2, 20, 5) and chosen.dtype == torch.bool
+    own = torch.arange(20) // 4
+    assert (chosen.sum(-1) == own.clamp_max(2)).all()  # two earlier blocks where there are two, all before that
+    assert not (chosen & (torch.arange(5)[None, :] >= own[:, None])).any()  # never the own block or a later one
+    means = k.unflatten(2, (5, 4)).mean(3)  # (B, H, 5, D)
+    gates = torch.einsum("bhid,bhjd->bhij", q, means).masked_fill(torch.arange(5)[None, :] >= own[:, None], -math.inf)
+    best = gates.argmax(-1)
+    assert chosen.gather(-1, best[..., None])[..., 0][:, :, own >= 1].all()  # the best earlier block is always chosen
+    torch.testing.assert_close(attn(q, k, v, causal=True), ref_moba(q, k, v, 4, 2))
+
+
+def test_moba_with_enough_top_k_is_exact_causal_attention():
+    q, k, v = make_qkv(b=1, h=2, n_q=24, d=8, requires_grad=False)
+    got = variants.build("moba", block=4, top_k=6)(q, k, v, causal=True)
+    torch.testing.assert_close(got, variants.build("full")(q, k, v, causal=True))
+
+
+@pytest.mark.parametrize("tile", [4, 8])
+def test_moba_tiles_change_nothing(tile, monkeypatch):
+    from variants.methods import moba
+
+    q, k, v = make_qkv(b=2, h=2, n_q=37, d=8)
+    kpm = make_padding(2, 37)
+    attn = variants.build("moba", block=3, top_k=2)
+    want = attn.reference(q, k, v, causal=True, key_padding_mask=kpm)
+    monkeypatch.setattr(moba, "TILE_QUERIES", tile)
+    assert_close_with_grads(attn(q, k, v, causal=True, key_padding_mask=kpm), want, (q, k, v))
+
+
+# -- decoding ------------------------------------------------------------------------------------
+
+DECODABLE = [name for name in shipped() if variants.variant_class(name).decode_unsupported_reason() is None
+             and variants.variant_class(name).unavailable_reason("cpu") is None]
+
+
+@pytest.mark.parametrize("step", [1, 3])
+@pytest.mark.parametrize("name", DECODABLE)
+def test_decoding_step_by_step_equals_the_causal_forward(name, step):
+    cls = variants.variant_class(name)
+    dtype = torch.float64 if cls.dtype_unsupported_reason("cpu", "float64") is None else torch.float32  # (flex)
+    attn = build_case(name, cls.spec.example_options()[0], dtype=dtype)
+    q, k, v = make_qkv(b=2, h=2, n_q=14, d=8, requires_grad=False, dtype=dtype)
+    want = attn(q, k, v, causal=True)
+    state = attn.init_state(2, 2, 8, 8, dtype)
+    outs, sizes = [], []
+    for start in range(0, 14, step):
+        sl = slice(start, start + step)
+        out, state = attn.step(q[:, :, sl], k[:, :, sl], v[:, :, sl], state)
+        outs.append(out)
+        sizes.append(state.nbytes())
+    torch.testing.assert_close(torch.cat(outs, dim=2), want)
+    assert state.length == 14
+    if state.kind == "recurrent":  # a D x Dv state per head, whatever N
+        assert sizes == [2 * 2 * 8 * 8 * q.element_size()] * len(sizes)
+    else:  # a KV cache: it grows with the positions
+        assert sizes == sorted(sizes) and sizes[-1] > sizes[0]
+
+
+def test_methods_that_cannot_decode_say_why():
+    for name in ("linformer", "nystrom"):
+        attn = build_case(name, variants.variant_class(name).spec.example_options()[0])
+        with pytest.raises(ValueError, match=rf"{name} cannot decode: {name} does not support causal attention: .*decoding is causal"):
+            attn.init_state(1, 2, 8, 8)
+
+
+def test_step_refuses_what_does_not_fit_its_state():
+    attn = build_case("retention", {})
+    other = build_case("deltanet", {})
+    state = attn.init_state(1, 2, 8, 8, torch.float64)
+    x = torch.zeros(1, 2, 1, 8, dtype=torch.float64)
+    with pytest.raises(TypeError, match="step needs the state init_state returned"):
+        attn.step(x, x, x, None)
+    with pytest.raises(ValueError, match="this state was made by 'deltanet', not 'retention'"):
+        attn.step(x, x, x, other.init_state(1, 2, 8, 8, torch.float64))
+    with pytest.raises(ValueError, match=r"step needs t >= 1 new positions, got t = 0"):
+        attn.step(x[:, :, :0], x[:, :, :0], x[:, :, :0], state)
+    with pytest.raises(ValueError, match=r"step's k has shape \(1, 3, 1, 8\); the state is for \(B, H, t, ·\) = \(1, 2, 1, 8\)"):
+        attn.step(x, torch.zeros(1, 3, 1, 8, dtype=torch.float64), x, state)
+    with pytest.raises(ValueError, match=r"step's q is torch.float32 on cpu; the state holds torch.float64"):
+        attn.step(x.float(), x, x, state)
+    bounded = attn.init_state(1, 2, 8, 8, torch.float64, max_len=2)
+    _, bounded = attn.step(x, x, x, bounded)
+    with pytest.raises(ValueError, match=r"1 \+ 2 positions pass the state's max_len=2"):
+        attn.step(*(torch.zeros(1, 2, 2, 8, dtype=torch.float64),) * 3, bounded)
+    with pytest.raises(ValueError, match=r"option batch=0 is invalid; expected an int >= 1"):
+        attn.init_state(0, 2, 8, 8)
+
+
+# -- bad input ------------------------------------------------------------------------------------
+
+@pytest.mark.parametrize("name", CAUSAL_ONLY)
+def test_non_causal_calls_are_refused_with_the_reason(name):
+    attn = build_case(name, variants.variant_class(name).spec.example_options()[0])
+    q, k, v = make_qkv(b=1, h=2, n_q=6, d=8, requires_grad=False)
+    with pytest.raises(ValueError, match=rf"{name}: causal=False is not supported: the method is causal only \(.+\); call it with causal=True"):
+        attn(q, k, v)
+    with pytest.raises(ValueError, match=rf"{name}: causal=False is not supported"):
+        attn(q[:, :, :3], k, v)  # cross-attention is a non-causal call
+    assert variants.variant_class(name).mode_unsupported_reason(False).startswith(f"{name} is causal only: ")
+    assert variants.variant_class(name).mode_unsupported_reason(True) is None
+
+
+@pytest.mark.parametrize("name, options, message", [
+    ("retention", {"chunk_size": 0}, r"option chunk_size=0 is invalid; expected an int >= 1"),
+    ("gla", {"chunk_size": 32}, r"option chunk_size=32 is invalid; expected an int in 1..16"),
+    ("mamba2", {"scale": math.inf}, r"option scale=inf is invalid; expected a positive finite number"),
+    ("deltanet", {"scale": math.nan}, r"option scale=nan is invalid"),
+    ("moba", {"block": 0}, r"option block=0 is invalid; expected an int >= 1"),
+    ("moba", {"top_k": 0}, r"option top_k=0 is invalid; expected an int >= 1"),
+    ("moba", {"top_k": 2.5}, r"option top_k=2.5 is invalid"),
+])
+def test_bad_options_are_named(name, options, message):
+    with pytest.raises(ValueError, match=message):
+        variants.build(name, num_heads=2, head_dim=8, **options)
+
+
+@pytest.mark.parametrize("name", ["mamba2", "gla", "deltanet", "gated_deltanet"])
+def test_gates_need_the_shape_hints(name):
+    with pytest.raises(ValueError, match=rf"{name}: options num_heads and head_dim are required .*got num_heads=None"):
+        variants.build(name)
+
+
+def test_bench_run_skips_non_causal_cells_with_the_reason():
+    from harness import runner
+    from harness.config import Cell, RunConfig
+
+    config = RunConfig(variants=("deltanet",), lengths=(64,), devices=("cpu",), passes=("fwd",), causal=(False, True))
+    skip = runner.static_skip_reason(config, Cell("cpu", "deltanet", "fwd", False, 64))
+    assert skip == "deltanet is causal only: a recurrence over positions: the state at t holds positions <= t only"
+    assert runner.static_skip_reason(config, Cell("cpu", "deltanet", "fwd", True, 64)) is None

@@ -1,0 +1,74 @@
+"""Decoding states: what a variant keeps between calls while it generates one position after another.
+
+    state = attn.init_state(batch, heads, head_dim, value_dim, dtype, device)
+    out, state = attn.step(q, k, v, state)        # q, k, v: (B, H, t, D) of t >= 1 new positions
+
+Two kinds (`DecodingState.kind`):
+  "kv"         a KV cache: every key and value so far (it grows with N). The default of every causal
+               variant: a step is the variant's own causal call over the cache, bottom-right aligned,
+               so it equals the full causal forward by the interface's definition.
+  "recurrent"  a fixed-size state (a D x Dv matrix per head for the gated recurrences): the recurrence's
+               one-step form, constant memory whatever N.
+A method with a state of its own (moba: the KV cache plus running block sums) adds tensors to these.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field, replace
+
+import torch
+from torch import Tensor
+
+
+@dataclass(frozen=True)
+class DecodingState:
+    """One variant's state after `length` positions (a new state is returned by every `step`)."""
+
+    variant: str  # the variant that made it (a state is never read by another)
+    kind: str  # "kv" or "recurrent" (see the module docstring)
+    batch: int
+    heads: int
+    head_dim: int
+    value_dim: int
+    dtype: torch.dtype
+    device: torch.device
+    length: int = 0  # positions decoded so far
+    max_len: int | None = None  # the longest sequence this state may reach (None: no bound)
+    tensors: dict[str, Tensor] = field(default_factory=dict)
+
+    def nbytes(self) -> int:
+        """Bytes the state holds (every tensor of it)."""
+        return sum(t.numel() * t.element_size() for t in self.tensors.values())
+
+    def advanced(self, steps: int, **tensors: Tensor) -> "DecodingState":
+        """The state `steps` positions later, with these tensors replaced."""
+        return replace(self, length=self.length + steps, tensors={**self.tensors, **tensors})
+
+
+def kv_cache(batch: int, heads: int, head_dim: int, value_dim: int, dtype: torch.dtype, device) -> dict[str, Tensor]:
+    """An empty KV cache: keys (B, H, 0, D) and values (B, H, 0, Dv)."""
+    return {"k": torch.empty(batch, heads, 0, head_dim, dtype=dtype, device=device),
+            "v": torch.empty(batch, heads, 0, value_dim, dtype=dtype, device=device)}
+
+
+def check_step(name: str, state, q: Tensor, k: Tensor, v: Tensor) -> None:
+    """ValueError/TypeError naming what does not match between a state and the new positions."""
+    if not isinstance(state, DecodingState):
+        raise TypeError(f"{name}: step needs the state init_state returned (or the last step's), got {type(state).__name__}")
+    if state.variant != name:
+        raise ValueError(f"{name}: this state was made by {state.variant!r}, not {name!r}")
+    for arg, t, last in (("q", q, state.head_dim), ("k", k, state.head_dim), ("v", v, state.value_dim)):
+        if not isinstance(t, Tensor) or t.dim() != 4:
+            got = tuple(t.shape) if isinstance(t, Tensor) else type(t).__name__
+            raise ValueError(f"{name}: step's {arg} must be a tensor (B, H, t, D), got {got}")
+        want = (state.batch, state.heads, t.shape[2], last)
+        if tuple(t.shape) != want:
+            raise ValueError(f"{name}: step's {arg} has shape {tuple(t.shape)}; the state is for (B, H, t, ·) = {want}")
+        if t.dtype != state.dtype or t.device != state.device:
+            raise ValueError(f"{name}: step's {arg} is {t.dtype} on {t.device}; the state holds {state.dtype} on {state.device}")
+    if not q.shape[2] == k.shape[2] == v.shape[2]:
+        raise ValueError(f"{name}: step's q, k, v must hold the same t new positions, got {q.shape[2]}, {k.shape[2]}, {v.shape[2]}")
+    if q.shape[2] == 0:
+        raise ValueError(f"{name}: step needs t >= 1 new positions, got t = 0")
+    if state.max_len is not None and state.length + q.shape[2] > state.max_len:
+        raise ValueError(f"{name}: {state.length} + {q.shape[2]} positions pass the state's max_len={state.max_len}")

@@ -1,0 +1,356 @@
+"""The chunked engine of the gated linear recurrences (retention, mamba2, gla, deltanet, gated_deltanet).
+
+Each of those methods is a recurrence over positions t of a state S_t, a D x Dv matrix per head
+(rows: key dims), read by the query: o_t = scale · q_tᵀ S_t. Two families:
+
+    gated:       S_t = diag(a_t) S_{t-1} + k_t v_tᵀ                       (retention, mamba2, gla)
+    delta rule:  S_t = a_t (I − β_t k_t k_tᵀ) S_{t-1} + β_t k_t v_tᵀ      (deltanet: a_t = 1; gated_deltanet)
+
+with a_t = exp(log_decay_t) a scalar per head and position, or (gla) a vector over the key dims. The
+delta rule writes S_t = a_t S_{t-1} + k_t u_tᵀ with u_t = β_t (v_t − a_t S_{t-1}ᵀ k_t): it stores the
+error of the state's prediction of v_t for k_t, so writing a key twice replaces its value.
+
+A method file (retention.py, ...) computes the recurrence's inputs from q, k, v and its learned gates
+(`RecurrentAttention.recurrence_inputs`); this file computes the outputs of any such inputs:
+
+- `dense_gated`, `dense_delta`: the parallel (quadratic) form over the whole sequence, the methods'
+  `reference()`: gated O = (Q Kᵀ ⊙ D) V with D_ts = exp(Σ_{s<r<=t} log a_r) (per key dim for gla);
+  delta rule O = (Q Kᵀ ⊙ D) U with U = (I + A)⁻¹ diag(β) V, A_ts = β_t D_ts k_t·k_s for s < t.
+- `gated_chunks`, `delta_chunks`: the chunked form (Yang et al. 2024): inside a chunk of C positions the
+  masked C x C form, across chunks the state. For the delta rule each chunk's U comes from a triangular
+  solve (the WY / UT representation: U = U' − W S, both from one solve of (I + A) per chunk), then a
+  loop over chunks (never over positions) carries S. Every exponent is of a difference of cumulative
+  log decays with the later position first (≤ 0), so nothing overflows; gla's per-dimension decay
+  cannot be split that way inside a chunk and is taken relative to the chunk's middle instead,
+  which bounds its factors by exp(C/2 · 5) with its floor on log a_t (see gla.py).
+
+The sequence is taken in groups of whole chunks, the state carried from group to group; with a
+gradient each group is recomputed in the backward (`torch.utils.checkpoint`), so forward+backward
+keeps the state before each group and one group's graph, not N x C scores for all N.
+
+Padding (key_padding_mask False) skips a position: no decay (log a = 0), no write (k = 0, β = 0).
+Half-precision inputs are computed in float32 (a state summed over N positions passes float16's
+65504 long before N = 65536) and returned in their dtype.
+"""
+
+from __future__ import annotations
+
+import math
+
+import torch
+import torch.nn.functional as F
+from torch import Tensor, nn
+from torch.utils.checkpoint import checkpoint
+
+from .._base import AttentionVariant
+from .._utils import pad_to_multiple, spans
+
+GROUP_POSITIONS = 1024  # positions computed at once (a multiple of the chunk)
+
+
+# -- the parallel (dense) forms: the methods' definitions ------------------------------------------
+
+def decay_matrix(log_decay: Tensor) -> Tensor:
+    """D_ts = exp(Σ_{s<r<=t} log a_r) for t >= s, 0 above the diagonal: (B, H, N, N), or (B, H, N, N, D) per key dim."""
+    b = log_decay.cumsum(2)  # (B, H, N) or (B, H, N, D)
+    diff = b[:, :, :, None] - b[:, :, None, :]
+    n = log_decay.shape[2]
+    lower = torch.ones(n, n, dtype=torch.bool, device=log_decay.device).tril()
+    lower = lower if log_decay.dim() == 3 else lower[..., None]
+    return diff.masked_fill(~lower, -math.inf).exp()
+
+
+def dense_gated(q: Tensor, k: Tensor, v: Tensor, log_decay: Tensor) -> Tensor:
+    """o_t = Σ_{s<=t} (q_t ⊙ D_ts)·k_s v_s, every weight stored (O(N²), O(N² D) for a vector decay)."""
+    d = decay_matrix(log_decay)
+    if log_decay.dim() == 3:
+        return torch.matmul(torch.matmul(q, k.transpose(-1, -2)) * d, v)
+    return torch.matmul(torch.einsum("bhtd,bhsd,bhtsd->bhts", q, k, d), v)
+
+
+def dense_delta(q: Tensor, k: Tensor, v: Tensor, beta: Tensor, log_decay: Tensor | None) -> Tensor:
+    """The delta rule's parallel form: U = (I + A)⁻¹ diag(β) V, O = (Q Kᵀ ⊙ D) U (see the module docstring)."""
+    n = q.shape[2]
+    d = decay_matrix(log_decay if log_decay is not None else beta.new_zeros(beta.shape))
+    a = (torch.matmul(k, k.transpose(-1, -2)) * d).tril(-1) * beta[..., None]
+    eye = torch.eye(n, dtype=q.dtype, device=q.device)
+    u = torch.linalg.solve_triangular(a + eye, v * beta[..., None], upper=False, unitriangular=True)
+    return torch.matmul(torch.matmul(q, k.transpose(-1, -2)) * d, u)
+
+
+# -- the chunked forms ---------------------------------------------------------------------------
+
+def _chunked(*tensors: Tensor, chunk: int) -> list[Tensor]:
+    return [t.unflatten(2, (-1, chunk)) for t in tensors]  # (B, H, L, ·) -> (B, H, c, C, ·)
+
+
+def _earlier_weights(total: Tensor) -> tuple[Tensor, Tensor]:
+    """From each chunk's total log decay (B, H, c[, D]): weights (B, H, c, c[, D]) = exp(decay between the
+    end of chunk u and the start of chunk t) for u < t, 0 otherwise, and exp(decay before chunk t)."""
+    after = total.cumsum(2)  # decay up to the end of each chunk
+    before = after - total  # up to its start
+    diff = before[:, :, :, None] - after[:, :, None, :]
+    c = total.shape[2]
+    earlier = torch.ones(c, c, dtype=torch.bool, device=total.device).tril(-1)
+    earlier = earlier if total.dim() == 3 else earlier[..., None]
+    return diff.masked_fill(~earlier, -math.inf).exp(), before.exp()
+
+
+def gated_chunks(q: Tensor, k: Tensor, v: Tensor, log_decay: Tensor, state: Tensor, chunk: int) -> tuple[Tensor, Tensor]:
+    """Gated recurrence over L positions (a multiple of `chunk`) from `state` (B, H, D, Dv).
+
+    q, k: (B, H, L, D) (q already scaled); v: (B, H, L, Dv); log_decay: (B, H, L) or (B, H, L, D).
+    Returns the outputs (B, H, L, Dv) and the state after the last position.
+    """
+    qc, kc, vc = _chunked(q, k, v, chunk=chunk)
+    vector = log_decay.dim() == 4
+    b = log_decay.unflatten(2, (-1, chunk)).cumsum(3)  # (B, H, c, C[, D]): decay from the chunk's start, inclusive
+    total = b[:, :, :, -1]  # (B, H, c[, D])
+    if vector:  # relative to the middle position: both factors stay within exp(±C/2 · floor)
+        mid = b[:, :, :, chunk // 2 : chunk // 2 + 1]
+        q_mid, k_mid = qc * (b - mid).exp(), kc * (mid - b).exp()
+        scores = torch.matmul(q_mid, k_mid.transpose(-1, -2)).tril_()
+        # the factors from the chunk's start and to its end, from the same two exponentials (both <= 1 in all)
+        q_in, k_out = q_mid * mid.exp(), k_mid * (total[:, :, :, None] - mid).exp()
+    else:
+        lower = torch.ones(chunk, chunk, dtype=torch.bool, device=q.device).tril()
+        inside = (b[..., :, None] - b[..., None, :]).masked_fill_(~lower, -math.inf).exp_()  # (B, H, c, C, C)
+        scores = torch.matmul(qc, kc.transpose(-1, -2)).mul_(inside)
+        q_in, k_out = qc * b.exp()[..., None], kc * (total[..., None] - b).exp()[..., None]
+    writes = torch.matmul(k_out.transpose(-1, -2), vc)  # (B, H, c, D, Dv): each chunk's additions, decayed to its end
+    weights, before = _earlier_weights(total)
+    if vector:
+        state_before = torch.einsum("bhtud,bhude->bhtde", weights, writes) + before[..., None] * state[:, :, None]
+    else:
+        state_before = torch.matmul(weights, writes.flatten(3)).view_as(writes) + before[..., None, None] * state[:, :, None]
+    out = torch.matmul(scores, vc) + torch.matmul(q_in, state_before)
+    last = total[:, :, -1].exp()
+    last = last[..., None] if vector else last[..., None, None]
+    return out.flatten(2, 3), last * state_before[:, :, -1] + writes[:, :, -1]
+
+
+def delta_chunks(q: Tensor, k: Tensor, v: Tensor, beta: Tensor, log_decay: Tensor | None, state: Tensor,
+                 chunk: int) -> tuple[Tensor, Tensor]:
+    """Delta-rule recurrence over L positions (a multiple of `chunk`) from `state` (B, H, D, Dv).
+
+    q, k: (B, H, L, D) (q already scaled); v: (B, H, L, Dv); beta: (B, H, L); log_decay: (B, H, L) or None.
+    Per chunk, with γ_t = exp(b_t) the decay from the chunk's start and S the state before it:
+        U = U' − W S,  (I + A) [W, U'] = [diag(β γ) K, diag(β) V],  A_ts = β_t (γ_t / γ_s) k_t·k_s (s < t)
+        O = diag(γ) Q S + (Q Kᵀ ⊙ Γ) U,  S ← γ_C S + (K ⊙ γ_C / γ)ᵀ U
+    """
+    qc, kc, vc = _chunked(q, k, v, chunk=chunk)
+    bc = beta.unflatten(2, (-1, chunk))  # (B, H, c, C)
+    b = (log_decay.unflatten(2, (-1, chunk)) if log_decay is not None else torch.zeros_like(bc)).cumsum(3)
+    lower = torch.ones(chunk, chunk, dtype=torch.bool, device=q.device).tril()
+    inside = (b[..., :, None] - b[..., None, :]).masked_fill_(~lower, -math.inf).exp_()  # Γ_ts = γ_t / γ_s, t >= s
+    a = (torch.matmul(kc, kc.transpose(-1, -2)) * inside).tril_(-1) * bc[..., None]
+    eye = torch.eye(chunk, dtype=q.dtype, device=q.device).expand_as(a)
+    t = torch.linalg.solve_triangular(a, eye, upper=False, unitriangular=True)  # (I + A)⁻¹: the diagonal is read as 1
+    w = torch.matmul(t, kc * (bc * b.exp())[..., None])
+    u_known = torch.matmul(t, vc * bc[..., None])
+    scores = torch.matmul(qc, kc.transpose(-1, -2)) * inside
+    # [W; diag(γ) Q]: both read the state before the chunk, in one product per chunk
+    reads = torch.cat([w, qc * b.exp()[..., None]], dim=3)  # (B, H, c, 2C, D)
+    k_out = kc * (b[..., -1:] - b).exp()[..., None]
+    last = b[:, :, :, -1].exp()[..., None, None]  # (B, H, c, 1, 1)
+    outs = []
+    for i in range(qc.shape[2]):  # across chunks: the state (inside each, everything at once)
+        read = torch.matmul(reads[:, :, i], state)  # (B, H, 2C, Dv)
+        u = u_known[:, :, i] - read[:, :, :chunk]
+        outs.append(torch.matmul(scores[:, :, i], u).add_(read[:, :, chunk:]))
+        state = last[:, :, i] * state + torch.matmul(k_out[:, :, i].transpose(-1, -2), u)
+    return torch.stack(outs, dim=2).flatten(2, 3), state
+
+
+# -- gates the methods share ------------------------------------------------------------------------
+
+def inverse_softplus(x: Tensor) -> Tensor:
+    """y with softplus(y) = x (x > 0)."""
+    return x + torch.log(-torch.expm1(-x))
+
+
+class SSDDecay(nn.Module):
+    """Mamba-2's scalar decay from the keys: Δ_t = softplus(k_t·w_h + b_h), log a_t = −exp(A_log_h) Δ_t.
+
+    Initialised as Mamba-2: A_h spread over [1, 16], softplus(b_h) over [0.001, 0.1] (log-spaced), w small.
+    """
+
+    def __init__(self, heads: int, head_dim: int):
+        super().__init__()
+        self.a_log = nn.Parameter(torch.log(torch.linspace(1.0, 16.0, heads)))
+        self.w_dt = nn.Parameter(torch.randn(heads, head_dim) * head_dim**-0.5 * 0.1)
+        dt = torch.exp(torch.linspace(math.log(1e-3), math.log(1e-1), heads))
+        self.b_dt = nn.Parameter(inverse_softplus(dt))
+
+    def forward(self, k: Tensor) -> tuple[Tensor, Tensor]:
+        """(log a (B, H, L), Δ (B, H, L)) of keys k (B, H, L, D)."""
+        dt = F.softplus(torch.einsum("bhld,hd->bhl", k, self.w_dt.to(k.dtype)) + self.b_dt.to(k.dtype)[:, None])
+        return -self.a_log.to(k.dtype).exp()[:, None] * dt, dt
+
+
+class SigmoidGate(nn.Module):
+    """β_t = σ(k_t·w_h + b_h) in (0, 1), per head and position (DeltaNet's writing strength)."""
+
+    def __init__(self, heads: int, head_dim: int):
+        super().__init__()
+        self.w = nn.Parameter(torch.randn(heads, head_dim) * head_dim**-0.5)
+        self.b = nn.Parameter(torch.zeros(heads))
+
+    def forward(self, k: Tensor) -> Tensor:
+        return torch.sigmoid(torch.einsum("bhld,hd->bhl", k, self.w.to(k.dtype)) + self.b.to(k.dtype)[:, None])
+
+
+# -- the variant ----------------------------------------------------------------------------------
+
+class RecurrentAttention(AttentionVariant):
+    """A gated linear recurrence behind the one interface; subclasses give `spec` and `_inputs`.
+
+    Not registered itself. Causal by nature: S_t holds positions <= t only.
+    """
+
+    delta_rule = False  # True: S_t = a_t (I − β_t k_t k_tᵀ) S_{t-1} + β_t k_t v_tᵀ; False: the gated form
+    max_chunk: int | None = None  # a bound on chunk_size the method's numerics need (gla)
+
+    def __init__(self, *, chunk_size: int = 64, **base):
+        """
+        Args:
+            chunk_size: C, positions per chunk of the chunked form (the C x C form inside, the D x Dv state
+                across chunks). A tuning knob: the result does not depend on it.
+            scale: factor of q in o_t = scale · q_tᵀ S_t; None means D ** -0.5.
+        """
+        super().__init__(**base)
+        self._check_int("chunk_size", chunk_size, 1)
+        if self.max_chunk is not None and chunk_size > self.max_chunk:
+            raise ValueError(f"{self.spec.name}: option chunk_size={chunk_size} is invalid; expected an int in "
+                             f"1..{self.max_chunk} ({self.spec.name}'s per-dimension decay is taken relative to the "
+                             f"chunk's middle: its factors exp(±C/2 · 5) stay inside float32 up to C = {self.max_chunk})")
+        self.chunk_size = chunk_size
+
+    def _require_shape_hints(self) -> tuple[int, int]:
+        """(H, D) for per-head gate parameters; a ValueError naming the missing hint."""
+        if self.num_heads is None or self.head_dim is None:
+            raise ValueError(f"{self.spec.name}: options num_heads and head_dim are required (its gates are parameters "
+                             f"per head over the key dims), got num_heads={self.num_heads}, head_dim={self.head_dim}")
+        return self.num_heads, self.head_dim
+
+    # -- the recurrence's inputs -----------------------------------------------------------------
+    def _inputs(self, q: Tensor, k: Tensor, v: Tensor) -> dict[str, Tensor]:
+        """{q, k, v, log_decay?, beta?} of positions whose raw q, k, v (B, H, L, ·) are given (gates are per position)."""
+        raise NotImplementedError
+
+    def recurrence_inputs(self, q: Tensor, k: Tensor, v: Tensor, key_padding_mask: Tensor | None = None) -> dict:
+        """The exact inputs of the recurrence: effective q, k (after any normalisation), v (after any Δ
+        scaling), log_decay ((B, H, N), or (B, H, N, D) per key dim; absent for deltanet), beta ((B, H, N),
+        delta-rule methods) and scale; padded positions as the recurrence skips them (k = 0, log a = 0, β = 0).
+        The output equals o_t = scale · q_tᵀ S_t of the textbook recurrence run on them, step by step."""
+        inputs = self._masked(self._inputs(q, k, v), self._keep(key_padding_mask, k))
+        return {**inputs, "scale": float(self._scale(q))}
+
+    @staticmethod
+    def _keep(key_padding_mask: Tensor | None, k: Tensor) -> Tensor | None:
+        return None if key_padding_mask is None else key_padding_mask[:, None, :].to(k.dtype)  # (B, 1, N)
+
+    @staticmethod
+    def _masked(inputs: dict[str, Tensor], keep: Tensor | None) -> dict[str, Tensor]:
+        """Padded positions skipped: no write (k = 0, β = 0) and no decay (log a = 0)."""
+        if keep is None:
+            return inputs
+        out = dict(inputs, k=inputs["k"] * keep[..., None])
+        if "beta" in out:
+            out["beta"] = out["beta"] * keep
+        if "log_decay" in out:
+            ld = out["log_decay"]
+            out["log_decay"] = ld * (keep if ld.dim() == 3 else keep[..., None])
+        return out
+
+    # -- the call --------------------------------------------------------------------------------
+    def _attend(self, q, k, v, causal, key_padding_mask):
+        if q.dtype in (torch.float16, torch.bfloat16):
+            return self._attend(q.float(), k.float(), v.float(), causal, key_padding_mask).to(q.dtype)
+        if torch.is_autocast_enabled(q.device.type):
+            with torch.autocast(q.device.type, enabled=False):
+                return self._attend(q, k, v, causal, key_padding_mask)
+        n_q, n_k = q.shape[-2], k.shape[-2]
+        keep = self._keep(key_padding_mask, k)
+        if n_q < n_k:  # the queries are the last Nq positions: zero queries before them build the state
+            q = F.pad(q, (0, 0, n_k - n_q, 0))
+        b, h, _, d = k.shape
+        state = k.new_zeros(b, h, d, v.shape[-1])
+        return self._scan(q, k, v, keep, state)[0][:, :, n_k - n_q:]
+
+    def _scan(self, q: Tensor, k: Tensor, v: Tensor, keep: Tensor | None, state: Tensor) -> tuple[Tensor, Tensor]:
+        """Outputs of every position of q, k, v (B, H, N, ·) from `state`, and the state after them."""
+        n = q.shape[-2]
+        chunk = min(self.chunk_size, n)
+        q, k, v = (pad_to_multiple(t, chunk)[0] for t in (q, k, v))
+        if q.shape[-2] != n:  # the positions added to fill the last chunk are skipped like padding
+            keep = torch.ones(k.shape[0], 1, n, dtype=k.dtype, device=k.device) if keep is None else keep
+        if keep is not None:
+            keep = pad_to_multiple(keep, chunk, dim=-1)[0]
+        size = max(chunk, GROUP_POSITIONS // (4 if self.max_chunk else 1) // chunk * chunk)
+        grad = torch.is_grad_enabled() and any(t.requires_grad for t in (q, k, v, *self.parameters()))
+        groups = spans(q.shape[-2], size)
+        if not grad:  # each group's outputs written in place: no second N x Dv buffer
+            out = v.new_empty(*q.shape[:-1], v.shape[-1])
+            for sl in groups:
+                out[:, :, sl], state = self._group(q[:, :, sl], k[:, :, sl], v[:, :, sl], None if keep is None else keep[..., sl], state, chunk)
+            return out[:, :, :n], state
+        outs = []
+        for sl in groups:
+            args = (q[:, :, sl], k[:, :, sl], v[:, :, sl], None if keep is None else keep[..., sl], state, chunk)
+            out, state = checkpoint(self._group, *args, use_reentrant=False)
+            outs.append(out)
+        out = outs[0] if len(outs) == 1 else torch.cat(outs, dim=2)
+        return out[:, :, :n], state
+
+    def _group(self, q, k, v, keep, state, chunk):
+        inputs = self._masked(self._inputs(q, k, v), keep)
+        qs = inputs["q"] * self._scale(q)
+        if self.delta_rule:
+            return delta_chunks(qs, inputs["k"], inputs["v"], inputs["beta"], inputs.get("log_decay"), state, chunk)
+        return gated_chunks(qs, inputs["k"], inputs["v"], inputs["log_decay"], state, chunk)
+
+    def reference(self, q, k, v, *, causal=False, key_padding_mask=None):
+        """The parallel form over the whole sequence (every weight stored): what the chunked form must equal."""
+        n_q, n_k = q.shape[-2], k.shape[-2]
+        q = F.pad(q, (0, 0, n_k - n_q, 0))
+        x = self.recurrence_inputs(q, k, v, key_padding_mask)
+        qs = x["q"] * x["scale"]
+        if self.delta_rule:
+            out = dense_delta(qs, x["k"], x["v"], x["beta"], x.get("log_decay"))
+        else:
+            out = dense_gated(qs, x["k"], x["v"], x["log_decay"])
+        return out[:, :, n_k - n_q:]
+
+    # -- decoding: the one-step form -------------------------------------------------------------
+    def _empty_state(self, batch, heads, head_dim, value_dim, dtype, device):
+        return {"S": torch.zeros(batch, heads, head_dim, value_dim, dtype=dtype, device=device)}  # D x Dv per head
+
+    def _step(self, q, k, v, state):
+        s = state.tensors["S"]
+        if q.dtype in (torch.float16, torch.bfloat16):
+            out, s = self._scan(q.float(), k.float(), v.float(), None, s.float())
+            out, s = out.to(q.dtype), s.to(q.dtype)
+        else:
+            out, s = self._scan(q, k, v, None, s)
+        return out, state.advanced(q.shape[2], S=s)
+
+    # -- what the harness reads ------------------------------------------------------------------
+    def flops(self, n_q, n_k, d, dv, causal):
+        # the chunked form: per position a C-wide masked product (2 C (D + Dv)), the state read and written (4 D Dv);
+        # the delta rule adds k kᵀ (2 C D), the triangular solve (C (D + Dv)) and W S (2 D Dv)
+        c = min(self.chunk_size, n_k)
+        per = 2.0 * c * (d + dv) + 4.0 * d * dv
+        if self.delta_rule:
+            per += 2.0 * c * d + c * (d + dv) + 2.0 * d * dv
+        return n_k * per
+
+    def memory_estimate(self, batch, heads, n_q, n_k, d, dv, element_size, causal, backward):
+        c = min(self.chunk_size, n_k)
+        group = batch * heads * min(n_k, GROUP_POSITIONS) * (c + 4 * (d + dv) + (d if self.max_chunk else 0) * 4) * 4
+        states = batch * heads * d * dv * 4 * (math.ceil(n_k / GROUP_POSITIONS) if backward else 2)
+        return int(group * (6 if backward else 3) + states
+                   + super().memory_estimate(batch, heads, n_q, n_k, d, dv, element_size, causal, backward))
+
+    def extra_repr(self) -> str:
+        return f"chunk_size={self.chunk_size}"

@@ -1,0 +1,48 @@
+"""Mamba-2's SSD as attention: Dao & Gu 2024, "Transformers are SSMs" (state space duality).
+
+A scalar, data-dependent decay per head and position, and values scaled by the step size:
+
+    Δ_t = softplus(k_t·w_Δ,h + b_Δ,h),   a_t = exp(−exp(A_log_h) · Δ_t)
+    S_t = a_t S_{t-1} + k_t (Δ_t v_t)ᵀ,  o_t = scale · q_tᵀ S_t
+
+(Mamba's C, B, x are our q, k, v.) Its parallel form is masked attention (Q Kᵀ ⊙ L) (Δ V) with
+L_ts = Π_{s<r<=t} a_r, "1-semiseparable"; computed chunk-wise with a D x Dv state (_recurrence.py).
+A small Δ keeps the state (a ≈ 1) and writes little; a large Δ forgets and writes strongly.
+
+The gates come from the keys (learned w_Δ, b_Δ, A_log per head), since the interface hands a variant
+q, k, v only; Mamba-2 computes Δ from the layer's input x. Initialised as Mamba-2: A over [1, 16],
+softplus(b_Δ) over [0.001, 0.1]. Mamba-2 has no softmax scale; `scale` (D^-½ by default, as the
+other methods here) multiplies q. Causal by nature; the short convolution and gating of the Mamba-2
+block are the layer's.
+"""
+
+from __future__ import annotations
+
+from .._base import VariantSpec, register
+from ._recurrence import RecurrentAttention, SSDDecay
+
+
+@register
+class Mamba2(RecurrentAttention):
+    spec = VariantSpec(
+        name="mamba2",
+        summary="Mamba-2's SSD as attention: scalar data-dependent decay exp(−A Δ_t), values scaled by Δ_t; chunked, D x Dv state",
+        style=("#637939", "H"),
+        reference="Dao & Gu 2024, 'Transformers are SSMs: Generalized Models and Efficient Algorithms Through Structured State Space Duality'",
+        time_complexity="O(N C D + N D Dv)",
+        memory_complexity="O(N Dv) + one group of chunks",
+        supports_non_causal=False,
+        why_not_non_causal="a recurrence over positions: the state at t holds positions <= t only",
+        subquadratic=True,
+        notes="causal only; needs num_heads and head_dim (gates per head from the keys); decodes with a constant D x Dv state",
+        examples=((("chunk_size", 4),), (("chunk_size", 64),)),
+    )
+
+    def __init__(self, **options):
+        super().__init__(**options)
+        heads, head_dim = self._require_shape_hints()
+        self.dt = SSDDecay(heads, head_dim)
+
+    def _inputs(self, q, k, v):
+        log_decay, dt = self.dt(k)
+        return {"q": q, "k": k, "v": v * dt[..., None], "log_decay": log_decay}

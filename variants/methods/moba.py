@@ -1,0 +1,248 @@
+"""MoBA, Mixture of Block Attention: Lu et al. 2025, "MoBA: Mixture of Block Attention for Long-Context LLMs".
+
+Keys are cut into blocks of B positions (`block`). Each query scores the complete blocks before its
+own by q · mean(k in block) — a router with no parameters, as a mixture of experts routes tokens —
+and attends, softmax-exactly, to the keys of its top-k blocks (`top_k`) plus its own block up to
+itself:
+
+    gate_j(q_t) = q_t · mean_{s in block j} k_s          for blocks j before t's block
+    out_t = softmax over {keys of the top_k blocks} ∪ {keys of t's block at positions <= t}
+
+A query with fewer than top_k earlier blocks takes all of them (MoBA's own code does the same), so
+at N <= (top_k + 1) B MoBA is exact causal attention. The selection is not differentiated (the
+paper's neither): gradients reach q, k, v through the attention. Cost: the gating O(N · N/B · D),
+the attention O(N (top_k + 1) B D); nothing of size N x N (nor N x N/B: gating runs in tiles of
+queries and keeps only the top_k indices).
+
+Computed per tile of queries: for each key block, the queries that chose it are gathered (a padded
+batch over heads), attended to that block, and their partial softmax (output and log-sum-exp) is
+merged with the other blocks' and the own block's — FlashAttention's merge, as MoBA's
+implementation does with varlen kernels. With a gradient, each tile is recomputed in the backward.
+Causal by nature (the paper's is a decoder's). Decoding keeps the KV cache and the running sums of
+complete blocks, so a step's gating reads N/B means, not N keys.
+"""
+
+from __future__ import annotations
+
+import math
+
+import torch
+from torch import Tensor
+from torch.utils.checkpoint import checkpoint
+
+from .._base import AttentionVariant, VariantSpec, register
+from .._utils import dense_attention
+from .full import full_attention_pairs
+
+TILE_QUERIES = 2048  # queries whose gating scores (x N/B) and partial outputs are held at once
+
+
+def block_means(k: Tensor, keep: Tensor | None, block: int) -> tuple[Tensor, Tensor]:
+    """(means (B, H, nb, D) of each block's real keys, has_key (B, 1|H, nb) bool); the last block may be partial."""
+    n = k.shape[2]
+    nb = math.ceil(n / block)
+    pad = nb * block - n
+    kk = k if keep is None else k * keep[..., None]
+    kk = torch.nn.functional.pad(kk, (0, 0, 0, pad)) if pad else kk
+    sums = kk.unflatten(2, (nb, block)).sum(3)
+    if keep is None:
+        counts = torch.full((nb,), float(block), dtype=k.dtype, device=k.device)
+        counts[-1] = block - pad
+        return sums / counts[:, None], torch.ones(1, 1, nb, dtype=torch.bool, device=k.device)
+    kp = torch.nn.functional.pad(keep, (0, pad)) if pad else keep
+    counts = kp.unflatten(2, (nb, block)).sum(3)  # (B, 1, nb)
+    return sums / counts.clamp_min(1)[..., None], counts > 0
+
+
+def select_blocks(q: Tensor, means: Tensor, has_key: Tensor, start: int, block: int, top_k: int) -> tuple[Tensor, Tensor]:
+    """Each query's chosen blocks: (indices (B, H, T, k'), valid (B, H, T, k')), k' = min(top_k, nb);
+    queries at positions start .. start + T - 1 choose among the complete blocks before their own."""
+    nb = means.shape[2]
+    pos = torch.arange(start, start + q.shape[2], device=q.device)
+    scores = torch.matmul(q.detach(), means.detach().transpose(-1, -2))  # (B, H, T, nb)
+    earlier = torch.arange(nb, device=q.device)[None, :] < (pos // block)[:, None]  # (T, nb)
+    scores = scores.masked_fill(~(earlier & has_key[:, :, None, :]), -math.inf)
+    top, idx = scores.topk(min(top_k, nb), dim=-1)
+    return idx, torch.isfinite(top)
+
+
+def _partial(s: Tensor, v: Tensor) -> tuple[Tensor, Tensor]:
+    """(softmax(s) v, logsumexp(s)) over the last dim of scores s, masked entries -inf: 0 and -inf where all are."""
+    m = s.amax(-1, keepdim=True)
+    m = torch.where(torch.isfinite(m), m, torch.zeros_like(m)).detach()
+    p = torch.exp(s - m)
+    total = p.sum(-1, keepdim=True)
+    out = torch.matmul(p, v) / total.clamp_min(torch.finfo(p.dtype).tiny)
+    return out, (m + total.log()).squeeze(-1)
+
+
+def moba_tile(q: Tensor, k: Tensor, v: Tensor, keep: Tensor | None, means: Tensor, has_key: Tensor,
+              start: int, block: int, top_k: int, scale: float) -> Tensor:
+    """Outputs (B, H, T, Dv) of T queries at positions start .. start + T - 1 over keys k, v (B, H, Nk, ·)."""
+    b, h, t, d = q.shape
+    dv = v.shape[-1]
+    idx, valid = select_blocks(q, means, has_key, start, block, top_k)
+    slots = idx.shape[-1]
+    # the own block: queries of each block against its keys up to themselves
+    own_out, own_lse = [], []
+    for first in range(start // block, (start + t - 1) // block + 1):
+        lo, hi = max(first * block, start), min((first + 1) * block, start + t)  # positions of these queries
+        ks, vs = k[:, :, first * block : hi], v[:, :, first * block : hi]
+        s = torch.matmul(q[:, :, lo - start : hi - start], ks.transpose(-1, -2)) * scale
+        allowed = torch.arange(first * block, hi, device=q.device)[None, :] <= torch.arange(lo, hi, device=q.device)[:, None]
+        if keep is not None:
+            allowed = allowed & keep[:, :, None, first * block : hi].bool()
+        o, lse = _partial(s.masked_fill(~allowed, -math.inf), vs)
+        own_out.append(o)
+        own_lse.append(lse)
+    own_out, own_lse = torch.cat(own_out, dim=2), torch.cat(own_lse, dim=2)  # (B, H, T, Dv), (B, H, T)
+    # the chosen blocks: for each key block, the queries (of every head) that chose it, gathered
+    qf, idxf, validf = q.reshape(b * h, t, d), idx.reshape(b * h, t, slots), valid.reshape(b * h, t, slots)
+    kf, vf = k.reshape(b * h, -1, d), v.reshape(b * h, -1, dv)
+    keepf = None if keep is None else keep.expand(b, h, -1).reshape(b * h, -1)
+    outs, lses, where = [], [], []
+    trash = t * slots  # the slot padded entries write to (cut below)
+    for j in range(int(idx.max()) + 1 if valid.any() else 0):
+        chose = (idxf == j) & validf  # (BH, T, slots)
+        rows = chose.any(-1)
+        count = rows.sum(1)
+        most = int(count.max())
+        if most == 0:
+            continue
+        order = torch.argsort((~rows).to(torch.int8), dim=1, stable=True)[:, :most]  # the choosing queries first
+        real = torch.arange(most, device=q.device)[None, :] < count[:, None]
+        qg = qf.gather(1, order[..., None].expand(-1, -1, d))
+        s = torch.matmul(qg, kf[:, j * block : (j + 1) * block].transpose(-1, -2)) * scale  # (BH, most, B)
+        if keepf is not None:
+            s = s.masked_fill(~keepf[:, None, j * block : (j + 1) * block].bool(), -math.inf)
+        o, lse = _partial(s, vf[:, j * block : (j + 1) * block])
+        slot = chose.gather(1, order[..., None].expand(-1, -1, slots)).to(torch.int8).argmax(-1)
+        outs.append(o)
+        lses.append(lse)
+        where.append(torch.where(real, order * slots + slot, trash))
+    if outs:
+        at = torch.cat(where, dim=1)
+        chosen_out = q.new_zeros(b * h, trash + 1, dv).scatter(1, at[..., None].expand(-1, -1, dv), torch.cat(outs, dim=1))
+        chosen_lse = q.new_full((b * h, trash + 1), -math.inf).scatter(1, at, torch.cat(lses, dim=1))
+        chosen_out = chosen_out[:, :trash].view(b, h, t, slots, dv)
+        chosen_lse = chosen_lse[:, :trash].view(b, h, t, slots)
+        parts = torch.cat([own_out[..., None, :], chosen_out], dim=3)  # (B, H, T, 1 + slots, Dv)
+        lse = torch.cat([own_lse[..., None], chosen_lse], dim=3)
+    else:
+        parts, lse = own_out[..., None, :], own_lse[..., None]
+    top = lse.amax(-1, keepdim=True)
+    top = torch.where(torch.isfinite(top), top, torch.zeros_like(top))
+    w = torch.exp(lse - top)
+    w = w / w.sum(-1, keepdim=True).clamp_min(torch.finfo(w.dtype).tiny)  # a query with no real key: all 0
+    return (w[..., None] * parts).sum(3)
+
+
+@register
+class MoBA(AttentionVariant):
+    spec = VariantSpec(
+        name="moba",
+        summary="MoBA: each query attends exactly to its own block and its top_k earlier key blocks, chosen by q · mean(k)",
+        style=("#17becf", "*"),
+        reference="Lu et al. 2025, 'MoBA: Mixture of Block Attention for Long-Context LLMs'",
+        time_complexity="O(N (N/B) D + N (top_k + 1) B D)",
+        memory_complexity="O(N D) + one tile of queries",
+        supports_non_causal=False,
+        why_not_non_causal="each query chooses among the blocks before its own (the paper's decoder attention)",
+        subquadratic=True,
+        notes="causal only; at N <= (top_k + 1) block it is exact causal attention; the gating term N^2/B dominates at long N",
+        function_options=("block", "top_k"),
+        not_deployable=(("export", "how many queries choose each block is data-dependent (a varlen gather): torch.export "
+                                   "cannot guard on it"),
+                        ("onnx", "ONNX export goes through torch.export, which cannot trace the data-dependent gather")),
+        examples=((("block", 4), ("top_k", 1)), (("block", 3), ("top_k", 2))),
+    )
+
+    def __init__(self, *, block: int = 256, top_k: int = 3, **base):
+        """
+        Args:
+            block: B, keys per block (the unit a query chooses).
+            top_k: earlier blocks each query attends to besides its own (all of them where fewer exist).
+            scale: factor of the scores before the softmax; None means D ** -0.5.
+        """
+        super().__init__(**base)
+        self._check_int("block", block, 1)
+        self._check_int("top_k", top_k, 1)
+        self.block, self.top_k = block, top_k
+
+    def check_length(self, n: int) -> int:
+        return max(n, (self.top_k + 2) * self.block)  # some queries must leave blocks out
+
+    def selected_blocks(self, q: Tensor, k: Tensor, key_padding_mask: Tensor | None = None) -> Tensor:
+        """bool (B, H, Nq, nb): the earlier blocks each query (the last Nq of Nk positions) attends to."""
+        keep = None if key_padding_mask is None else key_padding_mask[:, None, :].to(k.dtype)
+        means, has_key = block_means(k, keep, self.block)
+        idx, valid = select_blocks(q, means, has_key, k.shape[2] - q.shape[2], self.block, self.top_k)
+        chosen = torch.zeros(*q.shape[:3], means.shape[2], dtype=torch.bool, device=q.device)
+        return chosen.scatter_(-1, idx, valid)  # an invalid pick writes False wherever it points
+
+    def _attend(self, q, k, v, causal, key_padding_mask):
+        keep = None if key_padding_mask is None else key_padding_mask[:, None, :].to(k.dtype)
+        with torch.no_grad():
+            means, has_key = block_means(k, keep, self.block)
+        return self._tiles(q, k, v, keep, means, has_key)
+
+    def _tiles(self, q, k, v, keep, means, has_key):
+        n_q, n_k = q.shape[2], k.shape[2]
+        start = n_k - n_q
+        scale = float(self._scale(q))
+        grad = torch.is_grad_enabled() and any(t.requires_grad for t in (q, k, v))
+        size = max(self.block, TILE_QUERIES // self.block * self.block)
+        outs = []
+        for lo in range(0, n_q, size):
+            hi = min(lo + size, n_q)
+            args = (q[:, :, lo:hi], k[:, :, : start + hi], v[:, :, : start + hi], None if keep is None else keep[..., : start + hi],
+                    means, has_key, start + lo, self.block, self.top_k, scale)
+            outs.append(checkpoint(moba_tile, *args, use_reentrant=False) if grad else moba_tile(*args))
+        return outs[0] if len(outs) == 1 else torch.cat(outs, dim=2)
+
+    def reference(self, q, k, v, *, causal=False, key_padding_mask=None):
+        """Dense softmax attention restricted to the selected blocks and the own block up to each query."""
+        n_q, n_k = q.shape[-2], k.shape[-2]
+        chosen = self.selected_blocks(q, k, key_padding_mask)  # (B, H, Nq, nb)
+        key_block = torch.arange(n_k, device=q.device) // self.block
+        pos = torch.arange(n_k - n_q, n_k, device=q.device)[:, None]
+        allowed = chosen[..., key_block] | ((key_block[None, :] == pos // self.block) & (torch.arange(n_k, device=q.device)[None, :] <= pos))
+        if key_padding_mask is not None:
+            allowed = allowed & key_padding_mask[:, None, None, :]
+        return dense_attention(q, k, v, allowed, self._scale(q))
+
+    # -- decoding: the KV cache and the running sums of complete blocks -----------------------------
+    def _empty_state(self, batch, heads, head_dim, value_dim, dtype, device):
+        state = super()._empty_state(batch, heads, head_dim, value_dim, dtype, device)
+        return {**state, "block_sums": torch.empty(batch, heads, 0, head_dim, dtype=dtype, device=device)}
+
+    def _step(self, q, k, v, state):
+        keys, values = torch.cat([state.tensors["k"], k], dim=2), torch.cat([state.tensors["v"], v], dim=2)
+        sums = state.tensors["block_sums"]
+        complete = keys.shape[2] // self.block
+        if complete > sums.shape[2]:  # blocks completed by these positions: their sums, once
+            new = keys[:, :, sums.shape[2] * self.block : complete * self.block].unflatten(2, (-1, self.block)).sum(3)
+            sums = torch.cat([sums, new], dim=2)
+        means = sums / self.block
+        has_key = torch.ones(1, 1, means.shape[2], dtype=torch.bool, device=q.device)
+        if means.shape[2] == 0:  # nothing to choose from yet: every query reads its own block
+            means = q.new_zeros(*q.shape[:2], 1, q.shape[-1])
+            has_key = torch.zeros(1, 1, 1, dtype=torch.bool, device=q.device)
+        out = self._tiles(q, keys, values, None, means, has_key)
+        return out, state.advanced(q.shape[2], k=keys, v=values, block_sums=sums)
+
+    # -- what the harness reads ------------------------------------------------------------------
+    def flops(self, n_q, n_k, d, dv, causal):
+        blocks = math.ceil(n_k / self.block)
+        gating = 2.0 * n_q * blocks * d
+        attended = min(full_attention_pairs(n_q, n_k, True), n_q * (self.top_k * self.block + (self.block + 1) / 2))
+        return gating + 2.0 * attended * (d + dv)
+
+    def memory_estimate(self, batch, heads, n_q, n_k, d, dv, element_size, causal, backward):
+        tile = min(n_q, TILE_QUERIES)
+        blocks = math.ceil(n_k / self.block)
+        held = batch * heads * tile * (blocks + (self.top_k + 1) * (dv + 2) + 2 * self.block) * 4
+        return int(held * (6 if backward else 3) + super().memory_estimate(batch, heads, n_q, n_k, d, dv, element_size, causal, backward))
+
+    def extra_repr(self) -> str:
+        return f"block={self.block}, top_k={self.top_k}"
