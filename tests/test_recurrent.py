@@ -111,6 +111,17 @@ def test_moba_selects_top_k_earlier_blocks_by_mean_key():
     torch.testing.assert_close(attn(q, k, v, causal=True), ref_moba(q, k, v, 4, 2))
 
 
+@pytest.mark.parametrize("padded", [False, True], ids=["dense", "padded"])
+def test_moba_without_a_gradient_takes_the_fused_kernel_and_the_same_function(padded):
+    # no gradient: each block's softmax comes from the CPU flash kernel (output and log-sum-exp), else written out
+    q, k, v = make_qkv(b=2, h=2, n_q=41, d=8, requires_grad=False)
+    kpm = make_padding(2, 41) if padded else None
+    attn = variants.build("moba", block=4, top_k=2)
+    with torch.no_grad():
+        torch.testing.assert_close(attn(q, k, v, causal=True, key_padding_mask=kpm), ref_moba(q, k, v, 4, 2, kpm))
+        torch.testing.assert_close(attn(q[:, :, 30:], k, v, causal=True), ref_moba(q[:, :, 30:], k, v, 4, 2))
+
+
 def test_moba_with_enough_top_k_is_exact_causal_attention():
     q, k, v = make_qkv(b=1, h=2, n_q=24, d=8, requires_grad=False)
     got = variants.build("moba", block=4, top_k=6)(q, k, v, causal=True)

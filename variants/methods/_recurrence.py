@@ -85,14 +85,13 @@ def _chunked(*tensors: Tensor, chunk: int) -> list[Tensor]:
 
 
 def _earlier_weights(total: Tensor) -> tuple[Tensor, Tensor]:
-    """From each chunk's total log decay (B, H, c[, D]): weights (B, H, c, c[, D]) = exp(decay between the
-    end of chunk u and the start of chunk t) for u < t, 0 otherwise, and exp(decay before chunk t)."""
+    """From each chunk's total log decay (B, H, c): weights (B, H, c, c) = exp(decay between the end of
+    chunk u and the start of chunk t) for u < t, 0 otherwise, and exp(decay before chunk t)."""
     after = total.cumsum(2)  # decay up to the end of each chunk
     before = after - total  # up to its start
     diff = before[:, :, :, None] - after[:, :, None, :]
     c = total.shape[2]
     earlier = torch.ones(c, c, dtype=torch.bool, device=total.device).tril(-1)
-    earlier = earlier if total.dim() == 3 else earlier[..., None]
     return diff.masked_fill(~earlier, -math.inf).exp(), before.exp()
 
 
@@ -118,15 +117,17 @@ def gated_chunks(q: Tensor, k: Tensor, v: Tensor, log_decay: Tensor, state: Tens
         scores = torch.matmul(qc, kc.transpose(-1, -2)).mul_(inside)
         q_in, k_out = qc * b.exp()[..., None], kc * (total[..., None] - b).exp()[..., None]
     writes = torch.matmul(k_out.transpose(-1, -2), vc)  # (B, H, c, D, Dv): each chunk's additions, decayed to its end
+    out = torch.matmul(scores, vc)
+    if vector:  # per key dim, the chunks' weights would be c x c x D: carry the state chunk by chunk instead
+        decay = total.exp()[..., None]  # (B, H, c, D, 1)
+        for i in range(qc.shape[2]):
+            out[:, :, i] += torch.matmul(q_in[:, :, i], state)
+            state = decay[:, :, i] * state + writes[:, :, i]
+        return out.flatten(2, 3), state
     weights, before = _earlier_weights(total)
-    if vector:
-        state_before = torch.einsum("bhtud,bhude->bhtde", weights, writes) + before[..., None] * state[:, :, None]
-    else:
-        state_before = torch.matmul(weights, writes.flatten(3)).view_as(writes) + before[..., None, None] * state[:, :, None]
-    out = torch.matmul(scores, vc) + torch.matmul(q_in, state_before)
-    last = total[:, :, -1].exp()
-    last = last[..., None] if vector else last[..., None, None]
-    return out.flatten(2, 3), last * state_before[:, :, -1] + writes[:, :, -1]
+    state_before = torch.matmul(weights, writes.flatten(3)).view_as(writes) + before[..., None, None] * state[:, :, None]
+    out += torch.matmul(q_in, state_before)
+    return out.flatten(2, 3), total[:, :, -1].exp()[..., None, None] * state_before[:, :, -1] + writes[:, :, -1]
 
 
 def delta_chunks(q: Tensor, k: Tensor, v: Tensor, beta: Tensor, log_decay: Tensor | None, state: Tensor,
@@ -153,13 +154,13 @@ def delta_chunks(q: Tensor, k: Tensor, v: Tensor, beta: Tensor, log_decay: Tenso
     reads = torch.cat([w, qc * b.exp()[..., None]], dim=3)  # (B, H, c, 2C, D)
     k_out = kc * (b[..., -1:] - b).exp()[..., None]
     last = b[:, :, :, -1].exp()[..., None, None]  # (B, H, c, 1, 1)
-    outs = []
+    out = vc.new_empty(vc.shape)
     for i in range(qc.shape[2]):  # across chunks: the state (inside each, everything at once)
         read = torch.matmul(reads[:, :, i], state)  # (B, H, 2C, Dv)
         u = u_known[:, :, i] - read[:, :, :chunk]
-        outs.append(torch.matmul(scores[:, :, i], u).add_(read[:, :, chunk:]))
+        out[:, :, i] = torch.matmul(scores[:, :, i], u).add_(read[:, :, chunk:])
         state = last[:, :, i] * state + torch.matmul(k_out[:, :, i].transpose(-1, -2), u)
-    return torch.stack(outs, dim=2).flatten(2, 3), state
+    return out.flatten(2, 3), state
 
 
 # -- gates the methods share ------------------------------------------------------------------------
@@ -184,7 +185,7 @@ class SSDDecay(nn.Module):
 
     def forward(self, k: Tensor) -> tuple[Tensor, Tensor]:
         """(log a (B, H, L), Δ (B, H, L)) of keys k (B, H, L, D)."""
-        dt = F.softplus(torch.einsum("bhld,hd->bhl", k, self.w_dt.to(k.dtype)) + self.b_dt.to(k.dtype)[:, None])
+        dt = F.softplus(torch.matmul(k, self.w_dt.to(k.dtype)[..., None])[..., 0] + self.b_dt.to(k.dtype)[:, None])
         return -self.a_log.to(k.dtype).exp()[:, None] * dt, dt
 
 
@@ -197,7 +198,7 @@ class SigmoidGate(nn.Module):
         self.b = nn.Parameter(torch.zeros(heads))
 
     def forward(self, k: Tensor) -> Tensor:
-        return torch.sigmoid(torch.einsum("bhld,hd->bhl", k, self.w.to(k.dtype)) + self.b.to(k.dtype)[:, None])
+        return torch.sigmoid(torch.matmul(k, self.w.to(k.dtype)[..., None])[..., 0] + self.b.to(k.dtype)[:, None])
 
 
 # -- the variant ----------------------------------------------------------------------------------
@@ -287,7 +288,7 @@ class RecurrentAttention(AttentionVariant):
             keep = torch.ones(k.shape[0], 1, n, dtype=k.dtype, device=k.device) if keep is None else keep
         if keep is not None:
             keep = pad_to_multiple(keep, chunk, dim=-1)[0]
-        size = max(chunk, GROUP_POSITIONS // (4 if self.max_chunk else 1) // chunk * chunk)
+        size = max(chunk, GROUP_POSITIONS // chunk * chunk)
         grad = torch.is_grad_enabled() and any(t.requires_grad for t in (q, k, v, *self.parameters()))
         groups = spans(q.shape[-2], size)
         if not grad:  # each group's outputs written in place: no second N x Dv buffer

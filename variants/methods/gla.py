@@ -63,6 +63,6 @@ class GatedLinearAttention(RecurrentAttention):
         self.b_alpha = nn.Parameter(torch.zeros(heads, head_dim))
 
     def _inputs(self, q, k, v):
-        logits = torch.einsum("bhld,hde->bhle", k, self.w_alpha.to(k.dtype)) + self.b_alpha.to(k.dtype)[:, None]
+        logits = torch.matmul(k, self.w_alpha.to(k.dtype)) + self.b_alpha.to(k.dtype)[:, None]  # (B, H, L, D)
         log_decay = (F.logsigmoid(logits) / GATE_NORMALIZER).clamp_min(LOG_DECAY_FLOOR)  # (B, H, L, D)
         return {"q": q, "k": k, "v": v, "log_decay": log_decay}

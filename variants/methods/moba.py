@@ -76,11 +76,34 @@ def _partial(s: Tensor, v: Tensor) -> tuple[Tensor, Tensor]:
     return out, (m + total.log()).squeeze(-1)
 
 
+def _fused(q: Tensor) -> bool:
+    """Whether the CPU flash kernel, which returns the log-sum-exp beside the output, may run: the forward
+    without a gradient (its backward ignores a gradient of the log-sum-exp, which the merge needs)."""
+    return q.device.type == "cpu" and not (torch.is_grad_enabled() and q.requires_grad) and not torch.compiler.is_compiling()
+
+
+def attend_block(q: Tensor, k: Tensor, v: Tensor, allowed: Tensor | None, square_causal: bool = False) -> tuple[Tensor, Tensor]:
+    """(softmax(q kᵀ) v, logsumexp(q kᵀ)) over keys k (q already scaled); `allowed` a bool mask broadcastable to
+    the scores, or `square_causal` for Nq == Nk causal; without a gradient on the CPU, by the fused flash kernel."""
+    if allowed is None and _fused(q):
+        op = torch.ops.aten._scaled_dot_product_flash_attention_for_cpu
+        shape = q.shape
+        q4, k4, v4 = (t if t.dim() == 4 else t[None] for t in (q, k, v))
+        out, lse = op(q4, k4, v4, 0.0, square_causal, attn_mask=None, scale=1.0)
+        return out.view(*shape[:-1], v.shape[-1]), lse.view(shape[:-1])
+    s = torch.matmul(q, k.transpose(-1, -2))
+    if square_causal:
+        n = q.shape[-2]
+        allowed = torch.ones(n, n, dtype=torch.bool, device=q.device).tril()
+    return _partial(s if allowed is None else s.masked_fill_(~allowed, -math.inf), v)
+
+
 def moba_tile(q: Tensor, k: Tensor, v: Tensor, keep: Tensor | None, means: Tensor, has_key: Tensor,
               start: int, block: int, top_k: int, scale: float) -> Tensor:
     """Outputs (B, H, T, Dv) of T queries at positions start .. start + T - 1 over keys k, v (B, H, Nk, ·)."""
     b, h, t, d = q.shape
     dv = v.shape[-1]
+    q = q * scale  # once: every score below is of the scaled queries (the choice does not change with a positive scale)
     idx, valid = select_blocks(q, means, has_key, start, block, top_k)
     slots = idx.shape[-1]
     # the own block: queries of each block against its keys up to themselves
@@ -88,53 +111,53 @@ def moba_tile(q: Tensor, k: Tensor, v: Tensor, keep: Tensor | None, means: Tenso
     for first in range(start // block, (start + t - 1) // block + 1):
         lo, hi = max(first * block, start), min((first + 1) * block, start + t)  # positions of these queries
         ks, vs = k[:, :, first * block : hi], v[:, :, first * block : hi]
-        s = torch.matmul(q[:, :, lo - start : hi - start], ks.transpose(-1, -2)) * scale
-        allowed = torch.arange(first * block, hi, device=q.device)[None, :] <= torch.arange(lo, hi, device=q.device)[:, None]
-        if keep is not None:
-            allowed = allowed & keep[:, :, None, first * block : hi].bool()
-        o, lse = _partial(s.masked_fill(~allowed, -math.inf), vs)
+        if keep is None and lo == first * block:  # a square causal block
+            o, lse = attend_block(q[:, :, lo - start : hi - start], ks, vs, None, square_causal=True)
+        else:
+            allowed = torch.arange(first * block, hi, device=q.device)[None, :] <= torch.arange(lo, hi, device=q.device)[:, None]
+            if keep is not None:
+                allowed = allowed & keep[:, :, None, first * block : hi].bool()
+            o, lse = attend_block(q[:, :, lo - start : hi - start], ks, vs, allowed)
         own_out.append(o)
         own_lse.append(lse)
     own_out, own_lse = torch.cat(own_out, dim=2), torch.cat(own_lse, dim=2)  # (B, H, T, Dv), (B, H, T)
+    if not valid.any():
+        return own_out
     # the chosen blocks: for each key block, the queries (of every head) that chose it, gathered
     qf, idxf, validf = q.reshape(b * h, t, d), idx.reshape(b * h, t, slots), valid.reshape(b * h, t, slots)
     kf, vf = k.reshape(b * h, -1, d), v.reshape(b * h, -1, dv)
     keepf = None if keep is None else keep.expand(b, h, -1).reshape(b * h, -1)
-    outs, lses, where = [], [], []
     trash = t * slots  # the slot padded entries write to (cut below)
-    for j in range(int(idx.max()) + 1 if valid.any() else 0):
+    chosen_out = q.new_zeros(b * h, trash + 1, dv)  # (query, slot) -> that block's softmax-weighted values
+    chosen_lse = q.new_full((b * h, trash + 1), -math.inf)  # and its log-sum-exp
+    queries = torch.arange(t, device=q.device).expand(b * h, t)
+    heads = torch.arange(b * h, device=q.device)[:, None]
+    for j in range(int(idx[valid].max()) + 1):
         chose = (idxf == j) & validf  # (BH, T, slots)
         rows = chose.any(-1)
         count = rows.sum(1)
         most = int(count.max())
         if most == 0:
             continue
-        order = torch.argsort((~rows).to(torch.int8), dim=1, stable=True)[:, :most]  # the choosing queries first
+        # the choosing queries of each row first, in order (a scatter by their rank: no sort)
+        rank = torch.where(rows, rows.cumsum(1) - 1, most)
+        order = queries.new_zeros(b * h, most + 1).scatter_(1, rank, queries)[:, :most]
         real = torch.arange(most, device=q.device)[None, :] < count[:, None]
-        qg = qf.gather(1, order[..., None].expand(-1, -1, d))
-        s = torch.matmul(qg, kf[:, j * block : (j + 1) * block].transpose(-1, -2)) * scale  # (BH, most, B)
-        if keepf is not None:
-            s = s.masked_fill(~keepf[:, None, j * block : (j + 1) * block].bool(), -math.inf)
-        o, lse = _partial(s, vf[:, j * block : (j + 1) * block])
-        slot = chose.gather(1, order[..., None].expand(-1, -1, slots)).to(torch.int8).argmax(-1)
-        outs.append(o)
-        lses.append(lse)
-        where.append(torch.where(real, order * slots + slot, trash))
-    if outs:
-        at = torch.cat(where, dim=1)
-        chosen_out = q.new_zeros(b * h, trash + 1, dv).scatter(1, at[..., None].expand(-1, -1, dv), torch.cat(outs, dim=1))
-        chosen_lse = q.new_full((b * h, trash + 1), -math.inf).scatter(1, at, torch.cat(lses, dim=1))
-        chosen_out = chosen_out[:, :trash].view(b, h, t, slots, dv)
-        chosen_lse = chosen_lse[:, :trash].view(b, h, t, slots)
-        parts = torch.cat([own_out[..., None, :], chosen_out], dim=3)  # (B, H, T, 1 + slots, Dv)
-        lse = torch.cat([own_lse[..., None], chosen_lse], dim=3)
-    else:
-        parts, lse = own_out[..., None, :], own_lse[..., None]
+        qg = qf[heads, order]  # (BH, most, D)
+        allowed = None if keepf is None else keepf[:, None, j * block : (j + 1) * block].bool()
+        o, lse = attend_block(qg, kf[:, j * block : (j + 1) * block], vf[:, j * block : (j + 1) * block], allowed)
+        slot = chose[heads, order].to(torch.int8).argmax(-1)
+        at = torch.where(real, order * slots + slot, trash)
+        chosen_out[heads, at] = o  # in place (autograd records each write); padded rows all land in the trash slot
+        chosen_lse[heads, at] = lse
+    chosen_out = chosen_out[:, :trash].view(b, h, t, slots, dv)
+    lse = torch.cat([own_lse[..., None], chosen_lse[:, :trash].view(b, h, t, slots)], dim=3)  # (B, H, T, 1 + slots)
     top = lse.amax(-1, keepdim=True)
     top = torch.where(torch.isfinite(top), top, torch.zeros_like(top))
     w = torch.exp(lse - top)
     w = w / w.sum(-1, keepdim=True).clamp_min(torch.finfo(w.dtype).tiny)  # a query with no real key: all 0
-    return (w[..., None] * parts).sum(3)
+    # FlashAttention's merge of the partial softmaxes: own block + each chosen block, by their weights
+    return own_out * w[..., :1] + torch.matmul(w[..., None, 1:], chosen_out)[..., 0, :]
 
 
 @register
@@ -181,6 +204,8 @@ class MoBA(AttentionVariant):
         return chosen.scatter_(-1, idx, valid)  # an invalid pick writes False wherever it points
 
     def _attend(self, q, k, v, causal, key_padding_mask):
+        if q.dtype in (torch.float16, torch.bfloat16):  # the partial softmaxes are merged by their log-sum-exp: in float32
+            return self._attend(q.float(), k.float(), v.float(), causal, key_padding_mask).to(q.dtype)
         keep = None if key_padding_mask is None else key_padding_mask[:, None, :].to(k.dtype)
         with torch.no_grad():
             means, has_key = block_means(k, keep, self.block)
