@@ -1,8 +1,9 @@
 """Ours against the packages people would install instead, side by side in one process: time and peak memory.
 
     pip install performer-pytorch linformer nystrom-attention        # the peers (not dependencies of attnbench)
+    pip install --no-deps fla-core==0.6.0                            # flash-linear-attention's plain-PyTorch references
     python scripts/peers.py results/peers/cpu-16384.json             # N = 16384, B = 1, H = 8, D = 64; fwd and fwdbwd
-    python scripts/peers.py OUT.json --n 4096 --passes fwd
+    python scripts/peers.py OUT.json --n 4096 --passes fwd --methods retention,deltanet
 
 Pairs, each at the same shape and settings:
   performer  the attention alone on (B, H, N, D): `variants.build("performer", features=256)` against
@@ -12,6 +13,14 @@ Pairs, each at the same shape and settings:
              by the heads; ours are per head)
   nystrom    the whole layer: `MultiHeadAttention(512, 8, "nystrom", landmarks=64)` against nystrom-attention's
              `NystromAttention(512, dim_head=64, heads=8, num_landmarks=64, pinv_iterations=6, residual=False)`
+  retention, mamba2, gla, deltanet, gated_deltanet (causal)
+             the attention alone: ours on q, k, v against flash-linear-attention's pure-PyTorch references
+             (fla-core's `naive.py` files, loaded from their paths: the package itself needs Triton) run on the
+             exact inputs of our recurrence (`attn.recurrence_inputs`: gates computed before their timing, in
+             their layout (B, N, H, D) where they take it): naive_chunk_simple_gla (retention, mamba2),
+             naive_recurrent_gla (fla-core 0.6 has no chunked GLA in plain PyTorch), delta_rule_chunkwise
+             (deltanet, its chunk 32), naive_chunk_gated_delta_rule (gated_deltanet). Each row also records
+             the largest difference of the two outputs (an independent check of ours).
 Times: the harness's measuring core (`harness.measure.measure_time`); memory: `harness.memory.measure_peak`
 after the timing (extra bytes of one call beyond its inputs). fwdbwd: forward, then backward of a fixed
 random output gradient to the inputs and the parameters. A peer that cannot run a configuration gets its
@@ -35,6 +44,9 @@ from harness.machine import environment
 from harness.memory import measure_peak, pin_mmap_threshold, steady_allocator
 
 D_MODEL, HEADS, HEAD_DIM = 512, 8, 64
+PEER_NAMES = {"retention": "fla naive_chunk_simple_gla(g = log γ)", "mamba2": "fla naive_chunk_simple_gla(g = log a, v Δ)",
+              "gla": "fla naive_recurrent_gla", "deltanet": "fla delta_rule_chunkwise(chunk 32)",
+              "gated_deltanet": "fla naive_chunk_gated_delta_rule"}
 
 
 def layer_call(module, x, backward: bool):
@@ -100,7 +112,63 @@ def builders(n: int) -> dict:
         module = NystromAttention(D_MODEL, dim_head=HEAD_DIM, heads=HEADS, num_landmarks=64, pinv_iterations=6, residual=False)
         return lambda backward: layer_call(module, x, backward)
 
+    def fla_naive(path: str, function: str):
+        """A function of fla-core's plain-PyTorch references, loaded from its file (importing `fla` needs Triton)."""
+        import importlib.util
+
+        root = importlib.util.find_spec("fla")
+        if root is None:
+            raise ModuleNotFoundError("fla-core is not installed: pip install --no-deps fla-core==0.6.0")
+        spec = importlib.util.spec_from_file_location(f"fla_naive_{function}", Path(root.submodule_search_locations[0]) / path)
+        module = importlib.util.module_from_spec(spec)
+        spec.loader.exec_module(module)
+        return getattr(module, function)
+
+    def ours_recurrent(name):
+        attn = variants.build(name, num_heads=HEADS, head_dim=HEAD_DIM)
+        return lambda backward: attention_call(lambda q, k, v: attn(q, k, v, causal=True), q, k, v, backward)
+
+    def peer_recurrent(name):
+        """(the peer's call on our recurrence's inputs, its inputs): fla's layout (B, N, H, ·) where it takes it."""
+        attn = variants.build(name, num_heads=HEADS, head_dim=HEAD_DIM)
+        with torch.no_grad():
+            x = attn.recurrence_inputs(q, k, v)
+        thd = name != "deltanet"
+        inputs = [(x[key].transpose(1, 2) if thd else x[key]).contiguous().requires_grad_() for key in ("q", "k", "v")]
+        gate = lambda key: x[key].transpose(1, 2).contiguous()
+        if name in ("retention", "mamba2"):
+            fn = fla_naive("ops/simple_gla/naive.py", "naive_chunk_simple_gla")
+            call = lambda qt, kt, vt: fn(qt, kt, vt, gate("log_decay"), scale=x["scale"])[0]
+        elif name == "gla":
+            fn = fla_naive("ops/gla/naive.py", "naive_recurrent_gla")  # its scale is D^-½, ours too
+            call = lambda qt, kt, vt: fn(qt, kt, vt, gate("log_decay"))[0]
+        elif name == "deltanet":
+            fn = fla_naive("ops/delta_rule/naive.py", "delta_rule_chunkwise")  # (B, H, N, D); its scale is D^-½
+            call = lambda qt, kt, vt: fn(qt, kt, vt, x["beta"], chunk_size=32)[0]
+        else:
+            fn = fla_naive("ops/gated_delta_rule/naive.py", "naive_chunk_gated_delta_rule")
+            call = lambda qt, kt, vt: fn(qt, kt, vt, gate("log_decay"), gate("beta"), scale=x["scale"])[0]
+        return call, inputs, thd
+
+    def peer_recurrent_call(name):
+        call, inputs, _ = peer_recurrent(name)
+        return lambda backward: attention_call(call, *inputs, backward)
+
+    def difference(name):
+        """max |ours − peer| / max |ours| of the forward on these inputs: an independent check of ours."""
+        call, inputs, thd = peer_recurrent(name)
+        with torch.no_grad():
+            ours = variants.build(name, num_heads=HEADS, head_dim=HEAD_DIM)(q, k, v, causal=True)
+            peer = call(*inputs)
+            peer = peer.transpose(1, 2) if thd else peer
+        return ((ours - peer).abs().max() / ours.abs().max()).item()
+
+    recurrent = {name: {"ours": (f"variants {name} (causal)", lambda name=name: ours_recurrent(name)),
+                        "peer": (PEER_NAMES[name], lambda name=name: peer_recurrent_call(name)),
+                        "check": lambda name=name: difference(name)}
+                 for name in PEER_NAMES}
     return {
+        **recurrent,
         "performer": {"ours": ("variants performer, features=256", ours_performer),
                       "peer": ("performer_pytorch.FastAttention(dim_heads=64, nb_features=256)", peer_performer)},
         "linformer": {"ours": ("MultiHeadAttention(512, 8, 'linformer', rank=256)", lambda: mha("linformer", rank=256, max_len=n)),
@@ -126,13 +194,19 @@ def main(argv: list[str]) -> None:
     parser.add_argument("--n", type=int, default=16384)
     parser.add_argument("--passes", default="fwd,fwdbwd")
     parser.add_argument("--min-time", type=float, default=1.0)
+    parser.add_argument("--methods", default="all", help="comma-separated: " + ", ".join(["all", *PEER_NAMES, "performer", "linformer", "nystrom"]))
     args = parser.parse_args(argv)
     passes = args.passes.split(",")
     if not set(passes) <= {"fwd", "fwdbwd"}:
         parser.error(f"--passes {args.passes}: each of fwd, fwdbwd")
     measure.set_threads()
     results, started = [], time.time()
-    for method, pair in builders(args.n).items():
+    pairs = builders(args.n)
+    wanted = list(pairs) if args.methods == "all" else args.methods.split(",")
+    if set(wanted) - set(pairs):
+        parser.error(f"--methods {args.methods}: unknown {sorted(set(wanted) - set(pairs))}; known: {', '.join(pairs)}")
+    for method in wanted:
+        pair = pairs[method]
         for pass_ in passes:
             row = {"method": method, "pass": pass_, "n": args.n}
             for who in ("ours", "peer"):  # one after the other in one process, the same inputs
@@ -143,6 +217,8 @@ def main(argv: list[str]) -> None:
                     row[who] = measure_one(lambda: factory(pass_ == "fwdbwd"), args.min_time)
                 except Exception as err:  # noqa: BLE001 — a peer that cannot run a configuration: say why
                     row[who] = {"error": f"{type(err).__name__}: {err}"[:300], "trace": traceback.format_exc(limit=2)[-600:]}
+            if "check" in pair and pass_ == passes[0]:
+                row["output_difference"] = pair["check"]()  # relative to max |ours|
             if "time_median_s" in row["ours"] and "time_median_s" in row["peer"]:
                 row["time_ours_over_peer"] = row["ours"]["time_median_s"] / row["peer"]["time_median_s"]
                 row["memory_ours_over_peer"] = row["ours"]["peak_bytes"] / max(row["peer"]["peak_bytes"], 1)

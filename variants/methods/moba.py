@@ -61,7 +61,7 @@ def select_blocks(q: Tensor, means: Tensor, has_key: Tensor, start: int, block: 
     pos = torch.arange(start, start + q.shape[2], device=q.device)
     scores = torch.matmul(q.detach(), means.detach().transpose(-1, -2))  # (B, H, T, nb)
     earlier = torch.arange(nb, device=q.device)[None, :] < (pos // block)[:, None]  # (T, nb)
-    scores = scores.masked_fill(~(earlier & has_key[:, :, None, :]), -math.inf)
+    scores = scores.masked_fill_(~(earlier & has_key[:, :, None, :]), -math.inf)
     top, idx = scores.topk(min(top_k, nb), dim=-1)
     return idx, torch.isfinite(top)
 
@@ -82,16 +82,17 @@ def _fused(q: Tensor) -> bool:
     return q.device.type == "cpu" and not (torch.is_grad_enabled() and q.requires_grad) and not torch.compiler.is_compiling()
 
 
-def attend_block(q: Tensor, k: Tensor, v: Tensor, allowed: Tensor | None, square_causal: bool = False) -> tuple[Tensor, Tensor]:
-    """(softmax(q kᵀ) v, logsumexp(q kᵀ)) over keys k (q already scaled); `allowed` a bool mask broadcastable to
-    the scores, or `square_causal` for Nq == Nk causal; without a gradient on the CPU, by the fused flash kernel."""
+def attend_block(q: Tensor, k: Tensor, v: Tensor, allowed: Tensor | None, scale: float,
+                 square_causal: bool = False) -> tuple[Tensor, Tensor]:
+    """(softmax(q kᵀ · scale) v, logsumexp(q kᵀ · scale)) over keys k; `allowed` a bool mask broadcastable to the
+    scores, or `square_causal` for Nq == Nk causal; without a gradient on the CPU, by the fused flash kernel."""
     if allowed is None and _fused(q):
         op = torch.ops.aten._scaled_dot_product_flash_attention_for_cpu
         shape = q.shape
         q4, k4, v4 = (t if t.dim() == 4 else t[None] for t in (q, k, v))
-        out, lse = op(q4, k4, v4, 0.0, square_causal, attn_mask=None, scale=1.0)
+        out, lse = op(q4, k4, v4, 0.0, square_causal, attn_mask=None, scale=scale)
         return out.view(*shape[:-1], v.shape[-1]), lse.view(shape[:-1])
-    s = torch.matmul(q, k.transpose(-1, -2))
+    s = torch.matmul(q, k.transpose(-1, -2)).mul_(scale)
     if square_causal:
         n = q.shape[-2]
         allowed = torch.ones(n, n, dtype=torch.bool, device=q.device).tril()
@@ -103,24 +104,21 @@ def moba_tile(q: Tensor, k: Tensor, v: Tensor, keep: Tensor | None, means: Tenso
     """Outputs (B, H, T, Dv) of T queries at positions start .. start + T - 1 over keys k, v (B, H, Nk, ·)."""
     b, h, t, d = q.shape
     dv = v.shape[-1]
-    q = q * scale  # once: every score below is of the scaled queries (the choice does not change with a positive scale)
     idx, valid = select_blocks(q, means, has_key, start, block, top_k)
     slots = idx.shape[-1]
     # the own block: queries of each block against its keys up to themselves
-    own_out, own_lse = [], []
+    own_out, own_lse = q.new_empty(b, h, t, dv), q.new_empty(b, h, t)
     for first in range(start // block, (start + t - 1) // block + 1):
         lo, hi = max(first * block, start), min((first + 1) * block, start + t)  # positions of these queries
         ks, vs = k[:, :, first * block : hi], v[:, :, first * block : hi]
         if keep is None and lo == first * block:  # a square causal block
-            o, lse = attend_block(q[:, :, lo - start : hi - start], ks, vs, None, square_causal=True)
+            o, lse = attend_block(q[:, :, lo - start : hi - start], ks, vs, None, scale, square_causal=True)
         else:
             allowed = torch.arange(first * block, hi, device=q.device)[None, :] <= torch.arange(lo, hi, device=q.device)[:, None]
             if keep is not None:
                 allowed = allowed & keep[:, :, None, first * block : hi].bool()
-            o, lse = attend_block(q[:, :, lo - start : hi - start], ks, vs, allowed)
-        own_out.append(o)
-        own_lse.append(lse)
-    own_out, own_lse = torch.cat(own_out, dim=2), torch.cat(own_lse, dim=2)  # (B, H, T, Dv), (B, H, T)
+            o, lse = attend_block(q[:, :, lo - start : hi - start], ks, vs, allowed, scale)
+        own_out[:, :, lo - start : hi - start], own_lse[:, :, lo - start : hi - start] = o, lse
     if not valid.any():
         return own_out
     # the chosen blocks: for each key block, the queries (of every head) that chose it, gathered
@@ -145,7 +143,7 @@ def moba_tile(q: Tensor, k: Tensor, v: Tensor, keep: Tensor | None, means: Tenso
         real = torch.arange(most, device=q.device)[None, :] < count[:, None]
         qg = qf[heads, order]  # (BH, most, D)
         allowed = None if keepf is None else keepf[:, None, j * block : (j + 1) * block].bool()
-        o, lse = attend_block(qg, kf[:, j * block : (j + 1) * block], vf[:, j * block : (j + 1) * block], allowed)
+        o, lse = attend_block(qg, kf[:, j * block : (j + 1) * block], vf[:, j * block : (j + 1) * block], allowed, scale)
         slot = chose[heads, order].to(torch.int8).argmax(-1)
         at = torch.where(real, order * slots + slot, trash)
         chosen_out[heads, at] = o  # in place (autograd records each write); padded rows all land in the trash slot
@@ -157,7 +155,7 @@ def moba_tile(q: Tensor, k: Tensor, v: Tensor, keep: Tensor | None, means: Tenso
     w = torch.exp(lse - top)
     w = w / w.sum(-1, keepdim=True).clamp_min(torch.finfo(w.dtype).tiny)  # a query with no real key: all 0
     # FlashAttention's merge of the partial softmaxes: own block + each chosen block, by their weights
-    return own_out * w[..., :1] + torch.matmul(w[..., None, 1:], chosen_out)[..., 0, :]
+    return torch.matmul(w[..., None, 1:], chosen_out)[..., 0, :].addcmul_(own_out, w[..., :1])
 
 
 @register
@@ -216,13 +214,19 @@ class MoBA(AttentionVariant):
         start = n_k - n_q
         scale = float(self._scale(q))
         grad = torch.is_grad_enabled() and any(t.requires_grad for t in (q, k, v))
-        size = max(self.block, TILE_QUERIES // self.block * self.block)
-        outs = []
-        for lo in range(0, n_q, size):
-            hi = min(lo + size, n_q)
-            args = (q[:, :, lo:hi], k[:, :, : start + hi], v[:, :, : start + hi], None if keep is None else keep[..., : start + hi],
+        # with a gradient each tile's graph is rebuilt in the backward (its partial softmaxes: T (top_k + 1) B a head)
+        size = max(self.block, (TILE_QUERIES // 2 if grad else TILE_QUERIES) // self.block * self.block)
+
+        def tile(lo: int, hi: int) -> tuple:
+            return (q[:, :, lo:hi], k[:, :, : start + hi], v[:, :, : start + hi], None if keep is None else keep[..., : start + hi],
                     means, has_key, start + lo, self.block, self.top_k, scale)
-            outs.append(checkpoint(moba_tile, *args, use_reentrant=False) if grad else moba_tile(*args))
+
+        if not grad:  # each tile's outputs written in place: no second N x Dv buffer
+            out = q.new_empty(*q.shape[:-1], v.shape[-1])
+            for lo in range(0, n_q, size):
+                out[:, :, lo : lo + size] = moba_tile(*tile(lo, min(lo + size, n_q)))
+            return out
+        outs = [checkpoint(moba_tile, *tile(lo, min(lo + size, n_q)), use_reentrant=False) for lo in range(0, n_q, size)]
         return outs[0] if len(outs) == 1 else torch.cat(outs, dim=2)
 
     def reference(self, q, k, v, *, causal=False, key_padding_mask=None):
