@@ -346,7 +346,7 @@ def ref_moba(q, k, v, block, top_k, kpm=None, scale=None):
                 for j in range(own):
                     members = [s for s in range(j * block, (j + 1) * block) if real[bi, s]]
                     if members:
-                        gates[j] = float(q[bi, hi, i] @ k[bi, hi, members].mean(0))
+                        gates[j] = float(q[bi, hi, i].detach() @ k[bi, hi, members].detach().mean(0))
                 chosen = sorted(gates, key=gates.get, reverse=True)[:top_k]
                 keys = [s for j in chosen for s in range(j * block, (j + 1) * block)] + list(range(own * block, pos + 1))
                 keys = [s for s in keys if real[bi, s]]

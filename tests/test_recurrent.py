@@ -128,6 +128,19 @@ def test_moba_with_enough_top_k_is_exact_causal_attention():
     torch.testing.assert_close(got, variants.build("full")(q, k, v, causal=True))
 
 
+@pytest.mark.parametrize("tile", [6, 12, 2048])
+def test_moba_written_out_backward_equals_autograd_of_the_definition(tile, monkeypatch):
+    # without padding on the CPU: the forward by the flash kernel, the backward by its backward per block
+    from variants.methods import moba
+
+    monkeypatch.setattr(moba, "TILE_QUERIES", tile)
+    q, k, v = make_qkv(b=2, h=2, n_q=40, d=8)
+    attn = variants.build("moba", block=3, top_k=2)
+    out = attn(q, k, v, causal=True)
+    assert out.grad_fn is not None and type(out.grad_fn).__name__.startswith("_FusedMoBA")
+    assert_close_with_grads(out, ref_moba(q, k, v, 3, 2), (q, k, v))
+
+
 @pytest.mark.parametrize("tile", [4, 8])
 def test_moba_tiles_change_nothing(tile, monkeypatch):
     from variants.methods import moba

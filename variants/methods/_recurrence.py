@@ -304,10 +304,13 @@ class RecurrentAttention(AttentionVariant):
             for sl in groups:
                 out[:, :, sl], state = self._group(q[:, :, sl], k[:, :, sl], v[:, :, sl], None if keep is None else keep[..., sl], state, chunk)
             return out[:, :, :n], state
+        # split once: a slice per group would give each group's backward a zero gradient of all N positions to add
+        # (O(N² / group) time); split's backward joins the groups' gradients in one copy
+        parts = [t.split(size, dim=2) for t in (q, k, v)]
+        keeps = keep.split(size, dim=-1) if keep is not None else [None] * len(groups)
         outs = []
-        for sl in groups:
-            args = (q[:, :, sl], k[:, :, sl], v[:, :, sl], None if keep is None else keep[..., sl], state, chunk)
-            out, state = checkpoint(self._group, *args, use_reentrant=False)
+        for qg, kg, vg, keep_g in zip(*parts, keeps):
+            out, state = checkpoint(self._group, qg, kg, vg, keep_g, state, chunk, use_reentrant=False)
             outs.append(out)
         out = outs[0] if len(outs) == 1 else torch.cat(outs, dim=2)
         return out[:, :, :n], state

@@ -99,9 +99,36 @@ def attend_block(q: Tensor, k: Tensor, v: Tensor, allowed: Tensor | None, scale:
     return _partial(s if allowed is None else s.masked_fill_(~allowed, -math.inf), v)
 
 
+class Choosers:
+    """For a tile's choices (idx, valid: (BH, T, slots)), the queries that chose each block, found by one sort of the
+    tile's (query, slot) pairs by block (so a block costs what its choosers do, not the tile's T)."""
+
+    def __init__(self, idx: Tensor, valid: Tensor, blocks: int):
+        bh, t, slots = idx.shape
+        self.slots = slots
+        ids = torch.where(valid, idx, blocks).reshape(bh, t * slots)  # invalid picks sort last
+        self.ids, self.pair = ids.sort(dim=1, stable=True)  # block ids ascending; the (query, slot) pair of each
+        wanted = torch.arange(blocks + 1, device=idx.device).expand(bh, -1).contiguous()
+        self.starts = torch.searchsorted(self.ids, wanted)  # (BH, blocks + 1): where each block's run begins
+        self.heads = torch.arange(bh, device=idx.device)[:, None]
+
+    def of(self, j: int) -> tuple[Tensor, Tensor, Tensor] | None:
+        """(order (BH, most) query indices, real (BH, most): False on the padding of shorter rows, slot (BH, most):
+        which of its choices it was) of block j; None when no query chose it."""
+        begin, count = self.starts[:, j], self.starts[:, j + 1] - self.starts[:, j]
+        most = int(count.max())
+        if most == 0:
+            return None
+        at = torch.arange(most, device=count.device)[None, :]
+        real = at < count[:, None]
+        pair = self.pair[self.heads, (begin[:, None] + at).clamp_max(self.pair.shape[1] - 1)]
+        return pair // self.slots, real, pair % self.slots
+
+
 def moba_tile(q: Tensor, k: Tensor, v: Tensor, keep: Tensor | None, means: Tensor, has_key: Tensor,
-              start: int, block: int, top_k: int, scale: float) -> Tensor:
-    """Outputs (B, H, T, Dv) of T queries at positions start .. start + T - 1 over keys k, v (B, H, Nk, ·)."""
+              start: int, block: int, top_k: int, scale: float, with_lse: bool = False):
+    """Outputs (B, H, T, Dv) of T queries at positions start .. start + T - 1 over keys k, v (B, H, Nk, ·)
+    (and, `with_lse`, each query's log-sum-exp over every key it attends to, (B, H, T))."""
     b, h, t, d = q.shape
     dv = v.shape[-1]
     idx, valid = select_blocks(q, means, has_key, start, block, top_k)
@@ -120,7 +147,7 @@ def moba_tile(q: Tensor, k: Tensor, v: Tensor, keep: Tensor | None, means: Tenso
             o, lse = attend_block(q[:, :, lo - start : hi - start], ks, vs, allowed, scale)
         own_out[:, :, lo - start : hi - start], own_lse[:, :, lo - start : hi - start] = o, lse
     if not valid.any():
-        return own_out
+        return (own_out, own_lse) if with_lse else own_out
     # the chosen blocks: for each key block, the queries (of every head) that chose it, gathered
     qf, idxf, validf = q.reshape(b * h, t, d), idx.reshape(b * h, t, slots), valid.reshape(b * h, t, slots)
     kf, vf = k.reshape(b * h, -1, d), v.reshape(b * h, -1, dv)
@@ -128,23 +155,16 @@ def moba_tile(q: Tensor, k: Tensor, v: Tensor, keep: Tensor | None, means: Tenso
     trash = t * slots  # the slot padded entries write to (cut below)
     chosen_out = q.new_zeros(b * h, trash + 1, dv)  # (query, slot) -> that block's softmax-weighted values
     chosen_lse = q.new_full((b * h, trash + 1), -math.inf)  # and its log-sum-exp
-    queries = torch.arange(t, device=q.device).expand(b * h, t)
     heads = torch.arange(b * h, device=q.device)[:, None]
+    found = Choosers(idxf, validf, means.shape[2])
     for j in range(int(idx[valid].max()) + 1):
-        chose = (idxf == j) & validf  # (BH, T, slots)
-        rows = chose.any(-1)
-        count = rows.sum(1)
-        most = int(count.max())
-        if most == 0:
+        chosen = found.of(j)
+        if chosen is None:
             continue
-        # the choosing queries of each row first, in order (a scatter by their rank: no sort)
-        rank = torch.where(rows, rows.cumsum(1) - 1, most)
-        order = queries.new_zeros(b * h, most + 1).scatter_(1, rank, queries)[:, :most]
-        real = torch.arange(most, device=q.device)[None, :] < count[:, None]
+        order, real, slot = chosen
         qg = qf[heads, order]  # (BH, most, D)
         allowed = None if keepf is None else keepf[:, None, j * block : (j + 1) * block].bool()
         o, lse = attend_block(qg, kf[:, j * block : (j + 1) * block], vf[:, j * block : (j + 1) * block], allowed, scale)
-        slot = chose[heads, order].to(torch.int8).argmax(-1)
         at = torch.where(real, order * slots + slot, trash)
         chosen_out[heads, at] = o  # in place (autograd records each write); padded rows all land in the trash slot
         chosen_lse[heads, at] = lse
@@ -153,9 +173,79 @@ def moba_tile(q: Tensor, k: Tensor, v: Tensor, keep: Tensor | None, means: Tenso
     top = lse.amax(-1, keepdim=True)
     top = torch.where(torch.isfinite(top), top, torch.zeros_like(top))
     w = torch.exp(lse - top)
-    w = w / w.sum(-1, keepdim=True).clamp_min(torch.finfo(w.dtype).tiny)  # a query with no real key: all 0
+    total = w.sum(-1, keepdim=True)
+    w = w / total.clamp_min(torch.finfo(w.dtype).tiny)  # a query with no real key: all 0
     # FlashAttention's merge of the partial softmaxes: own block + each chosen block, by their weights
-    return torch.matmul(w[..., None, 1:], chosen_out)[..., 0, :].addcmul_(own_out, w[..., :1])
+    out = torch.matmul(w[..., None, 1:], chosen_out)[..., 0, :].addcmul_(own_out, w[..., :1])
+    return (out, (top + total.log()).squeeze(-1)) if with_lse else out
+
+
+class _FusedMoBA(torch.autograd.Function):
+    """MoBA on the CPU without key padding: the forward by the flash kernel (no graph kept), the backward written
+    out with the same kernel's backward, one call a block: given the final output O and log-sum-exp L of each
+    query, a block's share of the gradient is FlashAttention's own (P = exp(S − L), dS = P ⊙ (dP − rowsum(dO ⊙ O))),
+    so the partial softmaxes need no graph. Keeps q, k, v, the output and L (N a head) for the backward."""
+
+    @staticmethod
+    def forward(ctx, q, k, v, means, has_key, block, top_k, scale, size):
+        start = k.shape[2] - q.shape[2]
+        out = q.new_empty(*q.shape[:-1], v.shape[-1])
+        lse = q.new_empty(q.shape[:-1])
+        for lo in range(0, q.shape[2], size):
+            hi = min(lo + size, q.shape[2])
+            out[:, :, lo:hi], lse[:, :, lo:hi] = moba_tile(q[:, :, lo:hi], k[:, :, : start + hi], v[:, :, : start + hi], None,
+                                                         means, has_key, start + lo, block, top_k, scale, with_lse=True)
+        ctx.save_for_backward(q, k, v, means, has_key, out, lse)
+        ctx.settings = (block, top_k, scale, size)
+        return out
+
+    @staticmethod
+    def backward(ctx, grad_out):
+        q, k, v, means, has_key, out, lse = ctx.saved_tensors
+        block, top_k, scale, size = ctx.settings
+        flash_backward = torch.ops.aten._scaled_dot_product_flash_attention_for_cpu_backward
+        b, h, n_q, d = q.shape
+        dv_dim = v.shape[-1]
+        start = k.shape[2] - n_q
+        dq, dk, dv = torch.zeros_like(q), torch.zeros_like(k), torch.zeros_like(v)
+        grad_out = grad_out.contiguous()
+        for lo in range(0, n_q, size):
+            hi = min(lo + size, n_q)
+            t = hi - lo
+            for first in range(start + lo, start + hi, block):  # own blocks (square: tiles start on a block)
+                a, z = first - start, min(first + block, start + hi) - start
+                keys = slice(first, first + z - a)
+                gq, gk, gv = flash_backward(grad_out[:, :, a:z], q[:, :, a:z], k[:, :, keys], v[:, :, keys], out[:, :, a:z],
+                                            lse[:, :, a:z], 0.0, True, scale=scale)
+                dq[:, :, a:z] += gq
+                dk[:, :, keys] += gk
+                dv[:, :, keys] += gv
+            idx, valid = select_blocks(q[:, :, lo:hi], means, has_key, start + lo, block, top_k)
+            if not valid.any():
+                continue
+            idxf, validf = idx.reshape(b * h, t, -1), valid.reshape(b * h, t, -1)
+            heads = torch.arange(b * h, device=q.device)[:, None]
+            found = Choosers(idxf, validf, means.shape[2])
+            flat = lambda x, width: x[:, :, lo:hi].reshape(b * h, t, width)
+            qf, of, gf = flat(q, d), flat(out, dv_dim), flat(grad_out, dv_dim)
+            lf = lse[:, :, lo:hi].reshape(b * h, t)
+            dqf = q.new_zeros(b * h, t, d)
+            kf, vf = k.reshape(b * h, -1, d), v.reshape(b * h, -1, dv_dim)
+            dkf, dvf = dk.view(b * h, -1, d), dv.view(b * h, -1, dv_dim)
+            for j in range(int(idx[valid].max()) + 1):
+                chosen = found.of(j)
+                if chosen is None:
+                    continue
+                order, real, _ = chosen
+                g = gf[heads, order] * real[..., None]  # padding rows carry no gradient
+                keys = slice(j * block, (j + 1) * block)
+                gq, gk, gv = flash_backward(g[None], qf[heads, order][None], kf[None, :, keys], vf[None, :, keys],
+                                            of[heads, order][None], lf[heads, order][None], 0.0, False, scale=scale)
+                dqf.index_put_((heads.expand_as(order), order), gq[0], accumulate=True)
+                dkf[:, keys] += gk[0]
+                dvf[:, keys] += gv[0]
+            dq[:, :, lo:hi] += dqf.view(b, h, t, d)
+        return dq, dk, dv, None, None, None, None, None, None
 
 
 @register
@@ -221,6 +311,8 @@ class MoBA(AttentionVariant):
             return (q[:, :, lo:hi], k[:, :, : start + hi], v[:, :, : start + hi], None if keep is None else keep[..., : start + hi],
                     means, has_key, start + lo, self.block, self.top_k, scale)
 
+        if grad and keep is None and start % self.block == 0 and q.device.type == "cpu" and not torch.compiler.is_compiling():
+            return _FusedMoBA.apply(q, k, v, means, has_key, self.block, self.top_k, scale, TILE_QUERIES // self.block * self.block or self.block)
         if not grad:  # each tile's outputs written in place: no second N x Dv buffer
             out = q.new_empty(*q.shape[:-1], v.shape[-1])
             for lo in range(0, n_q, size):
