@@ -25,8 +25,9 @@ A method file (retention.py, ...) computes the recurrence's inputs from q, k, v 
   which bounds its factors by exp(C/2 · 5) with its floor on log a_t (see gla.py).
 
 The sequence is taken in groups of whole chunks, the state carried from group to group; with a
-gradient each group is recomputed in the backward (`torch.utils.checkpoint`), so forward+backward
-keeps the state before each group and one group's graph, not N x C scores for all N.
+gradient each group is recomputed in the backward, last first (`_GroupedScan`), so forward+backward
+keeps the state before each group and one group's graph, not N x C scores for all N, and writes the
+gradients of q, k, v into their place.
 
 Padding (key_padding_mask False) skips a position: no decay (log a = 0), no write (k = 0, β = 0).
 Half-precision inputs are computed in float32 (a state summed over N positions passes float16's
@@ -40,7 +41,6 @@ import math
 import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
-from torch.utils.checkpoint import checkpoint
 
 from .._base import AttentionVariant
 from .._utils import pad_to_multiple, spans
@@ -209,6 +209,58 @@ class SigmoidGate(nn.Module):
         return torch.sigmoid(torch.matmul(k, self.w.to(k.dtype)[..., None])[..., 0] + self.b.to(k.dtype)[:, None])
 
 
+# -- groups of chunks, and their backward -----------------------------------------------------------
+
+def _scan_groups(method, q, k, v, keep, state, chunk, size, states: list | None = None):
+    """The recurrence over every group of `size` positions, the state carried; outputs written in place
+    (no second N x Dv buffer). `states`: where to keep the state before each group (for the backward)."""
+    out = v.new_empty(*q.shape[:-1], v.shape[-1])
+    for sl in spans(q.shape[-2], size):
+        if states is not None:
+            states.append(state)
+        out[:, :, sl], state = method._group(q[:, :, sl], k[:, :, sl], v[:, :, sl], None if keep is None else keep[..., sl],
+                                             state, chunk)
+    return out, state
+
+
+class _GroupedScan(torch.autograd.Function):
+    """The grouped recurrence with a backward that rebuilds one group's graph at a time, last group first,
+    carrying the gradient of the state between groups; the gradients of q, k, v are written into their
+    place (as FlashAttention recomputes its blocks). Kept for the backward: the inputs, the state before
+    each group (N / group of D x Dv), nothing of the groups' insides."""
+
+    @staticmethod
+    def forward(ctx, method, chunk, size, keep, state, q, k, v, *params):
+        states: list[Tensor] = []
+        out, final = _scan_groups(method, q, k, v, keep, state, chunk, size, states)
+        ctx.save_for_backward(q, k, v, keep, *states)
+        ctx.method, ctx.chunk, ctx.size, ctx.params = method, chunk, size, params
+        return out, final
+
+    @staticmethod
+    def backward(ctx, grad_out, grad_state):
+        q, k, v, keep, *states = ctx.saved_tensors
+        method, chunk, params = ctx.method, ctx.chunk, ctx.params
+        dq, dk, dv = torch.empty_like(q), torch.empty_like(k), torch.empty_like(v)
+        dparams = [torch.zeros_like(p) for p in params]
+        d_state = torch.zeros_like(states[0]) if grad_state is None else grad_state
+        grad_out = torch.zeros(*q.shape[:-1], v.shape[-1], dtype=v.dtype, device=v.device) if grad_out is None else grad_out
+        for sl, before in reversed(list(zip(spans(q.shape[-2], ctx.size), states))):
+            with torch.enable_grad():
+                inputs = [t[:, :, sl].detach().requires_grad_() for t in (q, k, v)]
+                s_in = before.detach().requires_grad_()
+                out, s_out = method._group(*inputs, None if keep is None else keep[..., sl], s_in, chunk)
+                grads = torch.autograd.grad((out, s_out), (*inputs, s_in, *params), (grad_out[:, :, sl], d_state),
+                                            allow_unused=True)
+            for buffer, g in zip((dq, dk, dv), grads[:3]):
+                buffer[:, :, sl] = 0 if g is None else g
+            d_state = grads[3] if grads[3] is not None else torch.zeros_like(d_state)
+            for total, g in zip(dparams, grads[4:]):
+                if g is not None:
+                    total += g
+        return None, None, None, None, d_state, dq, dk, dv, *dparams
+
+
 # -- the variant ----------------------------------------------------------------------------------
 
 class RecurrentAttention(AttentionVariant):
@@ -297,22 +349,12 @@ class RecurrentAttention(AttentionVariant):
         if keep is not None:
             keep = pad_to_multiple(keep, chunk, dim=-1)[0]
         size = max(chunk, GROUP_POSITIONS // chunk * chunk)
-        grad = torch.is_grad_enabled() and any(t.requires_grad for t in (q, k, v, *self.parameters()))
-        groups = spans(q.shape[-2], size)
-        if not grad:  # each group's outputs written in place: no second N x Dv buffer
-            out = v.new_empty(*q.shape[:-1], v.shape[-1])
-            for sl in groups:
-                out[:, :, sl], state = self._group(q[:, :, sl], k[:, :, sl], v[:, :, sl], None if keep is None else keep[..., sl], state, chunk)
+        params = tuple(self.parameters())
+        grad = torch.is_grad_enabled() and any(t.requires_grad for t in (q, k, v, state, *params))
+        if not grad:
+            out, state = _scan_groups(self, q, k, v, keep, state, chunk, size)
             return out[:, :, :n], state
-        # split once: a slice per group would give each group's backward a zero gradient of all N positions to add
-        # (O(N² / group) time); split's backward joins the groups' gradients in one copy
-        parts = [t.split(size, dim=2) for t in (q, k, v)]
-        keeps = keep.split(size, dim=-1) if keep is not None else [None] * len(groups)
-        outs = []
-        for qg, kg, vg, keep_g in zip(*parts, keeps):
-            out, state = checkpoint(self._group, qg, kg, vg, keep_g, state, chunk, use_reentrant=False)
-            outs.append(out)
-        out = outs[0] if len(outs) == 1 else torch.cat(outs, dim=2)
+        out, state = _GroupedScan.apply(self, chunk, size, keep, state, q, k, v, *params)
         return out[:, :, :n], state
 
     def _group(self, q, k, v, keep, state, chunk):
