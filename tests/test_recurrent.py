@@ -87,6 +87,15 @@ def test_gla_floor_keeps_strong_gates_finite_in_float32():
 
 
 @pytest.mark.parametrize("name", CAUSAL_ONLY)
+def test_strided_inputs_as_a_models_projections_give_them(name):
+    # (B, N, H, D) projections transposed to (B, H, N, D): views, not contiguous (moba's backward once failed on them)
+    attn = build_case(name, variants.variant_class(name).spec.example_options()[0])
+    q, k, v = (t.transpose(1, 2).contiguous().transpose(1, 2).detach().requires_grad_() for t in make_qkv(b=2, h=2, n_q=24, d=8))
+    assert not q.is_contiguous()
+    assert_close_with_grads(attn(q, k, v, causal=True), attn.reference(q, k, v, causal=True), (q, k, v))
+
+
+@pytest.mark.parametrize("name", CAUSAL_ONLY)
 def test_half_precision_is_computed_in_float32(name):
     attn = build_case(name, {}, heads=2, head_dim=16, dtype=torch.float32)
     q, k, v = make_qkv(b=1, h=2, n_q=1024, d=16, dtype=torch.float32, requires_grad=False)

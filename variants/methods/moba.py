@@ -15,9 +15,13 @@ the attention O(N (top_k + 1) B D); nothing of size N x N (nor N x N/B: gating r
 queries and keeps only the top_k indices).
 
 Computed per tile of queries: for each key block, the queries that chose it are gathered (a padded
-batch over heads), attended to that block, and their partial softmax (output and log-sum-exp) is
-merged with the other blocks' and the own block's — FlashAttention's merge, as MoBA's
-implementation does with varlen kernels. With a gradient, each tile is recomputed in the backward.
+batch over heads, found by one sort of the tile's choices), attended to that block, and their partial
+softmax (output and log-sum-exp) is merged with the other blocks' and the own block's —
+FlashAttention's merge, as MoBA's implementation does with varlen kernels. On the CPU the blocks go
+through PyTorch's flash kernel; the backward (`_FusedMoBA`) calls that kernel's backward once a block
+with each query's final output and log-sum-exp, which is exactly that block's share of the gradient,
+so no partial softmax is kept. With key padding, or off the CPU, the softmaxes are written out and
+each tile's graph is rebuilt in the backward (torch.utils.checkpoint).
 Causal by nature (the paper's is a decoder's). Decoding keeps the KV cache and the running sums of
 complete blocks, so a step's gating reads N/B means, not N keys.
 """
@@ -188,6 +192,7 @@ class _FusedMoBA(torch.autograd.Function):
 
     @staticmethod
     def forward(ctx, q, k, v, means, has_key, block, top_k, scale, size):
+        q, k, v = q.contiguous(), k.contiguous(), v.contiguous()  # (a model's projections hand over strided views)
         start = k.shape[2] - q.shape[2]
         out = q.new_empty(*q.shape[:-1], v.shape[-1])
         lse = q.new_empty(q.shape[:-1])
@@ -207,7 +212,7 @@ class _FusedMoBA(torch.autograd.Function):
         b, h, n_q, d = q.shape
         dv_dim = v.shape[-1]
         start = k.shape[2] - n_q
-        dq, dk, dv = torch.zeros_like(q), torch.zeros_like(k), torch.zeros_like(v)
+        dq, dk, dv = (torch.zeros(t.shape, dtype=t.dtype, device=t.device) for t in (q, k, v))  # contiguous
         grad_out = grad_out.contiguous()
         for lo in range(0, n_q, size):
             hi = min(lo + size, n_q)
