@@ -124,13 +124,21 @@ def builders(n: int) -> dict:
         spec.loader.exec_module(module)
         return getattr(module, function)
 
+    built = {}
+
+    def module_of(name):
+        """One module a method (its gates are random at initialisation): ours, the peer's inputs and the check share it."""
+        if name not in built:
+            built[name] = variants.build(name, num_heads=HEADS, head_dim=HEAD_DIM)
+        return built[name]
+
     def ours_recurrent(name):
-        attn = variants.build(name, num_heads=HEADS, head_dim=HEAD_DIM)
+        attn = module_of(name)
         return lambda backward: attention_call(lambda q, k, v: attn(q, k, v, causal=True), q, k, v, backward)
 
     def peer_recurrent(name):
         """(the peer's call on our recurrence's inputs, its inputs): fla's layout (B, N, H, ·) where it takes it."""
-        attn = variants.build(name, num_heads=HEADS, head_dim=HEAD_DIM)
+        attn = module_of(name)
         with torch.no_grad():
             x = attn.recurrence_inputs(q, k, v)
         thd = name != "deltanet"
@@ -158,7 +166,7 @@ def builders(n: int) -> dict:
         """max |ours − peer| / max |ours| of the forward on these inputs: an independent check of ours."""
         call, inputs, thd = peer_recurrent(name)
         with torch.no_grad():
-            ours = variants.build(name, num_heads=HEADS, head_dim=HEAD_DIM)(q, k, v, causal=True)
+            ours = module_of(name)(q, k, v, causal=True)
             peer = call(*inputs)
             peer = peer.transpose(1, 2) if thd else peer
         return ((ours - peer).abs().max() / ours.abs().max()).item()
