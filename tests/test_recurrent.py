@@ -131,6 +131,17 @@ def test_moba_without_a_gradient_takes_the_fused_kernel_and_the_same_function(pa
         torch.testing.assert_close(attn(q[:, :, 30:], k, v, causal=True), ref_moba(q[:, :, 30:], k, v, 4, 2))
 
 
+def test_moba_takes_a_value_dim_other_than_the_head_dim():
+    # the flash kernel needs Dv = D: the written-out softmax takes the rest (attention_matrix calls with Dv = Nk)
+    q, k, _ = make_qkv(b=1, h=2, n_q=20, d=8)
+    v = torch.randn(1, 2, 20, 5, dtype=torch.float64, requires_grad=True)
+    attn = variants.build("moba", block=4, top_k=1)
+    assert_close_with_grads(attn(q, k, v, causal=True), ref_moba(q, k, v, 4, 1), (q, k, v))
+    with torch.no_grad():
+        torch.testing.assert_close(attn(q, k, v, causal=True), ref_moba(q, k, v, 4, 1))
+    assert attn.attention_matrix(q, k, causal=True).shape == (1, 2, 20, 20)
+
+
 def test_moba_with_enough_top_k_is_exact_causal_attention():
     q, k, v = make_qkv(b=1, h=2, n_q=24, d=8, requires_grad=False)
     got = variants.build("moba", block=4, top_k=6)(q, k, v, causal=True)

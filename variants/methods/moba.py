@@ -90,7 +90,7 @@ def attend_block(q: Tensor, k: Tensor, v: Tensor, allowed: Tensor | None, scale:
                  square_causal: bool = False) -> tuple[Tensor, Tensor]:
     """(softmax(q kᵀ · scale) v, logsumexp(q kᵀ · scale)) over keys k; `allowed` a bool mask broadcastable to the
     scores, or `square_causal` for Nq == Nk causal; without a gradient on the CPU, by the fused flash kernel."""
-    if allowed is None and _fused(q):
+    if allowed is None and _fused(q) and q.shape[-1] == v.shape[-1]:  # (the kernel takes one head dim)
         op = torch.ops.aten._scaled_dot_product_flash_attention_for_cpu
         shape = q.shape
         q4, k4, v4 = (t if t.dim() == 4 else t[None] for t in (q, k, v))
@@ -316,7 +316,8 @@ class MoBA(AttentionVariant):
             return (q[:, :, lo:hi], k[:, :, : start + hi], v[:, :, : start + hi], None if keep is None else keep[..., : start + hi],
                     means, has_key, start + lo, self.block, self.top_k, scale)
 
-        if grad and keep is None and start % self.block == 0 and q.device.type == "cpu" and not torch.compiler.is_compiling():
+        if (grad and keep is None and start % self.block == 0 and q.device.type == "cpu" and q.shape[-1] == v.shape[-1]
+                and not torch.compiler.is_compiling()):
             return _FusedMoBA.apply(q, k, v, means, has_key, self.block, self.top_k, scale, TILE_QUERIES // self.block * self.block or self.block)
         if not grad:  # each tile's outputs written in place: no second N x Dv buffer
             out = q.new_empty(*q.shape[:-1], v.shape[-1])
