@@ -45,6 +45,8 @@ from torch import Tensor, nn
 from .._base import AttentionVariant
 from .._utils import pad_to_multiple, spans
 
+WHY_CAUSAL_ONLY = "a recurrence over positions: the state at t holds positions <= t only"  # each spec's why_not_non_causal
+NO_ONNX_SOLVE = ("onnx", "torch.onnx has no conversion for aten.linalg_solve_triangular, the chunks' triangular solve")
 GROUP_POSITIONS = 512  # positions computed at once (a multiple of the chunk); 1024: 12 MiB more forward memory at H = 8, D = 64
 
 

@@ -23,7 +23,7 @@ from __future__ import annotations
 import torch.nn.functional as F
 
 from .._base import VariantSpec, register
-from ._recurrence import RecurrentAttention, SigmoidGate
+from ._recurrence import NO_ONNX_SOLVE, WHY_CAUSAL_ONLY, RecurrentAttention, SigmoidGate
 
 NORM_EPS = 1e-6  # ‖x‖ is read as at least this (an all-zero key stays zero)
 
@@ -43,10 +43,10 @@ class DeltaNet(RecurrentAttention):
         time_complexity="O(N C D + N D Dv)",
         memory_complexity="O(N Dv) + one group of chunks",
         supports_non_causal=False,
-        why_not_non_causal="a recurrence over positions: the state at t holds positions <= t only",
+        why_not_non_causal=WHY_CAUSAL_ONLY,
         subquadratic=True,
         scale_is_query_factor=False,
-        not_deployable=(("onnx", "torch.onnx has no conversion for aten.linalg_solve_triangular, the chunks' triangular solve"),),  # q is L2-normalised first: scale multiplies the normalised q
+        not_deployable=(NO_ONNX_SOLVE,),  # q is L2-normalised first: scale multiplies the normalised q
         notes="causal only; needs num_heads and head_dim (β per head from the keys); decodes with a constant D x Dv state",
         examples=((("chunk_size", 4),), (("chunk_size", 64),)),
     )

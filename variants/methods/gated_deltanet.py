@@ -18,7 +18,7 @@ Causal by nature; `scale` (D^-½ by default) multiplies the normalised q.
 from __future__ import annotations
 
 from .._base import VariantSpec, register
-from ._recurrence import RecurrentAttention, SigmoidGate, SSDDecay
+from ._recurrence import NO_ONNX_SOLVE, WHY_CAUSAL_ONLY, RecurrentAttention, SSDDecay, SigmoidGate
 from .deltanet import l2_normalised
 
 
@@ -32,10 +32,10 @@ class GatedDeltaNet(RecurrentAttention):
         time_complexity="O(N C D + N D Dv)",
         memory_complexity="O(N Dv) + one group of chunks",
         supports_non_causal=False,
-        why_not_non_causal="a recurrence over positions: the state at t holds positions <= t only",
+        why_not_non_causal=WHY_CAUSAL_ONLY,
         subquadratic=True,
         scale_is_query_factor=False,
-        not_deployable=(("onnx", "torch.onnx has no conversion for aten.linalg_solve_triangular, the chunks' triangular solve"),),  # q is L2-normalised first: scale multiplies the normalised q
+        not_deployable=(NO_ONNX_SOLVE,),  # q is L2-normalised first: scale multiplies the normalised q
         notes="causal only; needs num_heads and head_dim (gates per head from the keys); decodes with a constant D x Dv state",
         examples=((("chunk_size", 4),), (("chunk_size", 64),)),
     )

@@ -26,7 +26,7 @@ import torch.nn.functional as F
 from torch import nn
 
 from .._base import VariantSpec, register
-from ._recurrence import RecurrentAttention
+from ._recurrence import WHY_CAUSAL_ONLY, RecurrentAttention
 
 LOG_DECAY_FLOOR = -5.0  # log α_t >= this: the chunked form's factors stay inside float32 (module docstring)
 GATE_NORMALIZER = 16  # α = σ(·)^(1/16)
@@ -42,7 +42,7 @@ class GatedLinearAttention(RecurrentAttention):
         time_complexity="O(N C D + N D Dv)",
         memory_complexity="O(N (D + Dv)) + one group of chunks",
         supports_non_causal=False,
-        why_not_non_causal="a recurrence over positions: the state at t holds positions <= t only",
+        why_not_non_causal=WHY_CAUSAL_ONLY,
         subquadratic=True,
         notes="causal only; needs num_heads and head_dim (gates per head from the keys); chunk_size <= 16; "
               "log α floored at −5; decodes with a constant D x Dv state",

@@ -19,7 +19,7 @@ block are the layer's.
 from __future__ import annotations
 
 from .._base import VariantSpec, register
-from ._recurrence import RecurrentAttention, SSDDecay
+from ._recurrence import WHY_CAUSAL_ONLY, RecurrentAttention, SSDDecay
 
 
 @register
@@ -32,7 +32,7 @@ class Mamba2(RecurrentAttention):
         time_complexity="O(N C D + N D Dv)",
         memory_complexity="O(N Dv) + one group of chunks",
         supports_non_causal=False,
-        why_not_non_causal="a recurrence over positions: the state at t holds positions <= t only",
+        why_not_non_causal=WHY_CAUSAL_ONLY,
         subquadratic=True,
         notes="causal only; needs num_heads and head_dim (gates per head from the keys); decodes with a constant D x Dv state",
         examples=((("chunk_size", 4),), (("chunk_size", 64),)),

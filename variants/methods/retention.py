@@ -19,7 +19,7 @@ from __future__ import annotations
 import torch
 
 from .._base import VariantSpec, register
-from ._recurrence import RecurrentAttention
+from ._recurrence import WHY_CAUSAL_ONLY, RecurrentAttention
 
 
 @register
@@ -32,7 +32,7 @@ class Retention(RecurrentAttention):
         time_complexity="O(N C D + N D Dv)",
         memory_complexity="O(N Dv) + one group of chunks",
         supports_non_causal=False,
-        why_not_non_causal="a recurrence over positions: the state at t holds positions <= t only",
+        why_not_non_causal=WHY_CAUSAL_ONLY,
         subquadratic=True,
         notes="causal only; decodes with a constant D x Dv state per head",
         examples=((("chunk_size", 4),), (("chunk_size", 64),)),
