@@ -310,7 +310,8 @@ class MoBA(AttentionVariant):
         scale = float(self._scale(q))
         grad = torch.is_grad_enabled() and any(t.requires_grad for t in (q, k, v))
         # with a gradient each tile's graph is rebuilt in the backward (its partial softmaxes: T (top_k + 1) B a head)
-        size = max(self.block, (TILE_QUERIES // 2 if grad else TILE_QUERIES) // self.block * self.block)
+        whole_blocks = lambda queries: max(self.block, queries // self.block * self.block)  # noqa: E731 — a tile's queries
+        size = whole_blocks(TILE_QUERIES // 2 if grad else TILE_QUERIES)
 
         def tile(lo: int, hi: int) -> tuple:
             return (q[:, :, lo:hi], k[:, :, : start + hi], v[:, :, : start + hi], None if keep is None else keep[..., : start + hi],
@@ -318,7 +319,7 @@ class MoBA(AttentionVariant):
 
         if (grad and keep is None and start % self.block == 0 and q.device.type == "cpu" and q.shape[-1] == v.shape[-1]
                 and not torch.compiler.is_compiling()):
-            return _FusedMoBA.apply(q, k, v, means, has_key, self.block, self.top_k, scale, TILE_QUERIES // self.block * self.block or self.block)
+            return _FusedMoBA.apply(q, k, v, means, has_key, self.block, self.top_k, scale, whole_blocks(TILE_QUERIES))
         if not grad:  # each tile's outputs written in place: no second N x Dv buffer
             out = q.new_empty(*q.shape[:-1], v.shape[-1])
             for lo in range(0, n_q, size):
