@@ -14,10 +14,11 @@ paper's neither): gradients reach q, k, v through the attention. Cost: the gatin
 the attention O(N (top_k + 1) B D); nothing of size N x N (nor N x N/B: gating runs in tiles of
 queries and keeps only the top_k indices).
 
-Computed per tile of queries: for each key block, the queries that chose it are gathered (a padded
-batch over heads, found by one sort of the tile's choices), attended to that block, and their partial
-softmax (output and log-sum-exp) is merged with the other blocks' and the own block's —
-FlashAttention's merge, as MoBA's implementation does with varlen kernels. On the CPU the blocks go
+Computed per tile of queries: the own blocks in one batch of square causal blocks; for each key
+block, the queries that chose it are gathered (a padded batch over heads, found by one sort of the
+tile's choices), attended to that block, and their partial softmax (output and log-sum-exp) kept in
+a buffer the merge reads back by one gather per slot — FlashAttention's merge of the other blocks'
+and the own block's, as MoBA's implementation does with varlen kernels. On the CPU the blocks go
 through PyTorch's flash kernel; the backward (`_FusedMoBA`) calls that kernel's backward once a block
 with each query's final output and log-sum-exp, which is exactly that block's share of the gradient,
 so no partial softmax is kept. With key padding, or off the CPU, the softmaxes are written out and
@@ -105,39 +106,71 @@ def attend_block(q: Tensor, k: Tensor, v: Tensor, allowed: Tensor | None, scale:
 
 class Choosers:
     """For a tile's choices (idx, valid: (BH, T, slots)), the queries that chose each block, found by one sort of the
-    tile's (query, slot) pairs by block (so a block costs what its choosers do, not the tile's T)."""
+    tile's (query, slot) pairs by block (so a block costs what its choosers do, not the tile's T), and the way back:
+    block j's results go to rows offset_j .. offset_j + most_j of a buffer (BH, width, ·) (`buffer`), from which
+    `read` gathers each query's result of one slot (the last row of the buffer is the pad invalid picks read)."""
 
     def __init__(self, idx: Tensor, valid: Tensor, blocks: int):
         bh, t, slots = idx.shape
-        self.slots = slots
+        self.bh, self.t, self.slots = bh, t, slots
         ids = torch.where(valid, idx, blocks).reshape(bh, t * slots)  # invalid picks sort last
-        self.ids, self.pair = ids.sort(dim=1, stable=True)  # block ids ascending; the (query, slot) pair of each
+        ids, self.pair = ids.sort(dim=1, stable=True)  # block ids ascending; the (query, slot) pair of each
         wanted = torch.arange(blocks + 1, device=idx.device).expand(bh, -1).contiguous()
-        self.starts = torch.searchsorted(self.ids, wanted)  # (BH, blocks + 1): where each block's run begins
+        self.starts = torch.searchsorted(ids, wanted)  # (BH, blocks + 1): where each block's run begins
+        self.counts = self.starts.diff(dim=1)  # (BH, blocks): its choosers in each head
+        self.most = self.counts.amax(0).tolist()  # the rows of block j's gathered batch (the most of any head)
+        offsets = torch.tensor([0, *self.most], device=idx.device).cumsum(0)  # offsets[blocks]: the pad row
+        self.offsets = offsets.tolist()
+        self.width = self.offsets[-1] + 1
         self.heads = torch.arange(bh, device=idx.device)[:, None]
+        # each pair's row in the buffer: its block's offset + its rank among that block's choosers
+        rank = torch.arange(t * slots, device=idx.device)[None, :] - self.starts.gather(1, ids)
+        at = torch.where(ids == blocks, offsets[-1], offsets[ids] + rank)
+        by_pair = torch.empty_like(at).scatter_(1, self.pair, at)  # sorted order back to (query, slot) order
+        self.rows = (self.heads * self.width + by_pair).view(bh, t, slots)
 
-    def of(self, j: int) -> tuple[Tensor, Tensor, Tensor] | None:
-        """(order (BH, most) query indices, real (BH, most): False on the padding of shorter rows, slot (BH, most):
-        which of its choices it was) of block j; None when no query chose it."""
-        begin, count = self.starts[:, j], self.starts[:, j + 1] - self.starts[:, j]
-        most = int(count.max())
+    def of(self, j: int) -> tuple[Tensor, Tensor, slice] | None:
+        """(order (BH, most) query indices, real (BH, most): False on the padding of shorter rows, rows: where its
+        results go in the buffer) of block j; None when no query chose it."""
+        most = self.most[j]
         if most == 0:
             return None
-        at = torch.arange(most, device=count.device)[None, :]
-        real = at < count[:, None]
-        pair = self.pair[self.heads, (begin[:, None] + at).clamp_max(self.pair.shape[1] - 1)]
-        return pair // self.slots, real, pair % self.slots
+        at = torch.arange(most, device=self.starts.device)[None, :]
+        real = at < self.counts[:, j, None]
+        pair = self.pair[self.heads, (self.starts[:, j, None] + at).clamp_max(self.pair.shape[1] - 1)]
+        return pair // self.slots, real, slice(self.offsets[j], self.offsets[j] + most)
+
+    def buffer(self, like: Tensor, width: int | None, pad: float) -> Tensor:
+        """The blocks' results: (BH, rows, width), or (BH, rows) for width None; the pad row set to `pad`."""
+        buf = like.new_empty(self.bh, self.width, *(() if width is None else (width,)))
+        buf[:, -1] = pad
+        return buf
+
+    def read(self, buffer: Tensor, slot: int) -> Tensor:
+        """Each query's result of its choice `slot`: (BH, T, ·) from the buffer."""
+        flat = buffer.reshape(self.bh * self.width, -1)
+        return flat.index_select(0, self.rows[..., slot].flatten()).view(self.bh, self.t, *buffer.shape[2:])
 
 
-def moba_tile(q: Tensor, k: Tensor, v: Tensor, keep: Tensor | None, means: Tensor, has_key: Tensor,
-              start: int, block: int, top_k: int, scale: float, with_lse: bool = False):
-    """Outputs (B, H, T, Dv) of T queries at positions start .. start + T - 1 over keys k, v (B, H, Nk, ·)
-    (and, `with_lse`, each query's log-sum-exp over every key it attends to, (B, H, T))."""
+def as_block_batch(x: Tensor, at: int, t: int, block: int) -> Tensor:
+    """Positions at .. at + t (whole blocks) of x (B, H, N[, ·]) as a batch of blocks: (B · t / block, H, block[, ·])."""
+    return x[:, :, at : at + t].unflatten(2, (-1, block)).transpose(1, 2).flatten(0, 1)
+
+
+def from_block_batch(x: Tensor, batch: int) -> Tensor:
+    """as_block_batch's inverse: (B · blocks, H, block[, ·]) -> (B, H, blocks · block[, ·])."""
+    return x.unflatten(0, (batch, -1)).transpose(1, 2).flatten(2, 3)
+
+
+def own_blocks(q: Tensor, k: Tensor, v: Tensor, keep: Tensor | None, start: int, block: int, scale: float) -> tuple[Tensor, Tensor]:
+    """(outputs (B, H, T, Dv), log-sum-exp (B, H, T)) of T queries at positions start .. start + T - 1 over the
+    keys of their own block up to themselves. Whole blocks without padding: one square causal call for all."""
     b, h, t, d = q.shape
     dv = v.shape[-1]
-    idx, valid = select_blocks(q, means, has_key, start, block, top_k)
-    slots = idx.shape[-1]
-    # the own block: queries of each block against its keys up to themselves
+    if keep is None and start % block == 0 and t % block == 0:
+        o, lse = attend_block(as_block_batch(q, 0, t, block), as_block_batch(k, start, t, block),
+                              as_block_batch(v, start, t, block), None, scale, square_causal=True)
+        return from_block_batch(o, b), from_block_batch(lse, b)
     own_out, own_lse = q.new_empty(b, h, t, dv), q.new_empty(b, h, t)
     for first in range(start // block, (start + t - 1) // block + 1):
         lo, hi = max(first * block, start), min((first + 1) * block, start + t)  # positions of these queries
@@ -150,37 +183,48 @@ def moba_tile(q: Tensor, k: Tensor, v: Tensor, keep: Tensor | None, means: Tenso
                 allowed = allowed & keep[:, :, None, first * block : hi].bool()
             o, lse = attend_block(q[:, :, lo - start : hi - start], ks, vs, allowed, scale)
         own_out[:, :, lo - start : hi - start], own_lse[:, :, lo - start : hi - start] = o, lse
+    return own_out, own_lse
+
+
+def moba_tile(q: Tensor, k: Tensor, v: Tensor, keep: Tensor | None, means: Tensor, has_key: Tensor,
+              start: int, block: int, top_k: int, scale: float, with_lse: bool = False):
+    """Outputs (B, H, T, Dv) of T queries at positions start .. start + T - 1 over keys k, v (B, H, Nk, ·)
+    (and, `with_lse`, each query's log-sum-exp over every key it attends to, (B, H, T))."""
+    b, h, t, d = q.shape
+    dv = v.shape[-1]
+    idx, valid = select_blocks(q, means, has_key, start, block, top_k)
+    slots = idx.shape[-1]
+    own_out, own_lse = own_blocks(q, k, v, keep, start, block, scale)
     if not valid.any():
         return (own_out, own_lse) if with_lse else own_out
-    # the chosen blocks: for each key block, the queries (of every head) that chose it, gathered
-    qf, idxf, validf = q.reshape(b * h, t, d), idx.reshape(b * h, t, slots), valid.reshape(b * h, t, slots)
-    kf, vf = k.reshape(b * h, -1, d), v.reshape(b * h, -1, dv)
+    # the chosen blocks: for each key block, the queries (of every head) that chose it, gathered by row of the
+    # flat (B·H·T, D) queries; each block's partial softmax kept in the chooser's buffer rows
+    q_rows, kf, vf = q.reshape(b * h * t, d), k.reshape(b * h, -1, d), v.reshape(b * h, -1, dv)
     keepf = None if keep is None else keep.expand(b, h, -1).reshape(b * h, -1)
-    trash = t * slots  # the slot padded entries write to (cut below)
-    chosen_out = q.new_zeros(b * h, trash + 1, dv)  # (query, slot) -> that block's softmax-weighted values
-    chosen_lse = q.new_full((b * h, trash + 1), -math.inf)  # and its log-sum-exp
-    heads = torch.arange(b * h, device=q.device)[:, None]
-    found = Choosers(idxf, validf, means.shape[2])
-    for j in range(int(idx[valid].max()) + 1):
+    first_row = (torch.arange(b * h, device=q.device) * t)[:, None]
+    found = Choosers(idx.reshape(b * h, t, slots), valid.reshape(b * h, t, slots), means.shape[2])
+    outs, lses = found.buffer(q, dv, 0.0), found.buffer(q, None, -math.inf)  # a pick of nothing: 0 with lse -inf
+    for j in range(means.shape[2]):
         chosen = found.of(j)
         if chosen is None:
             continue
-        order, real, slot = chosen
-        qg = qf[heads, order]  # (BH, most, D)
+        order, _, rows = chosen
+        qg = q_rows.index_select(0, (first_row + order).flatten()).view(b * h, -1, d)  # (BH, most, D)
         allowed = None if keepf is None else keepf[:, None, j * block : (j + 1) * block].bool()
-        o, lse = attend_block(qg, kf[:, j * block : (j + 1) * block], vf[:, j * block : (j + 1) * block], allowed, scale)
-        at = torch.where(real, order * slots + slot, trash)
-        chosen_out[heads, at] = o  # in place (autograd records each write); padded rows all land in the trash slot
-        chosen_lse[heads, at] = lse
-    chosen_out = chosen_out[:, :trash].view(b, h, t, slots, dv)
-    lse = torch.cat([own_lse[..., None], chosen_lse[:, :trash].view(b, h, t, slots)], dim=3)  # (B, H, T, 1 + slots)
+        outs[:, rows], lses[:, rows] = attend_block(qg, kf[:, j * block : (j + 1) * block], vf[:, j * block : (j + 1) * block],
+                                                    allowed, scale)
+    del q_rows  # (a copy where the tile's q is a strided slice)
+    chosen_lse = torch.stack([found.read(lses, s) for s in range(slots)], dim=-1).view(b, h, t, slots)
+    lse = torch.cat([own_lse[..., None], chosen_lse], dim=3)  # (B, H, T, 1 + slots)
     top = lse.amax(-1, keepdim=True)
     top = torch.where(torch.isfinite(top), top, torch.zeros_like(top))
     w = torch.exp(lse - top)
     total = w.sum(-1, keepdim=True)
     w = w / total.clamp_min(torch.finfo(w.dtype).tiny)  # a query with no real key: all 0
     # FlashAttention's merge of the partial softmaxes: own block + each chosen block, by their weights
-    out = torch.matmul(w[..., None, 1:], chosen_out)[..., 0, :].addcmul_(own_out, w[..., :1])
+    out = own_out.mul_(w[..., :1])  # (in place: one T x Dv buffer less at the peak)
+    for s in range(slots):
+        out.addcmul_(found.read(outs, s).view(b, h, t, dv), w[..., 1 + s : 2 + s])
     return (out, (top + total.log()).squeeze(-1)) if with_lse else out
 
 
@@ -214,42 +258,55 @@ class _FusedMoBA(torch.autograd.Function):
         start = k.shape[2] - n_q
         dq, dk, dv = (torch.zeros(t.shape, dtype=t.dtype, device=t.device) for t in (q, k, v))  # contiguous
         grad_out = grad_out.contiguous()
+        flat = lambda x, lo, hi: x[:, :, lo:hi].reshape(b * h * (hi - lo), -1)  # noqa: E731 — a tile's rows (B·H·T, ·)
+        kf, vf = k.view(b * h, -1, d), v.view(b * h, -1, dv_dim)
+        dkf, dvf = dk.view(b * h, -1, d), dv.view(b * h, -1, dv_dim)
         for lo in range(0, n_q, size):
             hi = min(lo + size, n_q)
             t = hi - lo
-            for first in range(start + lo, start + hi, block):  # own blocks (square: tiles start on a block)
-                a, z = first - start, min(first + block, start + hi) - start
-                keys = slice(first, first + z - a)
-                gq, gk, gv = flash_backward(grad_out[:, :, a:z], q[:, :, a:z], k[:, :, keys], v[:, :, keys], out[:, :, a:z],
-                                            lse[:, :, a:z], 0.0, True, scale=scale)
-                dq[:, :, a:z] += gq
-                dk[:, :, keys] += gk
-                dv[:, :, keys] += gv
+            # own blocks (square: tiles start on a block); whole ones as one batch, as in own_blocks
+            if t % block == 0:
+                gq, gk, gv = flash_backward(*(as_block_batch(x, lo, t, block) for x in (grad_out, q)),
+                                            *(as_block_batch(x, start + lo, t, block) for x in (k, v)),
+                                            *(as_block_batch(x, lo, t, block) for x in (out, lse)), 0.0, True, scale=scale)
+                dq[:, :, lo:hi] += from_block_batch(gq, b)
+                dk[:, :, start + lo : start + hi] += from_block_batch(gk, b)
+                dv[:, :, start + lo : start + hi] += from_block_batch(gv, b)
+            else:
+                for first in range(start + lo, start + hi, block):
+                    a, z = first - start, min(first + block, start + hi) - start
+                    keys = slice(first, first + z - a)
+                    gq, gk, gv = flash_backward(grad_out[:, :, a:z], q[:, :, a:z], k[:, :, keys], v[:, :, keys],
+                                                out[:, :, a:z], lse[:, :, a:z], 0.0, True, scale=scale)
+                    dq[:, :, a:z] += gq
+                    dk[:, :, keys] += gk
+                    dv[:, :, keys] += gv
             idx, valid = select_blocks(q[:, :, lo:hi], means, has_key, start + lo, block, top_k)
             if not valid.any():
                 continue
-            idxf, validf = idx.reshape(b * h, t, -1), valid.reshape(b * h, t, -1)
-            heads = torch.arange(b * h, device=q.device)[:, None]
-            found = Choosers(idxf, validf, means.shape[2])
-            flat = lambda x, width: x[:, :, lo:hi].reshape(b * h, t, width)
-            qf, of, gf = flat(q, d), flat(out, dv_dim), flat(grad_out, dv_dim)
-            lf = lse[:, :, lo:hi].reshape(b * h, t)
-            dqf = q.new_zeros(b * h, t, d)
-            kf, vf = k.reshape(b * h, -1, d), v.reshape(b * h, -1, dv_dim)
-            dkf, dvf = dk.view(b * h, -1, d), dv.view(b * h, -1, dv_dim)
-            for j in range(int(idx[valid].max()) + 1):
+            slots = idx.shape[-1]
+            found = Choosers(idx.reshape(b * h, t, slots), valid.reshape(b * h, t, slots), means.shape[2])
+            first_row = (torch.arange(b * h, device=q.device) * t)[:, None]
+            q_rows, o_rows, g_rows = flat(q, lo, hi), flat(out, lo, hi), flat(grad_out, lo, hi)
+            l_rows = lse[:, :, lo:hi].reshape(-1, 1)
+            grads = found.buffer(q, d, 0.0)
+            for j in range(means.shape[2]):
                 chosen = found.of(j)
                 if chosen is None:
                     continue
-                order, real, _ = chosen
-                g = gf[heads, order] * real[..., None]  # padding rows carry no gradient
+                order, real, at = chosen
+                rows = (first_row + order).flatten()
+                gather = lambda x, width: x.index_select(0, rows).view(1, b * h, -1, width)  # noqa: E731
+                g = gather(g_rows, dv_dim) * real[None, ..., None]  # padding rows carry no gradient
                 keys = slice(j * block, (j + 1) * block)
-                gq, gk, gv = flash_backward(g[None], qf[heads, order][None], kf[None, :, keys], vf[None, :, keys],
-                                            of[heads, order][None], lf[heads, order][None], 0.0, False, scale=scale)
-                dqf.index_put_((heads.expand_as(order), order), gq[0], accumulate=True)
+                gq, gk, gv = flash_backward(g, gather(q_rows, d), kf[None, :, keys], vf[None, :, keys], gather(o_rows, dv_dim),
+                                            gather(l_rows, 1)[..., 0], 0.0, False, scale=scale)
+                grads[:, at] = gq[0]
                 dkf[:, keys] += gk[0]
                 dvf[:, keys] += gv[0]
-            dq[:, :, lo:hi] += dqf.view(b, h, t, d)
+            dq_tile = dq[:, :, lo:hi]
+            for s in range(slots):
+                dq_tile += found.read(grads, s).view(b, h, t, d)
         return dq, dk, dv, None, None, None, None, None, None
 
 
