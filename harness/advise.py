@@ -18,7 +18,7 @@ import pandas as pd
 
 from harness.config import ArgumentError
 from harness.fmt import fmt_bytes, fmt_time
-from harness.quality_frames import accuracy_summary, by_distance_frame, quality_rows
+from harness.quality_frames import accuracy_summary, by_distance_frame, mixed_recipe, quality_rows
 from harness.rows import NO_TIME
 from harness.storage import RESULTS, load_frame, variant_facts
 
@@ -117,7 +117,11 @@ def advise(run_dirs: list[Path], *, n: int, device: str | None = None, pass_: st
         raise ArgumentError(f"--min-accuracy {min_accuracy} is not allowed; give a fraction in [0, 1] (0.9) or a percentage (90%)")
     speed_dirs, quality_dirs = split_runs(run_dirs)
     device, sel = speed_rows(speed_dirs, device, pass_, causal)
-    rows = [r for d in quality_dirs for r in quality_rows(d)]
+    by_run = {str(d): quality_rows(d) for d in quality_dirs}
+    mixed = mixed_recipe(by_run)
+    if mixed:
+        raise ArgumentError(f"{mixed}; their accuracies are not seeds of one training: give quality runs of one recipe")
+    rows = [r for group in by_run.values() for r in group]
     facts = variant_facts(*run_dirs)
     summary, distance = accuracy_summary(rows), by_distance_frame(rows, facts)
     if rows:

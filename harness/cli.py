@@ -646,6 +646,7 @@ def quality(
     pairs: Annotated[Optional[int], typer.Option(callback=_at_least(1), help="Recall: key-value pairs per sequence (default: the preset's; quick: L // 8).")] = None,
     queries: Annotated[Optional[int], typer.Option(callback=_at_least(1), help="Recall: ask this many distinct keys once each, at random places among filler tokens (<= --pairs). Default: the preset's (quick: every remaining place is a query, keys repeat).")] = None,
     warm_start: Annotated[Optional[int], typer.Option(callback=_at_least(0), help="Recall asked once among filler: first train this many steps on the dense layout (every place a query) at the first length; unscored. Default: the preset's (long 1000).")] = None,
+    short_conv: Annotated[Optional[int], typer.Option(callback=_at_least(0), help="Width K of a causal depthwise convolution on each block's input, before its attention, in every variant's model (the short convolution Mamba-2, GLA and DeltaNet put before q, k, v; 4 in their papers). Default: the preset's (0: none).")] = None,
     vocab: Annotated[Optional[int], typer.Option(callback=_at_least(2), help="Task vocabulary (copy: symbols, default 16; recall: keys + values, default max(64, 2 x pairs)).")] = None,
     d_model: Annotated[int, typer.Option(callback=_at_least(1), help="Model width.")] = 64,
     layers: Annotated[int, typer.Option(callback=_at_least(1), help="Transformer blocks.")] = 2,
@@ -687,6 +688,7 @@ def quality(
                 dtype=dtype, given=cfg.merge_options(option or [], window=window, compression=compression), imports=import_ or [],
                 measure_cost=cost, lengths=lengths, copy_lengths=copy_lengths, seeds=seeds, lr=lr, label_smoothing=label_smoothing, d_model=d_model,
                 layers=layers, heads=heads, steps=steps, batch=batch, curriculum=curriculum, pairs=pairs, queries=queries, vocab=vocab, warm_start=warm_start,
+                short_conv=short_conv,
             )
             run_dir = rundir.new_run_dir(out, "quality-")
     if resume is None:

@@ -416,6 +416,7 @@ class TrainConfig:
     pairs: int | None = None  # recall: key-value pairs (default length // 8)
     queries: int | None = None  # recall: distinct keys asked once each among filler (default: fill with queries)
     warm_start: int = 0  # recall with queries: steps on the dense layout (every place a query) at the first length, first
+    short_conv: int = 0  # width of a causal depthwise convolution on each block's input, in every variant's model (0: none)
 
 
 TASKS = ("copy", "recall")
@@ -514,7 +515,7 @@ def build_quality_config(*, tasks: tuple[str, ...], variants: str, preset: str =
         raise ArgumentError(f"--dtype bfloat16 trains with CUDA autocast; the device is {device}: use float32 there")
     defaults = PRESETS[preset]
     recipe = dict(chosen)
-    for key in ("steps", "lr", "batch", "seeds", "curriculum", "pairs", "queries", "warm_start"):
+    for key in ("steps", "lr", "batch", "seeds", "curriculum", "pairs", "queries", "warm_start", "short_conv"):
         if recipe.get(key) is None:
             recipe[key] = defaults.get(key)
     lengths = chosen.get("lengths") or defaults["lengths"][device]

@@ -26,8 +26,22 @@ from harness.tasks import distance_buckets, make_task
 __all__ = ["TrainConfig", "TinyDecoder", "train_one", "sweep_quality", "trainable_variants", "cannot_train_reason"]
 
 
+class ShortConv(nn.Module):
+    """h + a causal depthwise convolution of width K over positions: each channel mixes positions t-K+1 .. t.
+    The short convolution the published recurrent layers (Mamba-2, GLA, DeltaNet) put before their q, k, v,
+    which lets a position see its predecessor's token; here, when the recipe asks, before every variant's attention."""
+
+    def __init__(self, d_model: int, width: int):
+        super().__init__()
+        self.conv = nn.Conv1d(d_model, d_model, width, groups=d_model, padding=width - 1)
+
+    def forward(self, h: torch.Tensor) -> torch.Tensor:  # (B, T, d) -> (B, T, d)
+        return h + self.conv(h.transpose(1, 2))[..., : h.shape[1]].transpose(1, 2)
+
+
 class TinyDecoder(nn.Module):
-    """Token embedding + sinusoidal positions + pre-norm TransformerBlocks (causal) + LM head."""
+    """Token embedding + sinusoidal positions + pre-norm TransformerBlocks (causal) + LM head; with
+    cfg.short_conv, each block's input first passes a `ShortConv` (the same for every variant)."""
 
     def __init__(self, vocab_size: int, cfg: TrainConfig, variant: str, max_len: int, **variant_options):
         super().__init__()
@@ -37,13 +51,14 @@ class TinyDecoder(nn.Module):
             variants.TransformerBlock(cfg.d_model, cfg.heads, 4 * cfg.d_model, variant=variant, norm="pre", **variant_options)
             for _ in range(cfg.layers)
         )
+        self.convs = nn.ModuleList(ShortConv(cfg.d_model, cfg.short_conv) for _ in range(cfg.layers)) if cfg.short_conv else None
         self.norm = nn.LayerNorm(cfg.d_model)
         self.head = nn.Linear(cfg.d_model, vocab_size)
 
     def forward(self, tokens: torch.Tensor) -> torch.Tensor:  # (B, T) -> (B, T, vocab)
         h = self.pos(self.embed(tokens))
-        for block in self.blocks:
-            h = block(h, causal=True)
+        for i, block in enumerate(self.blocks):
+            h = block(h if self.convs is None else self.convs[i](h), causal=True)
         return self.head(self.norm(h))
 
 

@@ -10,6 +10,37 @@ import pandas as pd
 from harness.storage import QUALITY_RESULTS, TRAIN_COST, read_rows
 
 KEY = ["task", "variant", "length"]
+NOT_RECIPE = ("cfg_threads", "cfg_eval_every")  # how a training ran, not what it trained
+
+
+def recipe(row: dict) -> dict:
+    """What a row's accuracy depends on besides its seed: the training recipe (TrainConfig's fields, each
+    at its default where the row predates it), the variant's options, the device and dtype."""
+    from harness.config import TrainConfig
+
+    fields = {f"cfg_{f.name}": row.get(f"cfg_{f.name}", f.default) for f in TrainConfig.__dataclass_fields__.values()}
+    return {**{k: v for k, v in fields.items() if k not in NOT_RECIPE}, "options": row.get("options") or {},
+            "device": row.get("device", "cpu"), "dtype": row.get("dtype", "float32")}
+
+
+def mixed_recipe(rows_by_run: dict[str, list[dict]]) -> str | None:
+    """Where quality runs trained one (task, variant, L) with different recipes (their accuracies would be
+    pooled as if seeds of one): what differs, named; None when every such training shares one recipe."""
+    seen: dict[tuple, tuple[str, dict]] = {}
+    for run, rows in rows_by_run.items():
+        for r in rows:
+            if not r.get("final"):
+                continue
+            key, mine = (r["task"], r["variant"], int(r["length"])), recipe(r)
+            if key not in seen:
+                seen[key] = (run, mine)
+                continue
+            other_run, other = seen[key]
+            diff = [f"{name.removeprefix('cfg_')} {other[name]!r} in {other_run} but {mine[name]!r} in {run}"
+                    for name in mine if mine[name] != other[name]]
+            if diff:
+                return f"{key[0]} of {key[1]} at L={key[2]} was trained with different recipes: {'; '.join(diff)}"
+    return None
 
 
 def final_frame(rows: list[dict]) -> pd.DataFrame:

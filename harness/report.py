@@ -296,6 +296,7 @@ def _quality_section(run_dir: Path, cfg: dict, figures) -> list[str]:
     recipe = (f"d_model={cfg.get('d_model')}, layers={cfg.get('layers')}, heads={cfg.get('heads')}, "
               f"steps={cfg.get('steps')}{' per length, each length starting from the model of the one before (curriculum)' if cfg.get('curriculum') else ''}, "
               + (f"recall first {cfg['warm_start']} steps on the dense layout at the first length, " if cfg.get("warm_start") else "")
+              + (f"a causal depthwise convolution of width {cfg['short_conv']} before each block's attention, " if cfg.get("short_conv") else "")
               + f"batch={cfg.get('batch')}, lr={cfg.get('lr')} (AdamW, warm-up then cosine), "
               + (f"seeds 0-{seeds - 1}" if seeds > 1 else f"seed {cfg.get('seed', 0)}")
               + f"; device {cfg.get('device', 'cpu')}, {cfg.get('dtype', 'float32')}; variant options {cfg.get('options')}"

@@ -75,6 +75,25 @@ def test_decoder_is_causal():
         assert torch.equal(model(x)[:, :12], model(x2)[:, :12])
 
 
+def test_short_conv_mixes_only_earlier_positions_and_is_in_every_variants_model():
+    torch.manual_seed(0)
+    cfg = TrainConfig(d_model=16, layers=2, heads=2, short_conv=4)
+    for variant in ("full", "linear"):
+        model = TinyDecoder(10, cfg, variant, max_len=20).eval()
+        assert len(model.convs) == 2 and model.convs[0].conv.kernel_size == (4,)
+        x = torch.randint(0, 10, (2, 20))
+        x2 = x.clone()
+        x2[:, 12:] = (x2[:, 12:] + 1) % 10
+        with torch.no_grad():
+            assert torch.equal(model(x)[:, :12], model(x2)[:, :12])  # causal
+            h = torch.randn(1, 20, 16)
+            bumped = h.clone()
+            bumped[:, 5] += 1
+            changed = (model.convs[0](bumped) - model.convs[0](h)).abs().sum(-1)[0]
+            assert changed[5:9].gt(0).all() and changed[:5].eq(0).all() and changed[9:].eq(0).all()  # positions 5..5+K-1
+    assert TinyDecoder(10, TrainConfig(d_model=16, heads=2), "full", max_len=20).convs is None  # the default: none
+
+
 def test_trainable_variants_on_cpu():
     names = trainable_variants("cpu")
     assert {"full", "sliding_window", "linear", "memory_compressed"} <= set(names)
@@ -97,7 +116,7 @@ def test_quality_cli_writes_rows_and_report(tmp_path):
     rows = pd.read_json(out / "quality.jsonl", lines=True)
     assert sorted(zip(rows["task"], rows["variant"])) == [("copy", "full"), ("copy", "linear"), ("recall", "full"), ("recall", "linear")]
     assert rows["final"].all() and (rows["step"] == 20).all()
-    for col in ("train_loss", "eval_accuracy", "eval_exact_match", "wall_s", "parameters", "cfg_lr", "options"):
+    for col in ("train_loss", "eval_accuracy", "eval_exact_match", "wall_s", "parameters", "cfg_lr", "cfg_short_conv", "options"):
         assert rows[col].notna().all(), col
     assert "held-out token accuracy" in result.output
     from harness.cli import app
@@ -133,6 +152,7 @@ def test_quality_resume_redoes_only_unfinished_trainings(tmp_path):
     (["--variants", "sliding_window_flex"], "cannot be trained on cpu: sliding_window_flex has no backward on cpu"),
     (["--d-model", "30"], "--d-model 30 must be divisible by --heads 4"),
     (["--variants", "nope"], "unknown variant(s) nope"),
+    (["--short-conv", "-1"], "--short-conv"),
 ])
 def test_quality_bad_arguments(tmp_path, args, message):
     result = _quality(*args, "--out", str(tmp_path / "x"))

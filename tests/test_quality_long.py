@@ -160,7 +160,7 @@ def test_quality_report_shows_seeds_distance_and_cost(tmp_path):
 # --- advise and the trade-off report ---------------------------------------------------------------
 
 
-def make_quality_run(path, accuracy: dict, lengths=(256,), device="cpu"):
+def make_quality_run(path, accuracy: dict, lengths=(256,), device="cpu", lr=3e-3):
     """A quality run whose final rows give `accuracy[variant]` (3 seeds spread +-2 points) at each length."""
     path.mkdir(parents=True)
     write_metadata(path, {"config": {"tasks": ["recall"], "variants": list(accuracy), "lengths": list(lengths), "seeds": 3},
@@ -171,7 +171,7 @@ def make_quality_run(path, accuracy: dict, lengths=(256,), device="cpu"):
                 for seed, delta in enumerate((-0.02, 0.0, 0.02)):
                     a = min(1.0, max(0.0, acc + delta))
                     writer.append({"task": "recall", "variant": variant, "length": n, "seed": seed, "final": True, "step": 10,
-                                   "device": device, "options": {"window": 64} if variant == "sliding_window_flex" else {},
+                                   "device": device, "options": {"window": 64} if variant == "sliding_window_flex" else {}, "cfg_lr": lr,
                                    "eval_accuracy": a, "eval_exact_match": 0.0, "wall_s": 1.0,
                                    "by_distance": [{"min": 1, "max": 127, "accuracy": a, "count": 10},
                                                    {"min": 128, "max": 255, "accuracy": a / 2, "count": 10}]})
@@ -238,6 +238,9 @@ def test_advise_cli_and_its_bad_input(tmp_path):
          "the runs share no device: the quality runs trained on cuda, the speed rows used are cpu"),
         (["--len", "1024", "--no-causal", str(speed), str(make_quality_run(tmp_path / "short", {"full": 0.9}, lengths=(32, 64)))],
          "the runs share no length: the speed runs measured N=256..4096, the quality runs trained recall at 32, 64 tokens"),
+        # two recipes of one training are not seeds of one: never pooled
+        (["--len", "1024", "--no-causal", str(speed), str(quality), str(make_quality_run(tmp_path / "lr", {"full": 0.5}, lr=1e-2))],
+         f"recall of full at L=256 was trained with different recipes: lr 0.003 in {quality} but 0.01 in {tmp_path / 'lr'}"),
     ]
     for args, message in bad:
         result = _invoke("advise", *args)
