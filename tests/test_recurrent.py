@@ -195,11 +195,43 @@ def test_decoding_step_by_step_equals_the_causal_forward(name, step):
         outs.append(out)
         sizes.append(state.nbytes())
     torch.testing.assert_close(torch.cat(outs, dim=2), want)
-    assert state.length == 14
-    if state.kind == "recurrent":  # a D x Dv state per head, whatever N
-        assert sizes == [2 * 2 * 8 * 8 * q.element_size()] * len(sizes)
+    assert state.length == 14 and state.kind == attn.state_kind
+    if state.kind == "recurrent":  # a fixed size whatever N: what init_state made
+        assert sizes == [attn.init_state(2, 2, 8, 8, dtype).nbytes()] * len(sizes) and sizes[0] > 0
+    elif state.kind == "window":  # the g sinks and the last w positions, no more
+        most = min(14, attn.global_tokens + attn.window) * 2 * 2 * (8 + 8) * q.element_size()
+        assert sizes == sorted(sizes) and sizes[-1] == most
     else:  # a KV cache: it grows with the positions
         assert sizes == sorted(sizes) and sizes[-1] > sizes[0]
+
+
+@pytest.mark.parametrize("name, options", [("linear", {}), ("linear", {"feature_map": "cosformer", "max_len": 4096}),
+                                           ("performer", {"features": 16}), ("retention", {}), ("gated_deltanet", {}),
+                                           ("sliding_window", {"window": 16, "global_tokens": 4})])
+def test_a_constant_state_does_not_grow_from_n_to_8n(name, options):
+    # the prefix is never re-read: after N and after 8N positions the state has the same size, and a step
+    # at 8N returns the forward's output there
+    attn = build_case(name, options, dtype=torch.float64)
+    q, k, v = make_qkv(b=1, h=2, n_q=8 * 64 + 1, d=8, requires_grad=False, dtype=torch.float64)
+    state = attn.init_state(1, 2, 8, 8, torch.float64)
+    _, state = attn.step(q[:, :, :64], k[:, :, :64], v[:, :, :64], state)
+    at_n = state.nbytes()
+    _, state = attn.step(q[:, :, 64:-1], k[:, :, 64:-1], v[:, :, 64:-1], state)
+    assert state.nbytes() == at_n and state.length == 8 * 64
+    out, state = attn.step(q[:, :, -1:], k[:, :, -1:], v[:, :, -1:], state)
+    torch.testing.assert_close(out, attn(q, k, v, causal=True)[:, :, -1:])
+
+
+def test_decoding_refuses_what_its_state_cannot_equal():
+    with pytest.raises(ValueError, match=r"feature_map='cosformer' decodes only with max_len given"):
+        build_case("linear", {"feature_map": "cosformer"}).init_state(1, 2, 8, 8)
+    cosformer = build_case("linear", {"feature_map": "cosformer", "max_len": 4})
+    state = cosformer.init_state(1, 2, 8, 8)
+    x = torch.zeros(1, 2, 5, 8)
+    with pytest.raises(ValueError, match=r"cannot step to 5 positions: positions up to 5 pass cosformer's max_len=4"):
+        cosformer.step(x, x, x, state)
+    with pytest.raises(ValueError, match=r"performer: decoding needs eps=0 \(got eps=0.1\)"):
+        build_case("performer", {"eps": 0.1}).init_state(1, 2, 8, 8)
 
 
 def test_methods_that_cannot_decode_say_why():

@@ -205,6 +205,8 @@ class AttentionVariant(nn.Module):
             return self(q, k, eye, causal=causal, key_padding_mask=key_padding_mask)
 
     # -- decoding -----------------------------------------------------------------------------
+    state_kind = "kv"  # what `init_state` keeps: "kv", "window" or "recurrent" (variants/_decoding.py)
+
     @classmethod
     def decode_unsupported_reason(cls) -> str | None:
         """None when the variant decodes (causal, one position after another), else why not."""
@@ -233,8 +235,7 @@ class AttentionVariant(nn.Module):
             raise TypeError(f"{self.spec.name}: init_state's dtype must be a floating torch.dtype, got {dtype!r}")
         dev = torch.device(device)
         tensors = self._empty_state(batch, heads, head_dim, value_dim, dtype, dev)
-        kind = "kv" if set(tensors) >= {"k", "v"} else "recurrent"
-        return DecodingState(self.spec.name, kind, batch, heads, head_dim, value_dim, dtype, dev, 0, max_len, tensors)
+        return DecodingState(self.spec.name, self.state_kind, batch, heads, head_dim, value_dim, dtype, dev, 0, max_len, tensors)
 
     def step(self, q: Tensor, k: Tensor, v: Tensor, state: DecodingState) -> tuple[Tensor, DecodingState]:
         """The outputs (B, H, t, Dv) of t new positions given the state of everything before, and the new state.

@@ -3,13 +3,17 @@
     state = attn.init_state(batch, heads, head_dim, value_dim, dtype, device)
     out, state = attn.step(q, k, v, state)        # q, k, v: (B, H, t, D) of t >= 1 new positions
 
-Two kinds (`DecodingState.kind`):
+Three kinds (`DecodingState.kind`, the variant's `state_kind`):
   "kv"         a KV cache: every key and value so far (it grows with N). The default of every causal
                variant: a step is the variant's own causal call over the cache, bottom-right aligned,
                so it equals the full causal forward by the interface's definition.
-  "recurrent"  a fixed-size state (a D x Dv matrix per head for the gated recurrences): the recurrence's
-               one-step form, constant memory whatever N.
+  "window"     the keys a window can still reach: the first g (global / sink) positions and the last w
+               (sliding_window and its flex sibling): at most g + w positions whatever N.
+  "recurrent"  a fixed-size state: a D x Dv matrix per head for the gated recurrences, the F x (Dv + 1)
+               sums Σ φ(k) [v, 1]ᵀ of linear attention and performer; constant memory whatever N.
 A method with a state of its own (moba: the KV cache plus running block sums) adds tensors to these.
+A state is never changed in place: every step returns a new one (an old one stays valid, as beam
+search needs).
 """
 
 from __future__ import annotations

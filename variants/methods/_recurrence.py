@@ -379,6 +379,8 @@ class RecurrentAttention(AttentionVariant):
         return out[:, :, n_k - n_q:]
 
     # -- decoding: the one-step form -------------------------------------------------------------
+    state_kind = "recurrent"
+
     def _empty_state(self, batch, heads, head_dim, value_dim, dtype, device):
         return {"S": torch.zeros(batch, heads, head_dim, value_dim, dtype=dtype, device=device)}  # D x Dv per head
 

@@ -423,6 +423,38 @@ class FeatureMapAttention(AttentionVariant):
         """F for a head dim D."""
         raise NotImplementedError
 
+    # -- decoding: the running sums, constant in N ------------------------------------------------
+    state_kind = "recurrent"
+
+    def _empty_state(self, batch, heads, head_dim, value_dim, dtype, device):
+        f = self._features(head_dim)
+        sums = torch.float32 if dtype in (torch.float16, torch.bfloat16) else dtype  # (the forward's sums are float32 too)
+        return {"S": torch.zeros(batch, heads, f, value_dim + 1, dtype=sums, device=device)}  # Σ_j φ(k_j) [v_j, 1]ᵀ
+
+    def _decode_features(self, q: Tensor, k: Tensor, state) -> tuple[Tensor, Tensor, Tensor | None, dict]:
+        """(φ(q), φ(k)) of the new positions (q already multiplied by its factor), the factor the earlier
+        sums take first (None: 1), and state tensors to replace (performer: its running stabilizer)."""
+        fmap = self.feature_map_for(q)
+        consts = fmap.setup(q, k, None)
+        return fmap.apply(q, state.length, consts, True), fmap.apply(k, state.length, consts, False), None, {}
+
+    def _step(self, q, k, v, state):
+        """o_t = φ(q_t)ᵀ S_t / (φ(q_t)ᵀ z_t + eps) with S, z the sums over positions <= t: the t new positions
+        against each other (a causal t x t product) and against the sums over everything before."""
+        sums = state.tensors["S"]
+        dtype = q.dtype
+        q, k, v = (x.to(sums.dtype) for x in (q, k, v))
+        q, k = self._feature_inputs(q), self._feature_inputs(k)
+        factor = self._query_factor(q)
+        phi_q, phi_k, rescale, extra = self._decode_features(q if factor == 1.0 else q * factor, k, state)
+        if rescale is not None:
+            sums = sums * rescale
+        ve = _ones_column(v)
+        num = torch.matmul(torch.matmul(phi_q, phi_k.transpose(-1, -2)).tril_(), ve) + torch.matmul(phi_q, sums)
+        out = num[..., :-1] / (num[..., -1:] + self.eps).clamp_min(torch.finfo(num.dtype).tiny)
+        sums = sums + torch.matmul(phi_k.transpose(-1, -2), ve)
+        return out.to(dtype), state.advanced(q.shape[2], S=sums, **extra)
+
     def flops(self, n_q: int, n_k: int, d: int, dv: int, causal: bool) -> float:
         # the recurrent form's useful work: build the state (2 N F Dv) and read it out (2 N F Dv), normalizers
         f = self._features(d)
@@ -488,6 +520,20 @@ class LinearAttention(FeatureMapAttention):
 
     def _features(self, d: int) -> int:
         return self._map.dim(d if self.feature_dim is None else min(d, self.feature_dim))
+
+    def _empty_state(self, batch, heads, head_dim, value_dim, dtype, device):
+        if self.feature_map == "cosformer" and self.max_len is None:
+            raise ValueError("linear: feature_map='cosformer' decodes only with max_len given (M of its re-weighting "
+                             "cos(π (i − j) / 2M); without it M is each call's length, which a decoder does not know yet)")
+        if self.feature_dim is not None and self.feature_dim > head_dim:
+            raise ValueError(f"linear: feature_dim={self.feature_dim} > the state's head_dim={head_dim}")
+        return super()._empty_state(batch, heads, head_dim, value_dim, dtype, device)
+
+    def _step(self, q, k, v, state):
+        reason = self.length_unsupported_reason(state.length + q.shape[2], state.length + q.shape[2])
+        if reason:
+            raise ValueError(f"linear: cannot step to {state.length + q.shape[2]} positions: {reason}")
+        return super()._step(q, k, v, state)
 
     def _feature_inputs(self, x: Tensor) -> Tensor:
         if self.feature_dim is not None and self.feature_dim > x.shape[-1]:

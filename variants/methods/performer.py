@@ -157,6 +157,27 @@ class Performer(FeatureMapAttention):
             raise ValueError(f"performer: its random features are drawn for D={self.projection.shape[-1]}, got D={d}")
         return PositiveRandomFeatures(self.projection)
 
+    # -- decoding: the sums kept under a running stabilizer ------------------------------------------
+    def _empty_state(self, batch, heads, head_dim, value_dim, dtype, device):
+        if self.eps:
+            raise ValueError(f"performer: decoding needs eps=0 (got eps={self.eps}): the forward's key stabilizer is the "
+                             "largest logit of all keys, later ones included, and eps is added after it, so with eps > 0 "
+                             "an output depends on keys a decoder has not seen")
+        state = super()._empty_state(batch, heads, head_dim, value_dim, dtype, device)
+        # the largest key logit so far: the sums are kept divided by exp(it), as the forward divides by its max
+        return {**state, "key_max": torch.full((batch, heads, 1, 1), -math.inf, dtype=state["S"].dtype, device=device)}
+
+    def _decode_features(self, q, k, state):
+        # the forward's key stabilizer is the max over all keys, which a decoder does not know yet: keep the
+        # running max c and scale the sums by exp(c_old − c_new) when it grows (the online softmax's rescaling);
+        # with eps = 0 the ratio does not depend on it, so the steps equal the forward
+        fmap = self.feature_map_for(q)
+        old = state.tensors["key_max"]
+        top = torch.maximum(old, fmap.setup(q, k, None)["key_max"])
+        consts = {"key_max": top}
+        return (fmap.apply(q, state.length, consts, True), fmap.apply(k, state.length, consts, False),
+                torch.exp(old - top), {"key_max": top})
+
     def features(self, x: Tensor) -> Tensor:
         """φ(x) = exp(W x' − ‖x'‖²/2) / √m of rows x (B, H, N, D), x' = x / D^¼, without stabilizer:
         φ(q · scale · √D)·φ(k) estimates exp(scale · q·k) — the map itself, to inspect or test."""

@@ -23,6 +23,7 @@ import torch
 from torch import Tensor
 
 from .._base import AttentionVariant, VariantSpec, dense_mask, register
+from .._decoding import kv_cache
 from .._utils import dense_attention, pad_to_multiple
 from .full import sdpa
 
@@ -297,6 +298,33 @@ class LongformerPattern(AttentionVariant):
     def _attend_self(self, q: Tensor, k: Tensor, v: Tensor, causal: bool, key_padding_mask: Tensor | None) -> Tensor:
         """Nq == Nk."""
         raise NotImplementedError
+
+    # -- decoding: the keys the window can still reach ---------------------------------------------
+    state_kind = "window"
+
+    def _empty_state(self, batch, heads, head_dim, value_dim, dtype, device):
+        # the first g positions (global: every later query reads them; StreamingLLM's sinks) and the last w
+        empty = kv_cache(batch, heads, head_dim, value_dim, dtype, device)
+        return {"sink_k": empty["k"], "sink_v": empty["v"], "k": empty["k"], "v": empty["v"]}
+
+    def _step(self, q, k, v, state):
+        """The t new positions at L .. L + t - 1 against the sinks (positions 0 .. g - 1), the window (the last
+        w positions before L, those >= g) and each other, by the pattern's mask: O((g + w + t) t D) whatever L.
+        The state keeps at most g + w positions."""
+        g, w, n, t = self.global_tokens, self.window, state.length, q.shape[2]
+        sink_k, sink_v, win_k, win_v = (state.tensors[key] for key in ("sink_k", "sink_v", "k", "v"))
+        keys, values = torch.cat([sink_k, win_k, k], dim=2), torch.cat([sink_v, win_v, v], dim=2)
+        dev = q.device
+        pos = torch.cat([torch.arange(sink_k.shape[2], device=dev), torch.arange(n - win_k.shape[2], n + t, device=dev)])
+        i = torch.arange(n, n + t, device=dev)[:, None]
+        allowed = (pos <= i) & ((i - pos <= w) | (pos < g) | (i < g))  # the causal pattern of longformer_mask
+        out = dense_attention(q, keys, values, allowed, self._scale(q))
+        new_sinks = max(0, min(t, g - n))  # new positions that are global
+        keep = max(0, min(w, n + t - g))  # window positions after the step: max(g, L + t - w) .. L + t - 1
+        win_k, win_v = (torch.cat([old, new[:, :, new_sinks:]], dim=2)[:, :, win_k.shape[2] + t - new_sinks - keep:]
+                        for old, new in ((win_k, k), (win_v, v)))
+        return out, state.advanced(t, sink_k=torch.cat([sink_k, k[:, :, :new_sinks]], dim=2),
+                                   sink_v=torch.cat([sink_v, v[:, :, :new_sinks]], dim=2), k=win_k, v=win_v)
 
     def flops(self, n_q: int, n_k: int, d: int, dv: int, causal: bool) -> float:
         return 2.0 * band_pairs(n_q, self.window, self.global_tokens, causal) * (d + dv)
