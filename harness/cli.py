@@ -179,7 +179,7 @@ def run(
     max_len: Annotated[int, typer.Option(callback=_at_least(1), help="Largest N.")] = 4096,
     lengths: Annotated[Optional[str], typer.Option(help="Explicit lengths instead, e.g. 1000,3000,10000.")] = None,
     devices: Annotated[str, typer.Option(help="auto (cpu, plus cuda when present), cpu, cuda, or cpu,cuda.")] = "auto",
-    passes: Annotated[str, typer.Option(help="fwd (forward only), fwdbwd (forward + backward), or both: fwd,fwdbwd.")] = "fwd,fwdbwd",
+    passes: Annotated[str, typer.Option(help="fwd (forward only), fwdbwd (forward + backward), decode (one step of one new token after N positions: the state from the variant's prefill, untimed; causal only), comma-separated: fwd,fwdbwd,decode.")] = "fwd,fwdbwd",
     causal: Annotated[CausalMode, typer.Option(help="Causal masking: no, yes, or both.")] = CausalMode.no,
     batch: Annotated[int, typer.Option(callback=_at_least(1), help="Batch size B.")] = 1,
     heads: Annotated[int, typer.Option(callback=_at_least(1), help="Heads H.")] = 8,
@@ -454,6 +454,7 @@ class OneTask(str, Enum):
 class Pass(str, Enum):
     fwd = "fwd"
     fwdbwd = "fwdbwd"
+    decode = "decode"
 
 
 def _fraction(text: str | None) -> float | None:

@@ -11,7 +11,7 @@ import math
 import re
 from dataclasses import asdict, dataclass, field, fields
 
-PASSES = ("fwd", "fwdbwd")
+PASSES = ("fwd", "fwdbwd", "decode")  # decode: one step of one new position after N (causal only)
 BASELINE = "full"  # the variant every other is compared with (speed-ups, crossovers)
 SHAPE_HINTS = ("num_heads", "head_dim")  # options every variant takes, set from the run's shape
 
@@ -23,7 +23,7 @@ class RunConfig:
     variants: tuple[str, ...]  # registered names, in the order they run
     lengths: tuple[int, ...]  # sequence lengths N, increasing
     devices: tuple[str, ...]  # "cpu", "cuda"
-    passes: tuple[str, ...]  # "fwd", "fwdbwd"
+    passes: tuple[str, ...]  # "fwd", "fwdbwd", "decode"
     causal: tuple[bool, ...]  # (False,), (True,) or (False, True)
     batch: int = 1
     heads: int = 8
@@ -146,6 +146,7 @@ def plan(config: RunConfig, device_names: dict | None = None) -> list[Cell]:
         for name in config.variants
         for causal in config.causal
         for pass_ in config.passes
+        if causal or pass_ != "decode"  # decoding is causal: no non-causal decode cells
         for n in config.lengths
     ]
 
@@ -388,7 +389,11 @@ def build_run_config(*, variants: str, lengths: tuple[int, ...], devices: str, p
     if not names:
         raise ArgumentError(f"--variants {variants}: no registered variant runs on {', '.join(device_list)}")
     check_options(options, names)
-    config = RunConfig(variants=names, lengths=lengths, devices=device_list, passes=parse_list(passes, "--passes", PASSES),
+    pass_list = parse_list(passes, "--passes", PASSES)
+    if "decode" in pass_list and True not in causal:
+        raise ArgumentError("--passes decode: decoding is causal (one new position against the ones before it); "
+                            "use --causal yes or both")
+    config = RunConfig(variants=names, lengths=lengths, devices=device_list, passes=pass_list,
                        causal=causal, options=tuple(sorted(options.items())), min_time=min_time, cell_timeout=cell_timeout,
                        warmup_time=warmup_time, imports=tuple(imports), **settings)
     return config.with_resolved_options()

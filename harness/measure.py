@@ -85,6 +85,28 @@ def pass_call(attn, q, k, v, *, causal: bool, backward: bool, sync: bool = False
 
 # -- the correctness gate ----------------------------------------------------------------------------
 
+DECODE_CHECK_STEPS = 3  # positions the gate decodes one at a time (after a prefill of the rest)
+
+
+def decode_call(attn, batch: int, heads: int, n: int, head_dim: int, dtype: str, device, sync: bool = False):
+    """(the call a decode cell times: one step of one new position after N, the state after N) — the state
+    built by the variant's own prefill of N positions, not timed; every call steps from that same state."""
+    q, k, v = make_inputs(batch, heads, n + 1, head_dim, dtype, device, False)
+    with torch.no_grad():
+        state = attn.prefill(q[:, :, :n], k[:, :, :n], v[:, :, :n], attn.init_state(batch, heads, head_dim, head_dim, q.dtype, device))
+    new = tuple(t[:, :, n:].contiguous() for t in (q, k, v))
+    del q, k, v
+    cuda = torch.device(device).type == "cuda"
+
+    def call():
+        with torch.no_grad():
+            attn.step(*new, state)
+        if sync and cuda:
+            torch.cuda.synchronize(device)
+
+    return call, state
+
+
 def gate_length(attn, default: int, longest: int) -> int:
     """N of the gate: `default`, raised to what the variant needs to exercise its sparse paths
     (`attn.check_length`, e.g. 2w + 3 tiles for a band) but never past `longest` (the longest N measured),
@@ -93,8 +115,10 @@ def gate_length(attn, default: int, longest: int) -> int:
     return wanted if wanted < default else max(default, min(wanted, longest))
 
 
-def gate(attn, batch: int, heads: int, n: int, head_dim: int, dtype: str, device, *, causal: bool, backward: bool) -> dict:
-    """The variant (in `dtype`, on `device`) against its dense float64 definition, outputs and gradients.
+def gate(attn, batch: int, heads: int, n: int, head_dim: int, dtype: str, device, *, causal: bool, backward: bool,
+         decode: bool = False) -> dict:
+    """The variant (in `dtype`, on `device`) against its dense float64 definition, outputs and gradients
+    (and, `decode`, the outputs of its last DECODE_CHECK_STEPS positions decoded one step at a time after a prefill).
 
     Passes when, for the output and each gradient, error(variant) <= 2 * error(dense definition in
     `dtype`) + GATE_ALLOWANCE * max |reference|, and the output is neither non-finite nor all zero.
@@ -117,6 +141,17 @@ def gate(attn, batch: int, heads: int, n: int, head_dim: int, dtype: str, device
         low = torch.autograd.grad(ref_dtype, (qd, kd, vd), grad_out.to(out.dtype))
         want = torch.autograd.grad(ref, (q64, k64, v64), grad_out)
         pairs.update({label: triple for label, triple in zip(("dq", "dk", "dv"), zip(got, low, want))})
+    if decode:
+        with torch.no_grad():
+            steps = min(DECODE_CHECK_STEPS, n - 1)
+            start = n - steps
+            state = attn.prefill(*(t.detach()[:, :, :start] for t in (q, k, v)),
+                                 attn.init_state(batch, heads, head_dim, head_dim, q.dtype, dev))
+            outs = []
+            for i in range(start, n):
+                out_i, state = attn.step(*(t.detach()[:, :, i : i + 1] for t in (q, k, v)), state)
+                outs.append(out_i)
+        pairs["decoded steps"] = (torch.cat(outs, dim=2), ref_dtype[:, :, start:], ref[:, :, start:])
     verdicts = {label: gate_verdict(a, b, c, dtype) for label, (a, b, c) in pairs.items()}
     # how far the method is from the softmax attention it replaces, on these inputs (at its scale, or D^-½)
     scale = attn.scale if attn.scale is not None else head_dim**-0.5
@@ -289,6 +324,26 @@ def timing_stats(times: list[float]) -> dict:
     else:
         q1, _, q3 = statistics.quantiles(ordered, n=4, method="inclusive")
     return {"time_median_s": statistics.median(ordered), "time_min_s": ordered[0], "time_iqr_s": q3 - q1}
+
+
+def memory_bandwidth(device: str, threads: int = 0, seconds: float = 1.0) -> dict:
+    """Measured memory bandwidth (GB/s) of a STREAM-style copy through torch (b.copy_(a) of 256 MiB on the CPU,
+    1 GiB on CUDA; bytes read + written per second): the limit of a decoding step, which reads its state once."""
+    if device == "cpu" and threads:
+        torch.set_num_threads(threads)
+    dev = torch.device(device)
+    nbytes = 2**30 if dev.type == "cuda" else 2**28
+    a = torch.ones(nbytes // 4, device=dev)
+    b = torch.empty_like(a)
+    clock = clock_for(dev)
+    warm_up(lambda: b.copy_(a), clock, calls=2, seconds=0.0)
+    calls, elapsed = 0, 0.0
+    while elapsed < seconds or calls < 3:
+        clock.start()
+        b.copy_(a)
+        elapsed += clock.stop()
+        calls += 1
+    return {"gbs": 2 * nbytes * calls / elapsed / 1e9, "bytes": nbytes, "calls": calls}
 
 
 def matmul_peak(device: str, dtype: str, threads: int = 0, seconds: float = 1.0) -> dict:

@@ -76,7 +76,8 @@ def _panels(df: pd.DataFrame) -> list[tuple]:
 
 def _panel_title(panel: tuple) -> str:
     device, pass_, causal = panel
-    return f"{device} · {'forward' if pass_ == 'fwd' else 'forward + backward'} · {'causal' if causal else 'non-causal'}"
+    what = {"fwd": "forward", "fwdbwd": "forward + backward", "decode": "decode step (1 token after N)"}.get(pass_, pass_)
+    return f"{device} · {what} · {'causal' if causal else 'non-causal'}"
 
 
 def _grid(n_panels: int, max_cols: int, panel_size: tuple[float, float]):

@@ -155,6 +155,36 @@ def _softmax_error_section(df: pd.DataFrame) -> list[str]:
             markdown_table(["variant", *("causal" if mode else "non-causal" for mode in modes)], body), ""]
 
 
+def _decode_section(df: pd.DataFrame, machine: dict) -> list[str]:
+    """Decode cells: the state each step reads (bytes, kind) and the bandwidth of reading it once per step,
+    against the machine's measured copy bandwidth."""
+    ok = df[(df["pass"] == "decode") & (df["status"] == "ok")] if "state_bytes" in df else df.iloc[0:0]
+    if ok.empty:
+        return []
+    limits = machine.get("memory_bandwidth_gbs") or {}
+    lines = ["## Decoding: the state a step reads", "",
+             "State: the bytes of the decoding state after N positions (a KV cache grows with N; a window keeps at most "
+             "g + w positions; a recurrent state is fixed). Bandwidth: state bytes / step time, as a share of the measured "
+             "copy bandwidth (" + (", ".join(f"{d}: {v:.1f} GB/s" for d, v in limits.items() if v) or "not measured") + ").", ""]
+    for device, group in ok.groupby("device", sort=False):
+        ns = sorted(int(n) for n in group["n"].unique())
+        rows = []
+        for variant, mine in group.groupby("variant", sort=False):
+            by_n = {int(r["n"]): r for r in mine.to_dict("records")}
+            cells = []
+            for n in ns:
+                r = by_n.get(n)
+                if r is None:
+                    cells.append("—")
+                    continue
+                share = f" ({r['bandwidth_gbs'] / limits[device]:.0%})" if limits.get(device) and r.get("bandwidth_gbs") else ""
+                cells.append(f"{fmt_bytes(r['state_bytes'])}, {r['bandwidth_gbs']:.2f} GB/s{share}")
+            rows.append([f"`{variant}`", mine["state_kind"].iloc[0], *cells])
+        lines += [f"### {device}: state bytes, bandwidth (share of measured)", "",
+                  markdown_table(["variant", "state", *(f"N={n}" for n in ns)], rows), ""]
+    return lines
+
+
 def _speed_section(run_dir: Path, df: pd.DataFrame, cfg: dict, machine: dict, figures) -> list[str]:
     df["causal"] = df["causal"].astype(bool)
     peaks = ", ".join(f"{k}: {v:.0f} GFLOP/s" for k, v in (machine.get("matmul_peak_gflops") or {}).items() if v)
@@ -182,6 +212,7 @@ def _speed_section(run_dir: Path, df: pd.DataFrame, cfg: dict, machine: dict, fi
     ]
     for (device, pass_, causal), table in panel_tables(df):
         lines += [f"### {device}, {pass_}, {'causal' if causal else 'non-causal'}", "", table, ""]
+    lines += _decode_section(df, machine)
     noisy = df[(df["status"] == "ok") & noisy_mask(df)]
     if not noisy.empty:
         lines += ["## Noisy cells", "", f"{len(noisy)} {NOISE_NOTE}:", ""]

@@ -30,7 +30,7 @@ class Row:
 
     device: str
     variant: str
-    pass_: str  # "fwd" or "fwdbwd"; stored as "pass"
+    pass_: str  # "fwd", "fwdbwd" or "decode"; stored as "pass"
     causal: bool
     n: int
     batch: int = 1
@@ -49,6 +49,9 @@ class Row:
     reserved_bytes: int | None = None  # CUDA: the caching allocator's reserved peak
     memory_kind: str | None = None  # "rss" (CPU) or "allocator" (CUDA)
     predicted_bytes: int | None = None
+    state_bytes: int | None = None  # decode: the decoding state after N positions (what a step reads)
+    state_kind: str | None = None  # decode: "kv", "window" or "recurrent"
+    bandwidth_gbs: float | None = None  # decode: state_bytes / time_median_s
     flops: float | None = None  # useful FLOPs of one call
     gflops: float | None = None  # flops / time_median_s
     threads: int | None = None

@@ -76,6 +76,10 @@ def static_skip_reason(config: RunConfig, cell: Cell, remote: bool = False) -> s
         reason = cls.backward_unsupported_reason(cell.device)
         if reason:
             return reason
+    if cell.pass_ == "decode":
+        reason = cls.decode_unsupported_reason()
+        if reason:
+            return f"cannot decode: {reason}"
     return cls.dtype_unsupported_reason(cell.device, config.dtype)
 
 
@@ -87,6 +91,9 @@ def shape_only_variant(config: RunConfig, name: str):
 def predicted_bytes(config: RunConfig, cell: Cell, attn) -> int:
     """Inputs (and their gradients) plus the variant's own estimate of its extra memory."""
     el = config.element_size
+    if cell.pass_ == "decode":  # the prompt's q, k, v and its KV cache, at most, twice (a step's copy beside the state)
+        kv = 2 * config.batch * config.heads * cell.n * config.head_dim * el
+        return int(3 * kv / 2 + 2 * kv)
     backward = cell.pass_ == "fwdbwd"
     inputs = 3 * config.batch * config.heads * cell.n * config.head_dim * el * (3 if backward else 1)
     params = sum(p.numel() for p in attn.parameters()) * el * (3 if backward else 1)  # (+ gradients)
@@ -101,8 +108,10 @@ def base_row(config: RunConfig, cell: Cell) -> Row:
                heads=config.heads, head_dim=config.head_dim, dtype=config.dtype, options=config.options_of(cell.variant))
 
 
-def useful_flops(config: RunConfig, cell: Cell, attn) -> float:
+def useful_flops(config: RunConfig, cell: Cell, attn) -> float | None:
     d = config.head_dim
+    if cell.pass_ == "decode":  # memory-bound: its figure is the bandwidth of reading the state (bandwidth_gbs)
+        return None
     per_head = attn.flops(cell.n, cell.n, d, d, cell.causal)
     if cell.pass_ == "fwdbwd":
         per_head *= attn.backward_flops_factor
@@ -134,7 +143,10 @@ def run_cell(config: RunConfig, cell: Cell, state: SweepState, log_path: str | N
     if node:  # where an executor ran it on a cluster (a node of the cell's hardware, device_name)
         row.extra["node"] = node
     if status == "ok" and row.time_median_s:
-        row.gflops = row.flops / row.time_median_s / 1e9
+        if row.flops is not None:
+            row.gflops = row.flops / row.time_median_s / 1e9
+        if row.state_bytes is not None:  # decode: the state read once per step
+            row.bandwidth_gbs = row.state_bytes / row.time_median_s / 1e9
     row.wall_s = round(time.perf_counter() - started, 3)
     row.finished = datetime.now(timezone.utc).isoformat(timespec="seconds")
     return row
@@ -336,6 +348,9 @@ def measure_machine(config: RunConfig, peak_seconds: float = 1.0) -> dict:
             value = outcome.value if outcome.kind == "result" else {}
             info["matmul_peak_gflops"][f"{device}/{dtype}"] = value.get("gflops")
             info["matmul_peak_precision"][f"{device}/{dtype}"] = value.get("precision")
+        if "decode" in config.passes:  # a decoding step's limit: the bandwidth of reading its state
+            outcome = run_isolated(worker.memory_bandwidth, (device, config.threads, peak_seconds), timeout=120)
+            info.setdefault("memory_bandwidth_gbs", {})[device] = outcome.value.get("gbs") if outcome.kind == "result" else None
     info["device_names"] = current_device_names(config.devices, info["gpu"] or {})
     return info
 

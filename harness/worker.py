@@ -14,11 +14,13 @@ import torch
 
 import variants
 from harness.config import Cell, RunConfig
-from harness.measure import CHECK_BATCH, gate, gate_length, make_inputs, matmul_peak, measure_time, pass_call, set_threads, timing_stats
+from harness.measure import (CHECK_BATCH, decode_call, gate, gate_length, make_inputs, matmul_peak, measure_time,
+                             memory_bandwidth, pass_call,
+                             set_threads, timing_stats)
 from harness.memory import measure_peak, pin_mmap_threshold
 from harness.noise import noise_fields
 
-__all__ = ["check_variant", "measure_cell", "matmul_peak", "cuda_info", "is_oom"]  # what runs in a cell's process
+__all__ = ["check_variant", "measure_cell", "matmul_peak", "memory_bandwidth", "cuda_info", "is_oom"]  # what runs in a cell's process
 
 OOM_MARKERS = ("out of memory", "not enough memory", "can't allocate memory", "cannot allocate memory",
                "cublas_status_alloc_failed", "cudnn_status_alloc_failed", "cufft_internal_error: out of memory")
@@ -47,9 +49,10 @@ def check_variant(config: RunConfig, device: str, name: str, causal: bool) -> di
     setup_process(config, device)
     attn = _build(config, name, torch.device(device))
     backward = attn.backward_unsupported_reason(device) is None and "fwdbwd" in config.passes
+    decode = causal and "decode" in config.passes and attn.decode_unsupported_reason() is None
     n = gate_length(attn, config.check_len, max(config.lengths))
     return gate(attn, CHECK_BATCH, config.heads, n, config.head_dim, config.dtype, device,
-                causal=causal, backward=backward)
+                causal=causal, backward=backward, decode=decode)
 
 
 def _limit_cpu_memory(budget: int | None) -> None:
@@ -71,11 +74,13 @@ def measure_cell(config: RunConfig, cell: Cell) -> dict:
     dev = torch.device(cell.device)
     attn = _build(config, cell.variant, dev)
     backward = cell.pass_ == "fwdbwd"
-    q, k, v = make_inputs(config.batch, config.heads, cell.n, config.head_dim, config.dtype, dev, backward)
     if dev.type == "cpu":
         _limit_cpu_memory(config.budget(cell.device))
     else:
         _limit_cuda_memory(config.budget(cell.device), dev)
+    if cell.pass_ == "decode":
+        return _measure_decode(config, cell, attn, dev)
+    q, k, v = make_inputs(config.batch, config.heads, cell.n, config.head_dim, config.dtype, dev, backward)
     call = pass_call(attn, q, k, v, causal=cell.causal, backward=backward)
     timing = measure_time(call, dev, warmup=config.warmup, repeats=config.repeats, min_time=config.min_time,
                           warmup_time=config.warmup_time)
@@ -91,6 +96,29 @@ def measure_cell(config: RunConfig, cell: Cell) -> dict:
         "reserved_bytes": memory["reserved_bytes"],
         "memory_kind": memory["kind"],
         "kernel": _kernel_name(attn, q, k, v, cell.causal, backward),
+        "threads": torch.get_num_threads() if dev.type == "cpu" else None,
+    }
+
+
+def _measure_decode(config: RunConfig, cell: Cell, attn, dev: torch.device) -> dict:
+    """One decoding step of one new position after N (the state from the variant's prefill, untimed):
+    its time, its peak extra memory, and the state it reads (bytes, kind)."""
+    call, state = decode_call(attn, config.batch, config.heads, cell.n, config.head_dim, config.dtype, dev)
+    timing = measure_time(call, dev, warmup=config.warmup, repeats=config.repeats, min_time=config.min_time,
+                          warmup_time=config.warmup_time)
+    pin_mmap_threshold()
+    memory = measure_peak(call, dev)
+    stats = timing_stats(timing.times)
+    return {
+        **noise_fields(timing.before, timing.after, stats["time_median_s"], stats["time_iqr_s"]),
+        **stats,
+        "timed_calls": len(timing.times),
+        "calls_per_sample": timing.per_sample,
+        "peak_bytes": memory["peak_bytes"],
+        "reserved_bytes": memory["reserved_bytes"],
+        "memory_kind": memory["kind"],
+        "state_bytes": state.nbytes(),
+        "state_kind": state.kind,
         "threads": torch.get_num_threads() if dev.type == "cpu" else None,
     }
 

@@ -56,6 +56,40 @@ def test_cells_a_method_cannot_run_are_skipped_with_its_reason(tmp_path):
         assert f"{name} does not support causal attention: " in rows[(name, True, 64)]["message"]
 
 
+def test_decode_cells_time_one_step_and_record_the_state(tmp_path):
+    # a decode cell: the state from the variant's prefill of N positions, one step of one token timed; the state's
+    # bytes and the bandwidth of reading it recorded; non-causal decode cells are not planned; methods that cannot
+    # decode are skipped with the reason; the gate checks decoded steps against the dense definition
+    out = tmp_path / "run"
+    fast = [arg for arg in FAST if arg != "--no-report"]
+    result = bench("run", "--variants", "full,linear,sliding_window,retention,nystrom", "--option", "window=8",
+                   "--lengths", "32,64", "--passes", "fwd,decode", "--causal", "both",
+                   "--out", str(out), *fast)
+    assert result.exit_code == 0, result.output
+    rows = {(r["variant"], r["pass"], r["causal"], r["n"]): r for r in read_rows(out)}
+    assert not any(p == "decode" and not c for (_, p, c, _) in rows)
+    kinds = {"full": "kv", "linear": "recurrent", "sliding_window": "window", "retention": "recurrent"}
+    for name, kind in kinds.items():
+        at32, at64 = rows[(name, "decode", True, 32)], rows[(name, "decode", True, 64)]
+        for r in (at32, at64):
+            assert r["status"] == "ok" and r["state_kind"] == kind and r["time_median_s"] > 0, r
+            assert r["bandwidth_gbs"] == pytest.approx(r["state_bytes"] / r["time_median_s"] / 1e9)
+            assert r["flops"] is None  # memory-bound: its figure is the bandwidth
+        if kind == "kv":
+            assert at64["state_bytes"] == 2 * at32["state_bytes"] == 2 * 2 * 64 * 16 * 4  # k and v, B=1, H=2, N=64, D=16
+        elif kind == "window":
+            assert at64["state_bytes"] == at32["state_bytes"] == 8 * 2 * 2 * 16 * 4  # w = 8 positions
+        else:
+            assert at64["state_bytes"] == at32["state_bytes"]
+    assert rows[("nystrom", "decode", True, 32)]["status"] == "skipped"
+    assert "nystrom does not support causal attention" in rows[("nystrom", "decode", True, 32)]["message"]
+    assert read_metadata(out)["machine"]["memory_bandwidth_gbs"]["cpu"] > 0
+    text = (out / "REPORT.md").read_text()
+    assert "## Decoding: the state a step reads" in text and "| `sliding_window` | window |" in text
+    assert bench("run", "--passes", "decode", "--causal", "no", "--out", str(tmp_path / "x")).exit_code == 2
+    assert not (tmp_path / "x").exists()
+
+
 def test_faults_cost_one_cell_each(tmp_path):
     out = tmp_path / "faults"
     result = bench("run", "--import", "fault_variants", "--variants", "test_raises,test_hangs,test_kills_itself,test_segfaults",
@@ -137,7 +171,7 @@ def test_spec_limits_are_skipped_with_reason(tmp_path):
         (["--devices", "cuda"], "cuda was asked for, but no CUDA device is available"),
         (["--devices", "tpu"], "--devices: 'tpu' is not allowed; choose from cpu, cuda"),
         (["--lengths", "1k,2k"], "--lengths: '1k,2k' is not a comma-separated list of integers"),
-        (["--passes", "back"], "--passes: 'back' is not allowed; choose from fwd, fwdbwd"),
+        (["--passes", "back"], "--passes: 'back' is not allowed; choose from fwd, fwdbwd, decode"),
         (["--memory-budget", "lots"], "--memory-budget: 'lots' is not a size"),
         (["--option", "window"], "--option: 'window' must look like name=value"),
         (["--window", "0", "--variants", "sliding_window"], "window=0 is invalid; expected an int >= 1"),

@@ -196,6 +196,11 @@ def test_decoding_step_by_step_equals_the_causal_forward(name, step):
         sizes.append(state.nbytes())
     torch.testing.assert_close(torch.cat(outs, dim=2), want)
     assert state.length == 14 and state.kind == attn.state_kind
+    # a prefill (no outputs) of the first 11 positions leaves the state the steps left: the last 3 equal the forward
+    filled = attn.prefill(q[:, :, :11], k[:, :, :11], v[:, :, :11], attn.init_state(2, 2, 8, 8, dtype))
+    assert filled.length == 11 and filled.nbytes() == attn.step(q[:, :, :11], k[:, :, :11], v[:, :, :11],
+                                                                  attn.init_state(2, 2, 8, 8, dtype))[1].nbytes()
+    torch.testing.assert_close(attn.step(q[:, :, 11:], k[:, :, 11:], v[:, :, 11:], filled)[0], want[:, :, 11:])
     if state.kind == "recurrent":  # a fixed size whatever N: what init_state made
         assert sizes == [attn.init_state(2, 2, 8, 8, dtype).nbytes()] * len(sizes) and sizes[0] > 0
     elif state.kind == "window":  # the g sinks and the last w positions, no more

@@ -244,8 +244,19 @@ class AttentionVariant(nn.Module):
         check_step(self.spec.name, state, q, k, v)
         return self._step(q, k, v, state)
 
+    def prefill(self, q: Tensor, k: Tensor, v: Tensor, state: DecodingState) -> DecodingState:
+        """The state after these positions when their outputs are not needed (a prompt before decoding):
+        `step`'s state, without computing what only the outputs need (a KV cache only appends)."""
+        check_step(self.spec.name, state, q, k, v)
+        return self._prefill(q, k, v, state)
+
     def _empty_state(self, batch, heads, head_dim, value_dim, dtype, device) -> dict[str, Tensor]:
         return kv_cache(batch, heads, head_dim, value_dim, dtype, device)
+
+    def _prefill(self, q: Tensor, k: Tensor, v: Tensor, state: DecodingState) -> DecodingState:
+        """KV cache: the keys and values appended."""
+        keys, values = torch.cat([state.tensors["k"], k], dim=2), torch.cat([state.tensors["v"], v], dim=2)
+        return state.advanced(q.shape[2], k=keys, v=values)
 
     def _step(self, q: Tensor, k: Tensor, v: Tensor, state: DecodingState) -> tuple[Tensor, DecodingState]:
         """KV cache: the new keys appended, then the variant's own causal call (bottom-right) over the cache."""

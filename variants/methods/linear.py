@@ -438,6 +438,9 @@ class FeatureMapAttention(AttentionVariant):
         consts = fmap.setup(q, k, None)
         return fmap.apply(q, state.length, consts, True), fmap.apply(k, state.length, consts, False), None, {}
 
+    def _prefill(self, q, k, v, state):
+        return self._step(q, k, v, state)[1]  # the state is what the scan computes anyway
+
     def _step(self, q, k, v, state):
         """o_t = φ(q_t)ᵀ S_t / (φ(q_t)ᵀ z_t + eps) with S, z the sums over positions <= t: the t new positions
         against each other (a causal t x t product) and against the sums over everything before."""

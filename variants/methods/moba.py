@@ -401,13 +401,21 @@ class MoBA(AttentionVariant):
         state = super()._empty_state(batch, heads, head_dim, value_dim, dtype, device)
         return {**state, "block_sums": torch.empty(batch, heads, 0, head_dim, dtype=dtype, device=device)}
 
-    def _step(self, q, k, v, state):
-        keys, values = torch.cat([state.tensors["k"], k], dim=2), torch.cat([state.tensors["v"], v], dim=2)
-        sums = state.tensors["block_sums"]
+    def _prefill(self, q, k, v, state):
+        state = super()._prefill(q, k, v, state)  # the KV cache
+        return state.advanced(0, block_sums=self._block_sums(state.tensors["k"], state.tensors["block_sums"]))
+
+    def _block_sums(self, keys: Tensor, sums: Tensor) -> Tensor:
+        """The sums of every complete block of the cache: the kept ones, and those the new positions completed (once)."""
         complete = keys.shape[2] // self.block
-        if complete > sums.shape[2]:  # blocks completed by these positions: their sums, once
+        if complete > sums.shape[2]:
             new = keys[:, :, sums.shape[2] * self.block : complete * self.block].unflatten(2, (-1, self.block)).sum(3)
             sums = torch.cat([sums, new], dim=2)
+        return sums
+
+    def _step(self, q, k, v, state):
+        keys, values = torch.cat([state.tensors["k"], k], dim=2), torch.cat([state.tensors["v"], v], dim=2)
+        sums = self._block_sums(keys, state.tensors["block_sums"])
         means = sums / self.block
         has_key = torch.ones(1, 1, means.shape[2], dtype=torch.bool, device=q.device)
         if means.shape[2] == 0:  # nothing to choose from yet: every query reads its own block

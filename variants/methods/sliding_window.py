@@ -307,6 +307,21 @@ class LongformerPattern(AttentionVariant):
         empty = kv_cache(batch, heads, head_dim, value_dim, dtype, device)
         return {"sink_k": empty["k"], "sink_v": empty["v"], "k": empty["k"], "v": empty["v"]}
 
+    def _prefill(self, q, k, v, state):
+        # what the window still reaches after these positions: no output computed (nothing of t x t)
+        return self._advanced(k, v, state)
+
+    def _advanced(self, k, v, state):
+        """The state after new keys and values at L .. L + t - 1: the sinks topped up to g, the last w of the rest."""
+        g, w, n, t = self.global_tokens, self.window, state.length, k.shape[2]
+        sink_k, sink_v, win_k, win_v = (state.tensors[key] for key in ("sink_k", "sink_v", "k", "v"))
+        new_sinks = max(0, min(t, g - n))  # new positions that are global
+        keep = max(0, min(w, n + t - g))  # window positions after the step: max(g, L + t - w) .. L + t - 1
+        cut = win_k.shape[2] + t - new_sinks - keep
+        win_k, win_v = (torch.cat([old, new[:, :, new_sinks:]], dim=2)[:, :, cut:] for old, new in ((win_k, k), (win_v, v)))
+        return state.advanced(t, sink_k=torch.cat([sink_k, k[:, :, :new_sinks]], dim=2),
+                              sink_v=torch.cat([sink_v, v[:, :, :new_sinks]], dim=2), k=win_k, v=win_v)
+
     def _step(self, q, k, v, state):
         """The t new positions at L .. L + t - 1 against the sinks (positions 0 .. g - 1), the window (the last
         w positions before L, those >= g) and each other, by the pattern's mask: O((g + w + t) t D) whatever L.
@@ -318,13 +333,7 @@ class LongformerPattern(AttentionVariant):
         pos = torch.cat([torch.arange(sink_k.shape[2], device=dev), torch.arange(n - win_k.shape[2], n + t, device=dev)])
         i = torch.arange(n, n + t, device=dev)[:, None]
         allowed = (pos <= i) & ((i - pos <= w) | (pos < g) | (i < g))  # the causal pattern of longformer_mask
-        out = dense_attention(q, keys, values, allowed, self._scale(q))
-        new_sinks = max(0, min(t, g - n))  # new positions that are global
-        keep = max(0, min(w, n + t - g))  # window positions after the step: max(g, L + t - w) .. L + t - 1
-        win_k, win_v = (torch.cat([old, new[:, :, new_sinks:]], dim=2)[:, :, win_k.shape[2] + t - new_sinks - keep:]
-                        for old, new in ((win_k, k), (win_v, v)))
-        return out, state.advanced(t, sink_k=torch.cat([sink_k, k[:, :, :new_sinks]], dim=2),
-                                   sink_v=torch.cat([sink_v, v[:, :, :new_sinks]], dim=2), k=win_k, v=win_v)
+        return dense_attention(q, keys, values, allowed, self._scale(q)), self._advanced(k, v, state)
 
     def flops(self, n_q: int, n_k: int, d: int, dv: int, causal: bool) -> float:
         return 2.0 * band_pairs(n_q, self.window, self.global_tokens, causal) * (d + dv)
