@@ -93,7 +93,9 @@ def decode_call(attn, batch: int, heads: int, n: int, head_dim: int, dtype: str,
     built by the variant's own prefill of N positions, not timed; every call steps from that same state."""
     q, k, v = make_inputs(batch, heads, n + 1, head_dim, dtype, device, False)
     with torch.no_grad():
-        state = attn.prefill(q[:, :, :n], k[:, :, :n], v[:, :, :n], attn.init_state(batch, heads, head_dim, head_dim, q.dtype, device))
+        # max_len: a KV cache is one buffer of N + 1 positions the step writes into (no copy of the cache per step)
+        empty = attn.init_state(batch, heads, head_dim, head_dim, q.dtype, device, max_len=n + 1)
+        state = attn.prefill(q[:, :, :n], k[:, :, :n], v[:, :, :n], empty)
     new = tuple(t[:, :, n:].contiguous() for t in (q, k, v))
     del q, k, v
     cuda = torch.device(device).type == "cuda"

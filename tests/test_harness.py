@@ -76,7 +76,7 @@ def test_decode_cells_time_one_step_and_record_the_state(tmp_path):
             assert r["bandwidth_gbs"] == pytest.approx(r["state_bytes"] / r["time_median_s"] / 1e9)
             assert r["flops"] is None  # memory-bound: its figure is the bandwidth
         if kind == "kv":
-            assert at64["state_bytes"] == 2 * at32["state_bytes"] == 2 * 2 * 64 * 16 * 4  # k and v, B=1, H=2, N=64, D=16
+            assert at64["state_bytes"] == 2 * 2 * 65 * 16 * 4  # k and v, B=1, H=2, D=16, N + 1 positions (the step's too)
         elif kind == "window":
             assert at64["state_bytes"] == at32["state_bytes"] == 8 * 2 * 2 * 16 * 4  # w = 8 positions
         else:

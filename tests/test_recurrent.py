@@ -227,6 +227,20 @@ def test_a_constant_state_does_not_grow_from_n_to_8n(name, options):
     torch.testing.assert_close(out, attn(q, k, v, causal=True)[:, :, -1:])
 
 
+def test_a_bounded_kv_cache_is_one_buffer_written_in_place():
+    attn = build_case("full", {})
+    q, k, v = make_qkv(b=1, h=2, n_q=12, d=8, requires_grad=False)
+    state = attn.prefill(q[:, :, :9], k[:, :, :9], v[:, :, :9], attn.init_state(1, 2, 8, 8, torch.float64, max_len=12))
+    buffer = state.tensors["k"]
+    assert buffer.shape[2] == 12 and state.nbytes() == 2 * 2 * 12 * 8 * 8
+    for i in range(9, 12):
+        out, state = attn.step(q[:, :, i : i + 1], k[:, :, i : i + 1], v[:, :, i : i + 1], state)
+        torch.testing.assert_close(out, attn(q[:, :, : i + 1], k[:, :, : i + 1], v[:, :, : i + 1], causal=True)[:, :, -1:])
+    assert state.tensors["k"] is buffer and torch.equal(buffer, k)  # no copy: the same buffer, every position written
+    with pytest.raises(ValueError, match=r"12 \+ 1 positions pass the state's max_len=12"):
+        attn.step(q[:, :, :1], k[:, :, :1], v[:, :, :1], state)
+
+
 def test_decoding_refuses_what_its_state_cannot_equal():
     with pytest.raises(ValueError, match=r"feature_map='cosformer' decodes only with max_len given"):
         build_case("linear", {"feature_map": "cosformer"}).init_state(1, 2, 8, 8)

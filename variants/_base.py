@@ -20,7 +20,7 @@ from dataclasses import dataclass
 import torch
 from torch import Tensor, nn
 
-from ._decoding import DecodingState, check_step, kv_cache
+from ._decoding import DecodingState, appended, check_step, kv_cache
 
 
 @dataclass(frozen=True)
@@ -235,6 +235,8 @@ class AttentionVariant(nn.Module):
             raise TypeError(f"{self.spec.name}: init_state's dtype must be a floating torch.dtype, got {dtype!r}")
         dev = torch.device(device)
         tensors = self._empty_state(batch, heads, head_dim, value_dim, dtype, dev)
+        if max_len is not None and type(self)._step is AttentionVariant._step:  # the default KV cache, bounded:
+            tensors = kv_cache(batch, heads, head_dim, value_dim, dtype, dev, capacity=max_len)  # one buffer, written in place
         return DecodingState(self.spec.name, self.state_kind, batch, heads, head_dim, value_dim, dtype, dev, 0, max_len, tensors)
 
     def step(self, q: Tensor, k: Tensor, v: Tensor, state: DecodingState) -> tuple[Tensor, DecodingState]:
@@ -255,13 +257,12 @@ class AttentionVariant(nn.Module):
 
     def _prefill(self, q: Tensor, k: Tensor, v: Tensor, state: DecodingState) -> DecodingState:
         """KV cache: the keys and values appended."""
-        keys, values = torch.cat([state.tensors["k"], k], dim=2), torch.cat([state.tensors["v"], v], dim=2)
-        return state.advanced(q.shape[2], k=keys, v=values)
+        return appended(state, k, v)[2]
 
     def _step(self, q: Tensor, k: Tensor, v: Tensor, state: DecodingState) -> tuple[Tensor, DecodingState]:
         """KV cache: the new keys appended, then the variant's own causal call (bottom-right) over the cache."""
-        keys, values = torch.cat([state.tensors["k"], k], dim=2), torch.cat([state.tensors["v"], v], dim=2)
-        return self(q, keys, values, causal=True), state.advanced(q.shape[2], k=keys, v=values)
+        keys, values, state = appended(state, k, v)
+        return self(q, keys, values, causal=True), state
 
     # -- the call -----------------------------------------------------------------------------
     def forward(self, q: Tensor, k: Tensor, v: Tensor, *, causal: bool = False, key_padding_mask: Tensor | None = None) -> Tensor:

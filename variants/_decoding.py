@@ -12,8 +12,8 @@ Three kinds (`DecodingState.kind`, the variant's `state_kind`):
   "recurrent"  a fixed-size state: a D x Dv matrix per head for the gated recurrences, the F x (Dv + 1)
                sums Σ φ(k) [v, 1]ᵀ of linear attention and performer; constant memory whatever N.
 A method with a state of its own (moba: the KV cache plus running block sums) adds tensors to these.
-A state is never changed in place: every step returns a new one (an old one stays valid, as beam
-search needs).
+A state is never changed in place (every step returns a new one; an old one stays valid, as beam search
+needs), except the KV cache of init_state(max_len=...): one buffer the steps write into (`appended`).
 """
 
 from __future__ import annotations
@@ -49,10 +49,28 @@ class DecodingState:
         return replace(self, length=self.length + steps, tensors={**self.tensors, **tensors})
 
 
-def kv_cache(batch: int, heads: int, head_dim: int, value_dim: int, dtype: torch.dtype, device) -> dict[str, Tensor]:
-    """An empty KV cache: keys (B, H, 0, D) and values (B, H, 0, Dv)."""
-    return {"k": torch.empty(batch, heads, 0, head_dim, dtype=dtype, device=device),
-            "v": torch.empty(batch, heads, 0, value_dim, dtype=dtype, device=device)}
+def kv_cache(batch: int, heads: int, head_dim: int, value_dim: int, dtype: torch.dtype, device,
+             capacity: int = 0) -> dict[str, Tensor]:
+    """An empty KV cache: keys (B, H, capacity, D) and values (B, H, capacity, Dv). capacity 0: grown by
+    concatenation at every step; > 0: one buffer the steps write into (see `appended`)."""
+    return {"k": torch.empty(batch, heads, capacity, head_dim, dtype=dtype, device=device),
+            "v": torch.empty(batch, heads, capacity, value_dim, dtype=dtype, device=device)}
+
+
+def appended(state: DecodingState, k: Tensor, v: Tensor) -> tuple[Tensor, Tensor, DecodingState]:
+    """(every key, every value, the state after them) of a KV cache given t new positions.
+
+    A cache grown by concatenation copies itself at every step (O(N) bytes written besides the N read);
+    a cache made with init_state(max_len=...) is one buffer of max_len positions written in place: a step
+    reads what it must and writes only its t positions. Stepping twice from the same bounded state (two
+    branches) writes the same positions: the later one wins, the earlier state then reads it."""
+    n, t = state.length, k.shape[2]
+    buf_k, buf_v = state.tensors["k"], state.tensors["v"]
+    if buf_k.shape[2] > n:  # a bounded buffer with room (check_step keeps n + t <= max_len)
+        buf_k[:, :, n : n + t], buf_v[:, :, n : n + t] = k, v
+        return buf_k[:, :, : n + t], buf_v[:, :, : n + t], state.advanced(t)
+    keys, values = torch.cat([buf_k, k], dim=2), torch.cat([buf_v, v], dim=2)
+    return keys, values, state.advanced(t, k=keys, v=values)
 
 
 def check_step(name: str, state, q: Tensor, k: Tensor, v: Tensor) -> None:
