@@ -69,7 +69,8 @@ def _limit_cpu_memory(budget: int | None) -> None:
 
 
 def measure_cell(config: RunConfig, cell: Cell) -> dict:
-    """Time the cell's call (median, min, IQR over repeats), then its peak extra memory."""
+    """Time the cell's call (median, min, IQR over repeats), then its peak extra memory. A decode cell's call
+    is one step of one new position after N, from the state the variant's prefill built (untimed)."""
     setup_process(config, cell.device)
     dev = torch.device(cell.device)
     attn = _build(config, cell.variant, dev)
@@ -79,9 +80,12 @@ def measure_cell(config: RunConfig, cell: Cell) -> dict:
     else:
         _limit_cuda_memory(config.budget(cell.device), dev)
     if cell.pass_ == "decode":
-        return _measure_decode(config, cell, attn, dev)
-    q, k, v = make_inputs(config.batch, config.heads, cell.n, config.head_dim, config.dtype, dev, backward)
-    call = pass_call(attn, q, k, v, causal=cell.causal, backward=backward)
+        call, state = decode_call(attn, config.batch, config.heads, cell.n, config.head_dim, config.dtype, dev)
+        facts = {"state_bytes": state.nbytes(), "state_kind": state.kind}
+    else:
+        q, k, v = make_inputs(config.batch, config.heads, cell.n, config.head_dim, config.dtype, dev, backward)
+        call = pass_call(attn, q, k, v, causal=cell.causal, backward=backward)
+        facts = {"kernel": _kernel_name(attn, q, k, v, cell.causal, backward)}
     timing = measure_time(call, dev, warmup=config.warmup, repeats=config.repeats, min_time=config.min_time,
                           warmup_time=config.warmup_time)
     pin_mmap_threshold()  # time first, in the allocator's steady state; then make memory visible
@@ -95,30 +99,7 @@ def measure_cell(config: RunConfig, cell: Cell) -> dict:
         "peak_bytes": memory["peak_bytes"],
         "reserved_bytes": memory["reserved_bytes"],
         "memory_kind": memory["kind"],
-        "kernel": _kernel_name(attn, q, k, v, cell.causal, backward),
-        "threads": torch.get_num_threads() if dev.type == "cpu" else None,
-    }
-
-
-def _measure_decode(config: RunConfig, cell: Cell, attn, dev: torch.device) -> dict:
-    """One decoding step of one new position after N (the state from the variant's prefill, untimed):
-    its time, its peak extra memory, and the state it reads (bytes, kind)."""
-    call, state = decode_call(attn, config.batch, config.heads, cell.n, config.head_dim, config.dtype, dev)
-    timing = measure_time(call, dev, warmup=config.warmup, repeats=config.repeats, min_time=config.min_time,
-                          warmup_time=config.warmup_time)
-    pin_mmap_threshold()
-    memory = measure_peak(call, dev)
-    stats = timing_stats(timing.times)
-    return {
-        **noise_fields(timing.before, timing.after, stats["time_median_s"], stats["time_iqr_s"]),
-        **stats,
-        "timed_calls": len(timing.times),
-        "calls_per_sample": timing.per_sample,
-        "peak_bytes": memory["peak_bytes"],
-        "reserved_bytes": memory["reserved_bytes"],
-        "memory_kind": memory["kind"],
-        "state_bytes": state.nbytes(),
-        "state_kind": state.kind,
+        **facts,
         "threads": torch.get_num_threads() if dev.type == "cpu" else None,
     }
 
