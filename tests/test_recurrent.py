@@ -206,8 +206,12 @@ def test_decoding_step_by_step_equals_the_causal_forward(name, step):
     elif state.kind == "window":  # the g sinks and the last w positions, no more
         most = min(14, attn.global_tokens + attn.window) * 2 * 2 * (8 + 8) * q.element_size()
         assert sizes == sorted(sizes) and sizes[-1] == most
+    elif state.kind == "compressed":  # the slots of the complete blocks and the raw keys of the unfinished one
+        c = attn.compression
+        assert all(size <= (i * step // c + c) * 2 * 2 * 16 * q.element_size() for i, size in enumerate(sizes, 1))
+        assert sizes[-1] == (14 // c + 14 % c) * 2 * 2 * 16 * q.element_size()
     else:  # a KV cache: it grows with the positions
-        assert sizes == sorted(sizes) and sizes[-1] > sizes[0]
+        assert state.kind == "kv" and sizes == sorted(sizes) and sizes[-1] > sizes[0]
 
 
 @pytest.mark.parametrize("name, options", [("linear", {}), ("linear", {"feature_map": "cosformer", "max_len": 4096}),

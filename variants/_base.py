@@ -205,7 +205,7 @@ class AttentionVariant(nn.Module):
             return self(q, k, eye, causal=causal, key_padding_mask=key_padding_mask)
 
     # -- decoding -----------------------------------------------------------------------------
-    state_kind = "kv"  # what `init_state` keeps: "kv", "window" or "recurrent" (variants/_decoding.py)
+    state_kind = "kv"  # what `init_state` keeps: "kv", "window", "compressed" or "recurrent" (variants/_decoding.py)
 
     @classmethod
     def decode_unsupported_reason(cls) -> str | None:

@@ -3,12 +3,14 @@
     state = attn.init_state(batch, heads, head_dim, value_dim, dtype, device)
     out, state = attn.step(q, k, v, state)        # q, k, v: (B, H, t, D) of t >= 1 new positions
 
-Three kinds (`DecodingState.kind`, the variant's `state_kind`):
+Four kinds (`DecodingState.kind`, the variant's `state_kind`):
   "kv"         a KV cache: every key and value so far (it grows with N). The default of every causal
                variant: a step is the variant's own causal call over the cache, bottom-right aligned,
                so it equals the full causal forward by the interface's definition.
   "window"     the keys a window can still reach: the first g (global / sink) positions and the last w
                (sliding_window and its flex sibling): at most g + w positions whatever N.
+  "compressed" memory_compressed's slots of the complete blocks and the raw keys of the unfinished one:
+               N / c + (< c) positions, growing c times slower than a KV cache.
   "recurrent"  a fixed-size state: a D x Dv matrix per head for the gated recurrences, the F x (Dv + 1)
                sums Σ φ(k) [v, 1]ᵀ of linear attention and performer; constant memory whatever N.
 A method with a state of its own (moba: the KV cache plus running block sums) adds tensors to these.

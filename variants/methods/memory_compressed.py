@@ -26,6 +26,7 @@ import torch.nn.functional as F
 from torch import Tensor, nn
 
 from .._base import AttentionVariant, VariantSpec, register
+from .._decoding import kv_cache
 from .._utils import dead_query_rows, dense_attention, pad_to_multiple, zero_rows
 from .full import padding_and_causal_mask, sdpa
 
@@ -255,6 +256,45 @@ class MemoryCompressedAttention(AttentionVariant):
             slots, raw = weights[..., :m], weights[..., m:]
             spread = slots.repeat_interleave(c, dim=-1)[..., :n_k] / c
             return spread + raw if causal else spread
+
+    # -- decoding: the slots of complete blocks and the raw keys of the unfinished one ------------------
+    state_kind = "compressed"
+
+    def _empty_state(self, batch, heads, head_dim, value_dim, dtype, device):
+        slots = kv_cache(batch, heads, head_dim, value_dim, dtype, device)
+        raw = kv_cache(batch, heads, head_dim, value_dim, dtype, device)
+        return {"slot_k": slots["k"], "slot_v": slots["v"], "k": raw["k"], "v": raw["v"]}  # N / c slots, < c raw
+
+    def _advanced(self, k: Tensor, v: Tensor, state) -> tuple[Tensor, Tensor, object]:
+        """(the raw keys and values from the first position after the kept slots' blocks, new positions included;
+        the state after them): blocks the new positions complete are compressed into slots, once."""
+        c = self.compression
+        raw_k, raw_v = torch.cat([state.tensors["k"], k], dim=2), torch.cat([state.tensors["v"], v], dim=2)
+        whole = raw_k.shape[2] // c * c
+        slot_k, slot_v = state.tensors["slot_k"], state.tensors["slot_v"]
+        if whole:
+            new_k, new_v, _ = self.compressed_kv(raw_k[:, :, :whole], raw_v[:, :, :whole], None)
+            slot_k, slot_v = torch.cat([slot_k, new_k], dim=2), torch.cat([slot_v, new_v], dim=2)
+        after = state.advanced(k.shape[2], slot_k=slot_k, slot_v=slot_v, k=raw_k[:, :, whole:], v=raw_v[:, :, whole:])
+        return raw_k, raw_v, after
+
+    def _prefill(self, q, k, v, state):
+        return self._advanced(k, v, state)[2]
+
+    def _step(self, q, k, v, state):
+        """The t new positions at L .. L + t - 1 over the slots complete by then and the raw keys of their own
+        unfinished block (the causal definition of `reference`): O((N / c + c + t) t D) per step."""
+        c, n, t = self.compression, state.length, q.shape[2]
+        first_raw = state.tensors["slot_k"].shape[2] * c  # the position of the first raw key kept
+        raw_k, raw_v, after = self._advanced(k, v, state)
+        slot_k, slot_v = after.tensors["slot_k"], after.tensors["slot_v"]
+        i = torch.arange(n, n + t, device=q.device)[:, None]
+        complete = (torch.arange(slot_k.shape[2], device=q.device)[None, :] + 1) * c - 1 <= i
+        pos = torch.arange(first_raw, first_raw + raw_k.shape[2], device=q.device)[None, :]
+        recent = (pos >= (i + 1) // c * c) & (pos <= i)
+        out = dense_attention(q, torch.cat([slot_k, raw_k], 2), torch.cat([slot_v, raw_v], 2),
+                              torch.cat([complete, recent], -1), self._scale(q))
+        return out, after
 
     def flops(self, n_q: int, n_k: int, d: int, dv: int, causal: bool) -> float:
         m = math.ceil(n_k / self.compression)
