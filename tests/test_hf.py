@@ -179,6 +179,31 @@ def test_generation_with_cache_equals_generation_without(name):
     assert torch.equal(cached, model.generate(ids, use_cache=False, **kwargs))
 
 
+@pytest.mark.filterwarnings("ignore:`past_key_values` is deprecated")  # (transformers >= 5.2x names it cache=)
+@pytest.mark.parametrize("name", sorted(CAUSAL))
+def test_generation_with_the_variants_own_state_equals_generation_without_cache(name):
+    # the state cache keeps each layer's decoding state (a recurrence's fixed state, a window's sinks and last w, ...),
+    # not keys and values; greedy tokens equal those without any cache (GQA: the states hold the repeated heads)
+    model = vh.use(llama().eval(), name, **CAUSAL[name])
+    ids, _ = batch()
+    kwargs = dict(max_new_tokens=8, do_sample=False, pad_token_id=0)
+    cache = vh.state_cache(model)
+    assert torch.equal(model.generate(ids, past_key_values=cache, **kwargs), model.generate(ids, use_cache=False, **kwargs))
+    attn = next(iter(vh.attention_layers(model).values())).attnbench_attention
+    assert [layer.state.kind for layer in cache.layers] == [attn.state_kind] * 2
+    assert all(layer.state.length == N + 7 for layer in cache.layers)  # the last token is not fed back
+
+
+@pytest.mark.filterwarnings("ignore:`past_key_values` is deprecated")
+def test_state_cache_refuses_what_it_cannot_keep():
+    model = vh.use(llama().eval(), "linear")
+    ids, mask = batch()
+    with pytest.raises(ValueError, match=r"state_cache: padded batches are not supported yet"):
+        model.generate(ids, attention_mask=mask, past_key_values=vh.state_cache(model), max_new_tokens=2, pad_token_id=0)
+    with pytest.raises(ValueError, match=r"state_cache: the model has no attnbench variant attached"):
+        vh.state_cache(llama())
+
+
 @pytest.mark.parametrize("name", sorted(set(VARIANTS) - set(CAUSAL)))
 def test_non_causal_variant_is_refused_in_a_decoder(name):
     with pytest.raises(ValueError, match=rf"LlamaForCausalLM\.model\.layers\.0\.self_attn \(LlamaAttention\) is causal "

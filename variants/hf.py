@@ -117,6 +117,126 @@ def register(variant: str, **options) -> str:
     return name
 
 
+def state_cache(model):
+    """A transformers `Cache` that keeps each layer's decoding state (variants/_decoding.py) instead of its keys and
+    values, for `model.generate(..., past_key_values=variants.hf.state_cache(model))` after `use`: linear and the
+    recurrent variants decode with a constant state, a window keeps its sinks and last w positions, memory_compressed
+    its slots, full a KV cache. The prompt goes through the variant's forward (and its prefill builds the state), each
+    new token through `step`. Positions are the model's own (RoPE is applied before the cache, so a window's kept keys
+    keep their absolute rotations, as in the forward). Not supported yet: padded batches (a padding mask the states
+    would have to keep), and cropping; beam search reorders the states.
+
+    Example:
+        >>> out = model.generate(ids, max_new_tokens=64, past_key_values=variants.hf.state_cache(model))
+    """
+    _transformers()
+    layers = {path: layer for path, layer in _check_model(model).items() if ATTRIBUTE in layer._modules}
+    if not layers:
+        raise ValueError("variants.hf.state_cache: the model has no attnbench variant attached; call variants.hf.use(model, "
+                         "variant) first")
+    ordered = sorted(layers.values(), key=lambda layer: getattr(layer, "layer_idx", 0))
+    for layer in ordered:
+        reason = layer._modules[ATTRIBUTE].decode_unsupported_reason()
+        if reason:
+            raise ValueError(f"variants.hf.state_cache: {layer._modules[ATTRIBUTE].spec.name} cannot decode: {reason}")
+    return _state_cache_class()([_state_layer_class()(layer._modules[ATTRIBUTE]) for layer in ordered])
+
+
+@functools.lru_cache(maxsize=1)
+def _state_layer_class():
+    from transformers.cache_utils import CacheLayerMixin
+
+    class StateLayer(CacheLayerMixin):
+        """One layer's decoding state. `update` hands the new keys and values on (marking them for the layer's
+        attention call, which steps the state); the state, not the keys, is what is kept."""
+
+        is_sliding = False
+        is_compileable = False
+        is_croppable = False
+
+        def __init__(self, attn):
+            super().__init__()
+            self.attn, self.state, self.pending = attn, None, None
+
+        def lazy_initialization(self, key_states, value_states):
+            self.device, self.is_initialized = key_states.device, True
+
+        def update(self, key_states, value_states, *args, **kwargs):
+            if not self.is_initialized:
+                self.lazy_initialization(key_states, value_states)
+            self.pending = key_states  # the layer's attention call, next, finds it and steps the state
+            self.attn.__dict__["_attnbench_state_layer"] = self
+            return key_states, value_states
+
+        def get_seq_length(self) -> int:
+            return 0 if self.state is None else self.state.length
+
+        def get_mask_sizes(self, query_length: int) -> tuple[int, int]:
+            return self.get_seq_length() + query_length, 0
+
+        def get_max_length(self) -> int:
+            return -1
+
+        def reset(self) -> None:
+            self.state, self.pending, self.is_initialized = None, None, False
+
+        def reorder_cache(self, beam_idx) -> None:
+            self._select(beam_idx)
+
+        def batch_select_indices(self, indices) -> None:
+            self._select(indices)
+
+        def batch_repeat_interleave(self, repeats: int) -> None:
+            if self.state is not None:
+                self._select(torch.arange(self.state.batch, device=self.device).repeat_interleave(repeats))
+
+        def _select(self, index) -> None:
+            if self.state is not None:
+                from dataclasses import replace
+
+                index = index.to(self.device)
+                self.state = replace(self.state, batch=int(index.numel()),
+                                     tensors={k: t.index_select(0, index) for k, t in self.state.tensors.items()})
+
+        def crop(self, tokens_to_remove: int) -> None:
+            raise NotImplementedError("variants.hf.state_cache: a decoding state cannot drop positions (crop); "
+                                      "use the default cache for assisted generation")
+
+    return StateLayer
+
+
+@functools.lru_cache(maxsize=1)
+def _state_cache_class():
+    from transformers.cache_utils import Cache
+
+    class StateCache(Cache):
+        """Every layer's decoding state (see `state_cache`)."""
+
+        def __init__(self, layers):
+            super().__init__(layers=layers)
+
+    return StateCache
+
+
+def _state_step(attn, layer, query: Tensor, key: Tensor, value: Tensor, key_padding_mask: Tensor | None, causal: bool) -> Tensor:
+    """The layer's attention with its decoding state: the first call (the prompt) by the forward, its state by the
+    variant's prefill; later calls by `step`."""
+    layer.pending = None
+    if key_padding_mask is not None:
+        raise ValueError("variants.hf.state_cache: padded batches are not supported yet (the states would have to keep "
+                         "the padding); generate them with the default cache, or one sequence at a time")
+    if not causal:
+        raise ValueError(f"variants.hf.state_cache: {type(attn).__name__} is called without causality; decoding is causal")
+    if layer.state is None:
+        b, h, _, d = query.shape
+        empty = attn.init_state(b, h, d, value.shape[-1], query.dtype, query.device)
+        out = attn(query, key, value, causal=True)
+        layer.state = attn.prefill(query, key, value, empty)
+        return out
+    out, layer.state = attn.step(query, key, value, layer.state)
+    return out
+
+
 def attention_layers(model) -> dict[str, nn.Module]:
     """{dotted path: module} of every layer of `model` that calls its attention through AttentionInterface."""
     return {path: module for path, module in model.named_modules() if _calls_attention_interface(type(module))}
@@ -287,6 +407,7 @@ def _attention_forward(module: nn.Module, query: Tensor, key: Tensor, value: Ten
         shape = tuple(attention_mask.shape) if isinstance(attention_mask, Tensor) else type(attention_mask).__name__
         raise ValueError(f"variants.hf: {type(module).__name__} got an attention mask of shape {shape}; attnbench "
                          f"variants take a 2-D padding mask (a custom 4-D mask cannot be expressed by them)")
+    given_key = key
     groups = getattr(module, "num_key_value_groups", 1) or 1
     if groups > 1:  # grouped-query attention: each K/V head serves `groups` query heads, as repeat_kv does
         key = key.repeat_interleave(groups, dim=1)
@@ -301,7 +422,11 @@ def _attention_forward(module: nn.Module, query: Tensor, key: Tensor, value: Ten
     key_padding_mask = None  # (_padding_mask gives None already where nothing is padded)
     if attention_mask is not None:
         key_padding_mask = attention_mask[:, -n_k:].to(device=query.device, dtype=torch.bool)
-    out = attn(query, key, value.to(query.dtype), causal=bool(causal), key_padding_mask=key_padding_mask)
+    layer = attn.__dict__.pop("_attnbench_state_layer", None)
+    if layer is not None and layer.pending is given_key:  # a state cache's layer: the keys are the new positions only
+        out = _state_step(attn, layer, query, key, value.to(query.dtype), key_padding_mask, bool(causal))
+    else:
+        out = attn(query, key, value.to(query.dtype), causal=bool(causal), key_padding_mask=key_padding_mask)
     return out.transpose(1, 2).contiguous(), None
 
 
