@@ -231,6 +231,17 @@ def test_a_constant_state_does_not_grow_from_n_to_8n(name, options):
     torch.testing.assert_close(out, attn(q, k, v, causal=True)[:, :, -1:])
 
 
+@pytest.mark.parametrize("name", ["linear", "sliding_window", "memory_compressed", "full"])
+def test_a_long_step_is_taken_in_bounded_pieces(name):
+    # step splits t new positions into pieces of step_positions (a prompt of N positions never forms N x N)
+    attn = build_case(name, variants.variant_class(name).spec.example_options()[0])
+    attn.step_positions = 4
+    q, k, v = make_qkv(b=1, h=2, n_q=14, d=8, requires_grad=False)
+    out, state = attn.step(q, k, v, attn.init_state(1, 2, 8, 8, torch.float64))
+    torch.testing.assert_close(out, attn(q, k, v, causal=True))
+    assert state.length == 14
+
+
 def test_a_bounded_kv_cache_is_one_buffer_written_in_place():
     attn = build_case("full", {})
     q, k, v = make_qkv(b=1, h=2, n_q=12, d=8, requires_grad=False)

@@ -21,6 +21,7 @@ import torch
 from torch import Tensor, nn
 
 from ._decoding import DecodingState, appended, check_step, kv_cache
+from ._utils import spans
 
 
 @dataclass(frozen=True)
@@ -206,6 +207,7 @@ class AttentionVariant(nn.Module):
 
     # -- decoding -----------------------------------------------------------------------------
     state_kind = "kv"  # what `init_state` keeps: "kv", "window", "compressed" or "recurrent" (variants/_decoding.py)
+    step_positions: int | None = None  # the most new positions one `_step` takes (`step` splits longer ones); None: any
 
     @classmethod
     def decode_unsupported_reason(cls) -> str | None:
@@ -235,8 +237,8 @@ class AttentionVariant(nn.Module):
             raise TypeError(f"{self.spec.name}: init_state's dtype must be a floating torch.dtype, got {dtype!r}")
         dev = torch.device(device)
         tensors = self._empty_state(batch, heads, head_dim, value_dim, dtype, dev)
-        if max_len is not None and type(self)._step is AttentionVariant._step:  # the default KV cache, bounded:
-            tensors = kv_cache(batch, heads, head_dim, value_dim, dtype, dev, capacity=max_len)  # one buffer, written in place
+        if max_len is not None and self.state_kind == "kv":  # a KV cache, bounded: one buffer, written in place
+            tensors = {**tensors, **kv_cache(batch, heads, head_dim, value_dim, dtype, dev, capacity=max_len)}
         return DecodingState(self.spec.name, self.state_kind, batch, heads, head_dim, value_dim, dtype, dev, 0, max_len, tensors)
 
     def step(self, q: Tensor, k: Tensor, v: Tensor, state: DecodingState) -> tuple[Tensor, DecodingState]:
@@ -244,7 +246,13 @@ class AttentionVariant(nn.Module):
 
         Equals the causal forward over the whole sequence at those positions (tested for every variant)."""
         check_step(self.spec.name, state, q, k, v)
-        return self._step(q, k, v, state)
+        if self.step_positions is None or q.shape[2] <= self.step_positions:
+            return self._step(q, k, v, state)
+        outs = []
+        for sl in spans(q.shape[2], self.step_positions):  # a long step as several: each _step's t x t work stays bounded
+            out, state = self._step(q[:, :, sl], k[:, :, sl], v[:, :, sl], state)
+            outs.append(out)
+        return torch.cat(outs, dim=2), state
 
     def prefill(self, q: Tensor, k: Tensor, v: Tensor, state: DecodingState) -> DecodingState:
         """The state after these positions when their outputs are not needed (a prompt before decoding):

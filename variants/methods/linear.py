@@ -425,6 +425,7 @@ class FeatureMapAttention(AttentionVariant):
 
     # -- decoding: the running sums, constant in N ------------------------------------------------
     state_kind = "recurrent"
+    step_positions = 256  # (a step forms its t x t products)
 
     def _empty_state(self, batch, heads, head_dim, value_dim, dtype, device):
         f = self._features(head_dim)
@@ -439,7 +440,7 @@ class FeatureMapAttention(AttentionVariant):
         return fmap.apply(q, state.length, consts, True), fmap.apply(k, state.length, consts, False), None, {}
 
     def _prefill(self, q, k, v, state):
-        return self._step(q, k, v, state)[1]  # the state is what the scan computes anyway
+        return self.step(q, k, v, state)[1]  # (in steps of step_positions)
 
     def _step(self, q, k, v, state):
         """o_t = φ(q_t)ᵀ S_t / (φ(q_t)ᵀ z_t + eps) with S, z the sums over positions <= t: the t new positions

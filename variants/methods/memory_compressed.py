@@ -27,7 +27,7 @@ from torch import Tensor, nn
 
 from .._base import AttentionVariant, VariantSpec, register
 from .._decoding import kv_cache
-from .._utils import dead_query_rows, dense_attention, pad_to_multiple, zero_rows
+from .._utils import dead_query_rows, dense_attention, masked_softmax, pad_to_multiple, zero_rows
 from .full import padding_and_causal_mask, sdpa
 
 MASKED = -1.0e4  # score of a masked slot / empty sink: exp(-1e4) is 0 in every float type
@@ -259,6 +259,7 @@ class MemoryCompressedAttention(AttentionVariant):
 
     # -- decoding: the slots of complete blocks and the raw keys of the unfinished one ------------------
     state_kind = "compressed"
+    step_positions = 256  # (a step forms its t x (N / c + c + t) scores)
 
     def _empty_state(self, batch, heads, head_dim, value_dim, dtype, device):
         slots = kv_cache(batch, heads, head_dim, value_dim, dtype, device)
@@ -292,9 +293,12 @@ class MemoryCompressedAttention(AttentionVariant):
         complete = (torch.arange(slot_k.shape[2], device=q.device)[None, :] + 1) * c - 1 <= i
         pos = torch.arange(first_raw, first_raw + raw_k.shape[2], device=q.device)[None, :]
         recent = (pos >= (i + 1) // c * c) & (pos <= i)
-        out = dense_attention(q, torch.cat([slot_k, raw_k], 2), torch.cat([slot_v, raw_v], 2),
-                              torch.cat([complete, recent], -1), self._scale(q))
-        return out, after
+        # one softmax over [slots, raw keys], the two score blocks side by side (no copy of the slots)
+        scale = self._scale(q)
+        scores = torch.cat([torch.matmul(q, slot_k.transpose(-1, -2)), torch.matmul(q, raw_k.transpose(-1, -2))], -1) * scale
+        p = masked_softmax(scores, torch.cat([complete, recent], -1))
+        m = slot_k.shape[2]
+        return torch.matmul(p[..., :m], slot_v) + torch.matmul(p[..., m:], raw_v), after
 
     def flops(self, n_q: int, n_k: int, d: int, dv: int, causal: bool) -> float:
         m = math.ceil(n_k / self.compression)

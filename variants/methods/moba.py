@@ -36,6 +36,7 @@ from torch import Tensor
 from torch.utils.checkpoint import checkpoint
 
 from .._base import AttentionVariant, VariantSpec, register
+from .._decoding import appended
 from .._utils import dense_attention
 from .full import full_attention_pairs
 
@@ -402,8 +403,8 @@ class MoBA(AttentionVariant):
         return {**state, "block_sums": torch.empty(batch, heads, 0, head_dim, dtype=dtype, device=device)}
 
     def _prefill(self, q, k, v, state):
-        state = super()._prefill(q, k, v, state)  # the KV cache
-        return state.advanced(0, block_sums=self._block_sums(state.tensors["k"], state.tensors["block_sums"]))
+        keys, _, state = appended(state, k, v)  # the KV cache
+        return state.advanced(0, block_sums=self._block_sums(keys, state.tensors["block_sums"]))
 
     def _block_sums(self, keys: Tensor, sums: Tensor) -> Tensor:
         """The sums of every complete block of the cache: the kept ones, and those the new positions completed (once)."""
@@ -414,7 +415,7 @@ class MoBA(AttentionVariant):
         return sums
 
     def _step(self, q, k, v, state):
-        keys, values = torch.cat([state.tensors["k"], k], dim=2), torch.cat([state.tensors["v"], v], dim=2)
+        keys, values, state = appended(state, k, v)  # (a bounded cache: written in place)
         sums = self._block_sums(keys, state.tensors["block_sums"])
         means = sums / self.block
         has_key = torch.ones(1, 1, means.shape[2], dtype=torch.bool, device=q.device)
@@ -422,7 +423,7 @@ class MoBA(AttentionVariant):
             means = q.new_zeros(*q.shape[:2], 1, q.shape[-1])
             has_key = torch.zeros(1, 1, 1, dtype=torch.bool, device=q.device)
         out = self._tiles(q, keys, values, None, means, has_key)
-        return out, state.advanced(q.shape[2], k=keys, v=values, block_sums=sums)
+        return out, state.advanced(0, block_sums=sums)
 
     # -- what the harness reads ------------------------------------------------------------------
     def flops(self, n_q, n_k, d, dv, causal):

@@ -301,6 +301,7 @@ class LongformerPattern(AttentionVariant):
 
     # -- decoding: the keys the window can still reach ---------------------------------------------
     state_kind = "window"
+    step_positions = 256  # (a step forms its t x (g + w + t) scores)
 
     def _empty_state(self, batch, heads, head_dim, value_dim, dtype, device):
         # the first g positions (global: every later query reads them; StreamingLLM's sinks) and the last w
