@@ -164,7 +164,8 @@ def _decode_section(df: pd.DataFrame, machine: dict) -> list[str]:
     limits = machine.get("memory_bandwidth_gbs") or {}
     lines = ["## Decoding: the state a step reads", "",
              "State: the bytes of the decoding state after N positions (a KV cache grows with N; a window keeps at most "
-             "g + w positions; a recurrent state is fixed). Bandwidth: state bytes / step time, as a share of the measured "
+             "g + w positions; a recurrent state is fixed). Bandwidth: the bytes a step reads of it (all, or what the "
+             "method says it reads: moba its block sums and chosen blocks) / step time, as a share of the measured "
              "copy bandwidth (" + (", ".join(f"{d}: {v:.1f} GB/s" for d, v in limits.items() if v) or "not measured") + ").", ""]
     for device, group in ok.groupby("device", sort=False):
         ns = sorted(int(n) for n in group["n"].unique())

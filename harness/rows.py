@@ -51,7 +51,8 @@ class Row:
     predicted_bytes: int | None = None
     state_bytes: int | None = None  # decode: the decoding state after N positions (what a step reads)
     state_kind: str | None = None  # decode: "kv", "window" or "recurrent"
-    bandwidth_gbs: float | None = None  # decode: state_bytes / time_median_s
+    read_bytes: int | None = None  # decode: the bytes of the state one step reads (the variant's step_read_bytes)
+    bandwidth_gbs: float | None = None  # decode: read_bytes / time_median_s
     flops: float | None = None  # useful FLOPs of one call
     gflops: float | None = None  # flops / time_median_s
     threads: int | None = None

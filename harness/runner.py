@@ -145,8 +145,8 @@ def run_cell(config: RunConfig, cell: Cell, state: SweepState, log_path: str | N
     if status == "ok" and row.time_median_s:
         if row.flops is not None:
             row.gflops = row.flops / row.time_median_s / 1e9
-        if row.state_bytes is not None:  # decode: the state read once per step
-            row.bandwidth_gbs = row.state_bytes / row.time_median_s / 1e9
+        if row.read_bytes is not None:  # decode: what a step reads of its state, once
+            row.bandwidth_gbs = row.read_bytes / row.time_median_s / 1e9
     row.wall_s = round(time.perf_counter() - started, 3)
     row.finished = datetime.now(timezone.utc).isoformat(timespec="seconds")
     return row

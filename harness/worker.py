@@ -81,7 +81,7 @@ def measure_cell(config: RunConfig, cell: Cell) -> dict:
         _limit_cuda_memory(config.budget(cell.device), dev)
     if cell.pass_ == "decode":
         call, state = decode_call(attn, config.batch, config.heads, cell.n, config.head_dim, config.dtype, dev)
-        facts = {"state_bytes": state.nbytes(), "state_kind": state.kind}
+        facts = {"state_bytes": state.nbytes(), "state_kind": state.kind, "read_bytes": attn.step_read_bytes(state)}
     else:
         q, k, v = make_inputs(config.batch, config.heads, cell.n, config.head_dim, config.dtype, dev, backward)
         call = pass_call(attn, q, k, v, causal=cell.causal, backward=backward)

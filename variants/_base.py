@@ -254,6 +254,11 @@ class AttentionVariant(nn.Module):
             outs.append(out)
         return torch.cat(outs, dim=2), state
 
+    def step_read_bytes(self, state: DecodingState) -> int:
+        """Bytes of `state` that one step of one new position must read: all of it, unless the method reads
+        only part (moba: its block sums and the blocks it selects). What a decode cell's bandwidth counts."""
+        return state.nbytes()
+
     def prefill(self, q: Tensor, k: Tensor, v: Tensor, state: DecodingState) -> DecodingState:
         """The state after these positions when their outputs are not needed (a prompt before decoding):
         `step`'s state, without computing what only the outputs need (a KV cache only appends)."""

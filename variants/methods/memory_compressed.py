@@ -272,12 +272,27 @@ class MemoryCompressedAttention(AttentionVariant):
         c = self.compression
         raw_k, raw_v = torch.cat([state.tensors["k"], k], dim=2), torch.cat([state.tensors["v"], v], dim=2)
         whole = raw_k.shape[2] // c * c
-        slot_k, slot_v = state.tensors["slot_k"], state.tensors["slot_v"]
+        slot_k, slot_v = state.tensors["slot_k"], state.tensors["slot_v"]  # buffers: the first L // c rows are the slots
+        have = state.length // c
         if whole:
             new_k, new_v, _ = self.compressed_kv(raw_k[:, :, :whole], raw_v[:, :, :whole], None)
-            slot_k, slot_v = torch.cat([slot_k, new_k], dim=2), torch.cat([slot_v, new_v], dim=2)
+            need = have + new_k.shape[2]
+            if need > slot_k.shape[2]:  # grown to twice what is needed: a block's slot is written in place, not the
+                grow = lambda buf: torch.cat([buf[:, :, :have], buf.new_empty(*buf.shape[:2], 2 * need - have, buf.shape[-1])], 2)  # noqa: E731
+                slot_k, slot_v = grow(slot_k), grow(slot_v)  # whole cache copied at every block
+            slot_k[:, :, have:need], slot_v[:, :, have:need] = new_k, new_v
         after = state.advanced(k.shape[2], slot_k=slot_k, slot_v=slot_v, k=raw_k[:, :, whole:], v=raw_v[:, :, whole:])
         return raw_k, raw_v, after
+
+    def _slots(self, state) -> tuple[Tensor, Tensor]:
+        """The slots of the complete blocks (views of the state's buffers)."""
+        m = state.length // self.compression
+        return state.tensors["slot_k"][:, :, :m], state.tensors["slot_v"][:, :, :m]
+
+    def step_read_bytes(self, state):
+        slot_k, slot_v = self._slots(state)
+        raw = state.tensors["k"], state.tensors["v"]
+        return sum(t.numel() * t.element_size() for t in (slot_k, slot_v, *raw))
 
     def _prefill(self, q, k, v, state):
         return self._advanced(k, v, state)[2]
@@ -286,9 +301,9 @@ class MemoryCompressedAttention(AttentionVariant):
         """The t new positions at L .. L + t - 1 over the slots complete by then and the raw keys of their own
         unfinished block (the causal definition of `reference`): O((N / c + c + t) t D) per step."""
         c, n, t = self.compression, state.length, q.shape[2]
-        first_raw = state.tensors["slot_k"].shape[2] * c  # the position of the first raw key kept
+        first_raw = n // c * c  # the position of the first raw key kept
         raw_k, raw_v, after = self._advanced(k, v, state)
-        slot_k, slot_v = after.tensors["slot_k"], after.tensors["slot_v"]
+        slot_k, slot_v = self._slots(after)
         i = torch.arange(n, n + t, device=q.device)[:, None]
         complete = (torch.arange(slot_k.shape[2], device=q.device)[None, :] + 1) * c - 1 <= i
         pos = torch.arange(first_raw, first_raw + raw_k.shape[2], device=q.device)[None, :]

@@ -425,6 +425,13 @@ class MoBA(AttentionVariant):
         out = self._tiles(q, keys, values, None, means, has_key)
         return out, state.advanced(0, block_sums=sums)
 
+    def step_read_bytes(self, state):
+        # the block sums (the gating) and the keys and values of the top_k chosen blocks and the own one
+        t = state.tensors
+        per_position = (t["k"].shape[-1] + t["v"].shape[-1]) * t["k"].element_size() * state.batch * state.heads
+        blocks = min(self.top_k + 1, math.ceil(max(state.length, 1) / self.block))
+        return t["block_sums"].numel() * t["block_sums"].element_size() + blocks * self.block * per_position
+
     # -- what the harness reads ------------------------------------------------------------------
     def flops(self, n_q, n_k, d, dv, causal):
         blocks = math.ceil(n_k / self.block)
