@@ -13,6 +13,7 @@ from __future__ import annotations
 import argparse
 import json
 import multiprocessing as mp
+import os
 import statistics
 import time
 import warnings
@@ -90,6 +91,7 @@ def main() -> None:
             print(f"{variant:18s} G={tokens:5d}  ms/token first 1/8 {record['ms_per_token_first_eighth']:6.2f}  "
                   f"last 1/8 {record['ms_per_token_last_eighth']:6.2f}  state {record['state_bytes_first'] / 2**10:8.1f} -> "
                   f"{record['state_bytes_last'] / 2**10:8.1f} KiB  peak {record['peak_bytes'] / 2**20:6.1f} MiB", flush=True)
+    os.makedirs(os.path.dirname(args.out) or ".", exist_ok=True)
     with open(args.out, "w") as f:
         json.dump(records, f, indent=1)
 
