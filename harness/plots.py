@@ -200,22 +200,31 @@ def _speedup_figure(df, metadata, path) -> Path:
 
 
 def _efficiency_figure(df, metadata, path) -> Path:
-    peaks = (metadata.get("machine") or {}).get("matmul_peak_gflops") or {}
+    machine = metadata.get("machine") or {}
+    peaks, bandwidths = machine.get("matmul_peak_gflops") or {}, machine.get("memory_bandwidth_gbs") or {}
     dtype = metadata.get("config", {}).get("dtype", "float32")
     panels = _panels(df)
-    fig, axes = _figure(len(panels), "Achieved useful FLOP/s as a fraction of the measured matmul peak", metadata)
+    title = "Achieved useful FLOP/s as a fraction of the measured matmul peak"
+    if any(panel[1] == "decode" for panel in panels):
+        title += " (decode: bytes read a second as a fraction of the measured copy bandwidth)"
+    fig, axes = _figure(len(panels), title, metadata)
     for ax, panel in zip(axes, panels):
-        peak = peaks.get(f"{panel[0]}/{dtype}")
+        decode = panel[1] == "decode"  # memory-bound: its limit is the bandwidth, its figure the bytes it reads
+        peak = bandwidths.get(panel[0]) if decode else peaks.get(f"{panel[0]}/{dtype}")
+        column = "bandwidth_gbs" if decode else "gflops"
         sub = panel_rows(df, panel, ok_only=True)
         for variant, group in sub.groupby("variant", sort=False):
-            if not peak:
+            if not peak or column not in group:
                 break
             color, marker = variant_style(variant, metadata.get("variants"))
             group = group.sort_values("n")
-            ax.plot(group["n"], group["gflops"] / peak, color=color, marker=marker, ms=4, lw=1.4, label=variant)
+            ax.plot(group["n"], group[column] / peak, color=color, marker=marker, ms=4, lw=1.4, label=variant)
         ax.axhline(1.0, color="black", lw=0.8, ls="--")
         _n_axis(ax, sub["n"].tolist() or [1])
-        ax.set_ylabel(f"fraction of matmul peak ({peak:.0f} GFLOP/s)" if peak else "no matmul peak in metadata")
+        if decode:
+            ax.set_ylabel(f"fraction of copy bandwidth ({peak:.1f} GB/s)" if peak else "no bandwidth in metadata")
+        else:
+            ax.set_ylabel(f"fraction of matmul peak ({peak:.0f} GFLOP/s)" if peak else "no matmul peak in metadata")
         ax.set_title(_panel_title(panel), fontsize=9)
         if ax.get_legend_handles_labels()[0]:
             ax.legend(fontsize=7, loc="upper left")
