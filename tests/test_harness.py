@@ -87,6 +87,7 @@ def test_decode_cells_time_one_step_and_record_the_state(tmp_path):
     assert read_metadata(out)["machine"]["memory_bandwidth_gbs"]["cpu"] > 0
     text = (out / "REPORT.md").read_text()
     assert "## Decoding: the state a step reads" in text and "| `sliding_window` | window |" in text
+    assert (out / "figures" / "efficiency.png").is_file()  # decode panels against the copy bandwidth
     assert bench("run", "--passes", "decode", "--causal", "no", "--out", str(tmp_path / "x")).exit_code == 2
     assert not (tmp_path / "x").exists()
 
