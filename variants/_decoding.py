@@ -1,6 +1,7 @@
 """Decoding states: what a variant keeps between calls while it generates one position after another.
 
     state = attn.init_state(batch, heads, head_dim, value_dim, dtype, device)
+    state = attn.prefill(q, k, v, state)          # a prompt whose outputs are not needed
     out, state = attn.step(q, k, v, state)        # q, k, v: (B, H, t, D) of t >= 1 new positions
 
 Four kinds (`DecodingState.kind`, the variant's `state_kind`):
@@ -15,7 +16,9 @@ Four kinds (`DecodingState.kind`, the variant's `state_kind`):
                sums Σ φ(k) [v, 1]ᵀ of linear attention and performer; constant memory whatever N.
 A method with a state of its own (moba: the KV cache plus running block sums) adds tensors to these.
 A state is never changed in place (every step returns a new one; an old one stays valid, as beam search
-needs), except the KV cache of init_state(max_len=...): one buffer the steps write into (`appended`).
+needs), except two buffers the steps write into past what older states read: the KV cache of
+init_state(max_len=...) (`appended`) and memory_compressed's slots (grown by doubling). Stepping twice from
+one such state writes the same rows: branch from a copy.
 """
 
 from __future__ import annotations
