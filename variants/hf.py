@@ -121,9 +121,9 @@ def state_cache(model):
     """A transformers `Cache` that keeps each layer's decoding state (variants/_decoding.py) instead of its keys and
     values, for `model.generate(..., past_key_values=variants.hf.state_cache(model))` after `use`: linear and the
     recurrent variants decode with a constant state, a window keeps its sinks and last w positions, memory_compressed
-    its slots, full a KV cache. The prompt goes through the variant's forward (and its prefill builds the state), each
-    new token through `step`. Positions are the model's own (RoPE is applied before the cache, so a window's kept keys
-    keep their absolute rotations, as in the forward). Not supported yet: padded batches (a padding mask the states
+    its slots, full a KV cache. The prompt and each new token go through the variant's `step`. Positions are the
+    model's own (RoPE is applied before the cache, so a window's kept keys keep their absolute rotations, as in
+    the forward). Not supported yet: padded batches (a padding mask the states
     would have to keep), and cropping; beam search reorders the states.
 
     Example:
@@ -219,8 +219,8 @@ def _state_cache_class():
 
 
 def _state_step(attn, layer, query: Tensor, key: Tensor, value: Tensor, key_padding_mask: Tensor | None, causal: bool) -> Tensor:
-    """The layer's attention with its decoding state: the first call (the prompt) by the forward, its state by the
-    variant's prefill; later calls by `step`."""
+    """The layer's attention with its decoding state: every call, the prompt included, by the variant's `step` (one
+    pass gives the outputs and the state; a long prompt is stepped in bounded pieces)."""
     layer.pending = None
     if key_padding_mask is not None:
         raise ValueError("variants.hf.state_cache: padded batches are not supported yet (the states would have to keep "
@@ -229,10 +229,7 @@ def _state_step(attn, layer, query: Tensor, key: Tensor, value: Tensor, key_padd
         raise ValueError(f"variants.hf.state_cache: {type(attn).__name__} is called without causality; decoding is causal")
     if layer.state is None:
         b, h, _, d = query.shape
-        empty = attn.init_state(b, h, d, value.shape[-1], query.dtype, query.device)
-        out = attn(query, key, value, causal=True)
-        layer.state = attn.prefill(query, key, value, empty)
-        return out
+        layer.state = attn.init_state(b, h, d, value.shape[-1], query.dtype, query.device)
     out, layer.state = attn.step(query, key, value, layer.state)
     return out
 
