@@ -214,6 +214,50 @@ def test_decoding_step_by_step_equals_the_causal_forward(name, step):
         assert state.kind == "kv" and sizes == sorted(sizes) and sizes[-1] > sizes[0]
 
 
+@pytest.mark.parametrize("layout", ["left", "scattered"])
+@pytest.mark.parametrize("step", [1, 3])
+@pytest.mark.parametrize("name", DECODABLE)
+def test_decoding_with_padding_equals_the_forward_with_its_mask(name, step, layout):
+    # left padding (a batch generated together) and padding anywhere (every rule tried): the steps with each
+    # new position's mask equal the causal forward given the whole mask, at every position (padded rows too)
+    cls = variants.variant_class(name)
+    dtype = torch.float64 if cls.dtype_unsupported_reason("cpu", "float64") is None else torch.float32  # (flex)
+    options = dict(cls.spec.example_options()[-1])
+    attn = build_case(name, options, dtype=dtype)
+    n = 14
+    q, k, v = make_qkv(b=3, h=2, n_q=n, d=8, requires_grad=False, dtype=dtype)
+    if layout == "left":
+        mask = torch.arange(n)[None, :] >= torch.tensor([[0], [5], [9]])  # 0, 5 and 9 padded positions first
+    else:
+        mask = make_padding(3, n, seed=4, all_padded_row=False)
+        mask[0, :3] = True  # one row without padding at the start, beside rows with it
+    want = attn(q, k, v, causal=True, key_padding_mask=mask)
+    state = attn.init_state(3, 2, 8, 8, dtype)
+    outs = []
+    for start in range(0, n, step):
+        sl = slice(start, start + step)
+        out, state = attn.step(q[:, :, sl], k[:, :, sl], v[:, :, sl], state, key_padding_mask=mask[:, sl])
+        outs.append(out)
+    torch.testing.assert_close(torch.cat(outs, dim=2), want)
+    # a padded prompt by prefill, then steps
+    filled = attn.prefill(q[:, :, :11], k[:, :, :11], v[:, :, :11], attn.init_state(3, 2, 8, 8, dtype), key_padding_mask=mask[:, :11])
+    out, _ = attn.step(q[:, :, 11:], k[:, :, 11:], v[:, :, 11:], filled, key_padding_mask=mask[:, 11:])
+    torch.testing.assert_close(out, want[:, :, 11:])
+    if state.kind == "window":  # the masks kept are of the positions kept: still at most g + w of them
+        assert state.tensors["mask"].shape[1] + state.tensors["sink_mask"].shape[1] <= attn.global_tokens + attn.window
+
+
+def test_a_step_without_padding_keeps_no_mask():
+    attn = build_case("full", {})
+    q, k, v = make_qkv(b=2, h=2, n_q=4, d=8, requires_grad=False)
+    _, state = attn.step(q, k, v, attn.init_state(2, 2, 8, 8, torch.float64), key_padding_mask=torch.ones(2, 4, dtype=torch.bool))
+    assert "mask" not in state.tensors
+    with pytest.raises(TypeError, match=r"step's key_padding_mask must be a bool tensor \(True = real token\), got torch.int64"):
+        attn.step(q, k, v, state, key_padding_mask=torch.ones(2, 4, dtype=torch.long))
+    with pytest.raises(ValueError, match=r"step's key_padding_mask must be \(B, t\) = \(2, 4\) on cpu .* got \(2, 3\)"):
+        attn.step(q, k, v, state, key_padding_mask=torch.ones(2, 3, dtype=torch.bool))
+
+
 @pytest.mark.parametrize("name, options", [("linear", {}), ("linear", {"feature_map": "cosformer", "max_len": 4096}),
                                            ("performer", {"features": 16}), ("retention", {}), ("gated_deltanet", {}),
                                            ("sliding_window", {"window": 16, "global_tokens": 4})])

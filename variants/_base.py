@@ -20,7 +20,7 @@ from dataclasses import dataclass
 import torch
 from torch import Tensor, nn
 
-from ._decoding import DecodingState, appended, check_step, kv_cache
+from ._decoding import DecodingState, appended, check_step, kv_cache, padded
 from ._utils import spans
 
 
@@ -241,16 +241,20 @@ class AttentionVariant(nn.Module):
             tensors = {**tensors, **kv_cache(batch, heads, head_dim, value_dim, dtype, dev, capacity=max_len)}
         return DecodingState(self.spec.name, self.state_kind, batch, heads, head_dim, value_dim, dtype, dev, 0, max_len, tensors)
 
-    def step(self, q: Tensor, k: Tensor, v: Tensor, state: DecodingState) -> tuple[Tensor, DecodingState]:
+    def step(self, q: Tensor, k: Tensor, v: Tensor, state: DecodingState,
+             key_padding_mask: Tensor | None = None) -> tuple[Tensor, DecodingState]:
         """The outputs (B, H, t, Dv) of t new positions given the state of everything before, and the new state.
 
-        Equals the causal forward over the whole sequence at those positions (tested for every variant)."""
-        check_step(self.spec.name, state, q, k, v)
+        key_padding_mask: bool (B, t) for the new positions (True = a real token), as the forward takes for
+        all of them: padded positions are never attended to (the recurrences skip them). Equals the causal
+        forward over the whole sequence at those positions, with the whole mask (tested for every variant)."""
+        check_step(self.spec.name, state, q, k, v, key_padding_mask)
+        keep = None if key_padding_mask is None or (bool(key_padding_mask.all()) and not padded(state)) else key_padding_mask
         if self.step_positions is None or q.shape[2] <= self.step_positions:
-            return self._step(q, k, v, state)
+            return self._step(q, k, v, state, keep)
         outs = []
         for sl in spans(q.shape[2], self.step_positions):  # a long step as several: each _step's t x t work stays bounded
-            out, state = self._step(q[:, :, sl], k[:, :, sl], v[:, :, sl], state)
+            out, state = self._step(q[:, :, sl], k[:, :, sl], v[:, :, sl], state, None if keep is None else keep[:, sl])
             outs.append(out)
         return torch.cat(outs, dim=2), state
 
@@ -259,23 +263,26 @@ class AttentionVariant(nn.Module):
         only part (moba: its block sums and the blocks it selects). What a decode cell's bandwidth counts."""
         return state.nbytes()
 
-    def prefill(self, q: Tensor, k: Tensor, v: Tensor, state: DecodingState) -> DecodingState:
+    def prefill(self, q: Tensor, k: Tensor, v: Tensor, state: DecodingState,
+                key_padding_mask: Tensor | None = None) -> DecodingState:
         """The state after these positions when their outputs are not needed (a prompt before decoding):
         `step`'s state, without computing what only the outputs need (a KV cache only appends)."""
-        check_step(self.spec.name, state, q, k, v)
-        return self._prefill(q, k, v, state)
+        check_step(self.spec.name, state, q, k, v, key_padding_mask)
+        keep = None if key_padding_mask is None or (bool(key_padding_mask.all()) and not padded(state)) else key_padding_mask
+        return self._prefill(q, k, v, state, keep)
 
     def _empty_state(self, batch, heads, head_dim, value_dim, dtype, device) -> dict[str, Tensor]:
         return kv_cache(batch, heads, head_dim, value_dim, dtype, device)
 
-    def _prefill(self, q: Tensor, k: Tensor, v: Tensor, state: DecodingState) -> DecodingState:
-        """KV cache: the keys and values appended."""
-        return appended(state, k, v)[2]
+    def _prefill(self, q: Tensor, k: Tensor, v: Tensor, state: DecodingState, keep: Tensor | None) -> DecodingState:
+        """KV cache: the keys and values appended. `keep`: (B, t) bool of the new positions, None where no
+        position of the state (or of these) is padding."""
+        return appended(state, k, v, keep)[3]
 
-    def _step(self, q: Tensor, k: Tensor, v: Tensor, state: DecodingState) -> tuple[Tensor, DecodingState]:
+    def _step(self, q: Tensor, k: Tensor, v: Tensor, state: DecodingState, keep: Tensor | None) -> tuple[Tensor, DecodingState]:
         """KV cache: the new keys appended, then the variant's own causal call (bottom-right) over the cache."""
-        keys, values, state = appended(state, k, v)
-        return self(q, keys, values, causal=True), state
+        keys, values, mask, state = appended(state, k, v, keep)
+        return self(q, keys, values, causal=True, key_padding_mask=mask), state
 
     # -- the call -----------------------------------------------------------------------------
     def forward(self, q: Tensor, k: Tensor, v: Tensor, *, causal: bool = False, key_padding_mask: Tensor | None = None) -> Tensor:

@@ -62,23 +62,41 @@ def kv_cache(batch: int, heads: int, head_dim: int, value_dim: int, dtype: torch
             "v": torch.empty(batch, heads, capacity, value_dim, dtype=dtype, device=device)}
 
 
-def appended(state: DecodingState, k: Tensor, v: Tensor) -> tuple[Tensor, Tensor, DecodingState]:
-    """(every key, every value, the state after them) of a KV cache given t new positions.
+def padded(state: DecodingState) -> bool:
+    """Whether the positions a state keeps include padding: it then holds their mask ("mask", True = real)."""
+    return "mask" in state.tensors
+
+
+def masks_appended(state: DecodingState, kept: Tensor | None, n: int, keep: Tensor | None, t: int) -> Tensor | None:
+    """The mask (B, n + t) of n kept positions (`kept`, None: all real) followed by t new ones (`keep`, None:
+    all real); None while none of them is padding, so a state without padding holds no mask."""
+    if kept is None and keep is None:
+        return None
+    ones = lambda count: torch.ones(state.batch, count, dtype=torch.bool, device=state.device)  # noqa: E731
+    return torch.cat([kept if kept is not None else ones(n), keep if keep is not None else ones(t)], dim=1)
+
+
+def appended(state: DecodingState, k: Tensor, v: Tensor, keep: Tensor | None = None
+             ) -> tuple[Tensor, Tensor, Tensor | None, DecodingState]:
+    """(every key, every value, their padding mask or None, the state after them) of a KV cache given t new
+    positions (`keep`: their mask, None where they are real).
 
     A cache grown by concatenation copies itself at every step (O(N) bytes written besides the N read);
     a cache made with init_state(max_len=...) is one buffer of max_len positions written in place: a step
     reads what it must and writes only its t positions. Stepping twice from the same bounded state (two
     branches) writes the same positions: the later one wins, the earlier state then reads it."""
     n, t = state.length, k.shape[2]
+    mask = masks_appended(state, state.tensors.get("mask"), n, keep, t)
+    extra = {} if mask is None else {"mask": mask}
     buf_k, buf_v = state.tensors["k"], state.tensors["v"]
     if buf_k.shape[2] > n:  # a bounded buffer with room (check_step keeps n + t <= max_len)
         buf_k[:, :, n : n + t], buf_v[:, :, n : n + t] = k, v
-        return buf_k[:, :, : n + t], buf_v[:, :, : n + t], state.advanced(t)
+        return buf_k[:, :, : n + t], buf_v[:, :, : n + t], mask, state.advanced(t, **extra)
     keys, values = torch.cat([buf_k, k], dim=2), torch.cat([buf_v, v], dim=2)
-    return keys, values, state.advanced(t, k=keys, v=values)
+    return keys, values, mask, state.advanced(t, k=keys, v=values, **extra)
 
 
-def check_step(name: str, state, q: Tensor, k: Tensor, v: Tensor) -> None:
+def check_step(name: str, state, q: Tensor, k: Tensor, v: Tensor, key_padding_mask: Tensor | None = None) -> None:
     """ValueError/TypeError naming what does not match between a state and the new positions."""
     if not isinstance(state, DecodingState):
         raise TypeError(f"{name}: step needs the state init_state returned (or the last step's), got {type(state).__name__}")
@@ -97,5 +115,12 @@ def check_step(name: str, state, q: Tensor, k: Tensor, v: Tensor) -> None:
         raise ValueError(f"{name}: step's q, k, v must hold the same t new positions, got {q.shape[2]}, {k.shape[2]}, {v.shape[2]}")
     if q.shape[2] == 0:
         raise ValueError(f"{name}: step needs t >= 1 new positions, got t = 0")
+    if key_padding_mask is not None:
+        if not isinstance(key_padding_mask, Tensor) or key_padding_mask.dtype != torch.bool:
+            got = key_padding_mask.dtype if isinstance(key_padding_mask, Tensor) else type(key_padding_mask).__name__
+            raise TypeError(f"{name}: step's key_padding_mask must be a bool tensor (True = real token), got {got}")
+        if tuple(key_padding_mask.shape) != (state.batch, q.shape[2]) or key_padding_mask.device != state.device:
+            raise ValueError(f"{name}: step's key_padding_mask must be (B, t) = {(state.batch, q.shape[2])} on "
+                             f"{state.device} (the new positions'), got {tuple(key_padding_mask.shape)} on {key_padding_mask.device}")
     if state.max_len is not None and state.length + q.shape[2] > state.max_len:
         raise ValueError(f"{name}: {state.length} + {q.shape[2]} positions pass the state's max_len={state.max_len}")

@@ -384,16 +384,16 @@ class RecurrentAttention(AttentionVariant):
     def _empty_state(self, batch, heads, head_dim, value_dim, dtype, device):
         return {"S": torch.zeros(batch, heads, head_dim, value_dim, dtype=dtype, device=device)}  # D x Dv per head
 
-    def _prefill(self, q, k, v, state):
-        return self._step(q, k, v, state)[1]  # the state is what the scan computes anyway
+    def _prefill(self, q, k, v, state, keep):
+        return self._step(q, k, v, state, keep)[1]  # the state is what the scan computes anyway
 
-    def _step(self, q, k, v, state):
-        s = state.tensors["S"]
+    def _step(self, q, k, v, state, keep):
+        s = state.tensors["S"]  # (a padded position is skipped: no decay, no write; nothing of it is kept)
         if q.dtype in (torch.float16, torch.bfloat16):
-            out, s = self._scan(q.float(), k.float(), v.float(), None, s.float())
+            out, s = self._scan(q.float(), k.float(), v.float(), self._keep(keep, q.float()), s.float())
             out, s = out.to(q.dtype), s.to(q.dtype)
         else:
-            out, s = self._scan(q, k, v, None, s)
+            out, s = self._scan(q, k, v, self._keep(keep, q), s)
         return out, state.advanced(q.shape[2], S=s)
 
     # -- what the harness reads ------------------------------------------------------------------

@@ -432,25 +432,30 @@ class FeatureMapAttention(AttentionVariant):
         sums = torch.float32 if dtype in (torch.float16, torch.bfloat16) else dtype  # (the forward's sums are float32 too)
         return {"S": torch.zeros(batch, heads, f, value_dim + 1, dtype=sums, device=device)}  # Σ_j φ(k_j) [v_j, 1]ᵀ
 
-    def _decode_features(self, q: Tensor, k: Tensor, state) -> tuple[Tensor, Tensor, Tensor | None, dict]:
+    def _decode_features(self, q: Tensor, k: Tensor, state, keep: Tensor | None) -> tuple[Tensor, Tensor, Tensor | None, dict]:
         """(φ(q), φ(k)) of the new positions (q already multiplied by its factor), the factor the earlier
-        sums take first (None: 1), and state tensors to replace (performer: its running stabilizer)."""
+        sums take first (None: 1), and state tensors to replace (performer: its running stabilizer).
+        keep: (B, 1, t, 1) of the new positions, None when none is padding."""
         fmap = self.feature_map_for(q)
-        consts = fmap.setup(q, k, None)
+        consts = fmap.setup(q, k, keep)
         return fmap.apply(q, state.length, consts, True), fmap.apply(k, state.length, consts, False), None, {}
 
-    def _prefill(self, q, k, v, state):
-        return self.step(q, k, v, state)[1]  # (in steps of step_positions)
+    def _prefill(self, q, k, v, state, keep):
+        return self.step(q, k, v, state, keep)[1]  # (in steps of step_positions)
 
-    def _step(self, q, k, v, state):
+    def _step(self, q, k, v, state, keep):
         """o_t = φ(q_t)ᵀ S_t / (φ(q_t)ᵀ z_t + eps) with S, z the sums over positions <= t: the t new positions
-        against each other (a causal t x t product) and against the sums over everything before."""
+        against each other (a causal t x t product) and against the sums over everything before. A padded
+        position adds nothing to the sums."""
         sums = state.tensors["S"]
         dtype = q.dtype
         q, k, v = (x.to(sums.dtype) for x in (q, k, v))
         q, k = self._feature_inputs(q), self._feature_inputs(k)
         factor = self._query_factor(q)
-        phi_q, phi_k, rescale, extra = self._decode_features(q if factor == 1.0 else q * factor, k, state)
+        keep = None if keep is None else keep[:, None, :, None].to(sums.dtype)  # (B, 1, t, 1)
+        phi_q, phi_k, rescale, extra = self._decode_features(q if factor == 1.0 else q * factor, k, state, keep)
+        if keep is not None:
+            phi_k = phi_k * keep
         if rescale is not None:
             sums = sums * rescale
         ve = _ones_column(v)
@@ -533,11 +538,11 @@ class LinearAttention(FeatureMapAttention):
             raise ValueError(f"linear: feature_dim={self.feature_dim} > the state's head_dim={head_dim}")
         return super()._empty_state(batch, heads, head_dim, value_dim, dtype, device)
 
-    def _step(self, q, k, v, state):
+    def _step(self, q, k, v, state, keep):
         reason = self.length_unsupported_reason(state.length + q.shape[2], state.length + q.shape[2])
         if reason:
             raise ValueError(f"linear: cannot step to {state.length + q.shape[2]} positions: {reason}")
-        return super()._step(q, k, v, state)
+        return super()._step(q, k, v, state, keep)
 
     def _feature_inputs(self, x: Tensor) -> Tensor:
         if self.feature_dim is not None and self.feature_dim > x.shape[-1]:

@@ -26,7 +26,7 @@ import torch.nn.functional as F
 from torch import Tensor, nn
 
 from .._base import AttentionVariant, VariantSpec, register
-from .._decoding import kv_cache
+from .._decoding import kv_cache, masks_appended
 from .._utils import dead_query_rows, dense_attention, masked_softmax, pad_to_multiple, zero_rows
 from .full import padding_and_causal_mask, sdpa
 
@@ -266,23 +266,32 @@ class MemoryCompressedAttention(AttentionVariant):
         raw = kv_cache(batch, heads, head_dim, value_dim, dtype, device)
         return {"slot_k": slots["k"], "slot_v": slots["v"], "k": raw["k"], "v": raw["v"]}  # N / c slots, < c raw
 
-    def _advanced(self, k: Tensor, v: Tensor, state) -> tuple[Tensor, Tensor, object]:
-        """(the raw keys and values from the first position after the kept slots' blocks, new positions included;
-        the state after them): blocks the new positions complete are compressed into slots, once."""
+    def _advanced(self, k: Tensor, v: Tensor, state, keep) -> tuple[Tensor, Tensor, Tensor | None, object]:
+        """(the raw keys and values from the first position after the kept slots' blocks, new positions included,
+        their padding mask or None; the state after them): blocks the new positions complete are compressed
+        into slots, once (padded positions zeroed first, as the forward does; a slot of padding only is invalid)."""
         c = self.compression
         raw_k, raw_v = torch.cat([state.tensors["k"], k], dim=2), torch.cat([state.tensors["v"], v], dim=2)
+        raw_mask = masks_appended(state, state.tensors.get("mask"), state.tensors["k"].shape[2], keep, k.shape[2])
         whole = raw_k.shape[2] // c * c
         slot_k, slot_v = state.tensors["slot_k"], state.tensors["slot_v"]  # buffers: the first L // c rows are the slots
         have = state.length // c
+        slot_valid = state.tensors.get("slot_valid")
+        if raw_mask is not None and slot_valid is None:
+            slot_valid = torch.ones(state.batch, have, dtype=torch.bool, device=state.device)
         if whole:
-            new_k, new_v, _ = self.compressed_kv(raw_k[:, :, :whole], raw_v[:, :, :whole], None)
+            new_k, new_v, valid = self.compressed_kv(raw_k[:, :, :whole], raw_v[:, :, :whole],
+                                                     None if raw_mask is None else raw_mask[:, :whole])
             need = have + new_k.shape[2]
             if need > slot_k.shape[2]:  # grown to twice what is needed: a block's slot is written in place, not the
                 grow = lambda buf: torch.cat([buf[:, :, :have], buf.new_empty(*buf.shape[:2], 2 * need - have, buf.shape[-1])], 2)  # noqa: E731
                 slot_k, slot_v = grow(slot_k), grow(slot_v)  # whole cache copied at every block
             slot_k[:, :, have:need], slot_v[:, :, have:need] = new_k, new_v
-        after = state.advanced(k.shape[2], slot_k=slot_k, slot_v=slot_v, k=raw_k[:, :, whole:], v=raw_v[:, :, whole:])
-        return raw_k, raw_v, after
+            if valid is not None:
+                slot_valid = torch.cat([slot_valid, valid], dim=1)
+        masks = {} if raw_mask is None else {"mask": raw_mask[:, whole:], "slot_valid": slot_valid}
+        after = state.advanced(k.shape[2], slot_k=slot_k, slot_v=slot_v, k=raw_k[:, :, whole:], v=raw_v[:, :, whole:], **masks)
+        return raw_k, raw_v, raw_mask, after
 
     def _slots(self, state) -> tuple[Tensor, Tensor]:
         """The slots of the complete blocks (views of the state's buffers)."""
@@ -294,24 +303,27 @@ class MemoryCompressedAttention(AttentionVariant):
         raw = state.tensors["k"], state.tensors["v"]
         return sum(t.numel() * t.element_size() for t in (slot_k, slot_v, *raw))
 
-    def _prefill(self, q, k, v, state):
-        return self._advanced(k, v, state)[2]
+    def _prefill(self, q, k, v, state, keep):
+        return self._advanced(k, v, state, keep)[3]
 
-    def _step(self, q, k, v, state):
+    def _step(self, q, k, v, state, keep):
         """The t new positions at L .. L + t - 1 over the slots complete by then and the raw keys of their own
         unfinished block (the causal definition of `reference`): O((N / c + c + t) t D) per step."""
         c, n, t = self.compression, state.length, q.shape[2]
         first_raw = n // c * c  # the position of the first raw key kept
-        raw_k, raw_v, after = self._advanced(k, v, state)
+        raw_k, raw_v, raw_mask, after = self._advanced(k, v, state, keep)
         slot_k, slot_v = self._slots(after)
         i = torch.arange(n, n + t, device=q.device)[:, None]
         complete = (torch.arange(slot_k.shape[2], device=q.device)[None, :] + 1) * c - 1 <= i
         pos = torch.arange(first_raw, first_raw + raw_k.shape[2], device=q.device)[None, :]
         recent = (pos >= (i + 1) // c * c) & (pos <= i)
+        allowed = torch.cat([complete, recent], -1)
+        if raw_mask is not None:  # (B, 1, t, slots + raw): invalid slots and padded raw keys left out
+            allowed = allowed & torch.cat([after.tensors["slot_valid"], raw_mask], 1)[:, None, None, :]
         # one softmax over [slots, raw keys], the two score blocks side by side (no copy of the slots)
         scale = self._scale(q)
         scores = torch.cat([torch.matmul(q, slot_k.transpose(-1, -2)), torch.matmul(q, raw_k.transpose(-1, -2))], -1) * scale
-        p = masked_softmax(scores, torch.cat([complete, recent], -1))
+        p = masked_softmax(scores, allowed)
         m = slot_k.shape[2]
         return torch.matmul(p[..., :m], slot_v) + torch.matmul(p[..., m:], raw_v), after
 

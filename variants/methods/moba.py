@@ -402,28 +402,40 @@ class MoBA(AttentionVariant):
         state = super()._empty_state(batch, heads, head_dim, value_dim, dtype, device)
         return {**state, "block_sums": torch.empty(batch, heads, 0, head_dim, dtype=dtype, device=device)}
 
-    def _prefill(self, q, k, v, state):
-        keys, _, state = appended(state, k, v)  # the KV cache
-        return state.advanced(0, block_sums=self._block_sums(keys, state.tensors["block_sums"]))
+    def _prefill(self, q, k, v, state, keep):
+        keys, _, mask, state = appended(state, k, v, keep)  # the KV cache
+        return state.advanced(0, **self._block_sums(keys, mask, state))
 
-    def _block_sums(self, keys: Tensor, sums: Tensor) -> Tensor:
-        """The sums of every complete block of the cache: the kept ones, and those the new positions completed (once)."""
-        complete = keys.shape[2] // self.block
-        if complete > sums.shape[2]:
-            new = keys[:, :, sums.shape[2] * self.block : complete * self.block].unflatten(2, (-1, self.block)).sum(3)
-            sums = torch.cat([sums, new], dim=2)
-        return sums
+    def _block_sums(self, keys: Tensor, mask: Tensor | None, state) -> dict[str, Tensor]:
+        """The sums of every complete block of the cache (of its real keys, and their counts once a position is
+        padding): the kept ones, and those the new positions completed (once)."""
+        sums, counts = state.tensors["block_sums"], state.tensors.get("block_counts")
+        complete, have = keys.shape[2] // self.block, sums.shape[2]
+        if mask is not None and counts is None:
+            counts = torch.full((state.batch, 1, have), float(self.block), dtype=sums.dtype, device=sums.device)
+        if complete > have:
+            span = slice(have * self.block, complete * self.block)
+            new = keys[:, :, span]
+            if mask is not None:
+                real = mask[:, None, span].to(new.dtype)  # (B, 1, positions)
+                new = new * real[..., None]
+                counts = torch.cat([counts, real.unflatten(2, (-1, self.block)).sum(3)], dim=2)
+            sums = torch.cat([sums, new.unflatten(2, (-1, self.block)).sum(3)], dim=2)
+        return {"block_sums": sums} if counts is None else {"block_sums": sums, "block_counts": counts}
 
-    def _step(self, q, k, v, state):
-        keys, values, state = appended(state, k, v)  # (a bounded cache: written in place)
-        sums = self._block_sums(keys, state.tensors["block_sums"])
-        means = sums / self.block
-        has_key = torch.ones(1, 1, means.shape[2], dtype=torch.bool, device=q.device)
+    def _step(self, q, k, v, state, keep):
+        keys, values, mask, state = appended(state, k, v, keep)  # (a bounded cache: written in place)
+        blocks = self._block_sums(keys, mask, state)
+        sums, counts = blocks["block_sums"], blocks.get("block_counts")
+        if counts is None:
+            means, has_key = sums / self.block, torch.ones(1, 1, sums.shape[2], dtype=torch.bool, device=q.device)
+        else:  # the mean of a block's real keys, as block_means; a block of padding only is never chosen
+            means, has_key = sums / counts.clamp_min(1)[..., None], counts > 0
         if means.shape[2] == 0:  # nothing to choose from yet: every query reads its own block
             means = q.new_zeros(*q.shape[:2], 1, q.shape[-1])
             has_key = torch.zeros(1, 1, 1, dtype=torch.bool, device=q.device)
-        out = self._tiles(q, keys, values, None, means, has_key)
-        return out, state.advanced(0, block_sums=sums)
+        out = self._tiles(q, keys, values, None if mask is None else mask[:, None, :].to(k.dtype), means, has_key)
+        return out, state.advanced(0, **blocks)
 
     def step_read_bytes(self, state):
         # the block sums (the gating) and the keys and values of the top_k chosen blocks and the own one

@@ -167,13 +167,13 @@ class Performer(FeatureMapAttention):
         # the largest key logit so far: the sums are kept divided by exp(it), as the forward divides by its max
         return {**state, "key_max": torch.full((batch, heads, 1, 1), -math.inf, dtype=state["S"].dtype, device=device)}
 
-    def _decode_features(self, q, k, state):
+    def _decode_features(self, q, k, state, keep):
         # the forward's key stabilizer is the max over all keys, which a decoder does not know yet: keep the
         # running max c and scale the sums by exp(c_old − c_new) when it grows (the online softmax's rescaling);
         # with eps = 0 the ratio does not depend on it, so the steps equal the forward
         fmap = self.feature_map_for(q)
         old = state.tensors["key_max"]
-        top = torch.maximum(old, fmap.setup(q, k, None)["key_max"])
+        top = torch.maximum(old, fmap.setup(q, k, keep)["key_max"])
         consts = {"key_max": top}
         return (fmap.apply(q, state.length, consts, True), fmap.apply(k, state.length, consts, False),
                 torch.exp(old - top), {"key_max": top})

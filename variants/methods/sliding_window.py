@@ -23,7 +23,7 @@ import torch
 from torch import Tensor
 
 from .._base import AttentionVariant, VariantSpec, dense_mask, register
-from .._decoding import kv_cache
+from .._decoding import kv_cache, masks_appended, padded
 from .._utils import dense_attention, pad_to_multiple
 from .full import sdpa
 
@@ -308,22 +308,30 @@ class LongformerPattern(AttentionVariant):
         empty = kv_cache(batch, heads, head_dim, value_dim, dtype, device)
         return {"sink_k": empty["k"], "sink_v": empty["v"], "k": empty["k"], "v": empty["v"]}
 
-    def _prefill(self, q, k, v, state):
+    def _prefill(self, q, k, v, state, keep):
         # what the window still reaches after these positions: no output computed (nothing of t x t)
-        return self._advanced(k, v, state)
+        return self._advanced(k, v, state, keep)
 
-    def _advanced(self, k, v, state):
-        """The state after new keys and values at L .. L + t - 1: the sinks topped up to g, the last w of the rest."""
+    def _advanced(self, k, v, state, keep):
+        """The state after new keys and values at L .. L + t - 1: the sinks topped up to g, the last w of the rest
+        (with their padding masks once a position kept is padding)."""
         g, w, n, t = self.global_tokens, self.window, state.length, k.shape[2]
         sink_k, sink_v, win_k, win_v = (state.tensors[key] for key in ("sink_k", "sink_v", "k", "v"))
         new_sinks = max(0, min(t, g - n))  # new positions that are global
-        keep = max(0, min(w, n + t - g))  # window positions after the step: max(g, L + t - w) .. L + t - 1
-        cut = win_k.shape[2] + t - new_sinks - keep
+        keep_w = max(0, min(w, n + t - g))  # window positions after the step: max(g, L + t - w) .. L + t - 1
+        cut = win_k.shape[2] + t - new_sinks - keep_w
         win_k, win_v = (torch.cat([old, new[:, :, new_sinks:]], dim=2)[:, :, cut:] for old, new in ((win_k, k), (win_v, v)))
+        masks = {}
+        sink_mask, win_mask = state.tensors.get("sink_mask"), state.tensors.get("mask")
+        if keep is not None or win_mask is not None:
+            sink_mask = masks_appended(state, sink_mask, sink_k.shape[2], None if keep is None else keep[:, :new_sinks], new_sinks)
+            win_mask = masks_appended(state, win_mask, state.tensors["k"].shape[2], None if keep is None else keep[:, new_sinks:],
+                                      t - new_sinks)
+            masks = {"sink_mask": sink_mask, "mask": win_mask[:, cut:]}
         return state.advanced(t, sink_k=torch.cat([sink_k, k[:, :, :new_sinks]], dim=2),
-                              sink_v=torch.cat([sink_v, v[:, :, :new_sinks]], dim=2), k=win_k, v=win_v)
+                              sink_v=torch.cat([sink_v, v[:, :, :new_sinks]], dim=2), k=win_k, v=win_v, **masks)
 
-    def _step(self, q, k, v, state):
+    def _step(self, q, k, v, state, keep):
         """The t new positions at L .. L + t - 1 against the sinks (positions 0 .. g - 1), the window (the last
         w positions before L, those >= g) and each other, by the pattern's mask: O((g + w + t) t D) whatever L.
         The state keeps at most g + w positions."""
@@ -334,7 +342,12 @@ class LongformerPattern(AttentionVariant):
         pos = torch.cat([torch.arange(sink_k.shape[2], device=dev), torch.arange(n - win_k.shape[2], n + t, device=dev)])
         i = torch.arange(n, n + t, device=dev)[:, None]
         allowed = (pos <= i) & ((i - pos <= w) | (pos < g) | (i < g))  # the causal pattern of longformer_mask
-        return dense_attention(q, keys, values, allowed, self._scale(q)), self._advanced(k, v, state)
+        after = self._advanced(k, v, state, keep)
+        if padded(after):  # the kept positions' masks and the new ones', in the order of `keys`
+            real = torch.cat([after.tensors["sink_mask"][:, : sink_k.shape[2]],
+                              masks_appended(state, state.tensors.get("mask"), win_k.shape[2], keep, t)], dim=1)
+            allowed = allowed & real[:, None, None, :]
+        return dense_attention(q, keys, values, allowed, self._scale(q)), after
 
     def flops(self, n_q: int, n_k: int, d: int, dv: int, causal: bool) -> float:
         return 2.0 * band_pairs(n_q, self.window, self.global_tokens, causal) * (d + dv)
