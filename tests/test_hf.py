@@ -133,17 +133,41 @@ def test_other_families_full_equals_sdpa_and_a_window_generates_with_cache(famil
     assert torch.equal(model.generate(ids, use_cache=True, **kwargs), model.generate(ids, use_cache=False, **kwargs))
 
 
-def test_a_variant_reading_past_mistrals_window_gets_a_full_cache():
-    # Mistral's cache keeps only its window W; linear attention reads every position, so the cache must too
-    torch.manual_seed(0)
-    model = MistralForCausalLM(MistralConfig(**TINY, num_key_value_heads=2, sliding_window=4)).double().eval()
-    vh.use(model, "linear")
-    assert model.config.layer_types == ["full_attention", "full_attention"]
+def mistral(window=4, seed=0):
+    torch.manual_seed(seed)
+    return MistralForCausalLM(MistralConfig(**TINY, num_key_value_heads=2, sliding_window=window)).double().eval()
+
+
+@pytest.mark.parametrize("name, options", [("linear", {}), ("full", {}), ("sliding_window", {"window": 2, "global_tokens": 1})])
+def test_a_variant_reading_past_mistrals_window_gets_a_cache_that_keeps_it(name, options):
+    # Mistral's own cache keeps only its window W (4); these variants read further back. Nothing in the config
+    # changes (its layer types set RoPE in other families, and are saved), yet generation with the cache equals
+    # generation without it, and so does a forward with use_cache=True continued by hand
+    model = vh.use(mistral(), name, **options)
+    assert getattr(model.config, "layer_types", None) is None and model.config.sliding_window == 4
     ids, mask = batch()
     kwargs = dict(attention_mask=mask, max_new_tokens=8, do_sample=False, pad_token_id=0)
     assert torch.equal(model.generate(ids, use_cache=True, **kwargs), model.generate(ids, use_cache=False, **kwargs))
-    vh.use(model, "sliding_window")  # back to the model's own window: its own (short) cache again
-    assert getattr(model.config, "layer_types", None) is None
+    first = model(ids[:, :10], attention_mask=mask[:, :10], use_cache=True)
+    cache = getattr(first, "cache", None) or first.past_key_values
+    rest = model(ids[:, 10:], attention_mask=mask, use_cache=True, **{vh._cache_argument(model): cache}).logits
+    torch.testing.assert_close(rest, model(ids, attention_mask=mask).logits[:, 10:])
+    # a cache of the model's own kind, passed by hand, would silently lose what the variant reads: refused
+    own = transformers.DynamicCache(config=model.config)
+    model(ids[:, :10], use_cache=True, **{vh._cache_argument(model): own})
+    with pytest.raises(ValueError, match=rf"cache kept only the last 4 positions of its sliding layers \(7 dropped\), "
+                                         rf"but {name} reads further back"):
+        model(ids[:, 10:], use_cache=True, **{vh._cache_argument(model): own})
+
+
+def test_a_window_within_mistrals_keeps_the_models_own_cache():
+    model = vh.use(mistral(), "sliding_window")  # the model's window: W - 1 = 3, which its cache holds
+    ids, mask = batch()
+    first = model(ids[:, :10], attention_mask=mask[:, :10], use_cache=True)
+    cache = getattr(first, "cache", None) or first.past_key_values
+    assert type(cache.layers[0]).__name__ == "DynamicSlidingWindowLayer"
+    rest = model(ids[:, 10:], attention_mask=mask, use_cache=True, **{vh._cache_argument(model): cache}).logits
+    torch.testing.assert_close(rest, model(ids, attention_mask=mask).logits[:, 10:])
 
 
 # -- every variant, by behaviour --------------------------------------------------------------------------
@@ -179,29 +203,50 @@ def test_generation_with_cache_equals_generation_without(name):
     assert torch.equal(cached, model.generate(ids, use_cache=False, **kwargs))
 
 
-@pytest.mark.filterwarnings("ignore:`past_key_values` is deprecated")  # (transformers >= 5.2x names it cache=)
 @pytest.mark.parametrize("name", sorted(CAUSAL))
-def test_generation_with_the_variants_own_state_equals_generation_without_cache(name):
-    # the state cache keeps each layer's decoding state (a recurrence's fixed state, a window's sinks and last w, ...),
-    # not keys and values; greedy tokens equal those without any cache (GQA: the states hold the repeated heads)
+def test_generation_keeps_the_variants_own_state_with_left_padding(name):
+    # after `use`, generate() keeps each layer's decoding state (a recurrence's fixed state, a window's sinks and
+    # last w, ...), not keys and values: greedy tokens equal those without any cache, on a batch whose second
+    # row is left-padded (GQA: the states hold the repeated heads)
     model = vh.use(llama().eval(), name, **CAUSAL[name])
-    ids, _ = batch()
-    kwargs = dict(max_new_tokens=8, do_sample=False, pad_token_id=0)
-    cache = vh.state_cache(model)
-    assert torch.equal(model.generate(ids, past_key_values=cache, **kwargs), model.generate(ids, use_cache=False, **kwargs))
+    ids, mask = batch()
+    kwargs = dict(attention_mask=mask, max_new_tokens=8, do_sample=False, pad_token_id=0)
+    out = model.generate(ids, return_dict_in_generate=True, **kwargs)
+    assert torch.equal(out.sequences, model.generate(ids, use_cache=False, **kwargs))
+    cache = getattr(out, "cache", None) or out.past_key_values
     attn = next(iter(vh.attention_layers(model).values())).attnbench_attention
+    if vh._decoding_refusal(attn) is not None:  # (none of the registry's causal examples today)
+        assert type(cache).__name__ == "DynamicCache"
+        return
+    assert type(cache).__name__ == "StateCache"
     assert [layer.state.kind for layer in cache.layers] == [attn.state_kind] * 2
     assert all(layer.state.length == N + 7 for layer in cache.layers)  # the last token is not fed back
+    # a state cache passed by hand gives the same
+    hand = model.generate(ids, **{vh._cache_argument(model): vh.state_cache(model)}, **kwargs)
+    assert torch.equal(hand, out.sequences)
 
 
-@pytest.mark.filterwarnings("ignore:`past_key_values` is deprecated")
-def test_state_cache_refuses_what_it_cannot_keep():
-    model = vh.use(llama().eval(), "linear")
+def test_beam_search_and_sampling_follow_the_states():
+    model = vh.use(llama().eval(), "retention")
     ids, mask = batch()
-    with pytest.raises(ValueError, match=r"state_cache: padded batches are not supported yet"):
-        model.generate(ids, attention_mask=mask, past_key_values=vh.state_cache(model), max_new_tokens=2, pad_token_id=0)
+    kwargs = dict(attention_mask=mask, max_new_tokens=6, pad_token_id=0)
+    beams = dict(num_beams=3, do_sample=False, **kwargs)
+    assert torch.equal(model.generate(ids, **beams), model.generate(ids, use_cache=False, **beams))
+    torch.manual_seed(5)
+    sampled = model.generate(ids, do_sample=True, num_return_sequences=2, **kwargs)
+    torch.manual_seed(5)
+    assert torch.equal(sampled, model.generate(ids, do_sample=True, num_return_sequences=2, use_cache=False, **kwargs))
+
+
+def test_state_cache_refuses_what_it_cannot_keep():
     with pytest.raises(ValueError, match=r"state_cache: the model has no attnbench variant attached"):
         vh.state_cache(llama())
+    model = vh.use(llama().eval(), "performer", eps=0.1)  # its stabilizer then reads later keys
+    with pytest.raises(ValueError, match=r"state_cache: performer cannot decode: performer: decoding needs eps=0"):
+        vh.state_cache(model)
+    ids, mask = batch()  # generate() then keeps the default cache, exact as before
+    kwargs = dict(attention_mask=mask, max_new_tokens=4, do_sample=False, pad_token_id=0)
+    assert torch.equal(model.generate(ids, **kwargs), model.generate(ids, use_cache=False, **kwargs))
 
 
 @pytest.mark.parametrize("name", sorted(set(VARIANTS) - set(CAUSAL)))

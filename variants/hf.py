@@ -54,18 +54,28 @@ def _transformers():
 
 # -- public API ------------------------------------------------------------------------------------
 
-def use(model, variant: str, **options):
+def use(model, variant: str, *, reinit: bool = False, **options):
     """Switch every attention layer of a `transformers` model to `variant`, keeping the model's weights.
 
     Options are the variant's own (see `bench list`), except num_heads and head_dim, which each layer
     gives. `scale` defaults to the layer's own `scaling`; `window` (sliding windows) to the model's
-    `config.sliding_window` - 1. Calling `use` again with another variant replaces the previous one.
-    Returns the model (switched in place).
+    `config.sliding_window` - 1 on the layers the model windows, while its global layers (a local/global
+    model: Gemma 3, Cohere 2, Qwen2 with max_window_layers) stay global (full); `window=w` windows every
+    layer. Calling `use` again with another variant replaces the previous one; again with the same variant
+    and options keeps the attached modules (their trained parameters) unless `reinit=True`.
+
+    Nothing else the model computes or saves changes: its config is left as it is (`config.attnbench`
+    records the variant, which the model's own attention ignores on reload). `generate()` then keeps each
+    layer's decoding state (`state_cache`), and a forward with `use_cache=True` a cache of every position
+    where the model's own cache would keep only its window but the variant reads further back.
+    Returns the model (switched in place; on an error nothing is changed).
 
     Example:
         >>> model = variants.hf.use(LlamaForCausalLM(config), "linear")
     """
     _transformers()
+    if not isinstance(reinit, bool):
+        raise TypeError(f"variants.hf.use: reinit must be a bool, got {reinit!r}")
     _check_variant(variant, options)
     layers = _check_model(model)
     config = model.config
@@ -77,20 +87,43 @@ def use(model, variant: str, **options):
     if softcap:
         raise ValueError(f"variants.hf.use: {type(model).__name__} caps its attention scores (attn_logit_softcapping="
                          f"{softcap}); the attnbench variants compute plain scaled dot-product scores")
+    _check_model_fits(model, variant)
+    record = {"variant": variant, "options": options}
+    again = (not reinit and config._attn_implementation == IMPLEMENTATION and getattr(config, "attnbench", None) == record
+             and all(ATTRIBUTE in layer._modules for layer in layers.values()))
     modules = {}
     like = next(model.parameters(), None)
     for path, layer in layers.items():
         _check_layer_fits(model, path, layer, variant)
-        modules[path] = _variant_for_layer(config, f"{type(model).__name__}.{path}", layer, variant, options, like)
-    for path, layer in layers.items():  # only once every layer is known to work: all or nothing
-        if ATTRIBUTE in layer._modules:
-            del layer._modules[ATTRIBUTE]
-        layer.add_module(ATTRIBUTE, modules[path])
-    _cache_keeps_what_the_variant_reads(model, getattr(next(iter(modules.values())), "window", None))
-    _load_saved_variant_weights(model)
-    _register_implementation(IMPLEMENTATION, None)
-    model.set_attn_implementation(IMPLEMENTATION)
-    model.config.attnbench = {"variant": variant, "options": options}  # saved with config.json, for the record
+        if again:
+            modules[path] = layer._modules[ATTRIBUTE]  # the same variant again: its (trained) parameters kept
+        else:
+            modules[path] = _variant_for_layer(config, f"{type(model).__name__}.{path}", layer, variant, options, like)
+    before = {path: layer._modules.get(ATTRIBUTE) for path, layer in layers.items()}
+    had = (config._attn_implementation, getattr(config, "attnbench", None))
+    try:  # only once every layer is known to work, and undone if the model refuses late: all or nothing
+        for path, layer in layers.items():
+            if ATTRIBUTE in layer._modules:
+                del layer._modules[ATTRIBUTE]
+            layer.add_module(ATTRIBUTE, modules[path])
+        if not again:
+            _load_saved_variant_weights(model)
+        _register_implementation(IMPLEMENTATION, None)
+        model.set_attn_implementation(IMPLEMENTATION)
+        model.config.attnbench = record  # saved with config.json, for the record
+        _keep_what_the_variants_read(model)
+    except Exception:
+        for path, layer in layers.items():
+            layer._modules.pop(ATTRIBUTE, None)
+            if before[path] is not None:
+                layer.add_module(ATTRIBUTE, before[path])
+        if had[0] != config._attn_implementation:
+            model.set_attn_implementation(had[0])
+        if had[1] is None:
+            config.__dict__.pop("attnbench", None)
+        else:
+            config.attnbench = had[1]
+        raise
     return model
 
 
@@ -136,10 +169,24 @@ def state_cache(model):
                          "variant) first")
     ordered = sorted(layers.values(), key=lambda layer: getattr(layer, "layer_idx", 0))
     for layer in ordered:
-        reason = layer._modules[ATTRIBUTE].decode_unsupported_reason()
+        reason = _decoding_refusal(layer._modules[ATTRIBUTE])
         if reason:
             raise ValueError(f"variants.hf.state_cache: {layer._modules[ATTRIBUTE].spec.name} cannot decode: {reason}")
     return _state_cache_class()([_state_layer_class()(layer._modules[ATTRIBUTE]) for layer in ordered])
+
+
+def _decoding_refusal(attn) -> str | None:
+    """Why this variant module cannot keep a decoding state (its method, or its options: performer with eps > 0,
+    cosformer without max_len), or None."""
+    reason = attn.decode_unsupported_reason()
+    if reason:
+        return reason
+    d = getattr(attn, "head_dim", None) or 8
+    try:
+        attn.init_state(1, 1, d, getattr(attn, "value_dim", None) or d)
+    except (ValueError, TypeError) as err:
+        return str(err)
+    return None
 
 
 @functools.lru_cache(maxsize=1)
@@ -222,15 +269,12 @@ def _state_step(attn, layer, query: Tensor, key: Tensor, value: Tensor, key_padd
     """The layer's attention with its decoding state: every call, the prompt included, by the variant's `step` (one
     pass gives the outputs and the state; a long prompt is stepped in bounded pieces)."""
     layer.pending = None
-    if key_padding_mask is not None:
-        raise ValueError("variants.hf.state_cache: padded batches are not supported yet (the states would have to keep "
-                         "the padding); generate them with the default cache, or one sequence at a time")
     if not causal:
         raise ValueError(f"variants.hf.state_cache: {type(attn).__name__} is called without causality; decoding is causal")
     if layer.state is None:
         b, h, _, d = query.shape
         layer.state = attn.init_state(b, h, d, value.shape[-1], query.dtype, query.device)
-    out, layer.state = attn.step(query, key, value, layer.state)
+    out, layer.state = attn.step(query, key, value, layer.state, key_padding_mask=key_padding_mask)  # the new positions'
     return out
 
 
@@ -325,11 +369,15 @@ def _variant_for_layer(config, where: str, layer: nn.Module, variant: str, optio
         head_dim = config.hidden_size // heads
     chosen = dict(options)
     if "window" in option_names(variant) and "window" not in chosen:
-        window = getattr(layer, "sliding_window", None) or getattr(config, "sliding_window", None)
-        if window is None:
-            raise ValueError(f"variants.hf: {where}: {variant} needs window=: the model's config has no sliding_window "
-                             f"to take it from")
-        chosen["window"] = max(int(window) - 1, 1)  # transformers' W counts the query itself
+        kind = _layer_kind(config, layer)
+        if kind == "full_attention":  # a local/global model's global layer stays global: exact softmax
+            variant, chosen = "full", {key: value for key, value in chosen.items() if key == "scale"}
+        else:
+            window = getattr(layer, "sliding_window", None) or getattr(config, "sliding_window", None)
+            if window is None:
+                raise ValueError(f"variants.hf: {where}: {variant} needs window=: the model's config has no "
+                                 f"sliding_window to take it from")
+            chosen["window"] = max(int(window) - 1, 1)  # transformers' W counts the query itself
     spec = variant_class(variant).spec
     if spec.max_len_option and spec.max_len_option not in chosen and getattr(config, "max_position_embeddings", None):
         chosen[spec.max_len_option] = int(config.max_position_embeddings)  # parameters sized to the model's longest input
@@ -344,19 +392,114 @@ def _variant_for_layer(config, where: str, layer: nn.Module, variant: str, optio
     return module
 
 
-def _cache_keeps_what_the_variant_reads(model, window: int | None) -> None:
-    """A model with a sliding window (Mistral) keeps only its last W positions in the KV cache. A variant that
-    reads further back (anything but a window w with w + 1 <= W) needs every position, or generation with the
-    cache would differ from generation without it: its layers' cache type becomes full attention. The
-    model's own masks and window setting are left as they are (the variants apply their own pattern)."""
-    config = model.config
-    original = model.__dict__.setdefault("_attnbench_layer_types", getattr(config, "layer_types", None))
-    own = getattr(config, "sliding_window", None)
-    truncates = own is not None or any(kind != "full_attention" for kind in (original or []))
-    if not truncates:
+def _layer_kind(config, layer: nn.Module) -> str | None:
+    """The layer's entry of config.layer_types ("full_attention", "sliding_attention"), None when not given."""
+    types = getattr(config, "layer_types", None)
+    index = getattr(layer, "layer_idx", None)
+    if not types or not isinstance(index, int) or not 0 <= index < len(types):
+        return None
+    return types[index]
+
+
+def _own_cache_window(config) -> int | None:
+    """W when the model's own cache (transformers' DynamicCache built from its config) keeps only the last W
+    positions of some layers (its sliding layers), else None."""
+    text = config.get_text_config(decoder=True) if hasattr(config, "get_text_config") else config
+    window = getattr(text, "sliding_window", None)
+    types = getattr(text, "layer_types", None)
+    if not window or (types is not None and "sliding_attention" not in types):
+        return None
+    return int(window)
+
+
+def _reads_past(variant: str, options: dict, window: int) -> bool:
+    """Whether `variant` (with `options`) on a layer the model windows by W reads positions a cache of the last
+    W drops: anything but a window w with w + 1 <= W and no global (sink) tokens."""
+    if "window" not in option_names(variant) or options.get("global_tokens", 0):
+        return True
+    return "window" in options and int(options["window"]) + 1 > window
+
+
+def _keep_what_the_variants_read(model) -> None:
+    """Make the model's caches hold what its variants read, without touching its config: `generate()` gets
+    the state cache (each layer's decoding state: what the variant reads, by definition), and where the model's
+    own cache would drop positions a variant reads, a forward with use_cache=True and no cache gets one that
+    keeps every position. Installed once per model (instance attributes, never saved)."""
+    if "_attnbench_hooks" in model.__dict__:
         return
-    fits = window is not None and own is not None and window + 1 <= own and not original
-    config.layer_types = original if fits else ["full_attention"] * config.num_hidden_layers
+    generate_cache = getattr(model, "_prepare_cache_for_generation", None)  # (None: a model without generate)
+
+    def prepare_cache(generation_config, model_kwargs, generation_mode, *args, **kwargs):
+        generate_cache(generation_config, model_kwargs, generation_mode, *args, **kwargs)
+        _generation_cache(model, model_kwargs, generation_config, generation_mode)
+
+    def full_cache(module, args, kwargs):
+        name = _cache_argument(model)
+        use_cache = kwargs.get("use_cache")
+        use_cache = getattr(model.config, "use_cache", False) if use_cache is None else use_cache
+        if name and use_cache and kwargs.get(name) is None and _cache_drops_what_is_read(model):
+            from transformers import DynamicCache
+
+            kwargs[name] = DynamicCache()  # no config: every layer keeps every position
+        return args, kwargs
+
+    if generate_cache is not None:
+        model.__dict__["_prepare_cache_for_generation"] = prepare_cache
+    model.__dict__["_attnbench_hooks"] = model.register_forward_pre_hook(full_cache, with_kwargs=True)
+
+
+def _cache_argument(model) -> str | None:
+    """The name the model's forward takes its cache by ("cache" in recent transformers, "past_key_values")."""
+    parameters = inspect.signature(type(model).forward).parameters
+    return next((name for name in ("cache", "past_key_values") if name in parameters), None)
+
+
+def _cache_drops_what_is_read(model) -> bool:
+    record = getattr(model.config, "attnbench", None)
+    window = _own_cache_window(model.config)
+    return bool(record and window and model.config._attn_implementation == IMPLEMENTATION
+                and _reads_past(record["variant"], record["options"], window))
+
+
+def _generation_cache(model, model_kwargs: dict, generation_config, generation_mode) -> None:
+    """generate()'s cache after `use`: the state cache in place of the default DynamicCache (a cache the user
+    passed, or chose by cache_implementation, is kept), for the generation modes a state can follow (not
+    assisted generation, which crops); otherwise a DynamicCache of every position where the default one
+    would drop what a variant reads."""
+    transformers = _transformers()
+    key = next((name for name in ("cache", "past_key_values") if name in model_kwargs), None)
+    made = None if key is None else model_kwargs[key]
+    if type(made) is not transformers.DynamicCache or getattr(made, "_is_user_defined", False):
+        return
+    if model.config._attn_implementation != IMPLEMENTATION or generation_config.cache_implementation not in (None, "dynamic"):
+        return
+    mode = getattr(generation_mode, "value", generation_mode)
+    layers = [layer for layer in attention_layers(model).values() if ATTRIBUTE in layer._modules]
+    decodes = all(_decoding_refusal(layer._modules[ATTRIBUTE]) is None for layer in layers)
+    if decodes and mode in STATE_CACHE_MODES and not model.config.is_encoder_decoder:
+        model_kwargs[key] = state_cache(model)
+    elif _cache_drops_what_is_read(model):
+        model_kwargs[key] = transformers.DynamicCache()
+
+
+STATE_CACHE_MODES = ("greedy_search", "sample", "beam_search", "beam_sample")  # generate() modes the state cache follows
+
+
+def _check_model_fits(model, variant: str) -> None:
+    """Refuse, before anything is attached, layer kinds no variant expresses: chunked attention, and the
+    non-attention layers of hybrid models (their own caches and convolutions)."""
+    text = model.config.get_text_config(decoder=True)
+    name = type(model).__name__
+    chunk = getattr(text, "attention_chunk_size", None)
+    types = list(getattr(text, "layer_types", None) or [])
+    if chunk or "chunked_attention" in types:
+        raise ValueError(f"variants.hf.use: {name} attends in chunks (attention_chunk_size={chunk}: each query sees only "
+                         f"its own chunk of positions, Llama 4's pattern); no attnbench variant expresses it")
+    other = sorted(set(types) - {"full_attention", "sliding_attention"})
+    if other:
+        raise ValueError(f"variants.hf.use: {name} has layers of kind {', '.join(other)} (config.layer_types: a hybrid "
+                         f"model's non-attention or shared layers, with caches of their own); variants.hf switches "
+                         f"models whose layers are all full_attention or sliding_attention")
 
 
 # -- what runs inside the model ---------------------------------------------------------------------
@@ -436,6 +579,8 @@ def _padding_mask(batch_size: int, q_length: int, kv_length: int, q_offset: int 
     expressed by them and is refused here, never silently dropped.
     """
     _check_pattern(mask_function, config)
+    if kv_offset and config is not None:  # the cache dropped the first kv_offset positions (a sliding layer's cache)
+        _check_cache_keeps_what_is_read(config, int(kv_offset))
     if attention_mask is None:
         return None
     attention_mask = attention_mask[:, -kv_length:]
@@ -445,6 +590,23 @@ def _padding_mask(batch_size: int, q_length: int, kv_length: int, q_offset: int 
     if attention_mask.all():
         return None
     return attention_mask
+
+
+def _check_cache_keeps_what_is_read(config, dropped: int) -> None:
+    """ValueError when the model's cache has dropped positions its variant still reads (a window cache of W
+    positions under a variant that reads further back), so the outputs would differ from those without cache."""
+    implementation = getattr(config, "_attn_implementation", None)
+    spec = _REGISTERED.get(implementation)
+    record = getattr(config, "attnbench", None) if spec is None else {"variant": spec[0], "options": spec[1]}
+    window = _own_cache_window(config)
+    if record and window and not _reads_past(record["variant"], record["options"], window):
+        return
+    what = record["variant"] if record else "the attnbench variant"
+    raise ValueError(f"variants.hf: the model's cache kept only the last {window} positions of its sliding layers "
+                     f"({dropped} dropped), but {what} reads further back, so its outputs would differ from those "
+                     f"without a cache. After variants.hf.use, generate() and model(..., use_cache=True) make a cache "
+                     f"that keeps them; a cache you pass must too: variants.hf.state_cache(model) or "
+                     f"transformers.DynamicCache() (without config)")
 
 
 def _check_pattern(mask_function, config) -> None:
