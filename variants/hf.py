@@ -328,35 +328,42 @@ CROSS_ATTENTION_NAMES = ("crossattention", "cross_attention", "cross_attn", "enc
 def _is_cross_attention(path: str, layer: nn.Module) -> bool:
     """Layers whose keys come from another sequence (an encoder's): by flag, class or the names families give them."""
     names = [type(layer).__name__.lower(), *path.lower().split(".")]
-    return bool(getattr(layer, "is_cross_attention", False)) or any(n in part for n in CROSS_ATTENTION_NAMES for part in names)
+    decoders_other = bool(getattr(layer, "is_decoder", False)) and getattr(layer, "is_causal", True) is False  # BART's encoder_attn
+    return (bool(getattr(layer, "is_cross_attention", False)) or decoders_other
+            or any(n in part for n in CROSS_ATTENTION_NAMES for part in names))
 
 
 def _check_layer_fits(model, path: str, layer: nn.Module, variant: str) -> None:
+    device = next((p.device.type for p in model.parameters()), "cpu")
+    _check_layer(f"{type(model).__name__}.{path} ({type(layer).__name__})", "variants.hf.use", path, layer, variant,
+                 device, model.training)
+
+
+def _check_layer(where: str, caller: str, path: str, layer: nn.Module, variant: str, device: str, training: bool) -> None:
+    """ValueError/RuntimeError when `variant` cannot be this layer's attention (`where` names it in the message)."""
     spec = variant_class(variant).spec
-    where = f"{type(model).__name__}.{path} ({type(layer).__name__})"
     if getattr(layer, "has_relative_attention_bias", False) or hasattr(layer, "relative_attention_bias"):
-        raise ValueError(f"variants.hf.use: {where} adds a learned position bias to its scores (T5-style); the attnbench "
+        raise ValueError(f"{caller}: {where} adds a learned position bias to its scores (T5-style); the attnbench "
                          f"variants compute plain scaled dot-product scores")
     if not spec.supports_causal and getattr(layer, "is_causal", True):
-        raise ValueError(f"variants.hf.use: {where} is causal (a decoder); {variant} is not causal: {spec.why_not_causal} "
+        raise ValueError(f"{caller}: {where} is causal (a decoder); {variant} is not causal: {spec.why_not_causal} "
                          f"(use it in a bidirectional encoder such as BERT)")
     if not spec.supports_non_causal and not getattr(layer, "is_causal", True):
-        raise ValueError(f"variants.hf.use: {where} is not causal (an encoder's bidirectional attention); {variant} is "
+        raise ValueError(f"{caller}: {where} is not causal (an encoder's bidirectional attention); {variant} is "
                          f"causal only: {spec.why_not_non_causal} (use it in a decoder)")
     if not spec.supports_non_causal and _is_cross_attention(path, layer):
-        raise ValueError(f"variants.hf.use: {where} is a cross-attention layer (every query sees the whole encoder "
+        raise ValueError(f"{caller}: {where} is a cross-attention layer (every query sees the whole encoder "
                          f"sequence); {variant} is causal only: {spec.why_not_non_causal}")
     if _is_cross_attention(path, layer) and not spec.supports_cross_attention:
-        raise ValueError(f"variants.hf.use: {where} is a cross-attention layer (queries and keys from different "
+        raise ValueError(f"{caller}: {where} is a cross-attention layer (queries and keys from different "
                          f"sequences); {variant} has no cross-attention")
-    device = next((p.device.type for p in model.parameters()), "cpu")
     reason = variant_class(variant).unavailable_reason(device)
     if reason:
-        raise RuntimeError(f"variants.hf.use: {where}: {variant} cannot run on the model's device: {reason}")
-    if model.training:
+        raise RuntimeError(f"{caller}: {where}: {variant} cannot run on the model's device: {reason}")
+    if training:
         reason = variant_class(variant).backward_unsupported_reason(device)
         if reason:
-            raise RuntimeError(f"variants.hf.use: {where}: the model is in training mode, but {reason}; call "
+            raise RuntimeError(f"{caller}: {where}: the model is in training mode, but {reason}; call "
                                f"model.eval() and run it under torch.no_grad(), or use a variant with a backward there")
 
 
@@ -525,6 +532,9 @@ def _layer_variant(module: nn.Module, implementation: str) -> nn.Module:
     cache = module.__dict__.setdefault("_attnbench_registered", {})  # not a submodule: nothing to save
     if implementation not in cache:
         like = next(module.parameters(), None)
+        # the checks `use` makes of each layer, made here at the layer's first call (a registered name knows no model)
+        _check_layer(type(module).__name__, f"variants.hf: {implementation}", "", module, spec[0],
+                     "cpu" if like is None else like.device.type, module.training)
         cache[implementation] = _variant_for_layer(getattr(module, "config", None), type(module).__name__, module,
                                                    spec[0], spec[1], like)
     return cache[implementation]
