@@ -10,6 +10,7 @@ and keeps the accuracy asked for.
 
 from __future__ import annotations
 
+import json
 import math
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -20,12 +21,13 @@ from harness.config import ArgumentError
 from harness.fmt import fmt_bytes, fmt_time
 from harness.quality_frames import accuracy_summary, by_distance_frame, mixed_recipe, quality_rows
 from harness.rows import NO_TIME
-from harness.storage import RESULTS, load_frame, variant_facts
+from harness.storage import RESULTS, load_frame, read_metadata, variant_facts
 
 
 @dataclass
 class Answer:
     variant: str
+    label: str = ""  # the variant, with the options that tell it apart where the runs timed several option sets
     time_s: float | None = None
     peak_bytes: float | None = None
     how: str = ""  # "measured", "interpolated ...", "extrapolated ...", or why there is no figure
@@ -56,10 +58,21 @@ def split_runs(run_dirs: list[Path]) -> tuple[list[Path], list[Path]]:
     return speed, quality
 
 
+SETUP = ("device_name", "batch", "heads", "head_dim", "dtype", "threads")  # what a speed row measured besides its cell
+
+
 def speed_rows(speed_dirs: list[Path], device: str | None, pass_: str, causal: bool) -> tuple[str, pd.DataFrame]:
     """(device, the speed runs' rows of that device, pass and causality); device None: cpu if the runs
-    hold it. ArgumentError naming what the runs hold when they have no such rows."""
-    df = pd.concat([load_frame(d) for d in speed_dirs], ignore_index=True)
+    hold it. ArgumentError naming what the runs hold when they have no such rows, and naming the difference
+    when the runs measured different setups (machine, B, H, D, dtype, threads): rows of different setups are
+    never pooled. A variant timed with different options in different runs is one `setting` per option set
+    (labelled with the options that differ); a cell measured by several runs of one setup is their median."""
+    frames = []
+    for d in speed_dirs:
+        frame = load_frame(d)
+        frame["run"] = str(d)
+        frames.append(frame)
+    df = pd.concat(frames, ignore_index=True)
     df["causal"] = df["causal"].astype(bool)
     devices = sorted(df["device"].unique())
     device = device or ("cpu" if "cpu" in devices else devices[0])
@@ -71,7 +84,66 @@ def speed_rows(speed_dirs: list[Path], device: str | None, pass_: str, causal: b
         have = ", ".join(f"{p} {_causal_word(c)}" for p, c in sorted({(p, bool(c)) for p, c in zip(mine["pass"], mine["causal"])}))
         raise ArgumentError(f"the speed runs have no {pass_} {_causal_word(causal)} rows on {device}; they hold {have} "
                             "(--pass, --causal/--no-causal)")
-    return device, sel
+    _check_one_setup(sel)
+    return device, _settings(sel)
+
+
+def _known(value) -> bool:
+    return value is not None and value == value  # (NaN: not recorded by an older run)
+
+
+def _check_one_setup(sel: pd.DataFrame) -> None:
+    """ArgumentError naming each setup field whose recorded values differ between the runs (a field a run
+    did not record is not compared)."""
+    diffs = []
+    for name in SETUP:
+        if name not in sel:
+            continue
+        per_run = {run: sorted({str(v) for v in group[name] if _known(v)}) for run, group in sel.groupby("run", sort=False)}
+        values = {v for vs in per_run.values() for v in vs}
+        if len(values) > 1:
+            diffs.append(f"{name} " + ", ".join(f"{'/'.join(vs)} in {run}" for run, vs in per_run.items() if vs))
+    if diffs:
+        raise ArgumentError("the speed runs measured different setups, whose rows cannot be pooled: " + "; ".join(diffs)
+                            + " (give speed runs of one machine and shape)")
+
+
+def _options_key(options) -> str:
+    """The options a row was timed with, those at None left out (a run older than an option did not record it)."""
+    return json.dumps({k: v for k, v in (options or {}).items() if v is not None}, sort_keys=True, default=str)
+
+
+def _settings(sel: pd.DataFrame) -> pd.DataFrame:
+    """The rows with a `setting` column (the variant, with the options that tell its option sets apart where
+    the runs timed it with several) and one row per (setting, N): the median over the runs that measured it
+    (`runs` says how many), a failed row only where no run measured that cell."""
+    sel = sel.assign(options_key=[_options_key(o) for o in sel["options"]])
+    labels = {}
+    for variant, group in sel.groupby("variant", sort=False):
+        keys = list(dict.fromkeys(group["options_key"]))
+        for key in keys:
+            if len(keys) == 1:
+                labels[(variant, key)] = variant
+                continue
+            mine, others = json.loads(key), [json.loads(k) for k in keys if k != key]
+            differ = {k: v for k, v in mine.items() if any(o.get(k) != v for o in others)}
+            labels[(variant, key)] = f"{variant} ({_options_text(differ)})" if differ else variant  # (the other sets add options)
+    sel = sel.assign(setting=[labels[(v, k)] for v, k in zip(sel["variant"], sel["options_key"])])
+    out = []
+    for (_, n), group in sel.groupby(["setting", "n"], sort=False):
+        ok = group[group["status"] == "ok"]
+        if len(ok) > 1:
+            row = ok.iloc[0].copy()
+            row["time_median_s"] = float(ok["time_median_s"].median())
+            peaks = [b for b in ok["peak_bytes"] if _known(b)]
+            row["peak_bytes"] = float(pd.Series(peaks).median()) if peaks else None
+            row["runs"] = len(ok)
+            out.append(row)
+        else:
+            row = (ok if len(ok) else group).iloc[0].copy()
+            row["runs"] = 1
+            out.append(row)
+    return pd.DataFrame(out).reset_index(drop=True)
 
 
 def log_interp(points: list[tuple[int, float]], n: int) -> tuple[float, str]:
@@ -122,6 +194,7 @@ def advise(run_dirs: list[Path], *, n: int, device: str | None = None, pass_: st
     if mixed:
         raise ArgumentError(f"{mixed}; their accuracies are not seeds of one training: give quality runs of one recipe")
     rows = [r for group in by_run.values() for r in group]
+    planned = max([int((read_metadata(d).get("config") or {}).get("seeds") or 1) for d in quality_dirs], default=1)
     facts = variant_facts(*run_dirs)
     summary, distance = accuracy_summary(rows), by_distance_frame(rows, facts)
     if rows:
@@ -139,8 +212,8 @@ def advise(run_dirs: list[Path], *, n: int, device: str | None = None, pass_: st
             raise ArgumentError(f"the runs share no length: the speed runs measured N={measured[0]}..{measured[-1]}, the quality "
                                 f"runs trained {task} at {', '.join(map(str, trained))} tokens")
     answers = []
-    for variant, group in sel.groupby("variant", sort=False):
-        answer = Answer(variant)
+    for setting, group in sel.groupby("setting", sort=False):
+        answer = Answer(group["variant"].iloc[0], label=setting)
         ok = group[group["status"] == "ok"]
         stopped = group[(group["status"].isin(NO_TIME)) & (group["n"] <= n)]
         if not stopped.empty:
@@ -150,11 +223,14 @@ def advise(run_dirs: list[Path], *, n: int, device: str | None = None, pass_: st
             answer.how = "no successful measurement"
         else:
             answer.time_s, answer.how = log_interp(list(zip(ok["n"].astype(int), ok["time_median_s"])), n)
+            pooled = ok[(ok["runs"] > 1) & (ok["n"].astype(int) == n)]
+            if answer.how == "measured" and not pooled.empty:
+                answer.how = f"measured (median of {int(pooled['runs'].iloc[0])} runs)"
             mem = [(int(m), float(b)) for m, b in zip(ok["n"], ok["peak_bytes"]) if b is not None and b == b and b > 0]
             answer.peak_bytes = log_interp(mem, n)[0] if mem else None
         speed_options = group["options"].iloc[0] or {}
         if rows:
-            _attach_quality(answer, summary, distance, n, speed_options, facts)
+            _attach_quality(answer, summary, distance, n, speed_options, facts, max(planned, int(summary["seeds"].max())))
         answers.append(answer)
     _rank(answers, memory, min_accuracy, bool(rows))
     return answers, {"device": device, "pass": pass_, "causal": causal, "n": n, "task": task, "quality_runs": bool(rows),
@@ -162,7 +238,7 @@ def advise(run_dirs: list[Path], *, n: int, device: str | None = None, pass_: st
 
 
 def _attach_quality(answer: Answer, summary: pd.DataFrame, distance: pd.DataFrame, n: int, speed_options: dict,
-                    facts: dict[str, dict]) -> None:
+                    facts: dict[str, dict], seeds: int) -> None:
     """The accuracy of the variant, or of the variant its spec says computes the same function (as the
     runs recorded it), at the trained length nearest N; notes where the options that change the
     function differ between the speed and the quality run."""
@@ -179,6 +255,8 @@ def _attach_quality(answer: Answer, summary: pd.DataFrame, distance: pd.DataFram
     row = mine[mine["length"] == length].iloc[0]
     answer.accuracy, answer.quality_length = float(row["accuracy"]), length
     answer.accuracy_range = (float(row["accuracy_min"]), float(row["accuracy_max"]))
+    if int(row["seeds"]) < seeds:  # an unfinished run: this mean is over fewer seeds than the others'
+        answer.quality_note.append(f"{int(row['seeds'])} of {seeds} seeds (the quality run did not finish them)")
     if per * length < n:
         tokens = f" ({per * length} tokens)" if per != 1 else ""
         answer.quality_note.append(f"trained at L={length}{tokens} < N: accuracy at N not measured")
@@ -224,13 +302,13 @@ def recommendation(answers: list[Answer], context: dict) -> str:
     best = ranked[0]
     extra = f", {best.how}" if best.how != "measured" else ""
     acc = f", accuracy {best.accuracy:.1%} at L={best.quality_length}" if best.accuracy is not None else ""
-    return f"Use {best.variant}: the {what} at N={context['n']} ({fmt_time(best.time_s)} per call{extra}{acc})."
+    return f"Use {best.label or best.variant}: the {what} at N={context['n']} ({fmt_time(best.time_s)} per call{extra}{acc})."
 
 
 def advise_table(answers: list[Answer]) -> pd.DataFrame:
     """The answers as rows of text, ranked ones first (for the CLI and the report)."""
     out = []
-    for a in sorted(answers, key=lambda a: (a.rank is None, a.rank or 0, a.variant)):
+    for a in sorted(answers, key=lambda a: (a.rank is None, a.rank or 0, a.label or a.variant)):
         acc = ""
         if a.accuracy is not None:
             acc = f"{a.accuracy:.1%}"
@@ -238,7 +316,7 @@ def advise_table(answers: list[Answer]) -> pd.DataFrame:
             if low != high:  # the seeds' range, where it shows at this precision
                 acc += f" ({low}-{high})"
             acc += f" at L={a.quality_length}"
-        out.append({"rank": str(a.rank) if a.rank else "-", "variant": a.variant,
+        out.append({"rank": str(a.rank) if a.rank else "-", "variant": a.label or a.variant,
                     "time": fmt_time(a.time_s) if a.time_s is not None and math.isfinite(a.time_s) else "",
                     "memory": fmt_bytes(a.peak_bytes) if a.peak_bytes is not None and math.isfinite(a.peak_bytes) else "",
                     "how": a.how, "accuracy": acc,

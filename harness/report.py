@@ -444,7 +444,7 @@ def _surviving_speedup(speed: list[Path], quality: list[Path], pass_: str, causa
     costs = costs[costs["status"] == "ok"]
     _, sel = speed_rows(speed, device, pass_, causal)
     ok = sel[sel["status"] == "ok"]
-    op = {v: list(zip(g["n"].astype(int), g["time_median_s"])) for v, g in ok.groupby("variant")}
+    op = {v: list(zip(g["n"].astype(int), g["time_median_s"])) for v, g in ok.groupby("setting")}  # (one per option set)
     if BASELINE not in op:
         return []
     body = []

@@ -247,6 +247,71 @@ def test_advise_cli_and_its_bad_input(tmp_path):
         assert result.exit_code == 2 and message in _text(result), (args, result.output)
 
 
+def _edited_copy(run, path, **changes):
+    """A copy of a speed run with every row's fields changed (`time_factor` scales the times)."""
+    import shutil
+
+    from harness.storage import RESULTS
+
+    shutil.copytree(run, path)
+    factor = changes.pop("time_factor", 1.0)
+    meta = json.loads((path / "metadata.json").read_text())
+    meta["config"].update({k: v for k, v in changes.items() if k in ("batch", "heads", "head_dim", "dtype")})
+    (path / "metadata.json").write_text(json.dumps(meta))
+    lines = []
+    for line in (path / RESULTS).read_text().splitlines():
+        row = {**json.loads(line), **changes}
+        if row.get("time_median_s"):
+            row["time_median_s"] *= factor
+        lines.append(json.dumps(row))
+    (path / RESULTS).write_text("\n".join(lines) + "\n")
+    return path
+
+
+def test_advise_never_pools_speed_rows_of_different_setups(tmp_path):
+    # finding 5: runs of other shapes or machines were merged, taking the minimum time at each N
+    from harness.advise import advise
+
+    speed = _edited_copy(make_run(tmp_path / "made"), tmp_path / "speed", device_name="Test CPU")
+    heads = _edited_copy(speed, tmp_path / "heads", heads=2)
+    machine = _edited_copy(speed, tmp_path / "machine", device_name="Other CPU", time_factor=0.1)
+    for other in (heads, machine):
+        result = _invoke("advise", "--len", "1024", "--no-causal", str(speed), str(other))
+        assert result.exit_code == 2 and "the speed runs measured different setups" in _text(result), result.output
+    from harness.config import ArgumentError
+
+    with pytest.raises(ArgumentError, match=rf"heads 8 in {speed}, 2 in {heads} \(give speed runs of one machine and shape\)"):
+        advise([speed, heads], n=1024, causal=False)
+    with pytest.raises(ArgumentError, match=rf"device_name Test CPU in {speed}, Other CPU in {machine}"):
+        advise([speed, machine], n=1024, causal=False)
+    # two runs of one setup measuring one cell: their median, said so (not the faster of the two)
+    again = _edited_copy(speed, tmp_path / "again", time_factor=3.0)
+    answers, _ = advise([speed, again], n=1024, causal=False)
+    full = next(a for a in answers if a.variant == "full")
+    assert full.time_s == pytest.approx(2e-9 * 1024**2) and full.how == "measured (median of 2 runs)"
+    # one variant timed with other options in another run: two answers, labelled, never one
+    window = _edited_copy(speed, tmp_path / "window", options={"window": 64})
+    answers, _ = advise([speed, window], n=1024, causal=False)
+    labels = sorted(a.label for a in answers if a.variant == "linear")
+    assert labels == ["linear", "linear (window=64)"]
+
+
+def test_advise_states_unequal_seeds(tmp_path):
+    # finding 6: an unfinished quality run averaged full over 3 seeds and the others over 2, without a word
+    from harness.advise import advise, advise_table
+
+    speed = make_run(tmp_path / "speed")
+    quality = make_quality_run(tmp_path / "quality", {"full": 0.95, "linear": 0.4})
+    lines = (quality / QUALITY_RESULTS).read_text().splitlines()
+    kept = [line for line in lines if not (json.loads(line)["variant"] == "linear" and json.loads(line)["seed"] == 2)]
+    (quality / QUALITY_RESULTS).write_text("\n".join(kept) + "\n")
+    answers, _ = advise([speed, quality], n=256, causal=False)
+    by = {a.variant: a for a in answers}
+    assert "2 of 3 seeds" in "; ".join(by["linear"].quality_note)
+    assert not any("seeds" in note for note in by["full"].quality_note)
+    assert "2 of 3 seeds" in advise_table(answers).set_index("variant").loc["linear", "notes"]
+
+
 def test_tradeoff_report_draws_accuracy_against_time(tmp_path):
     speed = make_run(tmp_path / "speed")
     quality = make_quality_run(tmp_path / "quality", {"full": 0.95, "linear": 0.4})
