@@ -435,9 +435,27 @@ def test_softcapped_scores_refused():
         vh.use(transformers.Gemma2ForCausalLM(config), "full")
 
 
-def test_attention_dropout_refused():
-    with pytest.raises(ValueError, match=r"config.attention_dropout=0.1; the attnbench variants have no attention dropout"):
-        vh.use(llama(attention_dropout=0.1), "linear")
+def test_attention_dropout_refused_only_where_it_would_apply():
+    # finding 9: eval needs no dropout; training refuses with a remedy that works on a built model
+    model = vh.use(llama(attention_dropout=0.1).eval(), "linear")
+    ids, mask = batch()
+    model(ids, attention_mask=mask)  # eval: no dropout applies
+    model.train()
+    with pytest.raises(ValueError, match=r"asks for attention dropout p=0.1 \(the model is training\); linear has none. "
+                                         r"Zero it on the built model with variants.hf.without_attention_dropout"):
+        model(ids, attention_mask=mask)
+    vh.without_attention_dropout(model)
+    model(ids, attention_mask=mask).logits.sum().backward()  # trains now
+    for family, config in (("BERT", transformers.BertConfig(vocab_size=VOCAB, hidden_size=32, num_hidden_layers=1, num_attention_heads=4,
+                                                           intermediate_size=64, attention_probs_dropout_prob=0.1)),
+                           ("GPT-2", transformers.GPT2Config(vocab_size=VOCAB, n_embd=32, n_layer=1, n_head=4, attn_pdrop=0.1)),
+                           ("DistilBERT", transformers.DistilBertConfig(vocab_size=VOCAB, dim=32, n_layers=1, n_heads=4, hidden_dim=64,
+                                                                        attention_dropout=0.1))):
+        other = vh.use(transformers.AutoModel.from_config(config).eval(), "full")  # eval: accepted
+        other(ids)
+        with pytest.raises(ValueError, match=r"asks for attention dropout p=0.1"):
+            other.train()(ids)
+        vh.without_attention_dropout(other)(ids)  # the layers' own dropout (BERT's nn.Dropout, GPT-2's attn_dropout)
 
 
 def test_packed_sequences_refused_not_ignored():

@@ -94,8 +94,8 @@ def test_a_window_taken_from_the_model_keeps_its_global_layers_global(family):
     assert {layer.attnbench_attention.spec.name for layer in vh.attention_layers(model).values()} == {"sliding_window"}
 
 
-def untouched(model) -> bool:
-    return (model.config._attn_implementation == "sdpa" and not hasattr(model.config, "attnbench")
+def untouched(model, implementation="sdpa") -> bool:
+    return (model.config._attn_implementation == implementation and not hasattr(model.config, "attnbench")
             and not any(vh.ATTRIBUTE in layer._modules for layer in vh.attention_layers(model).values()))
 
 
@@ -190,3 +190,83 @@ def test_a_registered_window_is_refused_in_cross_attention_whatever_the_lengths(
     ids, _ = tokens()
     with pytest.raises(ValueError, match=r"BartAttention is a cross-attention layer .* sliding_window has no cross-attention"):
         model(input_ids=ids, decoder_input_ids=ids)  # equal lengths
+
+
+# -- finding 8: what was accepted and then refused at the first forward, or failed on shapes -------------------
+
+def _deepseek():
+    torch.manual_seed(0)
+    config = transformers.DeepseekV3Config(
+        vocab_size=VOCAB, hidden_size=32, intermediate_size=64, moe_intermediate_size=16, num_hidden_layers=2,
+        num_attention_heads=4, num_key_value_heads=4, n_routed_experts=2, num_experts_per_tok=1, n_group=1, topk_group=1,
+        first_k_dense_replace=1, kv_lora_rank=8, q_lora_rank=None, qk_rope_head_dim=4, qk_nope_head_dim=8, v_head_dim=6,
+        max_position_embeddings=64, attn_implementation="sdpa")
+    return transformers.DeepseekV3ForCausalLM(config).eval()  # (its experts run in float32 only)
+
+
+def _bart_unequal_heads():
+    torch.manual_seed(0)
+    config = transformers.BartConfig(vocab_size=VOCAB, d_model=32, encoder_layers=1, decoder_layers=1, encoder_attention_heads=4,
+                                     decoder_attention_heads=2, encoder_ffn_dim=64, decoder_ffn_dim=64, max_position_embeddings=64,
+                                     attn_implementation="sdpa")
+    return transformers.BartForConditionalGeneration(config).eval()
+
+
+def _qwen2_moe():
+    torch.manual_seed(0)
+    config = transformers.Qwen2MoeConfig(vocab_size=VOCAB, hidden_size=32, intermediate_size=64, moe_intermediate_size=16,
+                                         shared_expert_intermediate_size=16, num_hidden_layers=2, num_attention_heads=4,
+                                         num_key_value_heads=2, num_experts=2, num_experts_per_tok=1, max_position_embeddings=64,
+                                         attn_implementation="sdpa")
+    return transformers.Qwen2MoeForCausalLM(config).eval()
+
+
+@pytest.mark.filterwarnings("ignore")
+@pytest.mark.parametrize("family", ["DeepSeek-V3", "BART", "Qwen2-MoE"])
+def test_each_layer_gives_its_own_shape_and_unused_masks_are_not_refused(family):
+    # DeepSeek-V3: q/k heads 12 wide, values 6 (MLA); BART: 4 encoder and 2 decoder heads; Qwen2-MoE builds a
+    # sliding mask of window 0 that no layer uses. `full` equals sdpa; the others run (memory_compressed needs
+    # each layer's own heads and value width for its parameters)
+    model = {"DeepSeek-V3": _deepseek, "BART": _bart_unequal_heads, "Qwen2-MoE": _qwen2_moe}[family]()
+    ids, _ = tokens()
+    call = dict(input_ids=ids, **({"decoder_input_ids": ids[:, :9]} if family == "BART" else {}))
+    with torch.no_grad():
+        want = model(**call).logits
+        torch.testing.assert_close(vh.use(model, "full")(**call).logits, want, atol=1e-5, rtol=1e-5)
+        for name, options in (("memory_compressed", {"compression": 2}), ("linear", {})):
+            assert torch.isfinite(vh.use(model, name, **options)(**call).logits).all()
+            if family == "DeepSeek-V3" and name == "memory_compressed":
+                attn = next(iter(vh.attention_layers(model).values())).attnbench_attention
+                assert (attn.head_dim, attn.value_dim) == (12, 6)
+
+
+def test_modernberts_bidirectional_window_is_expressed_exactly():
+    # ModernBERT's local layers see |i - j| <= W (config.sliding_window = local_attention / 2); its global layers
+    # everything: the non-causal sliding_window expresses both, so the model equals its own sdpa
+    torch.manual_seed(0)
+    config = transformers.ModernBertConfig(vocab_size=VOCAB, hidden_size=32, intermediate_size=64, num_hidden_layers=2,
+                                           num_attention_heads=4, max_position_embeddings=256, local_attention=8,
+                                           global_attn_every_n_layers=2, pad_token_id=0, attn_implementation="sdpa")
+    model = transformers.ModernBertModel(config).double().eval()
+    ids = torch.randint(3, VOCAB, (2, 40), generator=torch.Generator().manual_seed(1))
+    mask = torch.ones(2, 40, dtype=torch.long)
+    mask[1, 30:] = 0
+    with torch.no_grad():
+        want = model(ids, attention_mask=mask).last_hidden_state
+        got = vh.use(model, "sliding_window")(ids, attention_mask=mask).last_hidden_state
+    torch.testing.assert_close(got[mask.bool()], want[mask.bool()], atol=1e-10, rtol=1e-10)
+    windows = sorted(getattr(layer.attnbench_attention, "window", -1) for layer in vh.attention_layers(model).values())
+    assert windows == [-1, 4]  # the global layer full, the local one |i - j| <= 4
+
+
+@pytest.mark.filterwarnings("ignore")
+def test_learned_attention_sinks_are_refused_at_use():
+    torch.manual_seed(0)
+    config = transformers.GptOssConfig(vocab_size=VOCAB, hidden_size=32, intermediate_size=32, num_hidden_layers=2,
+                                       num_attention_heads=4, num_key_value_heads=2, head_dim=8, num_local_experts=2,
+                                       num_experts_per_tok=1, sliding_window=4, max_position_embeddings=64,
+                                       attn_implementation="eager")
+    model = transformers.GptOssForCausalLM(config).eval()
+    with pytest.raises(ValueError, match=r"adds learned attention sinks to its softmax \(GPT-OSS"):
+        vh.use(model, "full")
+    assert untouched(model, "eager")

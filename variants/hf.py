@@ -79,10 +79,6 @@ def use(model, variant: str, *, reinit: bool = False, **options):
     _check_variant(variant, options)
     layers = _check_model(model)
     config = model.config
-    dropout = getattr(config, "attention_dropout", 0.0) or 0.0
-    if isinstance(dropout, (int, float)) and dropout > 0:
-        raise ValueError(f"variants.hf.use: {type(model).__name__} has config.attention_dropout={dropout}; the attnbench "
-                         f"variants have no attention dropout. Set config.attention_dropout = 0.0 to use them")
     softcap = getattr(config, "attn_logit_softcapping", None)
     if softcap:
         raise ValueError(f"variants.hf.use: {type(model).__name__} caps its attention scores (attn_logit_softcapping="
@@ -148,6 +144,26 @@ def register(variant: str, **options) -> str:
     name = "attnbench_" + variant + "".join(f"_{key}_{value}" for key, value in sorted(options.items()))
     _register_implementation(name, (variant, dict(options)))
     return name
+
+
+def without_attention_dropout(model):
+    """Zero the attention dropout of every attention layer of a built model (the layers copied it from the config
+    when they were built: `attention_dropout` floats, nn.Dropout modules such as BERT's `dropout` and GPT-2's
+    `attn_dropout`), so that it can train with a variant, which has none. Returns the model; the rest of its
+    dropout (residual, embeddings) is left as it is.
+
+    Example:
+        >>> model = variants.hf.use(variants.hf.without_attention_dropout(model.train()), "linear")
+    """
+    _transformers()
+    for layer in _check_model(model).values():
+        for key, value in list(vars(layer).items()):
+            if "dropout" in key and isinstance(value, float):
+                setattr(layer, key, 0.0)
+        for child in layer.children():
+            if isinstance(child, nn.Dropout):
+                child.p = 0.0
+    return model
 
 
 def state_cache(model):
@@ -342,6 +358,9 @@ def _check_layer_fits(model, path: str, layer: nn.Module, variant: str) -> None:
 def _check_layer(where: str, caller: str, path: str, layer: nn.Module, variant: str, device: str, training: bool) -> None:
     """ValueError/RuntimeError when `variant` cannot be this layer's attention (`where` names it in the message)."""
     spec = variant_class(variant).spec
+    if isinstance(getattr(layer, "sinks", None), Tensor):
+        raise ValueError(f"{caller}: {where} adds learned attention sinks to its softmax (GPT-OSS: a logit per head that "
+                         f"takes weight from every key); the attnbench variants compute plain softmax attention")
     if getattr(layer, "has_relative_attention_bias", False) or hasattr(layer, "relative_attention_bias"):
         raise ValueError(f"{caller}: {where} adds a learned position bias to its scores (T5-style); the attnbench "
                          f"variants compute plain scaled dot-product scores")
@@ -370,11 +389,10 @@ def _check_layer(where: str, caller: str, path: str, layer: nn.Module, variant: 
 def _variant_for_layer(config, where: str, layer: nn.Module, variant: str, options: dict, like: Tensor | None) -> nn.Module:
     """The variant module one layer runs: its heads, head dim, scale and (sliding windows) window; on the
     device of `like` (a parameter of the model), and in its dtype where the variant has parameters."""
-    heads = getattr(config, "num_attention_heads", None)
-    head_dim = getattr(layer, "head_dim", None) or getattr(layer, "attention_head_size", None)
-    if head_dim is None and heads:
-        head_dim = config.hidden_size // heads
+    heads, head_dim, value_dim = _layer_shape(config, layer)
     chosen = dict(options)
+    if value_dim != head_dim and "value_dim" in option_names(variant) and "value_dim" not in chosen:
+        chosen["value_dim"] = value_dim  # (MLA-shaped layers: DeepSeek-V3's values are narrower than its keys)
     if "window" in option_names(variant) and "window" not in chosen:
         kind = _layer_kind(config, layer)
         if kind == "full_attention":  # a local/global model's global layer stays global: exact softmax
@@ -397,6 +415,17 @@ def _variant_for_layer(config, where: str, layer: nn.Module, variant: str, optio
         if any(True for _ in module.parameters()):
             module = module.to(like.dtype)
     return module
+
+
+def _layer_shape(config, layer: nn.Module) -> tuple[int | None, int | None, int | None]:
+    """(query heads, q/k head dim, value head dim) of one layer: its own where it keeps them (BART's decoder
+    heads differ from its encoder's; DeepSeek-V3's q/k heads are 12 wide, its values 6), else the config's."""
+    heads = getattr(layer, "num_heads", None) or getattr(layer, "num_attention_heads", None) or getattr(config, "num_attention_heads", None)
+    head_dim = (getattr(layer, "qk_head_dim", None) or getattr(layer, "head_dim", None)
+                or getattr(layer, "attention_head_size", None))
+    if head_dim is None and heads:
+        head_dim = config.hidden_size // heads
+    return heads, head_dim, getattr(layer, "v_head_dim", None) or head_dim
 
 
 def _layer_kind(config, layer: nn.Module) -> str | None:
@@ -550,9 +579,11 @@ def _attention_forward(module: nn.Module, query: Tensor, key: Tensor, value: Ten
         if kwargs.get(arg) is not None:
             raise ValueError(f"variants.hf: {type(module).__name__} passes {arg}; {name} (like every attnbench variant) "
                              f"computes plain scaled dot-product scores and cannot apply it")
-    if dropout:
-        raise ValueError(f"variants.hf: {type(module).__name__} asks for attention dropout {dropout}; {name} has none "
-                         f"(set config.attention_dropout = 0.0)")
+    if dropout:  # (layers pass their dropout in training only)
+        raise ValueError(f"variants.hf: {type(module).__name__} asks for attention dropout p={dropout} (the model is "
+                         f"training); {name} has none. Zero it on the built model with "
+                         f"variants.hf.without_attention_dropout(model) (a config change does not reach built layers), "
+                         f"or call model.eval()")
     if attention_mask is not None and (not isinstance(attention_mask, Tensor) or attention_mask.dim() != 2):
         shape = tuple(attention_mask.shape) if isinstance(attention_mask, Tensor) else type(attention_mask).__name__
         raise ValueError(f"variants.hf: {type(module).__name__} got an attention mask of shape {shape}; attnbench "
@@ -620,25 +651,28 @@ def _check_cache_keeps_what_is_read(config, dropped: int) -> None:
 
 
 def _check_pattern(mask_function, config) -> None:
-    """Accept causal, bidirectional and (config.sliding_window) sliding-causal patterns; refuse the rest."""
+    """Accept causal, bidirectional and (config.sliding_window W) sliding patterns, causal (kv > q - W) or
+    bidirectional (|q - kv| <= W, ModernBERT's local layers); refuse the rest. The variants apply their own
+    pattern (a window variant on the layers the model windows takes W from the model)."""
     from transformers import masking_utils as mu
 
     if mask_function is None or mask_function in (mu.causal_mask_function, mu.bidirectional_mask_function):
         return
     window = getattr(config, "sliding_window", None)
-    if window:
-        probe = int(window) + 2
+    if isinstance(window, int) and window >= 0:
+        size, mid = 2 * window + 3, window + 1  # one query with W + 1 keys on each side
         try:
-            row = mask_function(torch.tensor(0), torch.tensor(0), torch.tensor(probe - 1), torch.arange(probe))
-            expected = (torch.arange(probe) > probe - 1 - window) & (torch.arange(probe) <= probe - 1)
-            if isinstance(row, Tensor) and torch.equal(row.to(torch.bool).reshape(-1), expected):
+            row = mask_function(torch.tensor(0), torch.tensor(0), torch.tensor(mid), torch.arange(size))
+            d = mid - torch.arange(size)
+            bands = ((d >= 0) & (d < window), d.abs() <= window)  # (a model that builds a window-0 mask for no layer: empty)
+            if isinstance(row, Tensor) and any(torch.equal(row.to(torch.bool).reshape(-1), band) for band in bands):
                 return
         except Exception:  # a pattern that cannot be probed by position alone: not one the variants express
             pass
     name = getattr(mask_function, "__qualname__", repr(mask_function))
     raise ValueError(f"variants.hf: the model asks for an attention pattern attnbench variants cannot express "
                      f"({name}: e.g. packed sequences, image-token or chunked overlays); supported: causal, "
-                     f"bidirectional, sliding-window causal, each with padding")
+                     f"bidirectional, sliding-window causal or bidirectional, each with padding")
 
 
 # -- saved parameters ---------------------------------------------------------------------------------
