@@ -358,6 +358,9 @@ def _check_layer_fits(model, path: str, layer: nn.Module, variant: str) -> None:
 def _check_layer(where: str, caller: str, path: str, layer: nn.Module, variant: str, device: str, training: bool) -> None:
     """ValueError/RuntimeError when `variant` cannot be this layer's attention (`where` names it in the message)."""
     spec = variant_class(variant).spec
+    if callable(getattr(layer, "prepare_dynamic_mask", None)):
+        raise ValueError(f"{caller}: {where} adds an input-dependent mask to its scores (Doge's dynamic mask "
+                         f"attention, a 4-D mask made from the values); the attnbench variants take a padding mask only")
     if isinstance(getattr(layer, "sinks", None), Tensor):
         raise ValueError(f"{caller}: {where} adds learned attention sinks to its softmax (GPT-OSS: a logit per head that "
                          f"takes weight from every key); the attnbench variants compute plain softmax attention")
