@@ -501,6 +501,36 @@ def resolve_quality_device(text: str) -> str:
     return text
 
 
+MAX_SEEDS = 1000  # seeds 0..K-1 of every training
+
+
+def _quality_machine(device: str) -> dict:
+    """What memory_budgets needs to size a quality training: the free GPU memory on CUDA."""
+    if device != "cuda":
+        return {}
+    import torch
+
+    return {"gpu": {"free_bytes": torch.cuda.mem_get_info()[0]}}
+
+
+def _check_training_fits(train: "TrainConfig", task: str, length: int, made, names, options: dict, budget: int) -> None:
+    """ArgumentError when a training of (task, L) would need more memory than the budget (the largest variant's)."""
+    from harness.fmt import fmt_bytes
+    from harness.quality import training_memory_estimate
+
+    import variants as registry
+
+    worst, parts = max(((name, training_memory_estimate(train, made.seq_len, made.vocab_size, name, registry.options_taken(name, options)))
+                        for name in names), key=lambda item: sum(item[1].values()))
+    need = sum(parts.values())
+    if need > budget:
+        detail = ", ".join(f"{part} {fmt_bytes(size)}" for part, size in parts.items())
+        raise ArgumentError(f"{task} at L={length} ({made.seq_len} tokens, vocab {made.vocab_size}) with --d-model {train.d_model}, "
+                            f"--layers {train.layers}, --batch {train.batch}: training {worst} needs about {fmt_bytes(need)} "
+                            f"({detail}), more than the memory budget {fmt_bytes(budget)} (60% of the available RAM, 90% of a "
+                            f"GPU's free memory); lower the sizes or the lengths")
+
+
 def build_quality_config(*, tasks: tuple[str, ...], variants: str, preset: str = "quick", device: str = "cpu",
                          dtype: str = "float32", given: dict, imports: list[str], measure_cost: bool = True,
                          **chosen) -> QualityConfig:
@@ -530,8 +560,8 @@ def build_quality_config(*, tasks: tuple[str, ...], variants: str, preset: str =
     recipe.pop("lengths", None)
     recipe.pop("copy_lengths", None)
     seeds = recipe.pop("seeds")  # the command line's, else the preset's
-    if seeds < 1:
-        raise ArgumentError(f"--seeds {seeds} is not allowed; it must be >= 1")
+    if not 1 <= seeds <= MAX_SEEDS:
+        raise ArgumentError(f"--seeds {seeds} is not allowed; it must lie in 1..{MAX_SEEDS}")
     recipe = {key: value for key, value in recipe.items() if value is not None}  # the rest: TrainConfig's defaults
     check_number("--lr", recipe.get("lr", TrainConfig.lr), 0, 10, low_inclusive=False)
     check_number("--label-smoothing", recipe.get("label_smoothing", 0.0), 0, 0.999)
@@ -551,12 +581,21 @@ def build_quality_config(*, tasks: tuple[str, ...], variants: str, preset: str =
         check_variant_options(name, registry.options_taken(name, options), name, train.heads, train.d_model // train.heads)
     length_list = parse_lengths(lengths)
     copy_list = parse_lengths(copy_lengths) if copy_lengths else None
+    if chosen.get("copy_lengths") and "copy" not in tasks:
+        raise ArgumentError(f"--copy-lengths {chosen['copy_lengths']}: the copy task's lengths, but the run trains "
+                            f"{', '.join(tasks)} only (--task)")
+    for key in ("pairs", "queries"):
+        if chosen.get(key) is not None and "recall" not in tasks:
+            raise ArgumentError(f"--{key} {chosen[key]}: a recall option, but the run trains {', '.join(tasks)} only (--task)")
+    budget = dict(memory_budgets("auto", (device,), _quality_machine(device))).get(device)
     for task in tasks:
         for n in (copy_list if task == "copy" and copy_list else length_list):
             try:
-                make_task(task, n, vocab=train.vocab, pairs=train.pairs, queries=train.queries)
+                made = make_task(task, n, vocab=train.vocab, pairs=train.pairs, queries=train.queries)
             except ValueError as err:
                 raise ArgumentError(f"--lengths {n}: {err}") from None
+            if budget:
+                _check_training_fits(train, task, n, made, names, options, budget)
     return QualityConfig(tasks=tuple(tasks), variants=names, lengths=length_list, options=options, imports=tuple(imports),
                          train=train, seeds=seeds, device=device, dtype=dtype, preset=preset, measure_cost=measure_cost,
                          copy_lengths=copy_list if copy_list and copy_list != length_list and "copy" in tasks else None)

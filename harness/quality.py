@@ -213,6 +213,24 @@ def cannot_train_reason(name: str, device: str = "cpu") -> str | None:
     return cls.unavailable_reason(device) or cls.backward_unsupported_reason(device)
 
 
+def training_memory_estimate(cfg: TrainConfig, seq_len: int, vocab_size: int, variant: str, options: dict) -> dict[str, int]:
+    """Predicted bytes of one training of TinyDecoder (float32), by part, before anything is allocated:
+    parameters with their gradients and AdamW's two moments, the activations a backward keeps (per block:
+    about 16 d_model numbers a position, its attention call's own estimate), the logits with their softmax and
+    gradient, and a batch of task data (recall draws a vocab / 2 wide random key order per example). An
+    upper-end estimate: what `bench quality` refuses before writing anything when it passes the budget."""
+    d, h, layers = cfg.d_model, cfg.heads, cfg.layers
+    parameters = 2 * vocab_size * d + layers * (12 * d * d + 13 * d) + layers * cfg.short_conv * d
+    rows = max(cfg.batch, cfg.eval_examples)
+    with torch.device("meta"):  # shapes only: a huge size costs nothing here
+        attn = variants.build(variant, num_heads=h, head_dim=d // h, **variants.options_taken(variant, options))
+    call = attn.memory_estimate(cfg.batch, h, seq_len, seq_len, d // h, d // h, 4, True, True)
+    return {"parameters": 4 * 4 * parameters,
+            "activations": 4 * cfg.batch * seq_len * d * 16 * layers + layers * int(call),
+            "logits": 4 * 3 * cfg.batch * seq_len * vocab_size,
+            "data": 8 * rows * (vocab_size + 2 * seq_len)}
+
+
 def trainable_variants(device: str = "cpu") -> list[str]:
     """Every registered variant that trains on `device` — one per attention function: a variant whose spec
     says another computes the same function (`same_function_as`) would only repeat that one's rows."""

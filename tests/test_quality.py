@@ -153,6 +153,16 @@ def test_quality_resume_redoes_only_unfinished_trainings(tmp_path):
     (["--d-model", "30"], "--d-model 30 must be divisible by --heads 4"),
     (["--variants", "nope"], "unknown variant(s) nope"),
     (["--short-conv", "-1"], "--short-conv"),
+    # sizes the memory budget cannot hold are refused before anything is written (they crashed in the allocator,
+    # after metadata.json, whose --resume crashed again)
+    (["--vocab", "100000000", "--task", "recall"], "tokens, vocab 100000000) with --d-model 64"),
+    (["--d-model", "100000000", "--heads", "1"], "more than the memory budget"),
+    (["--batch", "100000000"], "--batch 100000000: training"),
+    (["--layers", "100000"], "--layers 100000"),
+    (["--lengths", "100000", "--task", "recall"], "recall at L=100000"),
+    (["--seeds", "100000000000000000000"], "--seeds 100000000000000000000 is not allowed; it must lie in 1..1000"),
+    (["--copy-lengths", "8", "--task", "recall"], "--copy-lengths 8: the copy task's lengths, but the run trains recall only"),
+    (["--pairs", "4", "--task", "copy"], "--pairs 4: a recall option, but the run trains copy only"),
 ])
 def test_quality_bad_arguments(tmp_path, args, message):
     result = _quality(*args, "--out", str(tmp_path / "x"))
