@@ -201,16 +201,15 @@ def advise(run_dirs: list[Path], *, n: int, device: str | None = None, pass_: st
         quality_devices = {r.get("device", "cpu") for r in rows}
         summary = summary[summary["task"] == task]
         if summary.empty:
-            tasks = sorted({r["task"] for r in rows})
-            raise ArgumentError(f"--task {task}: the quality runs trained {', '.join(tasks)} only")
+            finished = sorted({r["task"] for r in rows if r.get("final")})
+            started = sum(1 for r in rows if r["task"] == task)
+            if started:
+                raise ArgumentError(f"--task {task}: the quality runs hold no finished {task} training yet (only "
+                                    f"{started} evaluation rows of unfinished ones); finished: {', '.join(finished) or 'none'}")
+            raise ArgumentError(f"--task {task}: the quality runs trained {', '.join(finished) or 'nothing to the end'} only")
         if device not in quality_devices:
             raise ArgumentError(f"the runs share no device: the quality runs trained on {', '.join(sorted(quality_devices))}, "
                                 f"the speed rows used are {device} (--device, or runs of the same device)")
-        measured = sorted(int(m) for m in sel["n"].unique())
-        trained = sorted({int(L) * (2 if task == "copy" else 1) for L in summary["length"]})
-        if not any(measured[0] <= L <= measured[-1] for L in trained):
-            raise ArgumentError(f"the runs share no length: the speed runs measured N={measured[0]}..{measured[-1]}, the quality "
-                                f"runs trained {task} at {', '.join(map(str, trained))} tokens")
     answers = []
     for setting, group in sel.groupby("setting", sort=False):
         answer = Answer(group["variant"].iloc[0], label=setting)

@@ -498,3 +498,19 @@ def test_flex_generates_with_one_compilation_for_every_decoding_step(monkeypatch
     vh.use(model, "sliding_window_flex", window=8)
     assert torch.equal(model.generate(ids, **kwargs), want)
     assert len(seen) == 2, seen  # the prompt's shapes, and one set for all 29 decoding steps
+
+
+def test_output_attentions_warns_as_sdpa_does(caplog):
+    # finding 15 of issue 23: output_attentions=True returned () without a word
+    import logging
+
+    model = vh.use(llama().eval(), "linear")
+    ids, mask = batch()
+    transformers.logging.enable_propagation()
+    try:
+        with caplog.at_level(logging.WARNING):
+            out = model(ids, attention_mask=mask, output_attentions=True)
+    finally:
+        transformers.logging.disable_propagation()
+    assert not any(a is not None for a in (out.attentions or ()))
+    assert "linear does not return attention weights (output_attentions=True gives none, as with sdpa)" in caplog.text

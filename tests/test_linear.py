@@ -110,6 +110,9 @@ def test_feature_map_options_are_checked():
         variants.build("linear", max_len=8)
     with pytest.raises(ValueError, match=r"option eps=nan is invalid"):
         variants.build("linear", eps=float("nan"))
+    # finding 15 of issue 23: eps=1e30 gave outputs of 1e-28, "ok" in bench run
+    with pytest.raises(ValueError, match=r"option eps=1e\+30 is invalid; expected a number in \[0, 1.0\] \(it is added to the normalizer"):
+        variants.build("linear", eps=1e30)
 
 
 def test_linear_exports_with_torch_export():

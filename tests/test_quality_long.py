@@ -236,8 +236,6 @@ def test_advise_cli_and_its_bad_input(tmp_path):
         (["--len", "1024", str(tmp_path / "nowhere")], "nowhere"),
         (["--len", "1024", "--no-causal", str(speed), str(make_quality_run(tmp_path / "gpu", {"full": 0.9}, device="cuda"))],
          "the runs share no device: the quality runs trained on cuda, the speed rows used are cpu"),
-        (["--len", "1024", "--no-causal", str(speed), str(make_quality_run(tmp_path / "short", {"full": 0.9}, lengths=(32, 64)))],
-         "the runs share no length: the speed runs measured N=256..4096, the quality runs trained recall at 32, 64 tokens"),
         # two recipes of one training are not seeds of one: never pooled
         (["--len", "1024", "--no-causal", str(speed), str(quality), str(make_quality_run(tmp_path / "lr", {"full": 0.5}, lr=1e-2))],
          f"recall of full at L=256 was trained with different recipes: lr 0.003 in {quality} but 0.01 in {tmp_path / 'lr'}"),
@@ -294,6 +292,32 @@ def test_advise_never_pools_speed_rows_of_different_setups(tmp_path):
     answers, _ = advise([speed, window], n=1024, causal=False)
     labels = sorted(a.label for a in answers if a.variant == "linear")
     assert labels == ["linear", "linear (window=64)"]
+
+
+def test_advise_at_a_trained_length_below_the_timed_ones_extrapolates_and_says_so(tmp_path):
+    # finding 12: with the speed runs timed from N = 256 and recall trained at L = 32, 64, --len 64 was refused
+    from harness.advise import advise
+
+    speed = make_run(tmp_path / "speed")
+    short = make_quality_run(tmp_path / "short", {"full": 0.9}, lengths=(32, 64))
+    answers, _ = advise([speed, short], n=64, causal=False)
+    full = next(a for a in answers if a.variant == "full")
+    assert full.how.startswith("extrapolated down from N=256") and full.quality_length == 64 and full.accuracy == pytest.approx(0.9)
+
+
+def test_advise_says_a_task_has_no_finished_training(tmp_path):
+    from harness.advise import advise
+    from harness.config import ArgumentError
+
+    speed = make_run(tmp_path / "speed")
+    quality = make_quality_run(tmp_path / "quality", {"full": 0.95})
+    lines = [json.loads(line) for line in (quality / QUALITY_RESULTS).read_text().splitlines()]
+    copy = [{**row, "task": "copy"} for row in lines]  # copy finished; recall only begun
+    begun = [{**row, "final": False} for row in lines]
+    (quality / QUALITY_RESULTS).write_text("\n".join(json.dumps(r) for r in copy + begun) + "\n")
+    with pytest.raises(ArgumentError, match=r"--task recall: the quality runs hold no finished recall training yet \(only 3 "
+                                            r"evaluation rows of unfinished ones\); finished: copy"):
+        advise([speed, quality], n=256, causal=False, task="recall")
 
 
 def test_advise_states_unequal_seeds(tmp_path):

@@ -238,7 +238,7 @@ class AttentionVariant(nn.Module):
         dev = torch.device(device)
         tensors = self._empty_state(batch, heads, head_dim, value_dim, dtype, dev)
         if max_len is not None and self.state_kind == "kv":  # a KV cache, bounded: one buffer, written in place
-            tensors = {**tensors, **kv_cache(batch, heads, head_dim, value_dim, dtype, dev, capacity=max_len)}
+            tensors = {**tensors, **kv_cache(batch, heads, self.cached_key_dim(head_dim), value_dim, dtype, dev, capacity=max_len)}
         return DecodingState(self.spec.name, self.state_kind, batch, heads, head_dim, value_dim, dtype, dev, 0, max_len, tensors)
 
     def step(self, q: Tensor, k: Tensor, v: Tensor, state: DecodingState,
@@ -271,8 +271,13 @@ class AttentionVariant(nn.Module):
         keep = None if key_padding_mask is None or (bool(key_padding_mask.all()) and not padded(state)) else key_padding_mask
         return self._prefill(q, k, v, state, keep)
 
+    def cached_key_dim(self, head_dim: int) -> int:
+        """The width of the keys a KV state keeps: head_dim, unless the method caches a projection of them
+        (additive: k W_k, attn_dim wide)."""
+        return head_dim
+
     def _empty_state(self, batch, heads, head_dim, value_dim, dtype, device) -> dict[str, Tensor]:
-        return kv_cache(batch, heads, head_dim, value_dim, dtype, device)
+        return kv_cache(batch, heads, self.cached_key_dim(head_dim), value_dim, dtype, device)
 
     def _prefill(self, q: Tensor, k: Tensor, v: Tensor, state: DecodingState, keep: Tensor | None) -> DecodingState:
         """KV cache: the keys and values appended. `keep`: (B, t) bool of the new positions, None where no

@@ -582,6 +582,10 @@ def _attention_forward(module: nn.Module, query: Tensor, key: Tensor, value: Ten
         if kwargs.get(arg) is not None:
             raise ValueError(f"variants.hf: {type(module).__name__} passes {arg}; {name} (like every attnbench variant) "
                              f"computes plain scaled dot-product scores and cannot apply it")
+    if kwargs.get("output_attentions"):  # as transformers' sdpa: no weights are returned, and it says so
+        _transformers().utils.logging.get_logger(__name__).warning_once(
+            f"variants.hf: {name} does not return attention weights (output_attentions=True gives none, as with sdpa); "
+            f"the variant's attention_matrix(q, k) gives the weights of its definition")
     if dropout:  # (layers pass their dropout in training only)
         raise ValueError(f"variants.hf: {type(module).__name__} asks for attention dropout p={dropout} (the model is "
                          f"training); {name} has none. Zero it on the built model with "

@@ -23,6 +23,7 @@ import torch
 from torch import Tensor, nn
 
 from .._base import AttentionVariant, VariantSpec, dense_mask, register
+from .._decoding import appended
 from .._utils import masked_softmax, spans
 
 TILE_ELEMENTS = 2**20  # (batch x heads) x Tq x Tk x A numbers of one tile: 4 MiB in float32
@@ -181,6 +182,22 @@ class AdditiveAttention(AttentionVariant):
         scores = torch.einsum("bhija,ha->bhij", torch.tanh(qa[:, :, :, None] + ka[:, :, None]), self.v.to(q.dtype)) * self._scale(q)
         allowed = dense_mask(q.shape[-2], k.shape[-2], causal, key_padding_mask, q.device)
         return torch.matmul(masked_softmax(scores, allowed), v)
+
+    # -- decoding: a KV cache of the projected keys k W_k (each key projected once, not at every step) ---------
+    def cached_key_dim(self, head_dim: int) -> int:
+        return self.attn_dim
+
+    def _prefill(self, q, k, v, state, keep):
+        return appended(state, torch.matmul(k, self.w_k.to(k.dtype)), v, keep)[3]
+
+    def _step(self, q, k, v, state, keep):
+        """The new positions' scores against every cached k W_k: O(N A) a step, each key's projection made once."""
+        qa, ka = self.hidden(q, k)
+        keys, values, mask, state = appended(state, ka, v, keep)
+        if q.dtype in (torch.float16, torch.bfloat16):  # (as the forward: the running softmax in float32)
+            qa, keys, values = qa.float(), keys.float(), values.float()
+        out = _TiledAdditive.apply(qa, keys, self.v.to(qa.dtype), values, mask, True, self._scale(q))
+        return out.to(q.dtype), state
 
     def flops(self, n_q, n_k, d, dv, causal):
         pairs = n_q * (n_k - n_q) + n_q * (n_q + 1) / 2 if causal else n_q * n_k

@@ -178,6 +178,9 @@ def _ones_column(v: Tensor) -> Tensor:
     return torch.cat([v, v.new_ones(*v.shape[:-1], 1)], dim=-1)
 
 
+MAX_EPS = 1.0  # the largest eps: beyond it the normalizer, not the keys, sets the outputs' size
+
+
 def _write_ratio(out: Tensor, den: Tensor, num: Tensor, eps: float) -> None:
     """Into the views out (B, H, L, Dv) and den (B, H, L, 1), from [numerator, denominator] (B, H, L, Dv + 1):
     den = denominator + eps, never below the smallest normal number (a row that sees no key, numerator 0,
@@ -344,8 +347,10 @@ class FeatureMapAttention(AttentionVariant):
         """
         super().__init__(**base)
         self._check_int("chunk_size", chunk_size, 1)
-        if not (isinstance(eps, (int, float)) and not isinstance(eps, bool) and math.isfinite(eps) and eps >= 0):
-            raise ValueError(f"{self.spec.name}: option eps={eps!r} is invalid; expected a finite number >= 0")
+        if not (isinstance(eps, (int, float)) and not isinstance(eps, bool) and math.isfinite(eps) and 0 <= eps <= MAX_EPS):
+            raise ValueError(f"{self.spec.name}: option eps={eps!r} is invalid; expected a number in [0, {MAX_EPS}] (it is "
+                             f"added to the normalizer, about the number of visible keys: a large eps scales every output "
+                             f"towards 0)")
         self.chunk_size, self.eps = chunk_size, float(eps)
 
     def feature_map_for(self, q: Tensor) -> FeatureMap:
