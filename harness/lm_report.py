@@ -1,0 +1,187 @@
+"""A `bench lm` run read back: its tables (pandas), figures (matplotlib) and REPORT.md. Reading and drawing only:
+no torch, no model."""
+
+from __future__ import annotations
+
+import math
+from pathlib import Path
+
+import pandas as pd
+
+from harness.fmt import fmt_bytes, fmt_time
+from harness.storage import read_metadata, read_rows
+
+RESULTS = "lm.jsonl"  # (harness.lm.RESULTS; not imported from there: that module imports torch)
+OWN = "sdpa"
+
+
+def lm_frame(run_dir: Path) -> pd.DataFrame:
+    rows = read_rows(Path(run_dir), RESULTS, quiet=True) if (Path(run_dir) / RESULTS).exists() else []
+    return pd.DataFrame(rows)
+
+
+def _order(df: pd.DataFrame) -> list[str]:
+    return list(dict.fromkeys(df["setting"]))
+
+
+def perplexity_table(df: pd.DataFrame) -> pd.DataFrame:
+    """Per (setting, length): mean perplexity over the windows (exp of the mean NLL), min and max, windows."""
+    ppl = df[df["task"] == "perplexity"]
+    if ppl.empty:
+        return pd.DataFrame(columns=["setting", "length", "ppl", "ppl_min", "ppl_max", "windows"])
+    out = ppl.groupby(["setting", "length"], sort=False).agg(nll=("nll", "mean"), ppl_min=("ppl", "min"), ppl_max=("ppl", "max"),
+                                                              windows=("window", "nunique")).reset_index()
+    out["ppl"] = out["nll"].map(math.exp)  # the perplexity of the windows' scored tokens together
+    return out.drop(columns=["nll"])
+
+
+def passkey_table(df: pd.DataFrame) -> pd.DataFrame:
+    """Per (setting, length, depth): exact-match accuracy over the keys."""
+    keys = df[df["task"] == "passkey"]
+    if keys.empty:
+        return pd.DataFrame(columns=["setting", "length", "depth", "accuracy", "keys"])
+    keys = keys.assign(correct=keys["correct"].astype(float))
+    return keys.groupby(["setting", "length", "depth"], sort=False).agg(accuracy=("correct", "mean"), keys=("correct", "size")).reset_index()
+
+
+def cost_table(df: pd.DataFrame) -> pd.DataFrame:
+    """Per (setting, length): a forward's time and peak extra memory, its ratio to the model's own sdpa at that
+    length, and from the passkey rows a generated token's median time and the decoding state's bytes."""
+    cost = df[df["task"] == "cost"][["setting", "length", "forward_s", "peak_bytes"]]
+    keys = df[df["task"] == "passkey"]
+    if not keys.empty:
+        gen = keys.groupby(["setting", "length"], sort=False).agg(token_s=("token_s", "median"), state_bytes=("state_bytes", "max")).reset_index()
+        cost = gen if cost.empty else cost.merge(gen, on=["setting", "length"], how="outer")
+    if cost.empty:
+        return cost
+    if "forward_s" in cost:
+        base = cost[cost["setting"] == OWN].set_index("length")["forward_s"]
+        cost["vs_sdpa"] = [t / base[n] if n in base.index and base[n] else None for n, t in zip(cost["length"], cost["forward_s"])]
+    return cost
+
+
+def _md(header: list[str], rows: list[list[str]]) -> list[str]:
+    return ["| " + " | ".join(header) + " |", "|" + "---|" * len(header), *("| " + " | ".join(r) + " |" for r in rows)]
+
+
+def write_lm_report(run_dir: Path) -> tuple[Path, list[Path]]:
+    """RUN_DIR/REPORT.md and figures/ of an lm run; ValueError when it has no rows yet."""
+    run_dir = Path(run_dir)
+    df = lm_frame(run_dir)
+    if df.empty:
+        raise ValueError(f"{run_dir} has no results yet")
+    meta = read_metadata(run_dir)
+    cfg, about, env = meta.get("config", {}), meta.get("machine", {}), meta.get("environment", {})
+    model, corpus = about.get("model", {}), about.get("corpus", {})
+    settings = _order(df)
+    lengths = sorted(int(n) for n in df["length"].unique())
+    figures = draw_lm(run_dir, df, settings)
+    lines = [f"# attnbench lm: {run_dir.name}", "", f"Command: `{env.get('command', '?')}`", "",
+             f"- Model: {model.get('name')} from `{model.get('path')}` (sha256 {str(model.get('sha256'))[:16]}…), "
+             f"{model.get('layers')} layers, context {model.get('context')}",
+             f"- Text: {corpus.get('source')} ({corpus.get('tokens')} tokens, sha256 {str(corpus.get('sha256'))[:16]}…); "
+             f"{cfg.get('windows')} windows a length from seed {cfg.get('seed')}, each scored on its last tokens (128, or half a short context)",
+             f"- Passkey: depths {', '.join(map(str, cfg.get('depths', [])))}%, {cfg.get('keys')} keys a cell, greedy, exact match",
+             f"- Attentions: {', '.join(f'`{s}`' for s in settings)} (`{OWN}`: the model's own); zero-shot: nothing trained",
+             f"- Regenerate this report with `bench report {run_dir}`.", ""]
+    lines += [f"![{p.stem}](figures/{p.name})" for p in figures] + [""]
+    ppl = perplexity_table(df)
+    if not ppl.empty:
+        cell = {(r.setting, int(r.length)): f"{r.ppl:.2f} ({r.ppl_min:.1f}–{r.ppl_max:.1f})" for r in ppl.itertuples()}
+        lines += ["## Perplexity (mean over the windows, min–max)", "",
+                  *_md(["attention", *map(str, lengths)], [[f"`{s}`", *(cell.get((s, n), "") for n in lengths)] for s in settings]), ""]
+    keys = passkey_table(df)
+    if not keys.empty:
+        depths = sorted(int(d) for d in keys["depth"].unique())
+        lines += ["## Passkey retrieval (exact match over the keys)", ""]
+        for s in settings:
+            mine = {(int(r.length), int(r.depth)): f"{r.accuracy:.0%}" for r in keys[keys["setting"] == s].itertuples()}
+            if mine:
+                lines += [f"`{s}`", "", *_md(["length \\ depth", *(f"{d}%" for d in depths)],
+                                              [[str(n), *(mine.get((n, d), "") for d in depths)] for n in lengths]), ""]
+    cost = cost_table(df)
+    if not cost.empty:
+        rows = []
+        for r in cost.sort_values(["length"], kind="stable").itertuples():
+            get = lambda name: getattr(r, name, None)  # noqa: E731
+            ok = lambda v: v is not None and v == v  # noqa: E731
+            rows.append([f"`{r.setting}`", str(int(r.length)), fmt_time(get("forward_s")) if ok(get("forward_s")) else "",
+                         f"{get('vs_sdpa'):.2f}" if ok(get("vs_sdpa")) else "", fmt_bytes(get("peak_bytes")) if ok(get("peak_bytes")) else "",
+                         fmt_time(get("token_s")) if ok(get("token_s")) else "", fmt_bytes(get("state_bytes")) if ok(get("state_bytes")) else ""])
+        lines += ["## Cost", "", "One forward of the whole context (time: the faster of two calls; peak: extra resident memory of "
+                  "one call) against the model's own sdpa; one generated token after the passkey prompt (median) and the "
+                  "decoding state it keeps (the variant's state after `variants.hf.use`; sdpa: its KV cache).", "",
+                  *_md(["attention", "L", "forward", "× sdpa", "peak", "token", "state"], rows), ""]
+    path = run_dir / "REPORT.md"
+    path.write_text("\n".join(lines))
+    return path, figures
+
+
+def draw_lm(run_dir: Path, df: pd.DataFrame, settings: list[str]) -> list[Path]:
+    """figures/lm_perplexity.png, lm_passkey.png, lm_cost.png (those the run has rows for)."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    folder = Path(run_dir) / "figures"
+    folder.mkdir(exist_ok=True)
+    out = []
+    ppl = perplexity_table(df)
+    if not ppl.empty:
+        fig, ax = plt.subplots(figsize=(7, 4.5))
+        for s in settings:
+            mine = ppl[ppl["setting"] == s].sort_values("length")
+            if mine.empty:
+                continue
+            ax.errorbar(mine["length"], mine["ppl"], yerr=[mine["ppl"] - mine["ppl_min"], mine["ppl_max"] - mine["ppl"]],
+                        marker="o", capsize=3, label=s, linestyle="--" if s == OWN else "-")
+        ax.set(xscale="log", yscale="log", xlabel="context length (tokens)", ylabel="perplexity of the last tokens",
+               title="perplexity against context (zero-shot)")
+        ax.legend(fontsize=8)
+        ax.grid(True, which="both", alpha=0.3)
+        out.append(_save(fig, folder / "lm_perplexity.png"))
+    keys = passkey_table(df)
+    if not keys.empty:
+        shown = [s for s in settings if s in set(keys["setting"])]
+        fig, axes = plt.subplots(1, len(shown), figsize=(3.2 * len(shown), 3.2), squeeze=False)
+        lengths, depths = sorted(keys["length"].unique()), sorted(keys["depth"].unique())
+        for ax, s in zip(axes[0], shown):
+            grid = keys[keys["setting"] == s].pivot(index="length", columns="depth", values="accuracy").reindex(index=lengths, columns=depths)
+            ax.imshow(grid.values.astype(float), vmin=0, vmax=1, cmap="viridis", aspect="auto", origin="lower")
+            ax.set_xticks(range(len(depths)), [f"{int(d)}%" for d in depths], fontsize=7)
+            ax.set_yticks(range(len(lengths)), [str(int(n)) for n in lengths], fontsize=7)
+            for i in range(len(lengths)):
+                for j in range(len(depths)):
+                    value = grid.values[i, j]
+                    if value == value:
+                        ax.text(j, i, f"{value:.0%}", ha="center", va="center", fontsize=6, color="white" if value < 0.6 else "black")
+            ax.set(title=s, xlabel="depth of the key")
+        axes[0][0].set_ylabel("context length")
+        fig.suptitle("passkey retrieval (exact match)")
+        out.append(_save(fig, folder / "lm_passkey.png"))
+    cost = cost_table(df)
+    if not cost.empty:
+        panels = [(c, label) for c, label in (("forward_s", "forward time (s)"), ("token_s", "time a generated token (s)"),
+                                              ("state_bytes", "decoding state (bytes)")) if c in cost]
+        fig, axes = plt.subplots(1, len(panels), figsize=(4.2 * len(panels), 3.6), squeeze=False)
+        for ax, (column, label) in zip(axes[0], panels):
+            for s in settings:
+                mine = cost[(cost["setting"] == s)].dropna(subset=[column]).sort_values("length")
+                if not mine.empty:
+                    ax.plot(mine["length"], mine[column], marker="o", label=s, linestyle="--" if s == OWN else "-")
+            ax.set(xscale="log", yscale="log", xlabel="context length (tokens)", ylabel=label)
+            ax.grid(True, which="both", alpha=0.3)
+        axes[0][0].legend(fontsize=7)
+        fig.suptitle("cost in the model")
+        out.append(_save(fig, folder / "lm_cost.png"))
+    return out
+
+
+def _save(fig, path: Path) -> Path:
+    import matplotlib.pyplot as plt
+
+    fig.tight_layout()
+    fig.savefig(path, dpi=110)
+    plt.close(fig)
+    return path
