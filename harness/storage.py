@@ -20,6 +20,7 @@ from pathlib import Path
 
 RESULTS = "results.jsonl"  # a sweep's rows
 QUALITY_RESULTS = "quality.jsonl"  # a quality run's rows
+LM_RESULTS = "lm.jsonl"  # a bench lm run's rows
 TRAIN_COST = "train_cost.jsonl"  # a quality run's training-step costs, one row per (task, variant, length)
 SUPERSEDED = "superseded.jsonl"  # rows set aside by --retry-failed
 METADATA = "metadata.json"
