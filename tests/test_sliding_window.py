@@ -24,11 +24,15 @@ CASES = [  # (n, window, global_tokens, block_size)
 ]
 
 
+@pytest.mark.parametrize("dv", [6, 8], ids=["dv6-written", "dv8-flash"])  # the CPU flash kernels need Dv = D
 @pytest.mark.parametrize("padded", [False, True], ids=["nopad", "pad"])
 @pytest.mark.parametrize("causal", [False, True], ids=["bidir", "causal"])
 @pytest.mark.parametrize("n, window, g, block", CASES, ids=[case_id(N=n, w=w, g=g, b=b or "auto") for n, w, g, b in CASES])
-def test_blocked_matches_reference(n, window, g, block, causal, padded):
-    q, k, v = make_qkv(b=2, h=2, n_q=n, d=8, dv=6)
+def test_blocked_matches_reference(n, window, g, block, causal, padded, dv):
+    from variants.methods.sliding_window import _flash_cpu
+
+    q, k, v = make_qkv(b=2, h=2, n_q=n, d=8, dv=dv)
+    assert _flash_cpu(q, v) == (dv == 8)
     kpm = make_padding(2, n) if padded else None
     attn = variants.build("sliding_window", window=window, global_tokens=g, block_size=block)
     out = attn(q, k, v, causal=causal, key_padding_mask=kpm)
@@ -128,3 +132,47 @@ def test_flex_backward_on_cpu_is_a_clear_error():
 def test_flex_spec_says_where_backward_runs():
     spec = variants.variant_class("sliding_window_flex").spec
     assert "cpu" in spec.devices and "cpu" not in spec.backward_devices
+
+
+def test_flex_non_finite_check_sees_through_sums():
+    """The flex wrapper's first check is one sum per input: finite inputs whose sum overflows still keep their
+    output, and +inf beside -inf (a NaN sum) still poisons exactly the rows that attend them."""
+    from variants.methods.sliding_window_flex import propagate_non_finite
+
+    g = torch.Generator().manual_seed(0)
+    k, v, out = (torch.randn(1, 1, 64, 32, generator=g) for _ in range(3))
+    huge = torch.full((1, 1, 64, 32), 3e38)  # finite; its sum is inf
+    assert torch.equal(propagate_non_finite(out, huge, k, v, 4, 0, False, None), out)
+    assert torch.equal(propagate_non_finite(out.half(), huge.clamp_max(6e4).half(), k.half(), v.half(), 4, 0, False, None),
+                       out.half())  # a float16 sum of finite values is formed in float32
+    both = k.clone()
+    both[0, 0, 10, 0], both[0, 0, 40, 0] = float("inf"), float("-inf")
+    poisoned = propagate_non_finite(out, k, both, v, 4, 0, False, None)[0, 0].isnan().any(-1)
+    want = torch.zeros(64, dtype=torch.bool)
+    want[6:15] = want[36:45] = True  # |i - j| <= 4 of either key
+    assert torch.equal(poisoned, want)
+
+
+@pytest.mark.parametrize("n, g", [(256, 0), (250, 3)], ids=["whole-blocks", "ragged-global"])
+def test_blocked_gradients_are_exact_buffers(n, g):
+    """The backward's dq, dk, dv are contiguous buffers of exactly the inputs' shapes: a view of a padded
+    buffer would keep the padding alive and make autograd copy it into the leaf's .grad."""
+    q, k, v = make_qkv(b=1, h=2, n_q=n, d=8, dv=6)
+    out = variants.build("sliding_window", window=40, global_tokens=g, block_size=32)(q, k, v, causal=True)
+    grads = torch.autograd.grad(out, (q, k, v), torch.ones_like(out))
+    for grad, x in zip(grads, (q, k, v)):
+        assert grad.shape == x.shape and grad.is_contiguous()
+        assert grad.untyped_storage().nbytes() == grad.numel() * grad.element_size()
+
+
+def test_blocked_written_backward_with_equal_head_dims(monkeypatch):
+    """The backward written out (what runs off the CPU) with Dv = D too, where the CPU would call its flash kernels."""
+    from variants.methods import sliding_window
+
+    monkeypatch.setattr(sliding_window, "_flash_cpu", lambda q, v: False)
+    for causal, g, padded in ((False, 0, False), (True, 3, True)):
+        q, k, v = make_qkv(b=2, h=2, n_q=257, d=8, dv=8)
+        kpm = make_padding(2, 257) if padded else None
+        out = variants.build("sliding_window", window=31, global_tokens=g, block_size=16)(q, k, v, causal=causal,
+                                                                                          key_padding_mask=kpm)
+        assert_close_with_grads(out, ref_sliding_window(q, k, v, 31, g, causal, kpm), (q, k, v))

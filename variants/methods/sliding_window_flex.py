@@ -165,13 +165,25 @@ def _finite_rows(x: Tensor, group: int = 4096) -> Tensor:
     return torch.cat([torch.isfinite(part).all(-1) for part in x.split(group, dim=2)], dim=2)
 
 
+def _all_finite(*tensors: Tensor) -> bool:
+    """True when a sum of each tensor is finite, so every value is (accumulated in float32 at least: a float16
+    sum of finite values overflows at 65504). False may still mean every value is finite (a sum that overflowed)."""
+    acc = torch.promote_types(tensors[0].dtype, torch.float32)
+    return bool(torch.isfinite(torch.stack([t.sum(dtype=acc) for t in tensors])).all())
+
+
 def propagate_non_finite(out: Tensor, q: Tensor, k: Tensor, v: Tensor, window: int, n_global: int, causal: bool,
                          key_padding_mask: Tensor | None) -> Tensor:
     """NaN in every output row whose query, or one of whose attended keys/values, is not finite.
 
     FlexAttention's kernel turns such rows into finite numbers (zeros); exact attention gives NaN,
-    and a benchmark must not hide a poisoned input. O(N·D) to check, O(N) to place.
+    and a benchmark must not hide a poisoned input. First one sum per tensor: a sum is finite only if
+    every term is (NaN and ±inf propagate; +inf and -inf give NaN), so finite inputs cost three
+    reductions and no temporary. Only when a sum is not finite (a bad value, or a finite overflow)
+    are the rows checked: O(N·D) to check, O(N) to place.
     """
+    if not torch.compiler.is_compiling() and _all_finite(q, k, v):
+        return out
     bad_q = ~_finite_rows(q)  # (B, H, N)
     bad_kv = ~(_finite_rows(k) & _finite_rows(v))
     if key_padding_mask is not None:
