@@ -10,9 +10,11 @@ and the exact band is masked inside that small rectangle. Time O(N·(w + g)·D),
 blocks are processed in groups sized to a memory bound.
 
 Forward: each group of blocks goes through the fused SDPA kernel with the band as its mask, so
-no score is stored at all. Backward (`_BandAttention`) is written out here: it recomputes each
-group's weights and forms the gradients block by block, as FlashAttention does. (torch's CPU SDPA
-falls back to its score-materializing math kernel when a masked call needs grad.)
+no score is stored at all. Backward (`_BandAttention`): each group's weights are recomputed and its
+gradients formed block by block, as FlashAttention does — on the CPU by torch's own flash backward
+kernel, from the log-sum-exp of each row that the forward kept (N numbers a head); elsewhere written
+out here (`_group_backward`). Autograd through the forward's groups instead would keep every group's
+gathered keys and values, (2r+1)·b per block: several copies of K and V.
 """
 
 from __future__ import annotations
@@ -24,7 +26,7 @@ from torch import Tensor
 
 from .._base import AttentionVariant, VariantSpec, dense_mask, register
 from .._decoding import kv_cache, masks_appended, padded
-from .._utils import dense_attention, pad_to_multiple
+from .._utils import dense_attention
 from .full import sdpa
 
 GROUP_SCORE_BYTES = 8 * 2**20  # scores held at once per group of blocks (a few such buffers live)
@@ -83,6 +85,7 @@ class _Layout:
         self.key_ok_ext = torch.nn.functional.pad(ext, (self.r * block, pad_right), value=False)  # (B|1, (nb+2r)·b)
         self.uniform_inside = key_valid is None and n_global == 0
         self._interior_masks: dict[int, tuple[Tensor, Tensor]] = {}
+        self._interior_additive: dict[tuple, Tensor] = {}
         self.global_ok = None
         if n_global:
             self.global_ok = torch.ones(1, n_global, dtype=torch.bool, device=device) if key_valid is None else key_valid[:, :n_global]
@@ -107,6 +110,19 @@ class _Layout:
         result = self._mask(t0, t1)
         if interior:
             self._interior_masks[t1 - t0] = result
+        return result
+
+    def additive(self, t0: int, t1: int, dtype) -> Tensor:
+        """`mask` as scores to add: 0 where allowed, -inf elsewhere, (B|1, G, b, span + g) in `dtype` (what torch's
+        CPU flash kernels take when called directly); cached like `mask`."""
+        interior = self.uniform_inside and t0 >= self.r and t1 + self.right <= self.nb - 1
+        key = (t1 - t0, dtype)
+        if interior and key in self._interior_additive:
+            return self._interior_additive[key]
+        allowed, _ = self.mask(t0, t1)
+        result = torch.zeros(allowed.shape, dtype=dtype, device=allowed.device).masked_fill_(~allowed, float("-inf"))
+        if interior:
+            self._interior_additive[key] = result
         return result
 
     def _mask(self, t0: int, t1: int) -> tuple[Tensor, Tensor]:
@@ -144,96 +160,160 @@ def _gather(x: Tensor, layout: _Layout, t0: int, t1: int, x_global: Tensor | Non
     return torch.cat([blocks, glob], dim=-2)
 
 
-def _band_attention_fused(q: Tensor, k: Tensor, v: Tensor, layout: _Layout, scale: float) -> Tensor:
-    """Each group of blocks through the fused SDPA kernel, the band as its mask; no score is stored."""
+def _rows(x: Tensor, layout: _Layout, t0: int, t1: int) -> Tensor:
+    """Positions t0·b .. t1·b of x (B, H, N, D) as blocks (B, H, G, b, D): a view, except for a group holding the
+    ragged end of the sequence (zero rows appended: a copy of that group only)."""
+    b = layout.b
+    part = x[:, :, t0 * b : t1 * b]
+    if part.shape[2] < (t1 - t0) * b:
+        part = torch.nn.functional.pad(part, (0, 0, 0, (t1 - t0) * b - part.shape[2]))
+    return part.unflatten(2, (t1 - t0, b))
+
+
+def _put_rows(dest: Tensor, blocks: Tensor, b: int, s0: int, add: bool) -> None:
+    """Write (or add) blocks (B, H, G, b, D), the blocks s0 .. s0 + G of the sequence, into dest (B, H, N, D):
+    blocks outside [0, N) are left out, and the rows of a ragged last block past N."""
+    n = dest.shape[2]
+    nb = -(-n // b)
+    a0, a1 = max(s0, 0), min(s0 + blocks.shape[2], nb)
+    if a0 >= a1:
+        return
+    part = blocks[:, :, a0 - s0 : a1 - s0]
+    lo, hi = a0 * b, min(a1 * b, n)
+    if hi - lo == (a1 - a0) * b:  # whole blocks: in place, no copy
+        target = dest[:, :, lo:hi].unflatten(2, (a1 - a0, b))
+        target.add_(part) if add else target.copy_(part)
+    else:
+        rows = part.flatten(2, 3)[:, :, : hi - lo]
+        dest[:, :, lo:hi].add_(rows) if add else dest[:, :, lo:hi].copy_(rows)
+
+
+def _blocks_first(x: Tensor) -> Tensor:
+    """(B, H, G, ·, ·) -> (B·G, H, ·, ·): each block a batch entry, the 4-D layout the fused kernels take."""
+    return x.transpose(1, 2).flatten(0, 1)
+
+
+def _blocks_back(x: Tensor, batch: int) -> Tensor:
+    """(B·G, H, ·, ·) -> (B, H, G, ·, ·), the inverse of `_blocks_first`."""
+    return x.unflatten(0, (batch, -1)).transpose(1, 2)
+
+
+def _flash_cpu(q: Tensor, v: Tensor) -> bool:
+    """Whether torch's CPU flash-attention kernels are called directly: they take a mask and return the
+    log-sum-exp of each row, which the backward reuses (their own backward kernel, instead of five matmuls
+    and a softmax written here). They need one head dim for q, k and v."""
+    return (q.device.type == "cpu" and q.shape[-1] == v.shape[-1]
+            and hasattr(torch.ops.aten, "_scaled_dot_product_flash_attention_for_cpu_backward"))
+
+
+def _band_attention_fused(q: Tensor, k: Tensor, v: Tensor, layout: _Layout, scale: float,
+                          lse: Tensor | None = None) -> Tensor:
+    """Each group of blocks through the fused SDPA kernel, the band as its mask; no score is stored.
+    With `lse` (a (B, H, nb·b) buffer, CPU): torch's flash kernel called directly writes each row's log-sum-exp there."""
     B, H, N, _ = q.shape
-    b, g = layout.b, layout.g
-    q_blocks, _ = pad_to_multiple(q, b)
+    g = layout.g
     k_glob, v_glob = (k[:, :, :g], v[:, :, :g]) if g else (None, None)
-    out = q.new_empty(B, H, layout.nb * b, v.shape[-1])
+    out = q.new_empty(B, H, N, v.shape[-1])
     for t0, t1 in layout.groups(B, H, g):
-        G = t1 - t0
-
-        def blocks_first(x: Tensor) -> Tensor:  # (B, H, G, ·, ·) -> (B·G, H, ·, ·): the 4-D layout the fused kernel takes
-            return x.transpose(1, 2).flatten(0, 1)
-
-        qg = blocks_first(q_blocks[:, :, t0 * b : t1 * b].unflatten(2, (G, b)))  # (B·G, H, b, D)
-        kg = blocks_first(_gather(k, layout, t0, t1, k_glob))  # (B·G, H, keys, D)
-        vg = blocks_first(_gather(v, layout, t0, t1, v_glob))
+        qg = _blocks_first(_rows(q, layout, t0, t1))  # (B·G, H, b, D)
+        kg = _blocks_first(_gather(k, layout, t0, t1, k_glob))  # (B·G, H, keys, D)
+        vg = _blocks_first(_gather(v, layout, t0, t1, v_glob))
         allowed, dead = (m.expand(B, *m.shape[1:]).flatten(0, 1)[:, None] for m in layout.mask(t0, t1))  # (B·G, 1, b, ·)
-        o = sdpa(qg, kg, vg, attn_mask=allowed, scale=scale).masked_fill(dead, 0.0)  # (B·G, H, b, Dv)
-        out[:, :, t0 * b : t1 * b] = o.unflatten(0, (B, G)).transpose(1, 2).flatten(2, 3)
-    return out[:, :, :N]
+        if lse is None:
+            o = sdpa(qg, kg, vg, attn_mask=allowed, scale=scale)  # (B·G, H, b, Dv)
+        else:
+            add = layout.additive(t0, t1, q.dtype)
+            add = add.expand(B, *add.shape[1:]).flatten(0, 1)[:, None]
+            o, row_lse = torch.ops.aten._scaled_dot_product_flash_attention_for_cpu(qg, kg, vg, 0.0, False, attn_mask=add,
+                                                                                     scale=scale)
+            lse[:, :, t0 * layout.b : t1 * layout.b] = _blocks_back(row_lse[..., None], B).flatten(2, 3)[..., 0]
+        _put_rows(out, _blocks_back(o.masked_fill(dead, 0.0), B), layout.b, t0, add=False)
+    return out
 
 
 class _BandAttention(torch.autograd.Function):
     """Blocked band(+global) attention: fused forward; backward recomputes each group's weights.
 
     Storing every group's weights for backward would cost O(N·w) memory per head; recomputing them
-    (one matmul and a softmax per group) keeps backward within the same bound as forward.
+    keeps backward within the same bound as forward. On the CPU the forward keeps each row's log-sum-exp
+    (N numbers a head) and each group goes through torch's flash backward kernel; elsewhere the backward
+    is written out (`_group_backward`). The gradients are formed in buffers of exactly q's, k's and v's
+    shapes (contiguous: autograd keeps them as they are, where a view of a padded buffer would be copied),
+    each key block's share added where it came from.
     """
 
     @staticmethod
     def forward(ctx, q, k, v, layout: _Layout, scale: float):
-        out = _band_attention_fused(q, k, v, layout, scale)
-        ctx.save_for_backward(q, k, v, out)  # the inputs autograd holds anyway, and the output: no copy
+        lse = None
+        if _flash_cpu(q, v):
+            lse = q.new_empty(q.shape[0], q.shape[1], layout.nb * layout.b, dtype=torch.promote_types(q.dtype, torch.float32))
+        out = _band_attention_fused(q, k, v, layout, scale, lse)
+        ctx.save_for_backward(q, k, v, out, *(() if lse is None else (lse,)))  # inputs autograd holds anyway, the output
         ctx.layout, ctx.scale = layout, scale
         return out
 
     @staticmethod
     def backward(ctx, grad_out):
-        q, k, v, out = ctx.saved_tensors
+        q, k, v, out, *lse = ctx.saved_tensors
         layout, scale = ctx.layout, ctx.scale
         B, H, N, D = q.shape
         b, g, r = layout.b, layout.g, layout.r
-        left = r * b
-        acc = torch.promote_types(q.dtype, torch.float32)  # weights in float32 at least
-        q_blocks, _ = pad_to_multiple(q, b)
-        do_blocks, _ = pad_to_multiple(grad_out, b)
-        out_blocks, _ = pad_to_multiple(out, b)
+        grad_out = grad_out.contiguous()
         k_glob, v_glob = (k[:, :, :g], v[:, :, :g]) if g else (None, None)
-        dq = torch.empty_like(q_blocks)
-        # gradients of the keys in the padded frame (r blocks of room on each side); what lands outside [0, N) is cut
-        dk_ext = k.new_zeros(B, H, (layout.nb + 2 * r) * b, D)
-        dv_ext = v.new_zeros(B, H, (layout.nb + 2 * r) * b, v.shape[-1])
+        dq, dk, dv = torch.empty_like(q), torch.zeros_like(k), torch.zeros_like(v)
         dk_glob = k.new_zeros(B, H, g, D) if g else None
         dv_glob = v.new_zeros(B, H, g, v.shape[-1]) if g else None
         for t0, t1 in layout.groups(B, H, g):
-            G = t1 - t0
-            rows = slice(t0 * b, t1 * b)
-            allowed, dead = layout.mask(t0, t1)  # (B|1, G, b, keys), (B|1, G, b, 1)
-            qg = q_blocks[:, :, rows].unflatten(2, (G, b)) * scale  # (B, H, G, b, D), scale folded in
-            dog = do_blocks[:, :, rows].unflatten(2, (G, b)).masked_fill(dead[:, None], 0.0)  # dead rows were zeroed
-            kg, vg = _gather(k, layout, t0, t1, k_glob), _gather(v, layout, t0, t1, v_glob)
-            s = torch.matmul(qg, kg.transpose(-1, -2)).to(acc)  # (B, H, G, b, keys)
-            p = torch.softmax(s.masked_fill_(~allowed[:, None], float("-inf")), dim=-1)  # the forward's weights
-            del s
-            dp = torch.matmul(dog, vg.transpose(-1, -2)).to(acc)
-            delta = (dog.to(acc) * out_blocks[:, :, rows].unflatten(2, (G, b)).to(acc)).sum(-1, keepdim=True)  # rowsum(dO ∘ O)
-            ds = dp.sub_(delta).mul_(p)  # d(loss)/d(scores)
-            p, ds = p.to(v.dtype), ds.to(q.dtype)
-            dq[:, :, rows] = torch.matmul(ds, kg).flatten(2, 3) * scale
-            dkg = torch.matmul(ds.transpose(-1, -2), qg)  # (B, H, G, keys, D)
-            dvg = torch.matmul(p.transpose(-1, -2), dog)
-            for o in range(layout.span // b):  # fold each neighbour offset back onto the positions it came from
+            _, dead = layout.mask(t0, t1)  # (B|1, G, b, 1)
+            dog = _rows(grad_out, layout, t0, t1).masked_fill(dead[:, None], 0.0)  # dead rows were zeroed
+            kg, vg = _gather(k, layout, t0, t1, k_glob), _gather(v, layout, t0, t1, v_glob)  # (B, H, G, keys, ·)
+            if lse:
+                add = layout.additive(t0, t1, q.dtype)
+                add = add.expand(B, *add.shape[1:]).flatten(0, 1)[:, None]
+                row_lse = _blocks_first(lse[0][:, :, t0 * b : t1 * b].unflatten(2, (t1 - t0, b)))  # (B·G, H, b)
+                grads = torch.ops.aten._scaled_dot_product_flash_attention_for_cpu_backward(
+                    _blocks_first(dog), _blocks_first(_rows(q, layout, t0, t1)), _blocks_first(kg), _blocks_first(vg),
+                    _blocks_first(_rows(out, layout, t0, t1)), row_lse, 0.0, False, attn_mask=add, scale=scale)
+                dqg, dkg, dvg = (_blocks_back(grad, B) for grad in grads)
+            else:
+                dqg, dkg, dvg = _group_backward(_rows(q, layout, t0, t1), kg, vg, _rows(out, layout, t0, t1), dog,
+                                                layout.mask(t0, t1)[0], scale)
+            _put_rows(dq, dqg, b, t0, add=False)
+            for o in range(layout.span // b):  # key block o of query block t is block t + o - r of the sequence
                 keys = slice(o * b, (o + 1) * b)
-                dest = slice((t0 + o) * b, (t1 + o) * b)
-                dk_ext[:, :, dest].unflatten(2, (G, b)).add_(dkg[:, :, :, keys])
-                dv_ext[:, :, dest].unflatten(2, (G, b)).add_(dvg[:, :, :, keys])
+                _put_rows(dk, dkg[:, :, :, keys], b, t0 + o - r, add=True)
+                _put_rows(dv, dvg[:, :, :, keys], b, t0 + o - r, add=True)
             if g:
                 dk_glob += dkg[:, :, :, layout.span :].sum(2)
                 dv_glob += dvg[:, :, :, layout.span :].sum(2)
-        dk, dv = dk_ext[:, :, left : left + N], dv_ext[:, :, left : left + N]
         if g:
             dk[:, :, :g] += dk_glob
             dv[:, :, :g] += dv_glob
-        return dq[:, :, :N], dk, dv, None, None
+        return dq, dk, dv, None, None
+
+
+def _group_backward(q: Tensor, k: Tensor, v: Tensor, out: Tensor, grad_out: Tensor, allowed: Tensor, scale: float):
+    """(dq, dk, dv) of one group, (B, H, G, ·, ·) each, written out: the weights recomputed from the scores
+    (softmax), then the four products of attention's backward (as FlashAttention's backward forms them)."""
+    acc = torch.promote_types(q.dtype, torch.float32)  # weights in float32 at least
+    qs = q * scale  # scale folded in
+    s = torch.matmul(qs, k.transpose(-1, -2)).to(acc)  # (B, H, G, b, keys)
+    p = torch.softmax(s.masked_fill_(~allowed[:, None], float("-inf")), dim=-1)  # the forward's weights
+    del s
+    dp = torch.matmul(grad_out, v.transpose(-1, -2)).to(acc)
+    delta = (grad_out.to(acc) * out.to(acc)).sum(-1, keepdim=True)  # rowsum(dO ∘ O)
+    ds = dp.sub_(delta).mul_(p)  # d(loss)/d(scores)
+    del dp
+    p, ds = p.to(v.dtype), ds.to(q.dtype)
+    return torch.matmul(ds, k).mul_(scale), torch.matmul(ds.transpose(-1, -2), qs), torch.matmul(p.transpose(-1, -2), grad_out)
 
 
 def _global_rows(q: Tensor, k: Tensor, v: Tensor, n_global: int, causal: bool, key_valid: Tensor | None, scale: float) -> Tensor:
     """Rows of the g global queries: dense attention over every key, (B, H, g, Dv); O(g·N) memory."""
     acc = torch.promote_types(q.dtype, torch.float32)
-    s = torch.matmul(q[:, :, :n_global], k.transpose(-1, -2)).to(acc) * scale  # (B, H, g, N)
+    # (k q_g^T)^T rather than q_g k^T: the same scores, and the gradient of k comes out as a contiguous (B, H, N, D)
+    # (not a transposed one, which autograd would sum into the band's dk as a strided tensor, then copy)
+    s = torch.matmul(k, q[:, :, :n_global].transpose(-1, -2)).transpose(-1, -2).to(acc) * scale  # (B, H, g, N)
     allowed = torch.ones_like(s, dtype=torch.bool)
     if causal:
         allowed = allowed & torch.ones(s.shape[-2:], dtype=torch.bool, device=q.device).tril()
