@@ -154,72 +154,85 @@ class MemoryCompressedAttention(AttentionVariant):
         return kc, vc, slot_valid
 
     def _attend(self, q: Tensor, k: Tensor, v: Tensor, causal: bool, key_padding_mask: Tensor | None) -> Tensor:
-        kc, vc, slot_valid = self.compressed_kv(k, v, key_padding_mask)
         n_q, n_k = q.shape[-2], k.shape[-2]
         if causal and n_q < n_k and n_q <= self.compression:
             # a few last positions (decoding with a KV cache: Nq = 1): their rows over [slots, raw keys]
             # directly, O(Nq (M + Nk)) = O(Nk) memory
+            kc, vc, slot_valid = self.compressed_kv(k, v, key_padding_mask)
             return self._reference_weights(q, k, kc, slot_valid, True, key_padding_mask, torch.cat([vc, v], 2))
         if causal:
             # Nq < Nk: the queries are the last Nq positions; zero rows put them there and are cut after
-            q_full = F.pad(q, (0, 0, n_k - n_q, 0))
-            out = self._causal(q_full, k, v, kc, vc, slot_valid, key_padding_mask)[:, :, n_k - n_q :]
+            q_full = q if n_q == n_k else F.pad(q, (0, 0, n_k - n_q, 0))
+            out = self._causal(q_full, k, v, key_padding_mask)[:, :, n_k - n_q :]
             return zero_rows(out, dead_query_rows(key_padding_mask, n_q, True))
+        kc, vc, slot_valid = self.compressed_kv(k, v, key_padding_mask)
         if slot_valid is None:
             return sdpa(q, kc, vc, scale=self._scale(q))
         dead = dead_query_rows(slot_valid, q.shape[-2], False)
         mask = padding_and_causal_mask(slot_valid, q.shape[-2], False, dead)
         return zero_rows(sdpa(q, kc, vc, attn_mask=mask, scale=self._scale(q)), dead)
 
-    def _causal(self, q, k, v, kc, vc, slot_valid, key_padding_mask) -> Tensor:
+    def _causal(self, q, k, v, key_padding_mask) -> Tensor:
+        """Nq == Nk. Query i sees the slots of the blocks complete by i, j(i) = floor((i + 1) / c) of them, and the
+        raw keys j(i)·c .. i. Write i = j·c - 1 + a (a = 0 .. c-1, the phase): the queries of one phase a form a
+        sequence in j that sees slots < j and the a raw keys j·c .. j·c + a - 1, so each phase is one causal
+        SDPA call over the slots (no key copied per phase), its queries and raw keys strided views of q, k, v."""
         b, h, n, d = q.shape
         c, dv, scale = self.compression, v.shape[-1], self._scale(q)
-        m = kc.shape[2]
         acc = torch.promote_types(q.dtype, torch.float32)
-        # split positions i = m·c + a into phases a; (B, H, M, c, ·)
-        qb = pad_to_multiple(q, c)[0].unflatten(2, (m, c))
-        kb = pad_to_multiple(k, c)[0].unflatten(2, (m, c))
-        vb = pad_to_multiple(v, c)[0].unflatten(2, (m, c))
-        raw_ok = torch.arange(n, device=q.device) < n if key_padding_mask is None else key_padding_mask
-        raw_ok = pad_to_multiple(raw_ok.expand(b, n), c, dim=-1, value=False)[0].unflatten(1, (m, c))  # (B, M, c)
-
-        # raw keys of the unfinished block: query phase a sees phases a' <= a of its own block
-        s_raw = torch.matmul(qb, kb.transpose(-1, -2)).to(acc) * scale  # (B, H, M, c, c)
-        seen = torch.ones(c, c, dtype=torch.bool, device=q.device).tril()
-        s_raw = s_raw.masked_fill(~(seen & raw_ok[:, None, :, None, :]), float("-inf"))
-        lse_raw = torch.logsumexp(s_raw, dim=-1)  # (B, H, M, c); -inf where nothing is seen
-        p_raw = torch.exp(s_raw - lse_raw.clamp_min(MASKED)[..., None])
-        out_raw = torch.matmul(p_raw.to(v.dtype), vb)  # (B, H, M, c, Dv)
-
-        # slots through SDPA, all in one head dim E (the fused kernel needs q, k, v to share it):
+        # keys [sink, slot_0, slot_1, ..] in one head dim E (the fused kernel needs q, k, v to share it):
         #   q_aug = [q, lse_raw, 1/scale, 0..]   slot key = [k_c, 0, mask_score, 0..]   sink key = [0, 1/scale, 0, 0..]
         #   slot value = [v_c, 1, 0..]   sink value = 0
+        # so the sink's score is the log-sum-exp of the query's raw keys, and the value column of ones reads
+        # back the slots' share α of the one softmax: out = SDPA(...)[:Dv] + (1 - α)·softmax_raw·V_raw
         e = max(d + 2, dv + 1)
-        pen = torch.zeros(b, m, dtype=kc.dtype, device=q.device) if slot_valid is None else (~slot_valid).to(kc.dtype) * MASKED
-        k_aug = torch.cat([kc, kc.new_zeros(b, h, m, 1), pen[:, None, :, None].expand(b, h, m, 1), kc.new_zeros(b, h, m, e - d - 2)], -1)
-        v_aug = torch.cat([vc, vc.new_ones(b, h, m, 1), vc.new_zeros(b, h, m, e - dv - 1)], -1)
+        slots = n // c  # complete slots; phase a has floor((n - a) / c) + 1 queries, the first seeing the sink only
+        kc, slot_valid = compress(k, self.k_weight, self.k_bias, c, key_padding_mask)
+        pen = kc.new_zeros(b, slots) if slot_valid is None else (~slot_valid[:, :slots]).to(kc.dtype) * MASKED
         sink_k = kc.new_zeros(b, h, 1, e)
         sink_k[..., d] = 1.0 / scale
-        q_sink = lse_raw.clamp_min(MASKED).to(q.dtype)[..., None]  # (B, H, M, c, 1)
-        q_aug = torch.cat([qb, q_sink, torch.full_like(q_sink, 1.0 / scale), qb.new_zeros(b, h, m, c, e - d - 2)], -1)
-
-        # phase c-1 closes its block: its own slot is complete, no raw keys -> slots <= m
-        last = q_aug[:, :, :, c - 1]  # (B, H, M, E)
-        o_last = F.scaled_dot_product_attention(last, k_aug, v_aug, is_causal=True, scale=scale)[..., :dv]
-        if c == 1:
-            return o_last[:, :, :n]
-        # phases a < c-1: keys [sink, slot_0 .. slot_{M-1}], causal (top-left: query m sees keys 0..m)
-        # -> query block m sees the sink and slots < m. The c-1 phases are folded into the head dim: the
-        # fused kernels take 4-D inputs only, and a 5-D call falls back to the math kernel, which
-        # materializes (c-1)·M·(M+1) scores and a causal mask (N x N/c memory). The key copy is O(N·E).
-        first = q_aug[:, :, :, : c - 1].transpose(2, 3).reshape(b, h * (c - 1), m, e)  # (B, H·(c-1), M, E)
-        keys = torch.cat([sink_k, k_aug], 2)[:, :, None].expand(b, h, c - 1, m + 1, e).reshape(b, h * (c - 1), m + 1, e)
-        vals = torch.cat([torch.zeros_like(sink_k), v_aug], 2)[:, :, None].expand(b, h, c - 1, m + 1, e).reshape(b, h * (c - 1), m + 1, e)
-        o_first = F.scaled_dot_product_attention(first, keys, vals, is_causal=True, scale=scale).view(b, h, c - 1, m, e)
-        alpha = o_first[..., dv : dv + 1].transpose(2, 3)  # share of the slots, (B, H, M, c-1, 1)
-        o_first = o_first[..., :dv].transpose(2, 3) + (1 - alpha) * out_raw[:, :, :, : c - 1]
-        out = torch.cat([o_first, o_last[:, :, :, None]], dim=3)  # (B, H, M, c, Dv)
-        return out.flatten(2, 3)[:, :, :n]
+        k_aug = torch.cat([sink_k, torch.cat([kc[:, :, :slots], kc.new_zeros(b, h, slots, 1),
+                                              pen[:, None, :, None].expand(b, h, slots, 1),
+                                              kc.new_zeros(b, h, slots, e - d - 2)], -1)], 2)  # (B, H, 1 + slots, E)
+        del kc  # (one of the two compressed tensors at a time)
+        vc, _ = compress(v, self.v_weight, self.v_bias, c, key_padding_mask)
+        v_aug = torch.cat([vc.new_zeros(b, h, 1, e), torch.cat([vc[:, :, :slots], vc.new_ones(b, h, slots, 1),
+                                                                 vc.new_zeros(b, h, slots, e - dv - 1)], -1)], 2)
+        del vc
+        out = q.new_empty(b, h, n, dv)
+        for a in range(c):
+            count = (n - a) // c + 1  # j = 0 .. count - 1, query position j·c - 1 + a
+            if count <= 0 or (a == 0 and count == 1):  # no position of this phase (N < c)
+                continue
+            if a == 0:  # j = 0 is position -1: a zero row, cut after (it keeps the causal mask top-left)
+                q_a = F.pad(q[:, :, c - 1 :: c], (0, 0, 1, 0))
+                lse = q.new_full((b, h, count, 1), MASKED)  # no raw keys: the sink gets no weight
+            else:
+                q_a = q[:, :, a - 1 :: c]  # (B, H, count, D)
+                # the raw keys j·c + r, r < a, one strided view each: scores and values formed r by r (an
+                # O(N·D / c) temporary at a time, no copy of the keys)
+                raw = range(a)
+                k_raw = [k[:, :, r::c][:, :, :count] for r in raw]
+                v_raw = [v[:, :, r::c][:, :, :count] for r in raw]
+                s_raw = torch.stack([(q_a * k_r).sum(-1, dtype=acc) for k_r in k_raw], -1) * scale  # (B, H, count, a)
+                if key_padding_mask is not None:
+                    s_raw = s_raw.masked_fill(~key_padding_mask.unfold(1, a, c)[:, None], float("-inf"))
+                lse_raw = torch.logsumexp(s_raw, dim=-1, keepdim=True)  # -inf where every raw key is padding
+                p_raw = torch.exp(s_raw - lse_raw.clamp_min(MASKED)).to(v.dtype)
+                out_raw = p_raw[..., 0:1] * v_raw[0]
+                for r in raw[1:]:
+                    out_raw = torch.addcmul(out_raw, p_raw[..., r : r + 1], v_raw[r])  # (B, H, count, Dv)
+                lse = lse_raw.clamp_min(MASKED).to(q.dtype)
+            q_aug = torch.cat([q_a, lse, torch.full_like(lse, 1.0 / scale), q_a.new_zeros(b, h, count, e - d - 2)], -1)
+            del q_a
+            o = F.scaled_dot_product_attention(q_aug, k_aug[:, :, :count], v_aug[:, :, :count], is_causal=True, scale=scale)
+            del q_aug
+            if a == 0:
+                out[:, :, c - 1 :: c] = o[:, :, 1:, :dv]
+            else:
+                out[:, :, a - 1 :: c] = torch.addcmul(o[..., :dv], 1 - o[..., dv : dv + 1], out_raw)
+            del o
+        return out
 
     def reference(self, q, k, v, *, causal=False, key_padding_mask=None):
         """The same compression, then dense softmax attention over [slots, raw keys] with the visibility mask."""
