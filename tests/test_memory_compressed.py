@@ -26,6 +26,8 @@ def test_matches_conv_then_dense_reference(n, c, causal, padded):
     ref = ref_memory_compressed(q, k, v, attn, causal, kpm)
     params = (q, k, v, attn.k_weight, attn.k_bias, attn.v_weight, attn.v_bias)
     assert_close_with_grads(out, ref, params, atol=1e-8)
+    with torch.no_grad():  # the inference path (causal: one phase's pieces at a time) gives the same
+        torch.testing.assert_close(attn(q, k, v, causal=causal, key_padding_mask=kpm), ref.detach(), atol=1e-8, rtol=1e-7)
 
 
 def test_cross_attention():

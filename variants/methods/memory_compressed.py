@@ -15,6 +15,10 @@ share enters as one extra "sink" key whose score is their log-sum-exp (carried i
 dimension) and whose value is zero, plus an extra value column of ones that reads back the slots'
 share α: out = SDPA(...)[:Dv] + (1 - α)·softmax_raw·V_raw. Key padding: padded positions are zeroed
 before compression, a slot of padding only is masked (through one more key dimension).
+The queries are taken one phase of the block at a time (positions j·c - 1 + a for a fixed a: a strided
+view), so each phase is one causal SDPA call over the same slots and no key is copied per phase;
+`_Phases` forms each phase's augmented queries and raw part, and its backward writes the gradients of
+q, k and v into one buffer each.
 """
 
 from __future__ import annotations
@@ -98,6 +102,104 @@ def _last_block(x: Tensor, c: int) -> Tensor:
     n = x.shape[2]
     whole = n // c * c
     return F.pad(x[:, :, whole:], (0, 0, 0, c - (n - whole))).flatten(-2)[:, :, None]
+
+
+def _phase_count(n: int, c: int, a: int) -> int:
+    """Queries of phase a (positions j·c - 1 + a, j = 0, 1, ..; j = 0 of phase 0 is the zero row at -1)."""
+    return (n - a) // c + 1
+
+
+def _phases(n: int, c: int) -> list[int]:
+    """The phases that have a query (N < c leaves some empty)."""
+    return [a for a in range(c) if _phase_count(n, c, a) > (1 if a == 0 else 0)]
+
+
+def _phase(q, k, v, a: int, c: int, e: int, scale: float, key_padding_mask):
+    """Phase a's queries augmented for the slots' SDPA call, [q_a, lse_raw, 1/scale, 0..] (B, H, count, E), and
+    (a >= 1; else None) its raw part softmax_raw·V_raw (B, H, count, Dv), the raw weights and where their
+    log-sum-exp is not clamped."""
+    b, h, n, d = q.shape
+    count = _phase_count(n, c, a)
+    acc = torch.promote_types(q.dtype, torch.float32)
+    out_raw = p_raw = live = None
+    if a == 0:  # j = 0 is position -1: a zero row, cut after (it keeps the causal mask top-left)
+        q_a = F.pad(q[:, :, c - 1 :: c], (0, 0, 1, 0))
+        lse = q.new_full((b, h, count, 1), MASKED)  # no raw keys: the sink gets no weight
+    else:
+        q_a = q[:, :, a - 1 :: c]  # (B, H, count, D)
+        # scores and values formed r by r: an O(N·D / c) temporary at a time, no copy of the keys
+        s_raw = torch.stack([(q_a * k[:, :, r::c][:, :, :count]).sum(-1, dtype=acc) for r in range(a)], -1) * scale
+        if key_padding_mask is not None:
+            s_raw = s_raw.masked_fill(~key_padding_mask.unfold(1, a, c)[:, None], float("-inf"))
+        lse_raw = torch.logsumexp(s_raw, dim=-1, keepdim=True)  # -inf where every raw key is padding
+        live = lse_raw > MASKED  # where the clamp below leaves the log-sum-exp as it is
+        p_raw = torch.exp(s_raw - lse_raw.clamp_min(MASKED))  # (B, H, count, a)
+        out_raw = torch.zeros(b, h, count, v.shape[-1], dtype=v.dtype, device=v.device)
+        for r in range(a):
+            out_raw.addcmul_(p_raw[..., r : r + 1].to(v.dtype), v[:, :, r::c][:, :, :count])
+        lse = lse_raw.clamp_min(MASKED).to(q.dtype)
+    q_aug = torch.cat([q_a, lse, torch.full_like(lse, 1.0 / scale), q_a.new_zeros(b, h, count, e - d - 2)], -1)
+    return q_aug, out_raw, p_raw, live
+
+
+class _Phases(torch.autograd.Function):
+    """Per phase a of the block: its queries q_a (positions j·c - 1 + a) augmented for the slots' SDPA call,
+    [q_a, lse_raw, 1/scale, 0..] (B, H, count, E), and for a >= 1 its raw part softmax_raw·V_raw (B, H, count, Dv)
+    over the raw keys j·c + r, r < a. Queries and raw keys are strided views of q, k, v; the backward adds each
+    phase's gradients into one buffer each of q's, k's and v's shapes (autograd through the views would form a
+    whole zero-filled gradient per view, summed: several N·D buffers at once)."""
+
+    @staticmethod
+    def forward(ctx, q, k, v, c: int, e: int, scale: float, key_padding_mask):
+        ctx.set_materialize_grads(False)
+        q_augs, raws, saved, phases = [], [], [], _phases(q.shape[2], c)
+        for a in phases:
+            q_aug, out_raw, p_raw, live = _phase(q, k, v, a, c, e, scale, key_padding_mask)
+            q_augs.append(q_aug)
+            if a:
+                raws.append(out_raw)
+                saved += [p_raw, live]
+        ctx.save_for_backward(q, k, v, *saved)
+        ctx.c, ctx.scale, ctx.phases = c, scale, phases
+        return (*q_augs, *raws)
+
+    @staticmethod
+    def backward(ctx, *grads):
+        q, k, v, *saved = ctx.saved_tensors
+        c, scale, phases = ctx.c, ctx.scale, ctx.phases
+        d = q.shape[-1]
+        acc = torch.promote_types(q.dtype, torch.float32)
+        dq, dk, dv = torch.zeros_like(q), torch.zeros_like(k), torch.zeros_like(v)
+        raw_grads = iter(grads[len(phases) :])
+        saved_parts = iter(saved)
+        for a, g_aug in zip(phases, grads[: len(phases)]):
+            if a == 0:
+                if g_aug is not None:
+                    dq[:, :, c - 1 :: c] += g_aug[:, :, 1:, :d]
+                continue
+            p_raw, live = next(saved_parts), next(saved_parts)
+            g_out = next(raw_grads)
+            count = p_raw.shape[2]
+            q_a = q[:, :, a - 1 :: c]
+            keys = [k[:, :, r::c][:, :, :count] for r in range(a)]
+            values = [v[:, :, r::c][:, :, :count] for r in range(a)]
+            # d(loss)/d(s_r) = p_r (dp_r - sum_r' p_r' dp_r' + g_lse) where the log-sum-exp is live; p_r dp_r elsewhere
+            dp = (torch.stack([(g_out * v_r).sum(-1, dtype=acc) for v_r in values], -1) if g_out is not None
+                  else p_raw.new_zeros(p_raw.shape))
+            shared = (p_raw * dp).sum(-1, keepdim=True)
+            if g_aug is not None:
+                shared = shared - g_aug[..., d : d + 1].to(acc)
+            ds = p_raw * (dp - shared * live)
+            dq_a = dq[:, :, a - 1 :: c]
+            if g_aug is not None:
+                dq_a += g_aug[..., :d]
+            for r in range(a):
+                ds_r = (ds[..., r : r + 1] * scale).to(q.dtype)
+                dq_a.addcmul_(ds_r, keys[r])
+                dk[:, :, r::c][:, :, :count].addcmul_(ds_r, q_a)
+                if g_out is not None:
+                    dv[:, :, r::c][:, :, :count].addcmul_(p_raw[..., r : r + 1].to(v.dtype), g_out)
+        return dq, dk, dv, None, None, None, None
 
 
 @register
@@ -199,39 +301,23 @@ class MemoryCompressedAttention(AttentionVariant):
         v_aug = torch.cat([vc.new_zeros(b, h, 1, e), torch.cat([vc[:, :, :slots], vc.new_ones(b, h, slots, 1),
                                                                  vc.new_zeros(b, h, slots, e - dv - 1)], -1)], 2)
         del vc
+        phases = _phases(n, c)
+        if torch.is_grad_enabled() and (q.requires_grad or k.requires_grad or v.requires_grad):
+            pieces = _Phases.apply(q, k, v, c, e, scale, key_padding_mask)  # each phase's q_aug, then raw parts (a >= 1)
+            raws = iter(pieces[len(phases) :])
+            inputs = ((a, q_aug, next(raws) if a else None) for a, q_aug in zip(phases, pieces[: len(phases)]))
+        else:  # inference: one phase's pieces at a time
+            inputs = ((a, *_phase(q, k, v, a, c, e, scale, key_padding_mask)[:2]) for a in phases)
         out = q.new_empty(b, h, n, dv)
-        for a in range(c):
-            count = (n - a) // c + 1  # j = 0 .. count - 1, query position j·c - 1 + a
-            if count <= 0 or (a == 0 and count == 1):  # no position of this phase (N < c)
-                continue
-            if a == 0:  # j = 0 is position -1: a zero row, cut after (it keeps the causal mask top-left)
-                q_a = F.pad(q[:, :, c - 1 :: c], (0, 0, 1, 0))
-                lse = q.new_full((b, h, count, 1), MASKED)  # no raw keys: the sink gets no weight
-            else:
-                q_a = q[:, :, a - 1 :: c]  # (B, H, count, D)
-                # the raw keys j·c + r, r < a, one strided view each: scores and values formed r by r (an
-                # O(N·D / c) temporary at a time, no copy of the keys)
-                raw = range(a)
-                k_raw = [k[:, :, r::c][:, :, :count] for r in raw]
-                v_raw = [v[:, :, r::c][:, :, :count] for r in raw]
-                s_raw = torch.stack([(q_a * k_r).sum(-1, dtype=acc) for k_r in k_raw], -1) * scale  # (B, H, count, a)
-                if key_padding_mask is not None:
-                    s_raw = s_raw.masked_fill(~key_padding_mask.unfold(1, a, c)[:, None], float("-inf"))
-                lse_raw = torch.logsumexp(s_raw, dim=-1, keepdim=True)  # -inf where every raw key is padding
-                p_raw = torch.exp(s_raw - lse_raw.clamp_min(MASKED)).to(v.dtype)
-                out_raw = p_raw[..., 0:1] * v_raw[0]
-                for r in raw[1:]:
-                    out_raw = torch.addcmul(out_raw, p_raw[..., r : r + 1], v_raw[r])  # (B, H, count, Dv)
-                lse = lse_raw.clamp_min(MASKED).to(q.dtype)
-            q_aug = torch.cat([q_a, lse, torch.full_like(lse, 1.0 / scale), q_a.new_zeros(b, h, count, e - d - 2)], -1)
-            del q_a
+        for a, q_aug, out_raw in inputs:
+            count = q_aug.shape[2]
             o = F.scaled_dot_product_attention(q_aug, k_aug[:, :, :count], v_aug[:, :, :count], is_causal=True, scale=scale)
             del q_aug
             if a == 0:
                 out[:, :, c - 1 :: c] = o[:, :, 1:, :dv]
             else:
                 out[:, :, a - 1 :: c] = torch.addcmul(o[..., :dv], 1 - o[..., dv : dv + 1], out_raw)
-            del o
+            del o, out_raw
         return out
 
     def reference(self, q, k, v, *, causal=False, key_padding_mask=None):
