@@ -80,3 +80,10 @@ def test_trains_under_bfloat16_autocast():
     for p in attn.parameters():
         assert p.grad is not None and p.grad.dtype == torch.float32 and torch.isfinite(p.grad).all()
     assert torch.isfinite(q.grad).all() and torch.isfinite(k.grad).all()
+
+
+@pytest.mark.parametrize("causal", [False, True], ids=["bidir", "causal"])
+def test_value_dim_other_than_built_is_a_clear_error(causal):
+    q, k, v = make_qkv(n_q=12, d=8, dv=6)
+    with pytest.raises(ValueError, match="built for value dim 8, got Dv=6"):
+        build(3, dv=8)(q, k, v, causal=causal)

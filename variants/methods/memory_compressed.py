@@ -247,10 +247,13 @@ class MemoryCompressedAttention(AttentionVariant):
             nn.init.uniform_(w, -bound, bound)
             nn.init.uniform_(bias, -bound, bound)
 
-    def compressed_kv(self, k: Tensor, v: Tensor, key_padding_mask: Tensor | None):
-        """(slots_k (B, H, M, D), slots_v (B, H, M, Dv), slot validity (B, M) or None)."""
+    def _check_value_dim(self, v: Tensor) -> None:
         if v.shape[-1] != self.value_dim:
             raise ValueError(f"memory_compressed: built for value dim {self.value_dim}, got Dv={v.shape[-1]}")
+
+    def compressed_kv(self, k: Tensor, v: Tensor, key_padding_mask: Tensor | None):
+        """(slots_k (B, H, M, D), slots_v (B, H, M, Dv), slot validity (B, M) or None)."""
+        self._check_value_dim(v)
         kc, slot_valid = compress(k, self.k_weight, self.k_bias, self.compression, key_padding_mask)
         vc, _ = compress(v, self.v_weight, self.v_bias, self.compression, key_padding_mask)
         return kc, vc, slot_valid
@@ -288,6 +291,7 @@ class MemoryCompressedAttention(AttentionVariant):
         # so the sink's score is the log-sum-exp of the query's raw keys, and the value column of ones reads
         # back the slots' share α of the one softmax: out = SDPA(...)[:Dv] + (1 - α)·softmax_raw·V_raw
         e = max(d + 2, dv + 1)
+        self._check_value_dim(v)
         slots = n // c  # complete slots; phase a has floor((n - a) / c) + 1 queries, the first seeing the sink only
         kc, slot_valid = compress(k, self.k_weight, self.k_bias, c, key_padding_mask)
         pen = kc.new_zeros(b, slots) if slot_valid is None else (~slot_valid[:, :slots]).to(kc.dtype) * MASKED
