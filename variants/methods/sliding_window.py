@@ -97,14 +97,17 @@ class _Layout:
         for t0 in range(0, self.nb, step):
             yield t0, min(self.nb, t0 + step)
 
+    def _interior(self, t0: int, t1: int) -> bool:
+        """Without padding or global tokens, every group clear of the sequence ends has the same masks."""
+        return self.uniform_inside and t0 >= self.r and t1 + self.right <= self.nb - 1
+
     def mask(self, t0: int, t1: int) -> tuple[Tensor, Tensor]:
         """For the queries of blocks t0..t1: (allowed (B|1, G, b, span + g), dead (B|1, G, b, 1)).
 
         `dead` marks rows that may see no key; they are opened to every key in `allowed` so no
         kernel produces NaN, and their outputs are set to zero.
         """
-        # without padding or global tokens, every group clear of the sequence ends has the same mask
-        interior = self.uniform_inside and t0 >= self.r and t1 + self.right <= self.nb - 1
+        interior = self._interior(t0, t1)
         if interior and (t1 - t0) in self._interior_masks:
             return self._interior_masks[t1 - t0]
         result = self._mask(t0, t1)
@@ -115,7 +118,7 @@ class _Layout:
     def additive(self, t0: int, t1: int, dtype) -> Tensor:
         """`mask` as scores to add: 0 where allowed, -inf elsewhere, (B|1, G, b, span + g) in `dtype` (what torch's
         CPU flash kernels take when called directly); cached like `mask`."""
-        interior = self.uniform_inside and t0 >= self.r and t1 + self.right <= self.nb - 1
+        interior = self._interior(t0, t1)
         key = (t1 - t0, dtype)
         if interior and key in self._interior_additive:
             return self._interior_additive[key]
@@ -198,6 +201,11 @@ def _blocks_back(x: Tensor, batch: int) -> Tensor:
     return x.unflatten(0, (batch, -1)).transpose(1, 2)
 
 
+def _per_block(mask: Tensor, batch: int) -> Tensor:
+    """A group's mask (B|1, G, b, ·) in the fused kernels' layout: (B·G, 1, b, ·), one per block, shared by the heads."""
+    return mask.expand(batch, *mask.shape[1:]).flatten(0, 1)[:, None]
+
+
 def _flash_cpu(q: Tensor, v: Tensor) -> bool:
     """Whether torch's CPU flash-attention kernels are called directly: they take a mask and return the
     log-sum-exp of each row, which the backward reuses (their own backward kernel, instead of five matmuls
@@ -218,14 +226,12 @@ def _band_attention_fused(q: Tensor, k: Tensor, v: Tensor, layout: _Layout, scal
         qg = _blocks_first(_rows(q, layout, t0, t1))  # (B·G, H, b, D)
         kg = _blocks_first(_gather(k, layout, t0, t1, k_glob))  # (B·G, H, keys, D)
         vg = _blocks_first(_gather(v, layout, t0, t1, v_glob))
-        allowed, dead = (m.expand(B, *m.shape[1:]).flatten(0, 1)[:, None] for m in layout.mask(t0, t1))  # (B·G, 1, b, ·)
+        allowed, dead = (_per_block(m, B) for m in layout.mask(t0, t1))  # (B·G, 1, b, ·)
         if lse is None:
             o = sdpa(qg, kg, vg, attn_mask=allowed, scale=scale)  # (B·G, H, b, Dv)
         else:
-            add = layout.additive(t0, t1, q.dtype)
-            add = add.expand(B, *add.shape[1:]).flatten(0, 1)[:, None]
-            o, row_lse = torch.ops.aten._scaled_dot_product_flash_attention_for_cpu(qg, kg, vg, 0.0, False, attn_mask=add,
-                                                                                     scale=scale)
+            o, row_lse = torch.ops.aten._scaled_dot_product_flash_attention_for_cpu(
+                qg, kg, vg, 0.0, False, attn_mask=_per_block(layout.additive(t0, t1, q.dtype), B), scale=scale)
             lse[:, :, t0 * layout.b : t1 * layout.b] = _blocks_back(row_lse[..., None], B).flatten(2, 3)[..., 0]
         _put_rows(out, _blocks_back(o.masked_fill(dead, 0.0), B), layout.b, t0, add=False)
     return out
@@ -264,20 +270,19 @@ class _BandAttention(torch.autograd.Function):
         dk_glob = k.new_zeros(B, H, g, D) if g else None
         dv_glob = v.new_zeros(B, H, g, v.shape[-1]) if g else None
         for t0, t1 in layout.groups(B, H, g):
-            _, dead = layout.mask(t0, t1)  # (B|1, G, b, 1)
+            allowed, dead = layout.mask(t0, t1)  # (B|1, G, b, keys), (B|1, G, b, 1)
             dog = _rows(grad_out, layout, t0, t1).masked_fill(dead[:, None], 0.0)  # dead rows were zeroed
             kg, vg = _gather(k, layout, t0, t1, k_glob), _gather(v, layout, t0, t1, v_glob)  # (B, H, G, keys, ·)
             if lse:
-                add = layout.additive(t0, t1, q.dtype)
-                add = add.expand(B, *add.shape[1:]).flatten(0, 1)[:, None]
                 row_lse = _blocks_first(lse[0][:, :, t0 * b : t1 * b].unflatten(2, (t1 - t0, b)))  # (B·G, H, b)
                 grads = torch.ops.aten._scaled_dot_product_flash_attention_for_cpu_backward(
                     _blocks_first(dog), _blocks_first(_rows(q, layout, t0, t1)), _blocks_first(kg), _blocks_first(vg),
-                    _blocks_first(_rows(out, layout, t0, t1)), row_lse, 0.0, False, attn_mask=add, scale=scale)
+                    _blocks_first(_rows(out, layout, t0, t1)), row_lse, 0.0, False,
+                    attn_mask=_per_block(layout.additive(t0, t1, q.dtype), B), scale=scale)
                 dqg, dkg, dvg = (_blocks_back(grad, B) for grad in grads)
             else:
                 dqg, dkg, dvg = _group_backward(_rows(q, layout, t0, t1), kg, vg, _rows(out, layout, t0, t1), dog,
-                                                layout.mask(t0, t1)[0], scale)
+                                                allowed, scale)
             _put_rows(dq, dqg, b, t0, add=False)
             for o in range(layout.span // b):  # key block o of query block t is block t + o - r of the sequence
                 keys = slice(o * b, (o + 1) * b)
