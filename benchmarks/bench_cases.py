@@ -1,5 +1,5 @@
 """What the micro-benchmarks measure: the cases (variant x N x pass x causal), and the session's
-built, gated variants. Timing and memory go through `harness.measure`, as in `bench run`."""
+built, gated variants. Timing and memory go through `harness.core.measure`, as in `bench run`."""
 
 from __future__ import annotations
 
@@ -9,13 +9,14 @@ import pytest
 import torch
 
 import variants
-from harness import measure
-from harness.config import (ArgumentError, Cell, RunConfig, memory_budgets, merge_options, parse_lengths, parse_list, parse_option,
-                            resolve_variants)
-from harness.fmt import fmt_bytes
-from harness.runner import predicted_bytes, useful_flops
 from variants._base import VariantSpec
 from variants.methods.sliding_window import LongformerPattern
+from harness.core import measure
+from harness.fmt import fmt_bytes
+from harness.options import ArgumentError, merge_options, parse_lengths, parse_list, parse_option
+from harness.policy import memory_budgets, resolve_variants
+from harness.sweep.config import Cell, RunConfig
+from harness.sweep.runner import predicted_bytes, useful_flops
 
 FLEX = "flex_attention (torch)"  # the yardstick of the sliding-window variants: torch's FlexAttention, called directly
 

@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import pytest
 
-from harness import measure
+from harness.core import measure
 
 
 def test_attention(benchmark, suite, case):
@@ -32,7 +32,7 @@ def test_attention(benchmark, suite, case):
         benchmark.extra_info["gflops"] = flops / median / 1e9
         benchmark.extra_info["fraction_of_peak"] = flops / median / 1e9 / suite.peak_gflops if suite.peak_gflops else None
     if suite.memory:  # after timing, as bench run does: pinned to make allocations visible, then steady again
-        from harness.memory import measure_peak, pin_mmap_threshold, steady_allocator
+        from harness.core.memory import measure_peak, pin_mmap_threshold, steady_allocator
 
         pin_mmap_threshold()
         benchmark.extra_info["peak_bytes"] = measure_peak(call, suite.device)["peak_bytes"]

@@ -1,5 +1,9 @@
-"""The `bench` command line: parse, validate, call. What the values mean lives in `harness.config`
-(devices, budgets, options, the configurations), a run directory's life in `harness.rundir`.
+"""The `bench` command line: presentation only. Each command parses its options, hands them to the wing
+that does the work (a run's life: `harness.sweep.session`, `harness.quality.session`, `harness.lm.session`;
+reading: `harness.readers`) and shows what comes back: progress bars, tables, paths, exit codes.
+
+The wings that load torch (the sessions, `policy`, `viz`, `variants`) are imported inside the commands
+that use them, so that `bench report`, `compare`, `advise` and `--help` never load torch.
 
     bench list                                   # variants, their options, where they run
     bench run --variants all --max-len 16384     # the sweep: time, memory, FLOP/s per cell, then REPORT.md
@@ -8,7 +12,7 @@
 
 from __future__ import annotations
 
-import importlib
+import math
 from contextlib import contextmanager
 from enum import Enum
 from pathlib import Path
@@ -16,8 +20,19 @@ from typing import Annotated, Callable, Optional
 
 import typer
 from rich.console import Console
+from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn, TimeRemainingColumn
+from rich.table import Table
 
-from harness.config import MAX_CHECK_LEN, MAX_LENGTH, ArgumentError, RunConfig
+from harness import options as opts
+from harness.fmt import fmt_time
+from harness.options import MAX_CHECK_LEN, MAX_LENGTH, ArgumentError
+from harness.quality.config import TASKS
+from harness.readers.advise import advise as answer, advise_table, recommendation
+from harness.readers.plots import plot_run
+from harness.readers.report import KEY as KEY_COLUMNS
+from harness.readers.report import accuracy_text, compare_runs, final_accuracy_grid, geomean, make_report, write_tradeoff_report
+from harness.readers.summary import NOISE_NOTE, render_summary, summarize
+from harness.store.storage import LM_RESULTS, METADATA, QUALITY_RESULTS, RESULTS, RunDirBusy, read_metadata
 
 app = typer.Typer(
     help="attnbench: which attention should I use at my sequence length, on my hardware? Measure it.",
@@ -52,14 +67,6 @@ def _console() -> Console:
     return Console(stderr=False, highlight=False)
 
 
-def _import_modules(modules: list[str]) -> None:
-    for module in modules:
-        try:
-            importlib.import_module(module)
-        except ImportError as err:
-            raise ArgumentError(f"--import: cannot import {module!r} ({err})") from None
-
-
 def _at_least(low: int):
     """Typer callback: the value must be >= low (the message names the option, the value and the bound)."""
     def check(value: int) -> int:
@@ -89,21 +96,23 @@ def _checked():
         raise typer.BadParameter(str(err)) from None
 
 
-@contextmanager
-def _writing(run_dir: Path, console: Console, kept: Callable[[], str], resume: str):
-    """Hold RUN_DIR's lock while writing it; on Ctrl-C say what was kept and how to resume (exit 130)."""
-    from harness.storage import RunDirBusy, RunLock
+def _say(console: Console):
+    """How a session speaks: one console line each, paths left whole to copy."""
+    return lambda text: console.print(text, soft_wrap=True)
 
+
+@contextmanager
+def _interruptible(console: Console, kept: Callable[[], str], resume: str):
+    """A run's cells under way: another process holding the run's lock is a usage error; on Ctrl-C say
+    what was kept and how to resume (exit 130)."""
     try:
-        with RunLock(run_dir):
-            yield
+        yield
     except RunDirBusy as err:
         raise typer.BadParameter(str(err)) from None
     except KeyboardInterrupt:
         console.print(f"\n[yellow]interrupted[/]: {kept()}")
         console.print(f"resume with: [bold]{resume}[/]")
         raise typer.Exit(130) from None
-
 
 ImportOption = Annotated[Optional[list[str]], typer.Option("--import", help="Module to import first (it may register more variants).")]
 OptionOption = Annotated[Optional[list[str]], typer.Option("--option", help="Any variant option as name=value, e.g. global_tokens=16 (bench list shows each variant's options); repeatable.")]
@@ -116,12 +125,11 @@ def list_variants(import_: ImportOption = None) -> None:
     Availability is checked per device; an unavailable variant shows why (for example, xformers is
     CUDA-only, or not installed).
     """
-    with _checked():
-        _import_modules(import_ or [])
-    from rich.table import Table
-
     import variants
+    from harness import policy
 
+    with _checked():
+        policy.import_modules(import_ or [])
     console = _console()
     table = Table(title="attnbench variants", title_justify="left")
     for col in ("variant", "time", "extra memory", "causal", "cross", "padding", "cpu", "cuda"):  # causal: yes, no, only
@@ -164,8 +172,6 @@ def list_variants(import_: ImportOption = None) -> None:
 
 
 def _progress(console: Console):
-    from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn, TimeRemainingColumn
-
     # once a second: each redraw in a terminal takes about 1.6 ms of a core (10 a second took 1.6% of one,
     # measured), and it runs on the cores the cell is being timed on
     return Progress(TextColumn("{task.description}"), BarColumn(), MofNCompleteColumn(), TimeElapsedColumn(),
@@ -218,135 +224,37 @@ def run(
     With --executor ray the cells run as Ray tasks on a cluster's nodes (or a local Ray instance), each
     exactly as here; see README "Run a sweep on a cluster".
     """
-    from harness import isolation
-
-    if executor is ExecutorName.local:
-        isolation.start_fork_server()  # its imports overlap this process's own
-    from harness import config as cfg
-    from harness import rundir, runner
+    from harness.sweep.session import SweepRequest, open_sweep
 
     console = _console()
-    if retry_failed and resume is None:
-        raise typer.BadParameter("--retry-failed goes with --resume RUN_DIR")
-    if executor is ExecutorName.local and (ray_address or ray_resources):
-        raise typer.BadParameter("--ray-address and --ray-resources go with --executor ray")
     with _checked():
-        cfg.check_number("--peak-time", peak_time, 0, 60, "seconds", low_inclusive=False)
-        resources = cfg.parse_resources(ray_resources or [])
-        if resume is not None:
-            metadata = rundir.open_to_resume(resume, "sweep", import_ or [])
-    cluster = _start_cluster(console, executor, ray_address, resources)
-    try:
-        with _checked():
-            if resume is not None:
-                config = RunConfig.from_json(metadata["config"])
-                _import_modules(list(config.imports))
-                if not config.resolved_options:  # a run from before options were fixed at its start
-                    config = config.with_resolved_options()
-                run_dir = resume
-                device_names = (metadata.get("machine") or {}).get("device_names")
-                if cluster is None:
-                    rundir.check_same_devices(device_names, runner.current_device_names(config.devices), resume)
-                else:  # the cluster's hardware now: rows of hardware it no longer has stay in the file, unused
-                    device_names = cluster.device_names(config.devices)
-            else:
-                _import_modules(import_ or [])
-                config = cfg.build_run_config(
-                    variants=variants_, lengths=cfg.parse_lengths(lengths) if lengths is not None else cfg.powers_of_two(min_len, max_len),
-                    devices=devices, passes=passes, causal=CAUSAL[causal.value],
-                    options=cfg.merge_options(option or [], window=window, compression=compression), imports=import_ or [],
-                    min_time=min_time, warmup_time=warmup_time, cell_timeout=cell_timeout, batch=batch, heads=heads, head_dim=head_dim, dtype=dtype.value,
-                    repeats=repeats, warmup=warmup, threads=threads, check_len=check_len,
-                    cluster=None if cluster is None else tuple(kind for kind in ("cpu", "cuda") if cluster.devices(kind)),
-                )
-                if memory_budget.strip() != "auto":  # a size is checked now; auto needs the machine, measured below
-                    cfg.memory_budgets(memory_budget, config.devices, {})
-                run_dir = rundir.new_run_dir(out)
-        if cluster is None:
-            _warn_if_busy(console)
-
-        if resume is None:  # nothing is written until every value is known: an interrupted start-up leaves no directory
-            with console.status("measuring the matmul peak" + (" on each kind of node" if cluster else " of this machine")):
-                machine = runner.measure_machine(config, peak_time) if cluster is None else runner.measure_cluster(config, cluster, peak_time)
-            with _checked():
-                budgets = cfg.memory_budgets(memory_budget, config.devices, machine)
-            config = RunConfig.from_json({**config.to_json(), "memory_budget": dict(budgets)})
-            device_names = machine["device_names"]
-            rundir.start(run_dir, "sweep", config.to_json(), machine, cfg.recorded_facts(config.variants))
-        else:
-            console.print(f"resuming {run_dir} with its original options (other options given now are ignored)")
-
-        def kept() -> str:
-            from harness.rows import run_rows
-
-            return f"{len(run_rows(run_dir, config, device_names, quiet=True))} finished cells are kept in {run_dir / 'results.jsonl'}"
-
-        again = resume_hint(run_dir, config.imports, cluster is not None, ray_address, ray_resources or [])
-        with _writing(run_dir, console, kept, again):
-            if retry_failed:
-                moved = runner.retry_failed(run_dir, config, device_names)
-                console.print(f"--retry-failed: {moved} rows of failed cells set aside in {run_dir / 'superseded.jsonl'}; measuring them again")
-            rows = _sweep_with_progress(config, run_dir, console, device_names, cluster)
-    finally:
-        if cluster is not None:
-            cluster.close()
+        build = None if resume is not None else dict(
+            variants=variants_, lengths=opts.parse_lengths(lengths) if lengths is not None else opts.powers_of_two(min_len, max_len),
+            devices=devices, passes=passes, causal=CAUSAL[causal.value],
+            options=opts.merge_options(option or [], window=window, compression=compression),
+            min_time=min_time, warmup_time=warmup_time, cell_timeout=cell_timeout, batch=batch, heads=heads, head_dim=head_dim,
+            dtype=dtype.value, repeats=repeats, warmup=warmup, threads=threads, check_len=check_len)
+        request = SweepRequest(build=build or {}, resume=resume, out=out, imports=tuple(import_ or []), memory_budget=memory_budget,
+                               peak_time=peak_time, executor=executor.value, ray_address=ray_address,
+                               ray_resources=tuple(ray_resources or []), retry_failed=retry_failed)
+        session = open_sweep(request, _say(console), console.status)
+    with session, _interruptible(console, session.kept, session.resume_command):
+        rows = _sweep_with_progress(session, console)
     if report and any(row["status"] == "ok" for row in rows):
-        _write_report(run_dir, console)
+        _write_report(session.run_dir, console)
     if rows and not any(row["status"] == "ok" for row in rows):
         console.print("[red]no cell ran successfully[/]; see the messages in results.jsonl and worker.log")
         raise typer.Exit(1)
 
 
-def _warn_if_busy(console: Console) -> None:
-    from harness.isolation import fork_server_pid
-    from harness.noise import machine_busy
-
-    pid = fork_server_pid()
-    busy = machine_busy(exclude=(pid,) if pid else ())
-    if busy:
-        console.print(f"[yellow]warning[/]: {busy}; the benchmark result may be unstable (cells measured now are flagged)")
-
-
-def resume_hint(run_dir: Path, imports, on_ray: bool, address: str | None, resources: list[str]) -> str:
-    """The command that finishes an interrupted sweep, on the executor (and cluster) it ran on."""
-    from harness import rundir
-
-    again = rundir.resume_command("sweep", run_dir, imports)
-    if on_ray:
-        again += " --executor ray" + (f" --ray-address {address}" if address else "")
-        again += "".join(f" --ray-resources {text}" for text in resources)
-    return again
-
-
-def _start_cluster(console: Console, executor: ExecutorName, address: str | None, resources: dict):
-    """None for the local executor; else the Ray executor, joined to its cluster (or a local instance)."""
-    if executor is ExecutorName.local:
-        return None
-    from harness.executors import make_executor
-
-    where = f"the Ray cluster at {address}" if address else "a local Ray instance"
-    try:
-        with console.status(f"joining {where} and reading its nodes"):
-            cluster = make_executor("ray", address=address, resources=resources)
-    except RuntimeError as err:
-        raise typer.BadParameter(str(err)) from None
-    for node in cluster.node_records():
-        gpus = f", {node['gpus']} x {node['gpu_name']}" if node["gpus"] else ""
-        console.print(f"node {node['host']} ({node['ip']}): {node['cpus']} CPUs, {node['cpu_model']}{gpus}", soft_wrap=True)
-    if not cluster.node_records():
-        cluster.close()
-        raise typer.BadParameter(f"--executor ray: {where} has no alive node" + (" with the --ray-resources asked for" if resources else ""))
-    return cluster
-
-
-def _sweep_with_progress(config: RunConfig, run_dir: Path, console: Console, device_names: dict | None, executor=None) -> list[dict]:
-    from harness import runner
-    from harness.summary import render_summary, summarize
-
-    todo = runner.todo_cells(config, run_dir, device_names)
+def _sweep_with_progress(session, console: Console) -> list[dict]:
     progress = _progress(console)
     running: list = []
     counts: dict[str, int] = {}
+    bar = {}
+
+    def before(todo):
+        bar["task"] = progress.add_task("starting", total=len(todo))
 
     def on_row(cell, row):  # (with a cluster, several cells run at once: the bar names the latest and counts the rest)
         if row is None:
@@ -355,24 +263,20 @@ def _sweep_with_progress(config: RunConfig, run_dir: Path, console: Console, dev
             counts[row["status"]] = counts.get(row["status"], 0) + 1
             if cell in running:
                 running.remove(cell)
-            progress.advance(task)
+            progress.advance(bar["task"])
         if running:
             more = f" (+{len(running) - 1} running)" if len(running) > 1 else ""
-            progress.update(task, description=f"[cyan]{running[-1].label()}[/]{more}")
+            progress.update(bar["task"], description=f"[cyan]{running[-1].label()}[/]{more}")
 
     with progress:
-        task = progress.add_task("starting", total=len(todo))
-        rows = runner.sweep(config, run_dir, on_row=on_row, device_names=device_names, executor=executor)
+        rows = session.run(on_row=on_row, before=before)
     render_summary(summarize(rows), console)
     statuses = ", ".join(f"{n} {s}" for s, n in sorted(counts.items()))
-    console.print(f"results: {run_dir / 'results.jsonl'}  (this session: {statuses or 'nothing left to run'})", soft_wrap=True)
-    console.print(f"metadata: {run_dir / 'metadata.json'}", soft_wrap=True)
+    console.print(f"results: {session.run_dir / RESULTS}  (this session: {statuses or 'nothing left to run'})", soft_wrap=True)
+    console.print(f"metadata: {session.run_dir / METADATA}", soft_wrap=True)
     return rows
 
-
 def _write_report(run_dir: Path, console: Console) -> None:
-    from harness.report import make_report
-
     with console.status("drawing the figures and writing REPORT.md"):
         path, figures = make_report(run_dir)
     console.print(f"report: {path}", soft_wrap=True)  # paths stay whole, to copy
@@ -387,8 +291,6 @@ class Format(str, Enum):
 
 
 def _run_dir(path: Path) -> Path:
-    from harness.storage import read_metadata
-
     with _checked():
         read_metadata(path)
     return path
@@ -404,8 +306,6 @@ def plot(
 
     Reads the run directory only (works on partial runs); the same run gives byte-identical files.
     """
-    from harness.plots import plot_run
-
     with _checked():
         paths = plot_run(_run_dir(run_dir), out, format.value)
     for path in paths:
@@ -424,8 +324,6 @@ def report(
     speed run and a quality run (`bench report results/cpu-reference results/quality-long`), write the
     trade-off report instead: accuracy against time per call at the same N. Reads the run directories only.
     """
-    from harness.report import make_report, write_tradeoff_report
-
     if len(run_dirs) == 1:
         if out is not None or length is not None:
             raise typer.BadParameter("--out and --len are for the trade-off report of several runs; one run's report goes in RUN_DIR")
@@ -488,13 +386,8 @@ def advise(
     Joins speed runs and quality runs: `bench advise --len 8192 --memory 1GiB --min-accuracy 90% results/cpu-reference results/quality-long`.
     Accuracy is taken at the trained length nearest to N and marked when that length is below N.
     """
-    from rich.table import Table
-
-    from harness import config as cfg
-    from harness.advise import advise as answer, advise_table, recommendation
-
     with _checked():
-        budget = cfg.parse_size(memory, "--memory") if memory is not None else None
+        budget = opts.parse_size(memory, "--memory") if memory is not None else None
         if budget is not None and budget <= 0:
             raise ArgumentError(f"--memory: {memory!r} is no memory at all; give a budget above 0, e.g. 2GiB")
         answers, context = answer(run_dirs, n=length, device=device, pass_=pass_.value, causal=causal, memory=budget,
@@ -513,8 +406,6 @@ def advise(
 
 
 def _percent(text: str) -> float:
-    import math
-
     raw = text.strip().removesuffix("%")
     try:
         value = float(raw) / 100
@@ -535,13 +426,6 @@ def compare(
 
     For catching regressions between commits or machines: `bench compare results/old results/new --fail-if-slower 10%`.
     """
-    from rich.table import Table
-
-    from harness.report import KEY as KEY_COLUMNS
-    from harness.report import compare_runs
-    from harness.fmt import fmt_time
-    from harness.summary import NOISE_NOTE
-
     threshold = _percent(fail_if_slower) if fail_if_slower is not None else None
     cells, per_variant, broken = compare_runs(_run_dir(run_a), _run_dir(run_b))
     console = _console()
@@ -577,8 +461,6 @@ def compare(
         summary.add_row(r["device"], r["variant"], r["pass"], "yes" if r["causal"] else "no", str(r["cells"]),
                         f"{r['time_geomean']:.3f}", "—" if r["mem_geomean"] != r["mem_geomean"] else f"{r['mem_geomean']:.3f}", verdict)
     console.print(summary)
-    from harness.report import geomean
-
     ratios = cells["time_ratio"]
     console.print(f"all {len(cells)} matched ok cells: time B/A geometric mean {geomean(ratios):.3f} "
                   f"(cells {ratios.min():.3f} to {ratios.max():.3f})")
@@ -608,13 +490,13 @@ def viz(
     (called with v = identity), so the picture is also a visual check of causality and of the window.
     """
     import variants
-    from harness import config as cfg
+    from harness import policy
     from harness.viz import attention_patterns, draw_patterns
 
     with _checked():
-        _import_modules(import_ or [])
-        names = tuple(variants.available()) if variants_.strip() == "all" else cfg.resolve_variants(variants_, ("cpu",))
-        options = cfg.merge_options(option or [], window=window, global_tokens=global_tokens, compression=compression)
+        policy.import_modules(import_ or [])
+        names = tuple(variants.available()) if variants_.strip() == "all" else policy.resolve_variants(variants_, ("cpu",))
+        options = opts.merge_options(option or [], window=window, global_tokens=global_tokens, compression=compression)
     if out.suffix.lstrip(".") not in ("png", "svg", "pdf"):
         raise typer.BadParameter(f"--out: {out} must end in .png, .svg or .pdf")
     if out.exists() and not force:
@@ -654,56 +536,27 @@ def lm(
     rows the prompt's time, a generated token's time and the decoding state's bytes. Rows go to
     RUN_DIR/lm.jsonl as they are measured (--resume finishes a run).
     """
-    from harness import lm as lmrun
-    from harness import rundir
-    from harness.config import parse_lengths, parse_list
+    from harness.lm.session import LMRequest, open_lm
 
     console = _console()
+    build = dict(model=model, variants=variant or DEFAULT_LM_SETTINGS, lengths=lengths, depths=depths, windows=windows,
+                 keys=keys, seed=seed, text=text, tasks=tasks, threads=threads)
     with _checked():
-        if resume is not None:
-            metadata = rundir.open_to_resume(resume, "lm", [])
-            config = lmrun.LMConfig.from_json(metadata["config"])
-            run_dir = resume
-        else:
-            config = lmrun.LMConfig(
-                model=model or "smollm2", settings=tuple(lmrun.parse_setting(v) for v in (variant or DEFAULT_LM_SETTINGS)),
-                lengths=parse_lengths(lengths), depths=lmrun.parse_depths(depths), windows=windows, keys=keys, seed=seed,
-                text=text, tasks=parse_list(tasks, "--tasks", lmrun.TASKS), threads=threads)
-            lmrun.corpus_text(text)  # (an absent or empty file is refused before the model loads)
-            run_dir = rundir.new_run_dir(out, "lm-")
-        folder, gguf = lmrun.locate(None if config.model == "smollm2" else config.model)
-        with console.status(f"loading {folder / gguf if gguf else folder}"):
-            net, tokenizer = lmrun.load(folder, gguf, config.threads)
-            tokens = lmrun.corpus_tokens(tokenizer, config.text)
-            digest = lmrun.model_hash(folder, gguf)
-        if resume is not None and metadata.get("machine", {}).get("model", {}).get("sha256") != digest:
-            raise ArgumentError(f"--resume: {run_dir} was measured with another model file (sha256 differs); start a new run")
-        if resume is None:
-            lmrun.check_config(config, net, tokenizer, tokens)
-    if resume is None:
-        about = {"model": {"name": type(net).__name__, "path": str(folder / gguf if gguf else folder), "sha256": digest,
-                           "layers": net.config.num_hidden_layers, "context": getattr(net.config, "max_position_embeddings", None)},
-                 "corpus": {"source": config.text or "pydoc_data.topics", "sha256": lmrun.text_hash(config.text), "tokens": len(tokens)}}
-        rundir.start(run_dir, "lm", config.to_json(), machine=about)
-    else:
-        console.print(f"resuming {run_dir} with its original options (other options given now are ignored)")
-    from harness.storage import RowWriter, read_rows
+        session = open_lm(LMRequest(build=build, resume=resume, out=out), _say(console), console.status)
+    progress = _progress(console)
+    bar = {}
 
-    done = {lmrun.row_key(r) for r in read_rows(run_dir, lmrun.RESULTS, quiet=True)} if (run_dir / lmrun.RESULTS).exists() else set()
-    todo = lmrun.cells(config)
-    kept = lambda: f"finished rows are kept in {run_dir / lmrun.RESULTS}"  # noqa: E731
-    with _writing(run_dir, console, kept, rundir.resume_command("lm", run_dir)), _progress(console) as progress, \
-            RowWriter(run_dir, lmrun.RESULTS) as writer:
-        bar = progress.add_task("lm", total=len(todo))
+    def before(total):
+        bar["task"] = progress.add_task("lm", total=total)
 
-        def on_cell(key):
-            progress.update(bar, advance=1, description=f"{key[1]} {key[0]} L={key[2]}")
+    def on_cell(key):
+        progress.update(bar["task"], advance=1, description=f"{key[1]} {key[0]} L={key[2]}")
 
-        lmrun.run_lm(config, net, tokenizer, tokens, done, writer.append, on_cell)
-    console.print(f"results: {run_dir / lmrun.RESULTS}", soft_wrap=True)
+    with _interruptible(console, session.kept, session.resume_command), progress:
+        session.run(on_cell, before)
+    console.print(f"results: {session.run_dir / LM_RESULTS}", soft_wrap=True)
     if report:
-        _write_report(run_dir, console)
-
+        _write_report(session.run_dir, console)
 
 class Preset(str, Enum):
     quick = "quick"
@@ -750,71 +603,58 @@ def quality(
     the end (`bench report RUN_DIR` redraws them). On a 2-core CPU the quick preset took 15 min 20 s
     (results/quality-reference) and the long one 80 min (results/quality-long).
     """
-    from harness import config as cfg
-    from harness import rundir
+    from harness.quality.session import QualityRequest, open_quality
+    from harness.quality.train import TrainingDiverged
 
     console = _console()
     with _checked():
-        if resume is not None:
-            metadata = rundir.open_to_resume(resume, "quality", import_ or [])
-            config = cfg.QualityConfig.from_json(metadata["config"])
-            _import_modules(list(config.imports))
-            run_dir = resume
-        else:  # every value, and every variant with its options, is checked before anything is written
-            _import_modules(import_ or [])
-            config = cfg.build_quality_config(
-                tasks=cfg.TASKS if task == Task.all else (task.value,), variants=variants_, preset=preset.value, device=device,
-                dtype=dtype, given=cfg.merge_options(option or [], window=window, compression=compression), imports=import_ or [],
-                measure_cost=cost, lengths=lengths, copy_lengths=copy_lengths, seeds=seeds, lr=lr, label_smoothing=label_smoothing, d_model=d_model,
-                layers=layers, heads=heads, steps=steps, batch=batch, curriculum=curriculum, pairs=pairs, queries=queries, vocab=vocab, warm_start=warm_start,
-                short_conv=short_conv,
-            )
-            run_dir = rundir.new_run_dir(out, "quality-")
-    if resume is None:
-        rundir.start(run_dir, "quality", config.to_json(), variants=cfg.recorded_facts(config.variants))
-    else:
-        console.print(f"resuming {run_dir} with its original options (other options given now are ignored)")
-    kept = lambda: f"finished trainings are kept in {run_dir / 'quality.jsonl'}"  # noqa: E731
-    with _writing(run_dir, console, kept, rundir.resume_command("quality", run_dir, config.imports)):
-        _quality_with_progress(run_dir, config, console)
+        build = None if resume is not None else dict(
+            tasks=TASKS if task == Task.all else (task.value,), variants=variants_, preset=preset.value, device=device,
+            dtype=dtype, given=opts.merge_options(option or [], window=window, compression=compression),
+            measure_cost=cost, lengths=lengths, copy_lengths=copy_lengths, seeds=seeds, lr=lr, label_smoothing=label_smoothing,
+            d_model=d_model, layers=layers, heads=heads, steps=steps, batch=batch, curriculum=curriculum, pairs=pairs,
+            queries=queries, vocab=vocab, warm_start=warm_start, short_conv=short_conv)
+        session = open_quality(QualityRequest(build=build or {}, resume=resume, out=out, imports=tuple(import_ or [])), _say(console))
+    try:
+        with _interruptible(console, session.kept, session.resume_command):
+            rows = _quality_with_progress(session, console)
+    except TrainingDiverged as err:
+        console.print(f"[red]training diverged[/]: {err}")
+        raise typer.Exit(1) from None
+    _print_accuracy(rows, session.config, console)
+    console.print(f"results: {session.run_dir / QUALITY_RESULTS}")
     if report:
-        _write_report(run_dir, console)
+        _write_report(session.run_dir, console)
 
 
-def _quality_with_progress(run_dir: Path, config, console: Console) -> None:
-    from harness.quality import TrainingDiverged, keep_finished_runs, sweep_quality, trainings
-
-    steps = config.train.steps
-    total = sum(len(chain) for *_, chain in trainings(config)) * steps
+def _quality_with_progress(session, console: Console) -> list[dict]:
+    steps = session.config.train.steps
     progress = _progress(console)
     done = {"step": 0}
+    bar = {}
+
+    def before(total, completed):
+        bar["task"] = progress.add_task("starting", total=total, completed=completed)
 
     def on_start(task_name, length, name, seed, phase):
         done["step"] = 0
         if phase == "cost":
-            progress.update(bar, description=f"[cyan]{task_name} L={length} {name}[/] measuring a training step")
+            progress.update(bar["task"], description=f"[cyan]{task_name} L={length} {name}[/] measuring a training step")
         else:
-            progress.update(bar, description=f"[cyan]{task_name} L={length} {name} seed {seed}[/] training")
+            progress.update(bar["task"], description=f"[cyan]{task_name} L={length} {name} seed {seed}[/] training")
 
     def on_eval(row):
         here = row.get("stage", 0) * steps + row["step"]
-        progress.advance(bar, here - done["step"])
+        progress.advance(bar["task"], here - done["step"])
         done["step"] = here
-        progress.update(bar, description=f"[cyan]{row['task']} L={row['length']} {row['variant']} seed {row.get('seed', 0)}[/] "
-                                         f"loss {row['train_loss']:.3f} acc {row['eval_accuracy']:.1%}")
+        progress.update(bar["task"], description=f"[cyan]{row['task']} L={row['length']} {row['variant']} seed {row.get('seed', 0)}[/] "
+                                                 f"loss {row['train_loss']:.3f} acc {row['eval_accuracy']:.1%}")
 
-    finished = keep_finished_runs(run_dir, config)
-    try:
-        with progress:
-            bar = progress.add_task("starting", total=total, completed=len(finished) * steps)
-            rows = sweep_quality(run_dir, config, on_eval=on_eval, on_start=on_start, finished=finished)
-    except TrainingDiverged as err:
-        console.print(f"[red]training diverged[/]: {err}")
-        raise typer.Exit(1) from None
-    from rich.table import Table
+    with progress:
+        return session.run(on_eval=on_eval, on_start=on_start, before=before)
 
-    from harness.report import accuracy_text, final_accuracy_grid
 
+def _print_accuracy(rows: list[dict], config, console: Console) -> None:
     columns, grid = final_accuracy_grid(rows)
     seeds = f" (mean of {config.seeds} seeds, min-max)" if config.seeds > 1 else ""
     table = Table(title=f"held-out token accuracy after training{seeds}", title_justify="left")
@@ -824,8 +664,6 @@ def _quality_with_progress(run_dir: Path, config, console: Console) -> None:
     for name, cells in grid:
         table.add_row(name, *["" if c is None else accuracy_text(c, t) for c, (t, _) in zip(cells, columns)])
     console.print(table)
-    console.print(f"results: {run_dir / 'quality.jsonl'}")
-
 
 def main() -> None:  # pragma: no cover
     app()

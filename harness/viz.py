@@ -13,6 +13,7 @@ from pathlib import Path
 import torch
 
 import variants
+from harness.readers.plots import matplotlib_rc, save_figure
 
 
 def attention_patterns(names: list[str], n: int, causal: bool, options: dict, head_dim: int = 16, seed: int = 0) -> dict:
@@ -42,8 +43,6 @@ def attention_patterns(names: list[str], n: int, causal: bool, options: dict, he
 
 
 def draw_patterns(result: dict, out: Path, n: int, causal: bool) -> Path:
-    from harness.plots import matplotlib_rc, save_figure
-
     matplotlib_rc()
     import matplotlib.pyplot as plt
 

@@ -5,10 +5,10 @@
 
 For each point — performer with features 16 … 1024, nystrom with landmarks 8 … 512, linformer (at its
 initialisation) with rank 32 … 1024, linear with each feature map, and full as the time's yardstick —
-one process measures the forward time with the harness's measuring core (`harness.measure.measure_time`:
+one process measures the forward time with the harness's measuring core (`harness.core.measure.measure_time`:
 steady allocator, warm-up, calibrated samples, the median) and the relative error ‖out − exact‖ / ‖exact‖
 of the output against exact softmax attention computed in float64, on the same standard-normal inputs
-(`harness.measure.make_inputs`, the gate's). Writes OUT/tradeoff.json (the points and the machine) and
+(`harness.core.measure.make_inputs`, the gate's). Writes OUT/tradeoff.json (the points and the machine) and
 OUT/error_vs_time.png. Run it alone on a quiet machine: the times are side by side in one process.
 """
 
@@ -23,8 +23,8 @@ from pathlib import Path
 import torch
 
 import variants
-from harness import measure
-from harness.machine import environment
+from harness.core import measure
+from harness.core.machine import environment
 
 KNOBS = {  # variant -> (option, values): what trades accuracy for time
     "performer": ("features", (16, 32, 64, 128, 256, 512, 1024)),
@@ -61,7 +61,7 @@ def point(name: str, options: dict, q, k, v, exact, causal: bool, min_time: floa
 
 
 def draw(points: list[dict], out: Path, n: int, causal: bool) -> Path:
-    from harness.plots import matplotlib_rc, save_figure, variant_style
+    from harness.readers.plots import matplotlib_rc, save_figure, variant_style
 
     matplotlib_rc()
     import matplotlib.pyplot as plt
@@ -112,7 +112,7 @@ def main(argv: list[str]) -> None:
         print(f"[{index}/{len(todo)}] {name} {options}: error {p['error']:.4f}, {p['time_median_s'] * 1e3:.1f} ms", flush=True)
     args.out.mkdir(parents=True, exist_ok=True)
     record = {"command": "python scripts/error_vs_time.py " + " ".join(argv), "n": args.n, "causal": args.causal,
-              "shape": {"batch": 1, "heads": 8, "head_dim": 64}, "inputs": "standard normal (harness.measure.make_inputs)",
+              "shape": {"batch": 1, "heads": 8, "head_dim": 64}, "inputs": "standard normal (harness.core.measure.make_inputs)",
               "seconds": round(time.time() - started, 1), "environment": environment(sys.argv), "points": points}
     (args.out / "tradeoff.json").write_text(json.dumps(record, indent=1) + "\n")
     print(f"wrote {args.out / 'tradeoff.json'} and {draw(points, args.out, args.n, args.causal)}")

@@ -41,7 +41,7 @@ def one_generation(variant: str, tokens: int) -> dict:
     from transformers import LogitsProcessor, LogitsProcessorList
 
     import variants.hf as vh
-    from harness.memory import measure_peak, pin_mmap_threshold
+    from harness.core.memory import measure_peak, pin_mmap_threshold
 
     torch.set_num_threads(2)
     warnings.filterwarnings("ignore", message="`past_key_values` is deprecated")

@@ -21,7 +21,7 @@ Pairs, each at the same shape and settings:
              naive_recurrent_gla (fla-core 0.6 has no chunked GLA in plain PyTorch), delta_rule_chunkwise
              (deltanet, its chunk 32), naive_chunk_gated_delta_rule (gated_deltanet). Each row also records
              the largest difference of the two outputs (an independent check of ours).
-Times: the harness's measuring core (`harness.measure.measure_time`); memory: `harness.memory.measure_peak`
+Times: the harness's measuring core (`harness.core.measure.measure_time`); memory: `harness.core.memory.measure_peak`
 after the timing (extra bytes of one call beyond its inputs). fwdbwd: forward, then backward of a fixed
 random output gradient to the inputs and the parameters. A peer that cannot run a configuration gets its
 error recorded instead of figures. Run it alone on a quiet machine.
@@ -39,9 +39,9 @@ from pathlib import Path
 import torch
 
 import variants
-from harness import measure
-from harness.machine import environment
-from harness.memory import measure_peak, pin_mmap_threshold, steady_allocator
+from harness.core import measure
+from harness.core.machine import environment
+from harness.core.memory import measure_peak, pin_mmap_threshold, steady_allocator
 
 D_MODEL, HEADS, HEAD_DIM = 512, 8, 64
 PEER_NAMES = {"retention": "fla naive_chunk_simple_gla(g = log γ)", "mamba2": "fla naive_chunk_simple_gla(g = log a, v Δ)",

@@ -29,12 +29,12 @@ from pathlib import Path
 import torch
 
 import variants
-from harness import worker
-from harness.config import Cell, RunConfig
-from harness.isolation import run_isolated
-from harness.measure import make_inputs, pass_call, set_threads
-from harness.memory import steady_allocator
-from harness.storage import read_metadata
+from harness.core.isolation import run_isolated
+from harness.core.measure import make_inputs, pass_call, set_threads
+from harness.core.memory import steady_allocator
+from harness.store.storage import read_metadata
+from harness.sweep import worker
+from harness.sweep.config import Cell, RunConfig
 
 
 def harness_median(config: RunConfig, row: dict) -> float:

@@ -16,8 +16,8 @@ import sys
 from pathlib import Path
 
 import variants
-from harness.config import recorded_facts
-from harness.storage import read_metadata, write_metadata
+from harness.policy import recorded_facts
+from harness.store.storage import read_metadata, write_metadata
 
 
 def record(run_dir: Path) -> str:

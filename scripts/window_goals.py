@@ -9,7 +9,7 @@ Times: every call is timed once per round, the calls taking turns (A B C A B C .
 drifts over minutes (a VM's does, by 10-20 %) drifts under every call alike; each ratio is the median over the
 rounds of that round's ratio. The calls: `sliding_window` forward and forward+backward, `sliding_window_flex`
 forward, torch's FlexAttention called directly with torch's own `create_block_mask` (the yardstick), causal and
-not. Memory: each call's peak extra bytes beyond its inputs (`harness.memory.measure_peak`, glibc's mmap threshold
+not. Memory: each call's peak extra bytes beyond its inputs (`harness.core.memory.measure_peak`, glibc's mmap threshold
 pinned before the first allocation), each in a fresh process of its own, for those and `full` (fused SDPA) and `memory_compressed`, plus
 sliding_window's forward+backward at --flat-lengths: its peak beyond the output and the three input gradients,
 which should not grow with N. Run it alone on a quiet machine.
@@ -41,7 +41,7 @@ def _inputs(n: int, grad: bool):
 def build_call(name: str, n: int, pass_: str, causal: bool, window: int, compression: int):
     """A no-argument call of one (method, pass, causal) at N; `flex_direct` is FlexAttention called directly."""
     import variants
-    from harness.measure import pass_call
+    from harness.core.measure import pass_call
 
     backward = pass_ == "fwdbwd"
     q, k, v = _inputs(n, backward)
@@ -79,7 +79,7 @@ def peak_in_child(name: str, n: int, pass_: str, causal: bool, window: int, comp
         f"for m in {imports!r}: __import__(m)\n"
         "sys.path.insert(0, 'scripts')\n"
         "from window_goals import build_call\n"
-        "from harness.memory import measure_peak, pin_mmap_threshold\n"
+        "from harness.core.memory import measure_peak, pin_mmap_threshold\n"
         "pin_mmap_threshold()\n"
         f"call = build_call({name!r}, {n}, {pass_!r}, {causal}, {window}, {compression})\n"
         "call()\n"

@@ -13,8 +13,8 @@ import time
 import torch
 import torch.nn.functional as F
 
-import variants
 from variants import AttentionVariant, VariantSpec
+import variants
 
 CHECK_N_MAX = 64  # faults trigger only above this length, so the correctness check (run at N <= 64 here) passes
 

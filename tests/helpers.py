@@ -17,9 +17,9 @@ import pytest
 from typer.testing import CliRunner
 
 from harness.cli import app
-from harness.config import recorded_facts
-from harness.rows import Row
-from harness.storage import RowWriter, read_rows, write_metadata
+from harness.policy import recorded_facts
+from harness.store.rows import Row
+from harness.store.storage import RowWriter, read_rows, write_metadata
 
 TESTS = Path(__file__).resolve().parent
 FAST = ["--check-len", "32", "--repeats", "2", "--min-time", "0", "--warmup", "0", "--warmup-time", "0", "--heads", "2", "--head-dim", "16", "--no-report",
@@ -107,7 +107,7 @@ def _row(variant, pass_, n, t, mem, status="ok", message=""):
 # runs in a fresh process so nothing else's memory or allocator state is counted
 MEASURE = r"""
 import json, sys, torch, variants
-from harness.memory import measure_peak, pin_mmap_threshold
+from harness.core.memory import measure_peak, pin_mmap_threshold
 name, cases, backward, options, dv = sys.argv[1], json.loads(sys.argv[2]), sys.argv[3] == "1", json.loads(sys.argv[4]), int(sys.argv[5])
 torch.set_num_threads(2)
 attn = variants.build(name, **options)

@@ -98,7 +98,7 @@ def test_cuda_sweep_runs_and_records_gpu(tmp_path):
     assert rows[rows["variant"] == "full"]["kernel"].notna().all()
     if "full_xformers" in names:
         assert rows[rows["variant"] == "full_xformers"]["kernel"].notna().all()
-    from harness.storage import read_metadata
+    from harness.store.storage import read_metadata
 
     machine = read_metadata(out)["machine"]
     gpu = machine["gpu"]

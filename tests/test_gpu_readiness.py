@@ -15,9 +15,11 @@ import torch
 
 import variants
 from conftest import make_qkv, ref_linear
-from harness import measure, worker
-from harness.config import Cell, RunConfig
-from harness.runner import shape_only_variant, useful_flops
+from harness.core import measure
+from harness.core.isolation import is_oom
+from harness.sweep import worker
+from harness.sweep.config import Cell, RunConfig
+from harness.sweep.runner import shape_only_variant, useful_flops
 from helpers import FAST, bench, run_dir_rows
 
 TESTS = Path(__file__).resolve().parent
@@ -39,7 +41,7 @@ def test_parent_plans_every_variant_without_a_device(name):
 
 
 def test_parent_planning_a_huge_option_allocates_nothing():
-    from harness.memory import rss_bytes
+    from harness.core.memory import rss_bytes
 
     cfg = config(variants=("memory_compressed",), heads=8, head_dim=64, options=(("compression", 100_000),))
     before = rss_bytes()
@@ -105,8 +107,9 @@ def test_multiline_errors_keep_their_reason_and_log_a_traceback(tmp_path):
 def test_alloc_failures_of_cuda_libraries_are_oom():
     for text in ("CUDA error: CUBLAS_STATUS_ALLOC_FAILED when calling `cublasCreate(handle)`",
                  "cuDNN error: CUDNN_STATUS_ALLOC_FAILED"):
-        assert worker.is_oom(RuntimeError(text))
-    assert not worker.is_oom(RuntimeError("CUBLAS_STATUS_EXECUTION_FAILED"))
+        assert is_oom(RuntimeError(text))
+    assert is_oom(torch.cuda.OutOfMemoryError("CUDA out of memory.")) and is_oom(MemoryError())
+    assert not is_oom(RuntimeError("CUBLAS_STATUS_EXECUTION_FAILED"))
 
 
 # -- 16-bit linear attention keeps its sums in float32 -----------------------------------------------------
@@ -261,7 +264,7 @@ def test_flex_has_no_float64_on_cuda_and_the_sweep_skips_it():
     assert "no float64 on cuda" in cls.dtype_unsupported_reason("cuda", "float64")
     assert "no float64 on cpu" in cls.dtype_unsupported_reason("cpu", "float64")  # compiled flex refuses it there too
     assert cls.dtype_unsupported_reason("cpu", "float32") is None
-    from harness.runner import static_skip_reason
+    from harness.sweep.runner import static_skip_reason
 
     reason = static_skip_reason(config(variants=("sliding_window_flex",), dtype="float64"),
                                 Cell("cuda", "sliding_window_flex", "fwd", False, 64))

@@ -7,7 +7,7 @@ import signal
 
 import pytest
 
-from harness.storage import read_metadata, read_rows
+from harness.store.storage import read_metadata, read_rows
 from helpers import FAST, SLOW_RUN, bench, bench_process, run_dir_rows, wait_for_rows
 
 

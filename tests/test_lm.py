@@ -14,8 +14,8 @@ transformers = pytest.importorskip("transformers")
 
 from helpers import bench  # noqa: E402
 
-from harness import lm  # noqa: E402
-from harness.config import ArgumentError  # noqa: E402
+from harness.lm import run as lm  # noqa: E402
+from harness.options import ArgumentError# noqa: E402
 
 
 def _byte_tokenizer():

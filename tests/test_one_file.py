@@ -81,7 +81,7 @@ from typer.testing import CliRunner
 import torch
 import variants
 from harness.cli import app
-from harness.storage import read_rows
+from harness.store.storage import read_rows
 
 out = Path(sys.argv[1])
 assert Path(variants.__file__).parent == Path.cwd() / "variants", variants.__file__  # the copy, not the project's

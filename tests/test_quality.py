@@ -5,8 +5,8 @@ from __future__ import annotations
 import pytest
 import torch
 
-from harness.quality import TinyDecoder, TrainConfig, lr_factor, train_one, trainable_variants
-from harness.tasks import CopyTask, RecallTask, make_task
+from harness.quality.tasks import CopyTask, RecallTask, make_task
+from harness.quality.train import TinyDecoder, TrainConfig, lr_factor, train_one, trainable_variants
 from helpers import bench
 
 

@@ -9,11 +9,12 @@ import math
 import pytest
 import torch
 
-from harness.config import TrainConfig, recorded_facts
-from harness.quality import train_one
-from harness.quality_frames import by_distance_frame
-from harness.storage import QUALITY_RESULTS, RowWriter, read_rows, variant_facts, write_metadata
-from harness.tasks import CopyTask, RecallTask, distance_buckets
+from harness.policy import recorded_facts
+from harness.quality.config import TrainConfig
+from harness.quality.tasks import CopyTask, RecallTask, distance_buckets
+from harness.quality.train import train_one
+from harness.readers.quality_frames import by_distance_frame
+from harness.store.storage import QUALITY_RESULTS, RowWriter, read_rows, variant_facts, write_metadata
 from helpers import bench, make_run
 
 TINY = TrainConfig(d_model=16, heads=2, layers=1, steps=6, batch=4, eval_every=3, eval_examples=16)
@@ -179,7 +180,7 @@ def make_quality_run(path, accuracy: dict, lengths=(256,), device="cpu", lr=3e-3
 
 
 def test_advise_marks_measured_interpolated_and_extrapolated(tmp_path):
-    from harness.advise import advise
+    from harness.readers.advise import advise
 
     speed = make_run(tmp_path / "speed")
     quality = make_quality_run(tmp_path / "quality", {"full": 0.95, "linear": 0.4})
@@ -199,7 +200,7 @@ def test_advise_marks_measured_interpolated_and_extrapolated(tmp_path):
 
 
 def test_advise_filters_by_memory_and_accuracy(tmp_path):
-    from harness.advise import advise, recommendation
+    from harness.readers.advise import advise, recommendation
 
     speed = make_run(tmp_path / "speed")
     quality = make_quality_run(tmp_path / "quality", {"full": 0.95, "linear": 0.4})
@@ -249,7 +250,7 @@ def _edited_copy(run, path, **changes):
     """A copy of a speed run with every row's fields changed (`time_factor` scales the times)."""
     import shutil
 
-    from harness.storage import RESULTS
+    from harness.store.storage import RESULTS
 
     shutil.copytree(run, path)
     factor = changes.pop("time_factor", 1.0)
@@ -268,7 +269,7 @@ def _edited_copy(run, path, **changes):
 
 def test_advise_never_pools_speed_rows_of_different_setups(tmp_path):
     # finding 5: runs of other shapes or machines were merged, taking the minimum time at each N
-    from harness.advise import advise
+    from harness.readers.advise import advise
 
     speed = _edited_copy(make_run(tmp_path / "made"), tmp_path / "speed", device_name="Test CPU")
     heads = _edited_copy(speed, tmp_path / "heads", heads=2)
@@ -276,7 +277,7 @@ def test_advise_never_pools_speed_rows_of_different_setups(tmp_path):
     for other in (heads, machine):
         result = _invoke("advise", "--len", "1024", "--no-causal", str(speed), str(other))
         assert result.exit_code == 2 and "the speed runs measured different setups" in _text(result), result.output
-    from harness.config import ArgumentError
+    from harness.options import ArgumentError
 
     with pytest.raises(ArgumentError, match=rf"heads 8 in {speed}, 2 in {heads} \(give speed runs of one machine and shape\)"):
         advise([speed, heads], n=1024, causal=False)
@@ -296,7 +297,7 @@ def test_advise_never_pools_speed_rows_of_different_setups(tmp_path):
 
 def test_advise_at_a_trained_length_below_the_timed_ones_extrapolates_and_says_so(tmp_path):
     # finding 12: with the speed runs timed from N = 256 and recall trained at L = 32, 64, --len 64 was refused
-    from harness.advise import advise
+    from harness.readers.advise import advise
 
     speed = make_run(tmp_path / "speed")
     short = make_quality_run(tmp_path / "short", {"full": 0.9}, lengths=(32, 64))
@@ -306,8 +307,8 @@ def test_advise_at_a_trained_length_below_the_timed_ones_extrapolates_and_says_s
 
 
 def test_advise_says_a_task_has_no_finished_training(tmp_path):
-    from harness.advise import advise
-    from harness.config import ArgumentError
+    from harness.readers.advise import advise
+    from harness.options import ArgumentError
 
     speed = make_run(tmp_path / "speed")
     quality = make_quality_run(tmp_path / "quality", {"full": 0.95})
@@ -322,7 +323,7 @@ def test_advise_says_a_task_has_no_finished_training(tmp_path):
 
 def test_advise_states_unequal_seeds(tmp_path):
     # finding 6: an unfinished quality run averaged full over 3 seeds and the others over 2, without a word
-    from harness.advise import advise, advise_table
+    from harness.readers.advise import advise, advise_table
 
     speed = make_run(tmp_path / "speed")
     quality = make_quality_run(tmp_path / "quality", {"full": 0.95, "linear": 0.4})
@@ -343,7 +344,7 @@ def test_tradeoff_report_draws_accuracy_against_time(tmp_path):
     # the made-up speed run is non-causal and has no causal rows: the report says so
     result = _invoke("report", str(speed), str(quality), "--out", str(out))
     assert result.exit_code == 2 and "no fwdbwd causal rows" in _text(result)
-    from harness.report import write_tradeoff_report
+    from harness.readers.report import write_tradeoff_report
 
     path, figures = write_tradeoff_report([speed, quality], out, causal=False)
     text = path.read_text()

@@ -16,7 +16,7 @@ import pytest
 
 ray = pytest.importorskip("ray")
 
-from harness.storage import read_metadata, read_rows  # noqa: E402
+from harness.store.storage import read_metadata, read_rows  # noqa: E402
 from helpers import FAST, SLOW_RUN, bench, bench_process, run_dir_rows, wait_for_rows  # noqa: E402
 
 KEY = ["device", "variant", "pass", "causal", "n"]
@@ -41,11 +41,10 @@ def cluster():
 
 def cluster_config(variants: str, repeats: int, warmup: int):
     """A sweep of `variants` at N = 65..68, forward, on the cluster's CPUs (for runner.sweep called directly)."""
-    from harness import config as cfg
-
     import fault_variants  # noqa: F401 — registers test_slow
+    from harness.sweep.plan import build_run_config
 
-    return cfg.build_run_config(variants=variants, lengths=(65, 66, 67, 68), devices="cpu", passes="fwd", causal=(False,),
+    return build_run_config(variants=variants, lengths=(65, 66, 67, 68), devices="cpu", passes="fwd", causal=(False,),
                                 options={}, imports=["fault_variants"], min_time=0, cell_timeout=60, cluster=("cpu",), batch=1,
                                 heads=2, head_dim=16, dtype="float32", repeats=repeats, warmup=warmup, threads=0, check_len=32)
 
@@ -140,9 +139,9 @@ def test_interrupt_cancels_outstanding_cells_and_keeps_finished_rows(tmp_path, c
     # other series' cell runs on the other node): outstanding tasks are cancelled, no row is written for
     # them, and every finished row stays. (The CLI's exit 130 and printed command are the local executor's
     # path, tested in test_harness.py; the command for a Ray run is checked below.)
-    from harness import runner
-    from harness.executors import make_executor
-    from harness.cli import resume_hint
+    from harness.sweep import runner
+    from harness.sweep.session import make_executor
+    from harness.sweep.session import resume_hint
 
     config = cluster_config("test_slow,full", repeats=2, warmup=0)
     executor = make_executor("ray")
@@ -187,7 +186,7 @@ def test_unreachable_address_fails_within_seconds_and_writes_nothing(tmp_path):
 def test_ray_not_installed_names_the_extra(monkeypatch):
     import sys
 
-    from harness.ray_executor import ray_module
+    from harness.sweep.ray_executor import ray_module
 
     monkeypatch.setitem(sys.modules, "ray", None)
     with pytest.raises(RuntimeError, match=r"--executor ray needs the ray package, which is not installed: pip install -e '\.\[ray\]'"):
@@ -197,7 +196,7 @@ def test_ray_not_installed_names_the_extra(monkeypatch):
 def test_two_gpu_kinds_are_two_devices_in_reports(tmp_path):
     # rows of one cuda kind on two GPU models (as a cluster of A100 and H100 nodes writes them): every table
     # and figure treats them as two devices
-    from harness.storage import by_hardware
+    from harness.readers.frames import by_hardware
 
     import pandas as pd
 
@@ -212,8 +211,8 @@ def test_a_node_lost_mid_cell_costs_one_retry_on_another_node(tmp_path, cluster)
     # opt in (-m slow): a third node joins, a sweep starts, the node is removed while a cell runs there
     import threading
 
-    from harness import runner
-    from harness.executors import make_executor
+    from harness.sweep import runner
+    from harness.sweep.session import make_executor
 
     extra = cluster.add_node(num_cpus=1)
     cluster.wait_for_nodes()

@@ -377,8 +377,8 @@ def test_gates_need_the_shape_hints(name):
 
 
 def test_bench_run_skips_non_causal_cells_with_the_reason():
-    from harness import runner
-    from harness.config import Cell, RunConfig
+    from harness.sweep import runner
+    from harness.sweep.config import Cell, RunConfig
 
     config = RunConfig(variants=("deltanet",), lengths=(64,), devices=("cpu",), passes=("fwd",), causal=(False, True))
     skip = runner.static_skip_reason(config, Cell("cpu", "deltanet", "fwd", False, 64))

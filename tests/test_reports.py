@@ -9,7 +9,7 @@ import pytest
 import torch
 
 import variants
-from harness.summary import crossover, fit_exponent, summarize
+from harness.readers.summary import crossover, fit_exponent, summarize
 from helpers import NS, bench, make_run
 
 
@@ -69,7 +69,7 @@ def test_report_has_tables_exponents_and_reasons(tmp_path):
 
 
 def test_summary_crossover_of_synthetic_run(tmp_path):
-    from harness.storage import load_frame
+    from harness.readers.frames import load_frame
 
     summary = summarize(load_frame(make_run(tmp_path / "run"))).set_index(["pass", "variant"])
     assert summary.loc[("fwd", "linear"), "crossover_n"] == 2048  # 2e-6 n < 1e-9 n^2  <=>  n > 2000
@@ -79,7 +79,7 @@ def test_summary_crossover_of_synthetic_run(tmp_path):
 def test_compare_ratios_and_exit_codes(tmp_path):
     a = make_run(tmp_path / "a")
     b = make_run(tmp_path / "b", slow_factor=1.2)  # full and linear 20% slower, full_naive and flex unchanged
-    from harness.report import compare_runs
+    from harness.readers.report import compare_runs
 
     cells, per_variant, broken = compare_runs(a, b)
     assert broken.empty  # every cell ok in A is ok in B
@@ -159,7 +159,7 @@ from harness.cli import app
 for args in (["report", {str(run)!r}], ["compare", {str(run)!r}, {str(run)!r}], ["advise", "--len", "1024", "--no-causal", {str(run)!r}]):
     result = CliRunner().invoke(app, args)
     assert result.exit_code == 0, result.output
-from harness.storage import load_frame
+from harness.readers.frames import load_frame
 frame = load_frame({str(run)!r})
 assert len(frame) == 40, len(frame)
 print(sorted(m for m in sys.modules if m == "torch" or m.startswith("variants")))

@@ -19,8 +19,8 @@ from helpers import FAST, SLOW_RUN, bench, bench_process, run_dir_rows, wait_for
 from torch import nn
 
 import variants
-from harness.config import TIMING_CORE
-from harness.storage import read_rows
+from harness.core import TIMING_CORE
+from harness.store.storage import read_rows
 
 TESTS = Path(__file__).resolve().parent
 
@@ -56,7 +56,7 @@ def test_second_writer_is_refused_and_nothing_is_lost(tmp_path):
 
 
 def test_quality_resume_while_training_is_refused(tmp_path):
-    from harness.storage import RunLock
+    from harness.store.storage import RunLock
 
     out = tmp_path / "q"
     out.mkdir()
@@ -93,7 +93,7 @@ def test_foreign_rows_are_ignored_with_a_warning_and_measured(tmp_path, capfd):
     result = bench("run", "--resume", str(out))
     assert result.exit_code == 0, result.output
     assert "2 rows belong to another configuration" in " ".join((result.output + capfd.readouterr().err).split())
-    from harness.storage import load_frame
+    from harness.readers.frames import load_frame
 
     df = load_frame(out)
     assert len(df) == 4 and set(df["head_dim"]) == {16}
@@ -129,7 +129,7 @@ def test_duplicate_cells_resolve_to_the_latest_row(tmp_path, capfd):
     newer = {**rows[0], "time_median_s": 123.0}
     with open(out / "results.jsonl", "a") as f:
         f.write(json.dumps(newer) + "\n")
-    from harness.storage import load_frame
+    from harness.readers.frames import load_frame
 
     df = load_frame(out)
     assert len(df) == 4 and 123.0 in set(df["time_median_s"])
@@ -223,7 +223,7 @@ def test_non_finite_options_are_rejected_before_anything_exists(tmp_path, value)
 
 
 def test_gate_rejects_all_zero_output_even_when_the_definition_is_zero_too():
-    from harness.measure import gate_verdict
+    from harness.core.measure import gate_verdict
 
     zeros = torch.zeros(2, 4)
     verdict = gate_verdict(zeros, zeros, zeros.double(), "float32")
@@ -233,8 +233,8 @@ def test_gate_rejects_all_zero_output_even_when_the_definition_is_zero_too():
 def test_gate_checks_the_band_against_an_independent_softmax(tmp_path):
     """A band variant whose definition (`reference`) is wrong as well as its output: only the independent check sees it."""
     sys.path.insert(0, str(TESTS))
-    from harness.config import RunConfig
-    from harness.worker import check_variant
+    from harness.sweep.config import RunConfig
+    from harness.sweep.worker import check_variant
 
     import fault_variants  # noqa: F401
 
@@ -297,7 +297,7 @@ def test_poisoned_numbers_are_rejected_before_any_file_exists(tmp_path, args, me
 
 
 def test_interrupted_start_up_leaves_no_directory(tmp_path, monkeypatch):
-    from harness import runner
+    from harness.sweep import runner
 
     reached = []
 
@@ -314,7 +314,7 @@ def test_interrupted_start_up_leaves_no_directory(tmp_path, monkeypatch):
 
 
 def test_huge_compression_costs_no_parent_memory(tmp_path):
-    from harness.memory import peak_rss_bytes, reset_peak_rss, rss_bytes
+    from harness.core.memory import peak_rss_bytes, reset_peak_rss, rss_bytes
 
     out = tmp_path / "huge"
     base = rss_bytes()
@@ -348,12 +348,12 @@ def test_quality_validates_every_option_before_training(tmp_path, args, message)
 
 
 def test_quality_diverging_loss_reports_no_accuracy(tmp_path, monkeypatch):
-    import harness.quality
+    import harness.quality.train
 
     def nan_loss(logits, targets, **kw):  # as an lr that blows the model up would give
         return (logits.sum() * float("nan")).reshape(())
 
-    monkeypatch.setattr(harness.quality.F, "cross_entropy", nan_loss)
+    monkeypatch.setattr(harness.quality.train.F, "cross_entropy", nan_loss)
     out = tmp_path / "div"
     result = bench("quality", "--variants", "full", "--task", "copy", "--lengths", "8", "--steps", "3",
                    "--d-model", "16", "--heads", "2", "--layers", "1", "--batch", "4", "--out", str(out))

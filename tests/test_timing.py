@@ -21,7 +21,7 @@ def run_python(code: str) -> dict:
 
 FAULTS = """
     import json, resource, torch
-    from harness import memory
+    from harness.core import memory
 
     def faults_per_call(calls=30):
         counts = []
@@ -58,7 +58,7 @@ def test_steady_allocator_reuses_freed_memory_without_page_faults():
 
 CALIBRATION = """
     import json, time, torch
-    from harness import measure
+    from harness.core import measure
 
     calls = []
     def call():

@@ -4,8 +4,8 @@ from __future__ import annotations
 
 import torch.nn.functional as F
 
-import variants
 from variants import AttentionVariant, VariantSpec
+import variants
 
 
 @variants.register

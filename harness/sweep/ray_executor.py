@@ -2,7 +2,7 @@
 
 On the node it lands on, the task runs the cell exactly as the local executor does — a fresh child
 of that node's fork server, the same correctness gate, timing, memory measurement, timeout and
-OOM/crash classification (`harness.isolation`) — and returns the outcome with a record of the node.
+OOM/crash classification (`harness.core.isolation`) — and returns the outcome with a record of the node.
 What is Ray's own is where cells go and what happens when a node fails:
 
 - Placement. The driver probes every alive node once (host, CPU model, GPUs, torch and CUDA
@@ -26,8 +26,9 @@ import tempfile
 import threading
 import time
 
-from harness.executors import CellCancelled
-from harness.isolation import Outcome, run_isolated
+from harness.core.isolation import Outcome, run_isolated
+from harness.core.machine import available_memory_bytes, cpu_info
+from harness.sweep.executors import CellCancelled
 
 RAY_EXTRA = "pip install -e '.[ray]'"
 START_GRACE_S = 120.0  # a task's start on its node (a new worker, the fork server's imports) beyond the cell's timeout
@@ -50,15 +51,13 @@ def node_record() -> dict:
     (Read without importing torch here: the node's Ray workers stay light; the cells' children import it.)"""
     from importlib.metadata import version
 
-    from harness.machine import available_memory_bytes, cpu_info
-
     ray = ray_module()
     context = ray.get_runtime_context()
     gpus = context.get_accelerator_ids().get("GPU", [])
     gpu = {}
     if gpus:  # read in a child (the GPU Ray gave this probe is visible there)
         env = {"CUDA_VISIBLE_DEVICES": os.environ.get("CUDA_VISIBLE_DEVICES", "")}
-        outcome = run_isolated(_with_environment, (env, [], "harness.worker", "cuda_info"), timeout=120)
+        outcome = run_isolated(_with_environment, (env, [], "harness.sweep.worker", "cuda_info"), timeout=120)
         gpu = outcome.value if outcome.kind == "result" else {}
     cpu = cpu_info()
     return {"node_id": context.get_node_id(), "host": socket.gethostname(), "ip": ray.util.get_node_ip_address(),
@@ -84,7 +83,7 @@ def _with_environment(env: dict, paths: list, module: str, name: str, *args):
 
 
 def run_on_node(function: tuple, args: tuple, timeout: float, imports: tuple, paths: list, record: dict) -> tuple:
-    """The Ray task: the cell (`function` = (module, name), e.g. harness.worker.measure_cell) in an isolated
+    """The Ray task: the cell (`function` = (module, name), e.g. harness.sweep.worker.measure_cell) in an isolated
     child of this node's fork server. Returns (outcome, node, log). Named, not pickled: this Ray worker
     never imports torch; only the children do."""
     _add_paths(paths)  # before the fork server starts, so its children import what the driver can

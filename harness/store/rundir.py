@@ -13,8 +13,10 @@ import sys
 from datetime import datetime
 from pathlib import Path
 
-from harness.config import TIMING_CORE, ArgumentError
-from harness.storage import create_run_dir, read_metadata
+from harness.core import TIMING_CORE
+from harness.core.machine import environment
+from harness.options import ArgumentError
+from harness.store.storage import create_run_dir, read_metadata
 
 COMMANDS = {"sweep": "bench run", "quality": "bench quality", "lm": "bench lm"}
 
@@ -35,8 +37,6 @@ def new_run_dir(out: Path | None, prefix: str = "") -> Path:
 def start(run_dir: Path, kind: str, config: dict, machine: dict | None = None, variants: dict | None = None) -> None:
     """Create RUN_DIR with its metadata: the kind, the configuration, the environment, the command and
     `variants`, the facts of the run's variants (`config.recorded_facts`) that readers use."""
-    from harness.machine import environment
-
     metadata = {"kind": kind, "config": config, "environment": environment(sys.argv), "argv": sys.argv, "timing_core": TIMING_CORE}
     if variants is not None:
         metadata["variants"] = variants
@@ -60,7 +60,7 @@ def open_to_resume(run_dir: Path, kind: str, imports_given: list[str]) -> dict:
     if core != TIMING_CORE:
         raise ArgumentError(f"--resume: {run_dir} was timed by measuring core {core}"
                             + (" (it records none: made before runs recorded it)" if "timing_core" not in metadata else "")
-                            + f"; this version's is {TIMING_CORE} (harness.config.TIMING_CORE), so resuming would put rows "
+                            + f"; this version's is {TIMING_CORE} (harness.core.TIMING_CORE), so resuming would put rows "
                             f"timed two ways into one run; start a new run with --out instead")
     stored = list(metadata["config"].get("imports") or [])
     missing = [module for module in stored if module not in imports_given]

@@ -9,9 +9,9 @@ from pathlib import Path
 import pandas as pd
 
 from harness.fmt import fmt_bytes, fmt_time
-from harness.report import code_span, markdown_table
-from harness.storage import LM_RESULTS as RESULTS
-from harness.storage import read_metadata, read_rows
+from harness.readers.tables import code_span, markdown_table
+from harness.store.storage import LM_RESULTS as RESULTS
+from harness.store.storage import read_metadata, read_rows
 
 OWN = "sdpa"
 

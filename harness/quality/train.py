@@ -19,9 +19,12 @@ import torch.nn.functional as F
 from torch import nn
 
 import variants
-from harness.config import QualityConfig, TrainConfig
-from harness.storage import QUALITY_RESULTS, TRAIN_COST, RowWriter, drop_torn_tail, read_rows, rewrite_rows
-from harness.tasks import distance_buckets, make_task
+from harness.core.isolation import run_isolated
+from harness.core.measure import measure_time, set_threads
+from harness.core.memory import measure_peak, pin_mmap_threshold
+from harness.quality.config import QualityConfig, TrainConfig
+from harness.quality.tasks import distance_buckets, make_task
+from harness.store.storage import QUALITY_RESULTS, TRAIN_COST, RowWriter, drop_torn_tail, read_rows, rewrite_rows
 
 __all__ = ["TrainConfig", "TinyDecoder", "train_one", "sweep_quality", "trainable_variants", "cannot_train_reason"]
 
@@ -173,10 +176,7 @@ def measure_training_step(task_name: str, length: int, variant: str, options: di
     `repeats` samples after at least two warm-up steps (the measuring core's `measure_time`), tokens per
     second, and the step's peak memory (the measuring core's: process RSS over the state before, CPU; the
     allocator's peak, CUDA). Meant to run in a process of its own (it sets the allocator's thresholds):
-    `harness.isolation.run_isolated`."""
-    from harness.measure import measure_time, set_threads
-    from harness.memory import measure_peak, pin_mmap_threshold
-
+    `harness.core.isolation.run_isolated`."""
     threads = set_threads(cfg.threads) if device == "cpu" else None
     dev, autocast = torch.device(device), _autocast(torch.device(device), dtype)
     torch.manual_seed(0)
@@ -277,8 +277,6 @@ COST_TIMEOUT_S = 600  # for one cost measurement (model build, 7 steps, a measur
 
 def _measure_cost(run_dir: Path, config: QualityConfig, task: str, name: str, length: int, options: dict) -> dict:
     """One training step's cost in a process of its own; a failure (OOM, crash, timeout) is a row that says so."""
-    from harness.isolation import run_isolated
-
     outcome = run_isolated(measure_training_step, (task, length, name, options, config.train, config.device, config.dtype),
                            timeout=COST_TIMEOUT_S, imports=config.imports, log_path=str(run_dir / "cost.log"))
     if outcome.kind == "result":

@@ -20,8 +20,8 @@ from dataclasses import dataclass
 
 import torch
 
-from harness.memory import steady_allocator
-from harness.noise import Snapshot
+from harness.core.memory import steady_allocator
+from harness.core.noise import Snapshot
 
 # The correctness gate, FlashAttention's criterion: the variant's error against the float64 definition
 # may be at most twice the error of the dense definition computed in the run's dtype, plus a small

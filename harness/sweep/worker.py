@@ -1,6 +1,6 @@
 """What runs inside a cell's own process: the correctness check, the timing, the memory measurement.
 
-Each function here is called in a fresh child process (`harness.isolation.run_isolated`) and returns
+Each function here is called in a fresh child process (`harness.core.isolation.run_isolated`) and returns
 a plain dict; the parent never runs attention itself, so a crash, a hang or an out-of-memory kill
 costs one cell only.
 """
@@ -13,24 +13,13 @@ import resource
 import torch
 
 import variants
-from harness.config import Cell, RunConfig
-from harness.measure import (CHECK_BATCH, decode_call, gate, gate_length, make_inputs, matmul_peak, measure_time,
-                             memory_bandwidth, pass_call,
-                             set_threads, timing_stats)
-from harness.memory import measure_peak, pin_mmap_threshold
-from harness.noise import noise_fields
+from harness.core.measure import (CHECK_BATCH, decode_call, gate, gate_length, make_inputs, matmul_peak, measure_time,
+                                  memory_bandwidth, pass_call, set_threads, timing_stats)
+from harness.core.memory import measure_peak, pin_mmap_threshold
+from harness.core.noise import noise_fields
+from harness.sweep.config import Cell, RunConfig
 
-__all__ = ["check_variant", "measure_cell", "matmul_peak", "memory_bandwidth", "cuda_info", "is_oom"]  # what runs in a cell's process
-
-OOM_MARKERS = ("out of memory", "not enough memory", "can't allocate memory", "cannot allocate memory",
-               "cublas_status_alloc_failed", "cudnn_status_alloc_failed", "cufft_internal_error: out of memory")
-
-
-def is_oom(err: BaseException) -> bool:
-    if isinstance(err, (MemoryError, torch.cuda.OutOfMemoryError)):
-        return True
-    return isinstance(err, RuntimeError) and any(m in str(err).lower() for m in OOM_MARKERS)
-
+__all__ = ["check_variant", "measure_cell", "matmul_peak", "memory_bandwidth", "cuda_info"]  # what runs in a cell's process
 
 def setup_process(config: RunConfig, device: str) -> None:
     """Per-child settings: thread count (recorded with each row), deterministic seeds."""

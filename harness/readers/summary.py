@@ -10,9 +10,9 @@ import math
 import numpy as np
 import pandas as pd
 
-from harness.config import BASELINE
+from harness.core.noise import BUSY_CORES, MAX_SPREAD
 from harness.fmt import fmt_bytes, fmt_time
-from harness.noise import BUSY_CORES, MAX_SPREAD
+from harness.sweep.config import BASELINE
 
 PANEL = ["device", "pass", "causal"]
 

@@ -17,13 +17,17 @@ from datetime import datetime, timezone
 from pathlib import Path
 from typing import Callable
 
-from harness import worker
-from harness.config import Cell, RunConfig, plan, shape_only
+import variants
+from harness.core.isolation import Outcome, run_isolated
+from harness.core.machine import cpu_info
 from harness.fmt import fmt_bytes
-from harness.executors import LocalExecutor
-from harness.isolation import Outcome, run_isolated
-from harness.rows import FAILED, STOPPING, Row, cell_key, run_rows, series_key
-from harness.storage import SUPERSEDED, RowWriter, drop_torn_tail, read_rows, rewrite_rows
+from harness.policy import shape_only
+from harness.store.rows import FAILED, STOPPING, Row, cell_key, run_rows, series_key
+from harness.store.storage import SUPERSEDED, RowWriter, drop_torn_tail, read_rows, rewrite_rows
+from harness.sweep import worker
+from harness.sweep.config import Cell, RunConfig
+from harness.sweep.executors import LocalExecutor
+from harness.sweep.plan import plan
 
 WORKER_LOG = "worker.log"  # what the cells' processes print (compiler warnings, tracebacks)
 
@@ -57,8 +61,6 @@ class SweepState:
 def static_skip_reason(config: RunConfig, cell: Cell, remote: bool = False) -> str | None:
     """Why the spec says this cell cannot run, or None. remote: the cell runs on a cluster's node, so
     what this machine has (a GPU, a library) does not decide; the hardware name says a node has the device."""
-    import variants
-
     cls = variants.variant_class(cell.variant)
     if remote:
         if cell.device_name is None:
@@ -321,8 +323,6 @@ def todo_cells(config: RunConfig, run_dir: Path, device_names: dict | None = Non
 def current_device_names(devices: tuple[str, ...], gpu: dict | None = None) -> dict:
     """What each device of the run is on this machine: the CPU model, the GPU's name (from `gpu`, the
     `worker.cuda_info` record, when the caller has it; else read in a child)."""
-    from harness.machine import cpu_info
-
     names = {}
     for device in devices:
         if device == "cpu":

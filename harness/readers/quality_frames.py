@@ -7,7 +7,8 @@ from pathlib import Path
 
 import pandas as pd
 
-from harness.storage import QUALITY_RESULTS, TRAIN_COST, read_rows
+from harness.quality.config import TrainConfig
+from harness.store.storage import QUALITY_RESULTS, TRAIN_COST, read_rows
 
 KEY = ["task", "variant", "length"]
 NOT_RECIPE = ("cfg_threads", "cfg_eval_every")  # how a training ran, not what it trained
@@ -16,8 +17,6 @@ NOT_RECIPE = ("cfg_threads", "cfg_eval_every")  # how a training ran, not what i
 def recipe(row: dict) -> dict:
     """What a row's accuracy depends on besides its seed: the training recipe (TrainConfig's fields, each
     at its default where the row predates it), the variant's options, the device and dtype."""
-    from harness.config import TrainConfig
-
     fields = {f"cfg_{f.name}": row.get(f"cfg_{f.name}", f.default) for f in TrainConfig.__dataclass_fields__.values()}
     return {**{k: v for k, v in fields.items() if k not in NOT_RECIPE}, "options": row.get("options") or {},
             "device": row.get("device", "cpu"), "dtype": row.get("dtype", "float32")}

@@ -9,18 +9,18 @@ from pathlib import Path
 
 import pandas as pd
 
-from harness.config import BASELINE
 from harness.fmt import fmt_bytes, fmt_time
-from harness.storage import load_frame, read_metadata, variant_facts
-from harness.summary import NOISE_NOTE, PANEL, crossover_text, noisy_mask, summarize
+from harness.readers.advise import advise, advise_table, log_interp, recommendation, speed_rows, split_runs
+from harness.readers.frames import load_frame
+from harness.readers.lm_report import write_lm_report
+from harness.readers.plots import plot_quality, plot_run, tradeoff_figure
+from harness.readers.quality_frames import accuracy_summary, accuracy_within, by_distance_frame, cost_frame, quality_rows
+from harness.readers.summary import NOISE_NOTE, PANEL, crossover_text, noisy_mask, summarize
+from harness.readers.tables import code_span, markdown_table
+from harness.store.storage import read_metadata, read_rows, variant_facts
+from harness.sweep.config import BASELINE
 
 KEY = ["device", "variant", "pass", "causal", "n", "batch", "heads", "head_dim", "dtype"]
-
-
-def markdown_table(header: list[str], rows: list[list[str]]) -> str:
-    lines = ["| " + " | ".join(header) + " |", "|" + "|".join("---" for _ in header) + "|"]
-    lines += ["| " + " | ".join(str(c).replace("|", "\\|") for c in row) + " |" for row in rows]
-    return "\n".join(lines)
 
 
 def _cell_text(row: pd.Series) -> str:
@@ -60,12 +60,7 @@ def _summary_table(summary: pd.DataFrame) -> str:
 def make_report(run_dir: Path) -> tuple[Path, list[Path]]:
     """Draw the run's figures and write REPORT.md (what `bench report` does and `bench run` does at its end).
     Returns (REPORT.md, figures); ValueError when the run has no row yet."""
-    from harness.plots import plot_quality, plot_run
-    from harness.storage import read_rows
-
     if read_metadata(run_dir).get("kind") == "lm":
-        from harness.lm_report import write_lm_report
-
         return write_lm_report(run_dir)
     figures = plot_run(run_dir) if read_rows(run_dir, quiet=True) else []
     quality_figures = plot_quality(run_dir)
@@ -123,13 +118,6 @@ def md_text(value) -> str:
     """Text taken from a run's files, made inert in Markdown: one line, markup characters escaped."""
     text = " ".join(str(value).split())
     return re.sub(r"([\\`*_{}\[\]<>()#+!|~-])", r"\\\1", text)
-
-
-def code_span(value) -> str:
-    """`value` as an inline code span on one line, fenced by more backticks than it contains."""
-    text = " ".join(str(value).split())
-    fence = "`" * (max((len(run) for run in re.findall(r"`+", text)), default=0) + 1)
-    return f"{fence} {text} {fence}"
 
 
 def _figure_links(run_dir: Path, figures) -> list[str]:
@@ -238,8 +226,6 @@ def _speed_section(run_dir: Path, df: pd.DataFrame, cfg: dict, machine: dict, fi
 def final_accuracy_grid(rows: list[dict]) -> tuple[list[tuple[str, int]], list[tuple[str, list[dict | None]]]]:
     """The finished trainings as a grid: columns (task, length), and per variant its accuracy summary
     per column (`quality_frames.accuracy_summary`: mean, min, max over seeds) or None."""
-    from harness.quality_frames import accuracy_summary
-
     summary = accuracy_summary(rows)
     columns = list(dict.fromkeys(zip(summary["task"], summary["length"].astype(int))))
     by = {(r["variant"], r["task"], int(r["length"])): r for r in summary.to_dict("records")}
@@ -282,8 +268,6 @@ def distance_table(distance: pd.DataFrame, task: str, length: int) -> str:
 def _window_verdicts(distance: pd.DataFrame, task: str, length: int, cfg: dict) -> list[str]:
     """Per windowed variant: accuracy on the distance buckets inside its window, and on those from 2w on
     (beyond what the stacked windows can reach), against chance (recall: 1 / the number of values)."""
-    from harness.quality_frames import accuracy_within
-
     df = distance[(distance["task"] == task) & (distance["length"] == length) & distance["window"].notna()]
     lines = []
     for variant, group in df.groupby("variant", sort=False):
@@ -317,8 +301,6 @@ def cost_table(costs: pd.DataFrame) -> str:
 
 
 def _quality_section(run_dir: Path, cfg: dict, figures) -> list[str]:
-    from harness.quality_frames import by_distance_frame, cost_frame, quality_rows
-
     rows = quality_rows(run_dir)
     if not rows:
         return []
@@ -399,10 +381,6 @@ def write_tradeoff_report(run_dirs: list[Path], out_dir: Path, n: int | None = N
     """OUT/REPORT.md from speed runs and quality runs together: per task, accuracy against time per call
     at N (default: the sequence length the model read at the task's largest trained L), the figure and the
     advise table. Returns (REPORT.md, figures)."""
-    from harness.advise import advise, advise_table, recommendation, split_runs
-    from harness.plots import tradeoff_figure
-    from harness.quality_frames import quality_rows
-
     speed, quality = split_runs(run_dirs)
     if not quality:
         raise ValueError("a trade-off report needs a quality run (bench quality) beside the speed runs")
@@ -439,9 +417,6 @@ def _surviving_speedup(speed: list[Path], quality: list[Path], pass_: str, causa
     """How much of an attention call's speed-up over full survives in a whole training step: per (task, L)
     of the quality runs' measured steps, the op-level time ratio at the same tokens (speed runs) beside the
     training-step time ratio (quality runs), both against full."""
-    from harness.advise import log_interp, speed_rows
-    from harness.quality_frames import cost_frame
-
     costs = pd.concat([cost_frame(d) for d in quality], ignore_index=True)
     if costs.empty or "step_ms" not in costs:
         return []

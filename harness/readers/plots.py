@@ -12,9 +12,11 @@ from pathlib import Path
 
 import pandas as pd
 
-from harness.config import BASELINE
-from harness.storage import load_frame, read_metadata
-from harness.summary import PANEL, crossover, fit_exponent, panel_rows
+from harness.readers.frames import load_frame
+from harness.readers.quality_frames import accuracy_summary, by_distance_frame, cost_frame, quality_rows
+from harness.readers.summary import PANEL, crossover, fit_exponent, panel_rows
+from harness.store.storage import read_metadata
+from harness.sweep.config import BASELINE
 
 FORMATS = ("png", "svg", "pdf")
 
@@ -256,8 +258,6 @@ def plot_quality(run_dir: Path, out_dir: Path | None = None, fmt: str = "png") -
     """Quality figures: final accuracy vs L per variant (mean over seeds, min-max band; a panel per task),
     accuracy by distance (a panel per task and L, the window's width marked), the training-step cost
     against L (when measured), and the training curves."""
-    from harness.quality_frames import accuracy_summary, by_distance_frame, cost_frame, quality_rows
-
     matplotlib_rc()
     import matplotlib.pyplot as plt
 

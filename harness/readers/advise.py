@@ -17,11 +17,13 @@ from pathlib import Path
 
 import pandas as pd
 
-from harness.config import ArgumentError
 from harness.fmt import fmt_bytes, fmt_time
-from harness.quality_frames import accuracy_summary, by_distance_frame, mixed_recipe, quality_rows
-from harness.rows import NO_TIME
-from harness.storage import RESULTS, load_frame, read_metadata, variant_facts
+from harness.options import ArgumentError
+from harness.readers.frames import load_frame
+from harness.readers.quality_frames import accuracy_summary, by_distance_frame, mixed_recipe, quality_rows
+from harness.readers.summary import fit_exponent
+from harness.store.rows import NO_TIME
+from harness.store.storage import RESULTS, read_metadata, variant_facts
 
 
 @dataclass
@@ -149,8 +151,6 @@ def _settings(sel: pd.DataFrame) -> pd.DataFrame:
 def log_interp(points: list[tuple[int, float]], n: int) -> tuple[float, str]:
     """Value at n on the log-log line through the measured points: exact, between two, or beyond the ends
     (slope fitted on the two nearest points' side: the last half of the points)."""
-    from harness.summary import fit_exponent
-
     points = sorted(points)
     for m, v in points:
         if m == n:

@@ -13,7 +13,7 @@ import dataclasses
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from harness.storage import RESULTS, read_rows, warn
+from harness.store.storage import RESULTS, read_rows, warn
 
 IDENTITY = ("batch", "heads", "head_dim", "dtype", "options")  # beyond the cell key, what changes a measurement
 STATUSES = ("ok", "skipped", "incorrect", "oom", "timeout", "error")  # every row's status, and what each set of them means:

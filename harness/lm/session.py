@@ -1,0 +1,90 @@
+"""An lm run's life: open it (a new run checked against the model and the text before anything is
+written, or one to resume with the same model file), the model loaded once, its lock while the cells run.
+
+`bench lm` is `open_lm`, then `LMSession.run` under a progress bar, then the report."""
+
+from __future__ import annotations
+
+from contextlib import nullcontext
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Callable, ContextManager
+
+from harness.lm import run as lmrun
+from harness.options import ArgumentError, parse_lengths, parse_list
+from harness.store import rundir
+from harness.store.storage import RowWriter, RunLock, read_rows
+
+
+@dataclass(frozen=True)
+class LMRequest:
+    """What `bench lm` was asked: the command line's texts (`build`: model, variants, lengths, depths,
+    windows, keys, seed, text, tasks, threads; ignored when resuming) and where the run goes."""
+
+    build: dict = field(default_factory=dict)
+    resume: Path | None = None
+    out: Path | None = None
+
+
+def lm_config(*, model: str | None, variants: list[str], lengths: str, depths: str, windows: int, keys: int, seed: int,
+              text: str | None, tasks: str, threads: int) -> lmrun.LMConfig:
+    """The run's configuration from the command line's texts; ArgumentError naming a bad one."""
+    return lmrun.LMConfig(model=model or "smollm2", settings=tuple(lmrun.parse_setting(v) for v in variants),
+                          lengths=parse_lengths(lengths), depths=lmrun.parse_depths(depths), windows=windows, keys=keys,
+                          seed=seed, text=text, tasks=parse_list(tasks, "--tasks", lmrun.TASKS), threads=threads)
+
+
+@dataclass
+class LMSession:
+    run_dir: Path
+    config: lmrun.LMConfig
+    model: object
+    tokenizer: object
+    tokens: object
+
+    @property
+    def resume_command(self) -> str:
+        return rundir.resume_command("lm", self.run_dir)
+
+    def kept(self) -> str:
+        return f"finished rows are kept in {self.run_dir / lmrun.RESULTS}"
+
+    def run(self, on_cell=None, before: Callable[[int], None] | None = None) -> None:
+        """Every cell without a row, under the run's lock; `before(cells)` once the lock is held (`on_cell`
+        is called for every cell, finished ones too)."""
+        with RunLock(self.run_dir):
+            done = {lmrun.row_key(r) for r in read_rows(self.run_dir, lmrun.RESULTS, quiet=True)} \
+                if (self.run_dir / lmrun.RESULTS).exists() else set()
+            if before is not None:
+                before(len(lmrun.cells(self.config)))
+            with RowWriter(self.run_dir, lmrun.RESULTS) as writer:
+                lmrun.run_lm(self.config, self.model, self.tokenizer, self.tokens, done, writer.append, on_cell)
+
+
+def open_lm(request: LMRequest, say: Callable[[str], None] = print,
+            status: Callable[[str], ContextManager] = lambda text: nullcontext()) -> LMSession:
+    """Open the lm run `request` asks for and load its model; ArgumentError for a value that is not allowed."""
+    if request.resume is not None:
+        metadata = rundir.open_to_resume(request.resume, "lm", [])
+        config = lmrun.LMConfig.from_json(metadata["config"])
+        run_dir = request.resume
+    else:
+        config = lm_config(**request.build)
+        lmrun.corpus_text(config.text)  # (an absent or empty file is refused before the model loads)
+        run_dir = rundir.new_run_dir(request.out, "lm-")
+    folder, gguf = lmrun.locate(None if config.model == "smollm2" else config.model)
+    with status(f"loading {folder / gguf if gguf else folder}"):
+        net, tokenizer = lmrun.load(folder, gguf, config.threads)
+        tokens = lmrun.corpus_tokens(tokenizer, config.text)
+        digest = lmrun.model_hash(folder, gguf)
+    if request.resume is not None:
+        if metadata.get("machine", {}).get("model", {}).get("sha256") != digest:
+            raise ArgumentError(f"--resume: {run_dir} was measured with another model file (sha256 differs); start a new run")
+        say(f"resuming {run_dir} with its original options (other options given now are ignored)")
+    else:
+        lmrun.check_config(config, net, tokenizer, tokens)
+        about = {"model": {"name": type(net).__name__, "path": str(folder / gguf if gguf else folder), "sha256": digest,
+                           "layers": net.config.num_hidden_layers, "context": getattr(net.config, "max_position_embeddings", None)},
+                 "corpus": {"source": config.text or "pydoc_data.topics", "sha256": lmrun.text_hash(config.text), "tokens": len(tokens)}}
+        rundir.start(run_dir, "lm", config.to_json(), machine=about)
+    return LMSession(run_dir, config, net, tokenizer, tokens)

@@ -1,0 +1,99 @@
+"""What a quality run is: the training recipe (`TrainConfig`), the run (`QualityConfig`, stored in
+metadata.json) and the presets. Imports neither torch nor the variants."""
+
+from __future__ import annotations
+
+from dataclasses import asdict, dataclass, field, fields
+
+
+@dataclass(frozen=True)
+class TrainConfig:
+    """The model, training recipe and task parameters of `bench quality`, shared by every variant
+    (recorded in every row as cfg_<field>)."""
+
+    d_model: int = 64
+    layers: int = 2
+    heads: int = 4
+    steps: int = 1500  # per length; with the curriculum, per stage
+    batch: int = 32
+    lr: float = 3e-3
+    warmup: float = 0.1  # fraction of steps with a linear warm-up, then cosine decay to 0
+    weight_decay: float = 0.01
+    label_smoothing: float = 0.0
+    eval_every: int = 250
+    eval_examples: int = 256
+    threads: int = 0
+    curriculum: bool = False  # one model per (task, variant, seed), trained at each length in turn
+    vocab: int | None = None  # task vocabulary (copy: symbols, default 16; recall: default max(64, 2 * pairs))
+    pairs: int | None = None  # recall: key-value pairs (default length // 8)
+    queries: int | None = None  # recall: distinct keys asked once each among filler (default: fill with queries)
+    warm_start: int = 0  # recall with queries: steps on the dense layout (every place a query) at the first length, first
+    short_conv: int = 0  # width of a causal depthwise convolution on each block's input, in every variant's model (0: none)
+
+
+TASKS = ("copy", "recall")
+
+
+@dataclass(frozen=True)
+class QualityConfig:
+    """Everything a quality run needs; stored (flat: the recipe's fields beside these) in metadata.json."""
+
+    tasks: tuple[str, ...]
+    variants: tuple[str, ...]
+    lengths: tuple[int, ...]
+    options: dict = field(default_factory=dict)  # variant options, passed to the variants that take them
+    imports: tuple[str, ...] = ()
+    train: TrainConfig = TrainConfig()
+    seeds: int = 1  # every training is made with seeds 0..seeds-1
+    device: str = "cpu"
+    dtype: str = "float32"  # or bfloat16: autocast, CUDA only
+    preset: str = "quick"
+    measure_cost: bool = True  # a training step's time and memory per (task, variant, length)
+    copy_lengths: tuple[int, ...] | None = None  # copy's lengths when they differ from `lengths`
+
+    @property
+    def seeds_list(self) -> tuple[int, ...]:
+        return tuple(range(self.seeds))
+
+    def lengths_of(self, task: str) -> tuple[int, ...]:
+        return self.copy_lengths if task == "copy" and self.copy_lengths else self.lengths
+
+    def to_json(self) -> dict:
+        return {**asdict(self.train), "tasks": list(self.tasks), "variants": list(self.variants),
+                "lengths": list(self.lengths), "options": dict(self.options), "imports": list(self.imports),
+                "seeds": self.seeds, "device": self.device, "dtype": self.dtype, "preset": self.preset,
+                "measure_cost": self.measure_cost, "copy_lengths": list(self.copy_lengths) if self.copy_lengths else None}
+
+    @classmethod
+    def from_json(cls, data: dict) -> "QualityConfig":
+        """From metadata.json's "config"; ValueError naming what is missing."""
+        missing = [key for key in ("tasks", "variants", "lengths") if key not in data]
+        if missing:
+            raise ValueError(f"the quality run's configuration lacks {', '.join(missing)}; it was not written by bench quality")
+        recipe = {f.name: data[f.name] for f in fields(TrainConfig) if f.name in data}
+        extra = {key: data[key] for key in ("seeds", "device", "dtype", "preset", "measure_cost") if key in data}
+        if data.get("copy_lengths"):
+            extra["copy_lengths"] = tuple(data["copy_lengths"])
+        if "measure_cost" not in data:  # runs made before training costs were measured
+            extra["measure_cost"] = False
+        return cls(tasks=tuple(data["tasks"]), variants=tuple(data["variants"]), lengths=tuple(data["lengths"]),
+                   options=dict(data.get("options") or {}), imports=tuple(data.get("imports") or ()), train=TrainConfig(**recipe), **extra)
+
+
+QUALITY_OPTIONS = {"window": 16, "compression": 3}  # the quick preset's variant options, unless given
+
+# What each preset sets where the command line does not. quick: short sequences, one seed, minutes on a
+# laptop. long: where subquadratic attention begins to pay, recall with few pairs asked once each among
+# filler (difficulty from distance), a window narrower than most distances, a length curriculum, 3 seeds.
+PRESETS = {
+    "quick": {"lengths": {"cpu": "32,64", "cuda": "32,64"}, "steps": 1500, "lr": 3e-3, "batch": 32, "seeds": 1,
+              "curriculum": False, "pairs": None, "queries": None, "options": QUALITY_OPTIONS},
+    "long": {"lengths": {"cpu": "64,128,256", "cuda": "64,128,256,512,1024,2048,4096"},
+             "copy_lengths": {"cpu": "32,64,128", "cuda": "32,64,128,256,512,1024,2048"}, "steps": 800, "lr": 3e-3, "warm_start": 1000,
+             "batch": 32, "seeds": 3, "curriculum": True, "pairs": 8, "queries": 8,
+             "options": {"window": 64, "compression": 3}},
+}
+
+
+MAX_SEEDS = 1000  # seeds 0..K-1 of every training
+

@@ -1,0 +1,110 @@
+"""Planning a quality run: from checked command-line values to a `QualityConfig` that trains (every
+variant on the device with its options, every task well posed, every training inside the memory budget)."""
+
+from __future__ import annotations
+
+import torch
+
+import variants as registry
+from harness.fmt import fmt_bytes
+from harness.options import ArgumentError, check_number, parse_lengths
+from harness.policy import check_options, check_variant_options, memory_budgets, require_cuda, resolve_variants
+from harness.quality.config import MAX_SEEDS, PRESETS, QualityConfig, TrainConfig
+from harness.quality.tasks import make_task
+from harness.quality.train import cannot_train_reason, trainable_variants, training_memory_estimate
+
+
+def resolve_quality_device(text: str) -> str:
+    """'auto' = CUDA when present, else the CPU; 'cuda' must exist."""
+    if text == "auto":
+        return "cuda" if torch.cuda.is_available() else "cpu"
+    if text not in ("cpu", "cuda"):
+        raise ArgumentError(f"--device: {text!r} is not a device; choose cpu, cuda or auto")
+    if text == "cuda":
+        require_cuda("--device")
+    return text
+
+
+def _quality_machine(device: str) -> dict:
+    """What memory_budgets needs to size a quality training: the free GPU memory on CUDA."""
+    if device != "cuda":
+        return {}
+    return {"gpu": {"free_bytes": torch.cuda.mem_get_info()[0]}}
+
+
+def _check_training_fits(train: "TrainConfig", task: str, length: int, made, names, options: dict, budget: int) -> None:
+    """ArgumentError when a training of (task, L) would need more memory than the budget (the largest variant's)."""
+    worst, parts = max(((name, training_memory_estimate(train, made.seq_len, made.vocab_size, name, registry.options_taken(name, options)))
+                        for name in names), key=lambda item: sum(item[1].values()))
+    need = sum(parts.values())
+    if need > budget:
+        detail = ", ".join(f"{part} {fmt_bytes(size)}" for part, size in parts.items())
+        raise ArgumentError(f"{task} at L={length} ({made.seq_len} tokens, vocab {made.vocab_size}) with --d-model {train.d_model}, "
+                            f"--layers {train.layers}, --batch {train.batch}: training {worst} needs about {fmt_bytes(need)} "
+                            f"({detail}), more than the memory budget {fmt_bytes(budget)} (60% of the available RAM, 90% of a "
+                            f"GPU's free memory); lower the sizes or the lengths")
+
+
+def build_quality_config(*, tasks: tuple[str, ...], variants: str, preset: str = "quick", device: str = "cpu",
+                         dtype: str = "float32", given: dict, imports: list[str], measure_cost: bool = True,
+                         **chosen) -> QualityConfig:
+    """A quality run's configuration from checked command-line values. `chosen`: the recipe values the
+    command line gave (None = the preset's): lengths, seeds, lr, label_smoothing and TrainConfig's fields.
+    Every variant must train on the device with its options, and every task must be well posed at every length.
+    `given`: the variant options of the command line (each must be taken by a selected variant), over the preset's."""
+    if preset not in PRESETS:
+        raise ArgumentError(f"--preset: {preset!r} is not a preset; choose {' or '.join(PRESETS)}")
+    device = resolve_quality_device(device)
+    if dtype not in ("float32", "bfloat16"):
+        raise ArgumentError(f"--dtype: {dtype!r} is not allowed; choose float32 or bfloat16")
+    if dtype == "bfloat16" and device != "cuda":
+        raise ArgumentError(f"--dtype bfloat16 trains with CUDA autocast; the device is {device}: use float32 there")
+    defaults = PRESETS[preset]
+    recipe = dict(chosen)
+    for key in ("steps", "lr", "batch", "seeds", "curriculum", "pairs", "queries", "warm_start", "short_conv"):
+        if recipe.get(key) is None:
+            recipe[key] = defaults.get(key)
+    lengths = chosen.get("lengths") or defaults["lengths"][device]
+    copy_lengths = chosen.get("copy_lengths") or (defaults.get("copy_lengths") or {}).get(device)
+    if chosen.get("lengths") and not chosen.get("copy_lengths"):
+        copy_lengths = None  # --lengths alone is every task's
+    recipe.pop("lengths", None)
+    recipe.pop("copy_lengths", None)
+    seeds = recipe.pop("seeds")  # the command line's, else the preset's
+    if not 1 <= seeds <= MAX_SEEDS:
+        raise ArgumentError(f"--seeds {seeds} is not allowed; it must lie in 1..{MAX_SEEDS}")
+    recipe = {key: value for key, value in recipe.items() if value is not None}  # the rest: TrainConfig's defaults
+    check_number("--lr", recipe.get("lr", TrainConfig.lr), 0, 10, low_inclusive=False)
+    check_number("--label-smoothing", recipe.get("label_smoothing", 0.0), 0, 0.999)
+    train = TrainConfig(**recipe)
+    if train.d_model % train.heads:
+        raise ArgumentError(f"--d-model {train.d_model} must be divisible by --heads {train.heads}")
+    names = tuple(trainable_variants(device)) if variants.strip() == "all" else resolve_variants(variants, (device,))
+    for name in names:
+        reason = cannot_train_reason(name, device)
+        if reason:
+            raise ArgumentError(f"--variants: {name} cannot be trained on {device}: {reason}")
+    check_options(given, names)
+    options = {**defaults["options"], **given}
+    for name in names:
+        check_variant_options(name, registry.options_taken(name, options), name, train.heads, train.d_model // train.heads)
+    length_list = parse_lengths(lengths)
+    copy_list = parse_lengths(copy_lengths) if copy_lengths else None
+    if chosen.get("copy_lengths") and "copy" not in tasks:
+        raise ArgumentError(f"--copy-lengths {chosen['copy_lengths']}: the copy task's lengths, but the run trains "
+                            f"{', '.join(tasks)} only (--task)")
+    for key in ("pairs", "queries"):
+        if chosen.get(key) is not None and "recall" not in tasks:
+            raise ArgumentError(f"--{key} {chosen[key]}: a recall option, but the run trains {', '.join(tasks)} only (--task)")
+    budget = dict(memory_budgets("auto", (device,), _quality_machine(device))).get(device)
+    for task in tasks:
+        for n in (copy_list if task == "copy" and copy_list else length_list):
+            try:
+                made = make_task(task, n, vocab=train.vocab, pairs=train.pairs, queries=train.queries)
+            except ValueError as err:
+                raise ArgumentError(f"--lengths {n}: {err}") from None
+            if budget:
+                _check_training_fits(train, task, n, made, names, options, budget)
+    return QualityConfig(tasks=tuple(tasks), variants=names, lengths=length_list, options=options, imports=tuple(imports),
+                         train=train, seeds=seeds, device=device, dtype=dtype, preset=preset, measure_cost=measure_cost,
+                         copy_lengths=copy_list if copy_list and copy_list != length_list and "copy" in tasks else None)

@@ -1,0 +1,124 @@
+"""What a sweep is: `RunConfig` (stored in metadata.json) and its cells. Reading a stored configuration
+imports neither torch nor the variants."""
+
+from __future__ import annotations
+
+from dataclasses import asdict, dataclass
+
+PASSES = ("fwd", "fwdbwd", "decode")  # decode: one step of one new position after N (causal only)
+BASELINE = "full"  # the variant every other is compared with (speed-ups, crossovers)
+SHAPE_HINTS = ("num_heads", "head_dim")  # options every variant takes, set from the run's shape
+
+
+@dataclass(frozen=True)
+class RunConfig:
+    """Everything a sweep needs; stored in metadata.json so `--resume` repeats it exactly."""
+
+    variants: tuple[str, ...]  # registered names, in the order they run
+    lengths: tuple[int, ...]  # sequence lengths N, increasing
+    devices: tuple[str, ...]  # "cpu", "cuda"
+    passes: tuple[str, ...]  # "fwd", "fwdbwd", "decode"
+    causal: tuple[bool, ...]  # (False,), (True,) or (False, True)
+    batch: int = 1
+    heads: int = 8
+    head_dim: int = 64
+    dtype: str = "float32"
+    options: tuple[tuple[str, object], ...] = ()  # variant options, passed to the variants that take them
+    repeats: int = 10  # at most this many timed calls per cell
+    warmup: int = 1  # untimed calls before timing
+    warmup_time: float = 0.25  # ... lasting at least this many seconds (measure.WARMUP_S)
+    min_time: float = 1.0  # stop timing after 3 calls once this many seconds were timed
+    cell_timeout: float = 300.0  # seconds a cell (warm-up, timing and memory) may take before it is killed
+    memory_budget: tuple[tuple[str, int], ...] = ()  # per device: bytes a cell may use (predicted, and enforced on CPU)
+    threads: int = 0  # CPU threads (0: all cores)
+    check_len: int = 320  # N of the correctness check against the dense reference
+    imports: tuple[str, ...] = ()  # modules imported first (they may register extra variants)
+    # per variant, every option it runs with (defaults filled in), fixed when the run starts, so a
+    # resume repeats them and reading the run needs no variant code; () for runs from before
+    resolved_options: tuple[tuple[str, tuple[tuple[str, object], ...]], ...] = ()
+
+    def resolved(self, name: str) -> dict | None:
+        """Every option variant `name` runs with in this sweep, as fixed at its start (None: not stored)."""
+        found = dict(self.resolved_options).get(name)
+        return None if found is None else dict(found)
+
+    def options_of(self, name: str) -> dict:
+        """Every option variant `name` runs with (shape hints aside): as fixed at the start, else from the
+        registry, the run's options over the variant's defaults."""
+        opts = self.resolved(name)
+        if opts is None:
+            import variants
+
+            opts = variants.effective_options(name, **variants.options_taken(name, dict(self.options)))
+            opts = {k: v for k, v in opts.items() if k not in SHAPE_HINTS}
+        return opts
+
+    def variant_options(self, name: str) -> dict:
+        """What the variant is built with: its options, plus the shape hints every variant takes."""
+        return {**self.options_of(name), "num_heads": self.heads, "head_dim": self.head_dim}
+
+    def with_resolved_options(self) -> "RunConfig":
+        """This configuration with every variant's options fixed (from the registry, defaults filled in)."""
+        resolved = {name: self.options_of(name) for name in self.variants}
+        return RunConfig.from_json({**self.to_json(), "resolved_options": resolved})
+
+    def budget(self, device: str) -> int | None:
+        return dict(self.memory_budget).get(device)
+
+    @property
+    def torch_dtype(self):
+        import torch
+
+        return getattr(torch, self.dtype)
+
+    @property
+    def element_size(self) -> int:
+        return {"float64": 8, "float32": 4, "float16": 2, "bfloat16": 2}[self.dtype]
+
+    def to_json(self) -> dict:
+        data = asdict(self)
+        data["options"] = dict(self.options)
+        data["memory_budget"] = dict(self.memory_budget)
+        data["resolved_options"] = {name: dict(opts) for name, opts in self.resolved_options}
+        return data
+
+    @classmethod
+    def from_json(cls, data: dict) -> "RunConfig":
+        """From metadata.json's "config"; TypeError when it has a field this version does not know."""
+        data = dict(data)
+        data["options"] = tuple(sorted(data.get("options", {}).items()))
+        data["memory_budget"] = tuple(sorted(data.get("memory_budget", {}).items()))
+        data["resolved_options"] = tuple(sorted((name, tuple(sorted(opts.items())))
+                                                for name, opts in (data.get("resolved_options") or {}).items()))
+        for key in ("variants", "lengths", "devices", "passes", "causal", "imports"):
+            data[key] = tuple(data.get(key, ()))
+        return cls(**data)
+
+
+@dataclass(frozen=True, order=True)
+class Cell:
+    """One measurement: a variant on a device, one pass, causal or not, at one length.
+
+    device is the kind ("cpu", "cuda"); device_name the hardware (CPU model, GPU name) where the run
+    knows it: a run over a cluster measures each kind on every distinct hardware it has."""
+
+    device: str
+    variant: str
+    pass_: str
+    causal: bool
+    n: int
+    device_name: str | None = None
+
+    @property
+    def series(self) -> tuple:
+        return (self.device, self.variant, self.pass_, self.causal, self.device_name)
+
+    @property
+    def key(self) -> tuple:
+        return (self.device, self.variant, self.pass_, self.causal, self.n, self.device_name)
+
+    def label(self) -> str:
+        where = f"{self.device} ({self.device_name})" if self.device_name and self.device != "cpu" else self.device
+        return f"{where} {self.variant} {self.pass_}{' causal' if self.causal else ''} N={self.n}"
+
+

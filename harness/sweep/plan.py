@@ -1,0 +1,55 @@
+"""Planning a sweep: its configuration from checked command-line values, and its cells."""
+
+from __future__ import annotations
+
+from harness.options import ArgumentError, check_number, parse_list
+from harness.policy import check_options, resolve_devices, resolve_variants
+from harness.sweep.config import PASSES, Cell, RunConfig
+
+
+def names_of(device_names: dict | None, device: str) -> list:
+    """The hardware names a run measures `device` on: a list (a cluster's), one name, or [None] (unknown)."""
+    names = (device_names or {}).get(device)
+    if isinstance(names, (list, tuple)):
+        return list(names) or [None]
+    return [names]
+
+
+def plan(config: RunConfig, device_names: dict | None = None) -> list[Cell]:
+    """Every cell of the sweep, grouped by series and increasing N within a series; each device kind
+    once per hardware name in `device_names` ({kind: name or [names]})."""
+    return [
+        Cell(device, name, pass_, causal, n, device_name)
+        for device in config.devices
+        for device_name in names_of(device_names, device)
+        for name in config.variants
+        for causal in config.causal
+        for pass_ in config.passes
+        if causal or pass_ != "decode"  # decoding is causal: no non-causal decode cells
+        for n in config.lengths
+    ]
+
+
+def build_run_config(*, variants: str, lengths: tuple[int, ...], devices: str, passes: str, causal: tuple[bool, ...],
+                     options: dict, imports: list[str], min_time: float, cell_timeout: float, warmup_time: float = 0.25,
+                     cluster: tuple[str, ...] | None = None, **settings) -> RunConfig:
+    """A sweep's configuration from checked command-line values (`settings`: batch, heads, head_dim,
+    dtype, repeats, warmup, threads, check_len); every variant's options are checked and fixed.
+    cluster: the device kinds of a cluster's nodes, when the cells run there (--executor ray)."""
+    check_number("--min-time", min_time, 0, 3600, "seconds")
+    check_number("--warmup-time", warmup_time, 0, 3600, "seconds")
+    check_number("--cell-timeout", cell_timeout, 1e-3, 86400, "seconds", low_inclusive=False)
+    device_list = resolve_devices(devices, cluster)
+    names = resolve_variants(variants, device_list, here=cluster is None)
+    if not names:
+        raise ArgumentError(f"--variants {variants}: no registered variant runs on {', '.join(device_list)}")
+    check_options(options, names)
+    pass_list = parse_list(passes, "--passes", PASSES)
+    if "decode" in pass_list and True not in causal:
+        raise ArgumentError("--passes decode: decoding is causal (one new position against the ones before it); "
+                            "use --causal yes or both")
+    config = RunConfig(variants=names, lengths=lengths, devices=device_list, passes=pass_list,
+                       causal=causal, options=tuple(sorted(options.items())), min_time=min_time, cell_timeout=cell_timeout,
+                       warmup_time=warmup_time, imports=tuple(imports), **settings)
+    return config.with_resolved_options()
+

@@ -1,0 +1,34 @@
+"""The harness's wings import only downward: no cycle, no import beside or above, readers free of torch
+and of the variants, project imports at the top of files (scripts/imports.py reads the code)."""
+
+import subprocess
+import sys
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parent.parent
+
+
+def test_the_wings_import_only_downward():
+    out = subprocess.run([sys.executable, str(ROOT / "scripts" / "imports.py"), "--check"], capture_output=True, text=True, timeout=60)
+    assert out.returncode == 0, out.stdout + out.stderr
+    assert " 0 cycles, 0 imports against the wings' order" in out.stdout, out.stdout
+
+
+def test_the_check_fails_on_an_upward_import_a_cycle_and_a_local_import(tmp_path):
+    """The check itself can fail: a copy of the tree with one import of each forbidden kind."""
+    import shutil
+
+    for package in ("variants", "harness", "scripts"):
+        shutil.copytree(ROOT / package, tmp_path / package)
+    storage = tmp_path / "harness" / "store" / "storage.py"
+    storage.write_text(storage.read_text() + "\nfrom harness.readers.summary import summarize  # upward\nfrom harness.store.rows import Row  # rows imports storage\n")
+    rows = tmp_path / "harness" / "store" / "rows.py"
+    rows.write_text(rows.read_text() + "\n\ndef _late():\n    from harness.store import storage  # local, and loads no torch\n")
+    advise = tmp_path / "harness" / "readers" / "advise.py"
+    advise.write_text(advise.read_text() + "\nimport variants  # a reader importing the variants\n")
+    out = subprocess.run([sys.executable, str(tmp_path / "scripts" / "imports.py"), "--check"], capture_output=True, text=True, timeout=60)
+    assert out.returncode == 1, out.stdout
+    assert "harness.store.storage imports harness.readers.summary, a wing above its own" in out.stdout
+    assert "import cycle: harness.store.rows -> harness.store.storage" in out.stdout
+    assert "harness.store.rows imports harness.store.storage inside a function" in out.stdout
+    assert "the reader harness.readers.advise imports variants" in out.stdout
