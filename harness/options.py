@@ -7,6 +7,8 @@ import json
 import math
 import re
 
+SHAPE_HINTS = ("num_heads", "head_dim")  # options every variant takes, set from the run's shape (not stored as its options)
+
 
 class ArgumentError(ValueError):
     """A command-line value that is not allowed; the message names the option, the value and what is allowed."""

@@ -65,6 +65,24 @@ def test_training_lowers_the_loss(variant):
     assert 0.0 <= rows[-1]["eval_accuracy"] <= 1.0
 
 
+def test_rows_record_every_option_and_the_sequence_length_and_readers_use_them():
+    """A row holds the options as given and every option trained with (defaults filled in), and the
+    tokens its model read; a windowed variant trained at its default window still gets its reach."""
+    import variants
+    from harness.readers.quality_frames import by_distance_frame, trained_options
+
+    cfg = TrainConfig(d_model=16, layers=1, heads=2, steps=2, batch=4, eval_every=2, eval_examples=8)
+    row = train_one("recall", 16, "sliding_window", {}, cfg)[-1]
+    default = variants.effective_options("sliding_window")["window"]
+    assert row["options"] == {} and row["resolved_options"]["window"] == default
+    assert "num_heads" not in row["resolved_options"] and "head_dim" not in row["resolved_options"]
+    assert row["seq_len"] == make_task("recall", 16).seq_len and train_one("copy", 4, "full", {}, cfg)[-1]["seq_len"] == 8
+    assert trained_options(row)["window"] == default
+    assert trained_options({k: v for k, v in row.items() if k != "resolved_options"}) == {}  # a row from before issue 22
+    facts = {"sliding_window": variants.variant_class("sliding_window").spec.facts()}
+    assert set(by_distance_frame([row], facts)["window"]) == {default}
+
+
 def test_decoder_is_causal():
     torch.manual_seed(0)
     model = TinyDecoder(10, TrainConfig(d_model=16, layers=2, heads=2), "full", max_len=20).eval()

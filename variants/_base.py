@@ -21,7 +21,7 @@ import torch
 from torch import Tensor, nn
 
 from ._decoding import DecodingState, appended, check_step, kv_cache, padded
-from ._utils import spans
+from ._utils import dense_attention, spans
 
 
 @dataclass(frozen=True)
@@ -191,8 +191,6 @@ class AttentionVariant(nn.Module):
         Used by the harness to check a variant on a device before timing it; only for small N.
         Default: exact softmax attention with the causal and padding masks.
         """
-        from ._utils import dense_attention
-
         return dense_attention(q, k, v, dense_mask(q.shape[-2], k.shape[-2], causal, key_padding_mask, q.device), self._scale(q))
 
     def attention_matrix(self, q: Tensor, k: Tensor, *, causal: bool = False, key_padding_mask: Tensor | None = None) -> Tensor:

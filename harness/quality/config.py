@@ -32,6 +32,7 @@ class TrainConfig:
 
 
 TASKS = ("copy", "recall")
+TOKENS_PER_L = {"copy": 2, "recall": 1}  # the sequence a model reads at task length L, in units of L (copy: the string twice)
 
 
 @dataclass(frozen=True)

@@ -22,6 +22,7 @@ import variants
 from harness.core.isolation import run_isolated
 from harness.core.measure import measure_time, set_threads
 from harness.core.memory import measure_peak, pin_mmap_threshold
+from harness.options import SHAPE_HINTS
 from harness.quality.config import QualityConfig, TrainConfig
 from harness.quality.tasks import distance_buckets, make_task
 from harness.store.storage import QUALITY_RESULTS, TRAIN_COST, RowWriter, drop_torn_tail, read_rows, rewrite_rows
@@ -149,6 +150,7 @@ def train_one(task_name: str, lengths, variant: str, options: dict, cfg: TrainCo
     opt = torch.optim.AdamW(model.parameters(), lr=cfg.lr, betas=(0.9, 0.98), weight_decay=cfg.weight_decay)
     g = torch.Generator().manual_seed(seed)
     recipe = {f"cfg_{k}": v for k, v in asdict(cfg).items()}
+    resolved = resolved_options(variant, options)
     if cfg.warm_start and task_name == "recall" and cfg.queries is not None:  # not scored: a start, like the initialisation
         dense = make_task(task_name, lengths[0], vocab=tasks[0].symbols, pairs=cfg.pairs)
         for _ in _steps(model, opt, dense, cfg, cfg.warm_start, g, dev, autocast, f"{task_name} warm start {variant} seed {seed}"):
@@ -159,7 +161,8 @@ def train_one(task_name: str, lengths, variant: str, options: dict, cfg: TrainCo
         for step, loss in _steps(model, opt, task, cfg, cfg.steps, g, dev, autocast, f"{task_name} L={length} {variant} seed {seed}"):
             loss_sum, loss_count = loss_sum + loss, loss_count + 1
             if step % cfg.eval_every == 0 or step == cfg.steps:
-                row = {"task": task_name, "variant": variant, "options": options, "length": length, "seed": seed,
+                row = {"task": task_name, "variant": variant, "options": options, "resolved_options": resolved, "length": length,
+                       "seq_len": task.seq_len, "seed": seed,
                        "device": dev.type, "dtype": dtype, "stage": stage, "step": step, "final": step == cfg.steps,
                        "train_loss": loss_sum / loss_count, **evaluate(model, task, seed, cfg, dev, autocast),
                        "wall_s": round(time.perf_counter() - start, 2), "parameters": params, **recipe}
@@ -199,7 +202,8 @@ def measure_training_step(task_name: str, length: int, variant: str, options: di
     opt.zero_grad(set_to_none=False)  # gradients and optimizer state exist before: the peak is the step's own
     memory = measure_peak(step, dev)
     seconds = statistics.median(times)
-    return {"task": task_name, "variant": variant, "options": options, "length": length, "device": dev.type,
+    return {"task": task_name, "variant": variant, "options": options, "resolved_options": resolved_options(variant, options),
+            "length": length, "device": dev.type,
             "dtype": dtype, "seq_len": task.seq_len, "batch": cfg.batch, "step_ms": seconds * 1e3,
             "step_ms_min": min(times) * 1e3, "repeats": repeats, "tokens_per_s": cfg.batch * task.seq_len / seconds,
             "train_peak_bytes": memory["peak_bytes"], "memory_kind": memory["kind"], "threads": threads}
@@ -211,6 +215,12 @@ def cannot_train_reason(name: str, device: str = "cpu") -> str | None:
     if cls.causal_unsupported_reason():
         return f"{cls.causal_unsupported_reason()}, which the decoder needs"
     return cls.unavailable_reason(device) or cls.backward_unsupported_reason(device)
+
+
+def resolved_options(variant: str, options: dict) -> dict:
+    """Every option `variant` trains with (the given ones, else its defaults; the shape hints aside), as a
+    row records it: readers then need no variant code to know a default."""
+    return {k: v for k, v in variants.effective_options(variant, **options).items() if k not in SHAPE_HINTS}
 
 
 def training_memory_estimate(cfg: TrainConfig, seq_len: int, vocab_size: int, variant: str, options: dict) -> dict[str, int]:

@@ -19,8 +19,9 @@ import pandas as pd
 
 from harness.fmt import fmt_bytes, fmt_time
 from harness.options import ArgumentError
+from harness.quality.config import TOKENS_PER_L
 from harness.readers.frames import load_frame
-from harness.readers.quality_frames import accuracy_summary, by_distance_frame, mixed_recipe, quality_rows
+from harness.readers.quality_frames import accuracy_summary, by_distance_frame, mixed_recipe, quality_rows, trained_options
 from harness.readers.summary import fit_exponent
 from harness.store.rows import NO_TIME
 from harness.store.storage import RESULTS, read_metadata, variant_facts
@@ -249,7 +250,7 @@ def _attach_quality(answer: Answer, summary: pd.DataFrame, distance: pd.DataFram
     if name != answer.variant:
         answer.quality_note.append(f"accuracy of {name} (the same function)")
     lengths = sorted(mine["length"].astype(int))
-    per = 2 if mine["task"].iloc[0] == "copy" else 1  # tokens the model read per unit of L (copy: the string twice)
+    per = TOKENS_PER_L[mine["task"].iloc[0]]
     length = min(lengths, key=lambda L: (abs(math.log(per * L / n)), -L))
     row = mine[mine["length"] == length].iloc[0]
     answer.accuracy, answer.quality_length = float(row["accuracy"]), length
@@ -259,11 +260,11 @@ def _attach_quality(answer: Answer, summary: pd.DataFrame, distance: pd.DataFram
     if per * length < n:
         tokens = f" ({per * length} tokens)" if per != 1 else ""
         answer.quality_note.append(f"trained at L={length}{tokens} < N: accuracy at N not measured")
-    trained_options = row["options"] or {}  # the options given; the rest were the variant's defaults
+    trained = trained_options(row)
     compared = facts.get(name, {}).get("function_options") or ()
-    differ = [k for k in compared if k in trained_options and trained_options[k] != speed_options.get(k, trained_options[k])]
+    differ = [k for k in compared if k in trained and trained[k] != speed_options.get(k, trained[k])]
     if differ:
-        answer.quality_note.append(f"trained with {_options_text({k: trained_options[k] for k in differ})}, "
+        answer.quality_note.append(f"trained with {_options_text({k: trained[k] for k in differ})}, "
                                    f"timed with {_options_text({k: speed_options[k] for k in differ})}")
     far = distance[(distance["variant"] == name) & (distance["length"] == length) & (distance["task"] == row["task"])]
     if len(far) > 1:

@@ -7,7 +7,7 @@ from pathlib import Path
 
 import pandas as pd
 
-from harness.store.rows import Row, cell_key, run_rows
+from harness.store.rows import Row, cell_key, device_label, run_rows
 from harness.store.storage import RESULTS, read_metadata, read_rows, warn
 from harness.sweep.config import RunConfig
 
@@ -46,5 +46,5 @@ def by_hardware(df):
     if several:
         df = df.copy()
         rows = df["device"].isin(several)
-        df.loc[rows, "device"] = df.loc[rows, "device"] + " (" + df.loc[rows, "device_name"].astype(str) + ")"
+        df.loc[rows, "device"] = [device_label(d, str(n)) for d, n in zip(df.loc[rows, "device"], df.loc[rows, "device_name"])]
     return df

@@ -22,6 +22,13 @@ def recipe(row: dict) -> dict:
             "device": row.get("device", "cpu"), "dtype": row.get("dtype", "float32")}
 
 
+def trained_options(row: dict) -> dict:
+    """Every option a row's attention trained with: its `resolved_options` (rows record them since issue
+    22), else the options given (older rows: the variant's defaults were not written down)."""
+    resolved = row.get("resolved_options")
+    return resolved if isinstance(resolved, dict) else (row.get("options") or {})
+
+
 def mixed_recipe(rows_by_run: dict[str, list[dict]]) -> str | None:
     """Where quality runs trained one (task, variant, L) with different recipes (their accuracies would be
     pooled as if seeds of one): what differs, named; None when every such training shares one recipe."""
@@ -60,6 +67,7 @@ def accuracy_summary(rows: list[dict]) -> pd.DataFrame:
     out = df.groupby(KEY, sort=False).agg(
         accuracy=("eval_accuracy", "mean"), accuracy_min=("eval_accuracy", "min"), accuracy_max=("eval_accuracy", "max"),
         exact_match=("eval_exact_match", "mean"), seeds=("seed", "nunique"), options=("options", "first"),
+        **({"resolved_options": ("resolved_options", "first")} if "resolved_options" in df else {}),
     ).reset_index()
     return out
 
@@ -73,18 +81,19 @@ def by_distance_frame(rows: list[dict], facts: dict[str, dict] | None = None) ->
         for b in r.get("by_distance") or []:
             records.append({"task": r["task"], "variant": r["variant"], "length": r["length"], "seed": r["seed"],
                             "min": b["min"], "max": b["max"], "right": b["accuracy"] * b["count"], "count": b["count"],
-                            "seed_accuracy": b["accuracy"], "options": r.get("options") or {}})
+                            "seed_accuracy": b["accuracy"], "options": r.get("options") or {}, "resolved": trained_options(r)})
     if not records:
         return pd.DataFrame(columns=[*KEY, "min", "max", "accuracy", "accuracy_min", "accuracy_max", "count", "seeds", "window"])
     df = pd.DataFrame(records)
     out = df.groupby([*KEY, "min", "max"], sort=False).agg(
         right=("right", "sum"), count=("count", "sum"), accuracy_min=("seed_accuracy", "min"),
         accuracy_max=("seed_accuracy", "max"), seeds=("seed", "nunique"), options=("options", "first"),
+        resolved=("resolved", "first"),
     ).reset_index()
     out["accuracy"] = out["right"] / out["count"]
     reach = {name: fact.get("reach_option") for name, fact in (facts or {}).items()}
-    out["window"] = [o.get(reach[v]) if reach.get(v) else None for v, o in zip(out["variant"], out["options"])]
-    return out.drop(columns=["right"]).sort_values([*KEY, "min"], kind="stable").reset_index(drop=True)
+    out["window"] = [o.get(reach[v]) if reach.get(v) else None for v, o in zip(out["variant"], out["resolved"])]
+    return out.drop(columns=["right", "resolved"]).sort_values([*KEY, "min"], kind="stable").reset_index(drop=True)
 
 
 def accuracy_within(distance: pd.DataFrame, low: int, high: int | None) -> tuple[float, int]:

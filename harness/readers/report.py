@@ -10,6 +10,7 @@ from pathlib import Path
 import pandas as pd
 
 from harness.fmt import fmt_bytes, fmt_time
+from harness.quality.config import TOKENS_PER_L
 from harness.readers.advise import advise, advise_table, log_interp, recommendation, speed_rows, split_runs
 from harness.readers.frames import load_frame
 from harness.readers.lm_report import write_lm_report
@@ -390,7 +391,7 @@ def write_tradeoff_report(run_dirs: list[Path], out_dir: Path, n: int | None = N
     panels, sections = [], []
     for task in dict.fromkeys(r["task"] for r in rows if r.get("final")):
         largest = max(int(r["length"]) for r in rows if r.get("final") and r["task"] == task)
-        at = n or (2 * largest if task == "copy" else largest)  # the tokens the model read
+        at = n or TOKENS_PER_L[task] * largest  # the tokens the model read
         answers, context = advise(run_dirs, n=at, device=device, pass_=pass_, causal=causal, task=task)
         panels.append((task, at, answers))
         table = advise_table(answers)

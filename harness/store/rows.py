@@ -23,10 +23,11 @@ FAILED = ("oom", "timeout", "error")  # what --retry-failed measures again
 NO_TIME = ("incorrect", *FAILED)  # tried and gave no time: bench advise excludes the variant from that N on
 
 
-@dataclass
+@dataclass(frozen=True)
 class Row:
     """One cell of a sweep: what was asked (the key and identity), what happened (status, message) and,
-    when it ran, what was measured. Times are seconds per call; memory is extra bytes beyond the inputs."""
+    when it ran, what was measured. Times are seconds per call; memory is extra bytes beyond the inputs.
+    Frozen: a row is made once, with everything it says (`dataclasses.replace` makes another)."""
 
     device: str
     variant: str
@@ -69,10 +70,6 @@ class Row:
     finished: str | None = None  # ISO time
     extra: dict = field(default_factory=dict)  # fields this version does not know, kept as they were
 
-    @property
-    def key(self) -> tuple:
-        return (self.device, self.variant, self.pass_, bool(self.causal), int(self.n), self.device_name)
-
     def to_json(self) -> dict:
         data = {("pass" if f.name == "pass_" else f.name): getattr(self, f.name) for f in dataclasses.fields(self) if f.name != "extra"}
         return {**self.extra, **data}
@@ -87,9 +84,19 @@ class Row:
         return cls(**values, extra=extra)
 
 
+def key_of(device: str, variant: str, pass_: str, causal: bool, n: int, device_name: str | None) -> tuple:
+    """The one cell key: (device, variant, pass, causal, N, device name), one cell on one hardware."""
+    return (device, variant, pass_, bool(causal), int(n), device_name)
+
+
 def cell_key(row: dict) -> tuple:
-    """(device, variant, pass, causal, N, device name): one cell, on one hardware."""
-    return (row["device"], row["variant"], row["pass"], bool(row["causal"]), int(row["n"]), row.get("device_name"))
+    """A stored row's cell key (`key_of`)."""
+    return key_of(row["device"], row["variant"], row["pass"], row["causal"], row["n"], row.get("device_name"))
+
+
+def device_label(device: str, device_name: str | None) -> str:
+    """How tables, figures and progress name a device on one hardware: "cuda (NVIDIA H100 80GB HBM3)"."""
+    return f"{device} ({device_name})" if device_name else device
 
 
 def series_key(row: dict) -> tuple:

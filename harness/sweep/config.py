@@ -5,9 +5,11 @@ from __future__ import annotations
 
 from dataclasses import asdict, dataclass
 
+from harness.options import SHAPE_HINTS
+from harness.store.rows import device_label, key_of
+
 PASSES = ("fwd", "fwdbwd", "decode")  # decode: one step of one new position after N (causal only)
 BASELINE = "full"  # the variant every other is compared with (speed-ups, crossovers)
-SHAPE_HINTS = ("num_heads", "head_dim")  # options every variant takes, set from the run's shape
 
 
 @dataclass(frozen=True)
@@ -115,10 +117,10 @@ class Cell:
 
     @property
     def key(self) -> tuple:
-        return (self.device, self.variant, self.pass_, self.causal, self.n, self.device_name)
+        return key_of(self.device, self.variant, self.pass_, self.causal, self.n, self.device_name)
 
     def label(self) -> str:
-        where = f"{self.device} ({self.device_name})" if self.device_name and self.device != "cpu" else self.device
+        where = device_label(self.device, self.device_name if self.device != "cpu" else None)
         return f"{where} {self.variant} {self.pass_}{' causal' if self.causal else ''} N={self.n}"
 
 

@@ -22,7 +22,7 @@ from harness.core.isolation import Outcome, run_isolated
 from harness.core.machine import cpu_info
 from harness.fmt import fmt_bytes
 from harness.policy import shape_only
-from harness.store.rows import FAILED, STOPPING, Row, cell_key, run_rows, series_key
+from harness.store.rows import FAILED, STOPPING, Row, cell_key, device_label, run_rows, series_key
 from harness.store.storage import SUPERSEDED, RowWriter, drop_torn_tail, read_rows, rewrite_rows
 from harness.sweep import worker
 from harness.sweep.config import Cell, RunConfig
@@ -137,25 +137,27 @@ def outcome_status(outcome: Outcome) -> tuple[str, str]:
 
 
 def run_cell(config: RunConfig, cell: Cell, state: SweepState, log_path: str | None = None, executor=None) -> Row:
-    row = base_row(config, cell)
-    row.device_name = cell.device_name
     started = time.perf_counter()
-    status, message, measured, node = decide(config, cell, state, row, log_path, executor or LocalExecutor())
-    row = Row.from_json({**row.to_json(), "status": status, "message": message, **(measured or {})})
+    planned: dict = {}
+    status, message, measured, node = decide(config, cell, state, planned, log_path, executor or LocalExecutor())
+    values = {**base_row(config, cell).to_json(), "device_name": cell.device_name, **planned, "status": status,
+              "message": message, **(measured or {})}
     if node:  # where an executor ran it on a cluster (a node of the cell's hardware, device_name)
-        row.extra["node"] = node
-    if status == "ok" and row.time_median_s:
-        if row.flops is not None:
-            row.gflops = row.flops / row.time_median_s / 1e9
-        if row.read_bytes is not None:  # decode: what a step reads of its state, once
-            row.bandwidth_gbs = row.read_bytes / row.time_median_s / 1e9
-    row.wall_s = round(time.perf_counter() - started, 3)
-    row.finished = datetime.now(timezone.utc).isoformat(timespec="seconds")
-    return row
+        values["node"] = node
+    median = values.get("time_median_s")
+    if status == "ok" and median:
+        if values.get("flops") is not None:
+            values["gflops"] = values["flops"] / median / 1e9
+        if values.get("read_bytes") is not None:  # decode: what a step reads of its state, once
+            values["bandwidth_gbs"] = values["read_bytes"] / median / 1e9
+    values["wall_s"] = round(time.perf_counter() - started, 3)
+    values["finished"] = datetime.now(timezone.utc).isoformat(timespec="seconds")
+    return Row.from_json(values)
 
 
-def decide(config: RunConfig, cell: Cell, state: SweepState, row: Row, log_path: str | None, executor):
-    """(status, message, measured values or None, node record or None) of one cell."""
+def decide(config: RunConfig, cell: Cell, state: SweepState, planned: dict, log_path: str | None, executor):
+    """(status, message, measured values or None, node record or None) of one cell; what the parent
+    planned of it (flops, predicted_bytes, softmax_error) goes into `planned`."""
     reason = static_skip_reason(config, cell, remote=getattr(executor, "remote", False))
     if reason:
         return "skipped", reason, None, None
@@ -168,8 +170,8 @@ def decide(config: RunConfig, cell: Cell, state: SweepState, row: Row, log_path:
         reason = attn.length_unsupported_reason(cell.n, cell.n)
         if reason:
             return "skipped", f"{cell.variant} at N={cell.n}: {reason}", None, None
-        row.flops = useful_flops(config, cell, attn)
-        row.predicted_bytes = predicted = predicted_bytes(config, cell, attn)
+        planned["flops"] = useful_flops(config, cell, attn)
+        planned["predicted_bytes"] = predicted = predicted_bytes(config, cell, attn)
     except Exception as err:  # noqa: BLE001 — a plug-in variant's fault costs its cells, not the sweep
         return "error", f"cannot plan the cell: {type(err).__name__}: {err}"[:1000], None, None
     budget = config.budget(cell.device)
@@ -178,7 +180,7 @@ def decide(config: RunConfig, cell: Cell, state: SweepState, row: Row, log_path:
     check = ensure_checked(config, cell, state, log_path, executor)
     if check is not None:
         return check[0], check[1], None, None
-    row.softmax_error = state.softmax_errors.get((cell.device, cell.device_name, cell.variant, cell.causal))
+    planned["softmax_error"] = state.softmax_errors.get((cell.device, cell.device_name, cell.variant, cell.causal))
     job = executor.submit(worker.measure_cell, (config, cell), device=cell.device, device_name=cell.device_name,
                           timeout=config.cell_timeout, imports=config.imports, log_path=log_path)
     outcome, node = executor.outcome(job)
@@ -368,7 +370,7 @@ def measure_cluster(config: RunConfig, cluster, peak_seconds: float = 1.0) -> di
                                      device_name=name, timeout=120)
                 outcome, _ = cluster.outcome(job)
                 value = outcome.value if outcome.kind == "result" else {}
-                for label in [f"{device} ({name})"] + ([device] if index == 0 else []):
+                for label in [device_label(device, name)] + ([device] if index == 0 else []):
                     info["matmul_peak_gflops"][f"{label}/{dtype}"] = value.get("gflops")
                     info["matmul_peak_precision"][f"{label}/{dtype}"] = value.get("precision")
     return info
