@@ -12,14 +12,18 @@ that use them, so that `bench report`, `compare`, `advise` and `--help` never lo
 
 from __future__ import annotations
 
+import json
 import math
+import textwrap
 from contextlib import contextmanager
 from enum import Enum
 from pathlib import Path
 from typing import Annotated, Callable, Optional
 
 import typer
+from rich import box
 from rich.console import Console
+from rich.markup import escape
 from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn, TimeRemainingColumn
 from rich.table import Table
 
@@ -27,11 +31,12 @@ from harness import options as opts
 from harness.fmt import fmt_time
 from harness.options import MAX_CHECK_LEN, MAX_LENGTH, ArgumentError
 from harness.quality.config import TASKS
-from harness.readers.advise import advise as answer, advise_table, recommendation
+from harness.readers.advise import advise as answer, advise_table, answers_json, glance, recommendation
 from harness.readers.plots import plot_run
 from harness.readers.report import KEY as KEY_COLUMNS
 from harness.readers.report import accuracy_text, compare_runs, final_accuracy_grid, geomean, make_report, write_tradeoff_report
 from harness.readers.summary import NOISE_NOTE, render_summary, summarize
+from harness.readers.tables import markdown_table
 from harness.store.storage import LM_RESULTS, METADATA, QUALITY_RESULTS, RESULTS, RunDirBusy, read_metadata
 
 app = typer.Typer(
@@ -284,6 +289,12 @@ def _write_report(run_dir: Path, console: Console) -> None:
         console.print(f"  figure: {figure}", soft_wrap=True)
 
 
+class AdviceFormat(str, Enum):
+    table = "table"
+    markdown = "markdown"
+    json = "json"
+
+
 class Format(str, Enum):
     png = "png"
     svg = "svg"
@@ -379,7 +390,8 @@ def advise(
     causal: Annotated[bool, typer.Option("--causal/--no-causal", help="Causal (decoder) or bidirectional attention rows.")] = True,
     memory: Annotated[Optional[str], typer.Option(help="Memory budget of one attention call, e.g. 2GiB: variants whose peak memory at N (measured, or interpolated/extrapolated) exceeds it are left out.")] = None,
     task: Annotated[OneTask, typer.Option(help="The quality task whose accuracy counts.")] = OneTask.recall,
-    min_accuracy: Annotated[Optional[str], typer.Option(help="Leave out variants below this held-out accuracy, e.g. 90% (variants with no accuracy are left out too).")] = None,
+    min_accuracy: Annotated[Optional[str], typer.Option(help="Rank only variants that keep this held-out accuracy, e.g. 90% (variants with no accuracy are not ranked either). Default: within 10 points of full's accuracy; 0 ranks every variant.")] = None,
+    format: Annotated[AdviceFormat, typer.Option("--format", help="table: for an 80-column terminal, notes numbered under it; markdown: the report's table; json: every figure, for scripts.")] = AdviceFormat.table,
 ) -> None:
     """Which attention at N: time and memory (measured, or interpolated/extrapolated and marked), accuracy, and a ranked pick.
 
@@ -392,17 +404,37 @@ def advise(
             raise ArgumentError(f"--memory: {memory!r} is no memory at all; give a budget above 0, e.g. 2GiB")
         answers, context = answer(run_dirs, n=length, device=device, pass_=pass_.value, causal=causal, memory=budget,
                                   task=task.value, min_accuracy=_fraction(min_accuracy))
+    if format is AdviceFormat.json:
+        typer.echo(json.dumps(answers_json(answers, context), indent=1))
+        return
+    if format is AdviceFormat.markdown:
+        frame = advise_table(answers)
+        typer.echo(markdown_table(list(frame.columns), [list(row) for row in frame.itertuples(index=False)]))
+        typer.echo("\n" + recommendation(answers, context) + (f" ({context['floor']})" if context["floor"] else ""))
+        return
     console = _console()
-    kind = "causal" if context["causal"] else "non-causal"
-    table = Table(title=f"N={length}, {context['device']}, {context['pass']}, {kind}" + (f", accuracy on {context['task']}" if context["quality_runs"] else ""),
-                  title_justify="left")
-    frame = advise_table(answers)
+    title, frame, notes, shared = glance(answers, context)
+    table = Table(title=title, title_justify="left", box=box.SIMPLE_HEAD, pad_edge=False, padding=(0, 1), collapse_padding=True)
     for column in frame.columns:
-        table.add_column(column, justify="right" if column in ("rank", "time", "memory") else "left", overflow="fold")
+        table.add_column(column, justify="right" if column in ("rank", "time", "memory", "accuracy") else "left", no_wrap=True)
     for row in frame.itertuples(index=False):
-        table.add_row(*row)
+        table.add_row(*(escape(str(cell)) for cell in row))
     console.print(table)
-    console.print(recommendation(answers, context))
+    lines = [(f"[{number}] ", note) for number, note in enumerate(notes, start=1)]
+    lines += [("[*] ", "every variant with an accuracy: " + "; ".join(shared))] if shared else []
+    lines += [("~ ", "interpolated or extrapolated from the measured N (the notes say which)")] if any(t.endswith("~") for t in frame["time"]) else []
+    for head, text in lines:
+        _print_wrapped(console, "  " + head, text)
+    for text in (context["floor"], recommendation(answers, context)):
+        if text:
+            _print_wrapped(console, "", text)
+
+
+def _print_wrapped(console: Console, head: str, text: str) -> None:
+    """`head` + `text` wrapped to the console's width, later lines indented under the text."""
+    indent = " " * min(len(head), 12)
+    for line in textwrap.wrap(text, width=max(40, console.width), initial_indent=head, subsequent_indent=indent) or [head]:
+        console.print(escape(line), soft_wrap=True)
 
 
 def _percent(text: str) -> float:

@@ -212,7 +212,7 @@ def test_advise_filters_by_memory_and_accuracy(tmp_path):
     assert next(a for a in answers if a.rank == 1).variant == "linear"  # faster at 4096, keeps >= 30%
     answers, ctx = advise([speed, quality], n=4096, causal=False, min_accuracy=0.999)
     assert all(a.rank is None for a in answers)
-    assert recommendation(answers, ctx).startswith("No variant keeps >= 100% on recall at N=4096: see the reasons")
+    assert recommendation(answers, ctx).startswith("No variant keeps >= 99.9% on recall at N=4096: see the reasons")
     answers, ctx = advise([speed, quality], n=4096, causal=False, memory=1, min_accuracy=0.5)
     assert recommendation(answers, ctx).startswith("No variant fits in 1 B and keeps >= 50% on recall at N=4096")
 
@@ -244,6 +244,39 @@ def test_advise_cli_and_its_bad_input(tmp_path):
     for args, message in bad:
         result = _invoke("advise", *args)
         assert result.exit_code == 2 and message in _text(result), (args, result.output)
+
+
+def test_advise_ranks_by_a_default_floor_and_reads_at_80_columns(tmp_path):
+    """Without --min-accuracy a variant must keep within 10 points of full's accuracy to be ranked (linear's
+    40% against full's 95% is not ranked first for being fast); the table fits 80 columns with whole names,
+    its notes numbered under it; markdown and json carry the same answer."""
+    from harness.readers.advise import advise
+
+    speed = make_run(tmp_path / "speed")
+    quality = make_quality_run(tmp_path / "quality", {"full": 0.95, "linear": 0.4})
+    answers, ctx = advise([speed, quality], n=4096, causal=False)
+    by = {a.variant: a for a in answers}
+    assert ctx["min_accuracy"] == pytest.approx(0.85) and "within 10 points of full" in ctx["floor"]
+    assert by["linear"].rank is None and by["linear"].excluded == "accuracy 40.0% < 85%" and by["full"].rank == 1
+    answers, _ = advise([speed, quality], n=4096, causal=False, min_accuracy=0)
+    assert next(a for a in answers if a.rank == 1).variant == "linear"  # no floor: the fastest
+    answers, ctx = advise([speed], n=4096, causal=False)  # no quality run: no floor to speak of
+    assert ctx["min_accuracy"] is None and ctx["floor"] == ""
+    result = _invoke("advise", "--len", "8192", "--no-causal", str(speed), str(quality), columns=80)
+    assert result.exit_code == 0, result.output
+    lines = result.output.splitlines()
+    assert max(len(line) for line in lines) <= 80, result.output
+    rows = {line.split()[1]: line for line in lines if line.split()[:1] in (["1"], ["2"], ["3"], ["-"]) and len(line.split()) > 2}
+    assert {"full", "full_naive", "linear"} <= set(rows), result.output  # names whole, one row each
+    assert rows["full"].split()[0] == "1" and rows["linear"].split()[0] == "-"
+    assert any(line.strip().startswith("[1] ") for line in lines) and "ranked if within 10 points of full's accuracy" in result.output
+    assert "every variant with an accuracy: trained at L=256 < N" in result.output  # said once, not in each note
+    assert "L=256" not in rows["full"]  # the trained length is the title's, when every accuracy shares it
+    markdown = _invoke("advise", "--len", "8192", "--no-causal", "--format", "markdown", str(speed), str(quality))
+    assert markdown.exit_code == 0 and markdown.output.startswith("| rank | variant |"), markdown.output
+    data = json.loads(_invoke("advise", "--len", "8192", "--no-causal", "--format", "json", str(speed), str(quality)).output)
+    assert data["context"]["min_accuracy"] == pytest.approx(0.85) and data["answers"][0]["variant"] == "full"
+    assert data["recommendation"].startswith("Use full: the fastest that keeps >= 85% on recall")
 
 
 def _edited_copy(run, path, **changes):

@@ -12,7 +12,7 @@ from __future__ import annotations
 
 import json
 import math
-from dataclasses import dataclass, field
+from dataclasses import asdict, dataclass, field
 from pathlib import Path
 
 import pandas as pd
@@ -24,6 +24,7 @@ from harness.readers.frames import load_frame
 from harness.readers.quality_frames import accuracy_summary, by_distance_frame, mixed_recipe, quality_rows, trained_options
 from harness.readers.summary import fit_exponent
 from harness.store.rows import NO_TIME
+from harness.sweep.config import BASELINE
 from harness.store.storage import RESULTS, read_metadata, variant_facts
 
 
@@ -232,9 +233,34 @@ def advise(run_dirs: list[Path], *, n: int, device: str | None = None, pass_: st
         if rows:
             _attach_quality(answer, summary, distance, n, speed_options, facts, max(planned, int(summary["seeds"].max())))
         answers.append(answer)
+    floor = ""
+    if min_accuracy is None and rows:
+        min_accuracy, floor = default_floor(answers)
+    elif min_accuracy is not None:
+        floor = f"ranked if accuracy >= {_percent(min_accuracy)} (--min-accuracy)"
     _rank(answers, memory, min_accuracy, bool(rows))
     return answers, {"device": device, "pass": pass_, "causal": causal, "n": n, "task": task, "quality_runs": bool(rows),
-                     "memory": memory, "min_accuracy": min_accuracy}
+                     "memory": memory, "min_accuracy": min_accuracy, "floor": floor}
+
+
+FLOOR_POINTS = 0.10  # the default accuracy floor: this far below the baseline's accuracy at most
+
+
+def default_floor(answers: list[Answer]) -> tuple[float | None, str]:
+    """The accuracy a variant must keep to be ranked when --min-accuracy is not given: within
+    FLOOR_POINTS of the baseline's (exact softmax, trained the same way), so that a method failing the
+    task is never ranked first for being fast. (None, why) when the baseline has no accuracy."""
+    base = next((a for a in answers if a.variant == BASELINE and a.accuracy is not None), None)
+    if base is None:
+        return None, f"no floor: {BASELINE} has no accuracy in the quality runs (give --min-accuracy)"
+    floor = max(0.0, base.accuracy - FLOOR_POINTS)
+    return floor, (f"ranked if within {FLOOR_POINTS * 100:.0f} points of {BASELINE}'s accuracy ({base.accuracy:.1%}): "
+                   f">= {_percent(floor)}; --min-accuracy to change it (0 for none)")
+
+
+def _percent(fraction: float) -> str:
+    """90%, 85.5%: a floor as a percentage, one decimal where it has one."""
+    return f"{fraction:.1%}".replace(".0%", "%")
 
 
 def _attach_quality(answer: Answer, summary: pd.DataFrame, distance: pd.DataFrame, n: int, speed_options: dict,
@@ -281,7 +307,7 @@ def _rank(answers: list[Answer], memory: int | None, min_accuracy: float | None,
         elif memory is not None and (a.peak_bytes is None or a.peak_bytes > memory):
             a.fits, a.excluded = False, f"needs {fmt_bytes(a.peak_bytes)} > budget {fmt_bytes(memory)}" if a.peak_bytes else "memory not measured"
         elif min_accuracy is not None and (a.accuracy is None or a.accuracy < min_accuracy):
-            a.excluded = "accuracy not measured" if a.accuracy is None else f"accuracy {a.accuracy:.1%} < {min_accuracy:.0%}"
+            a.excluded = "accuracy not measured" if a.accuracy is None else f"accuracy {a.accuracy:.1%} < {_percent(min_accuracy)}"
     ranked = sorted((a for a in answers if not a.excluded), key=lambda a: a.time_s)
     for i, a in enumerate(ranked, 1):
         a.rank = i
@@ -294,7 +320,7 @@ def recommendation(answers: list[Answer], context: dict) -> str:
     if context.get("memory") is not None:
         need.append(f"fits in {fmt_bytes(context['memory'])}")
     if context.get("min_accuracy") is not None:
-        need.append(f"keeps >= {context['min_accuracy']:.0%} on {context['task']}")
+        need.append(f"keeps >= {_percent(context['min_accuracy'])} on {context['task']}")
     what = "fastest" + (" that " + " and ".join(need) if need else "")
     if not ranked:
         return (f"No variant {' and '.join(need) if need else 'has a time'} at N={context['n']}: "
@@ -322,3 +348,61 @@ def advise_table(answers: list[Answer]) -> pd.DataFrame:
                     "how": a.how, "accuracy": acc,
                     "notes": "; ".join([*([a.excluded] if a.excluded and a.excluded != a.how else []), *a.quality_note])})
     return pd.DataFrame(out)
+
+
+def glance(answers: list[Answer], context: dict) -> tuple[str, pd.DataFrame, list[str], list[str]]:
+    """The answers for an 80-column terminal: (title, a table of short columns — rank, variant, time,
+    memory, accuracy, note —, the numbered notes the note column points to, and the notes every variant
+    shares, said once). How a figure was obtained (interpolated, extrapolated: time marked ~), why a
+    variant is not ranked and what its accuracy means go into the notes; the trained length goes into the
+    title when every accuracy shares it."""
+    kind = "causal" if context["causal"] else "non-causal"
+    lengths = {a.quality_length for a in answers if a.accuracy is not None}
+    title = f"N={context['n']}, {context['device']}, {context['pass']}, {kind}"
+    if context["quality_runs"]:
+        title += f", accuracy on {context['task']}" + (f" at L={lengths.pop()}" if len(lengths) == 1 else "")
+    one_length = context["quality_runs"] and len({a.quality_length for a in answers if a.accuracy is not None}) <= 1
+    ordered = sorted(answers, key=lambda a: (a.rank is None, a.rank or 0, a.label or a.variant))
+
+    def said_of(a: Answer) -> list[str]:
+        timed = a.time_s is not None and math.isfinite(a.time_s)
+        estimated = timed and a.how != "measured" and not a.how.startswith("measured")
+        return [*([a.excluded] if a.excluded and a.excluded != a.how else []), *([a.how] if estimated or not timed else []),
+                *a.quality_note]
+
+    said = {id(a): said_of(a) for a in ordered}
+    scored = [a for a in ordered if a.accuracy is not None]  # what every variant with an accuracy shares is said once
+    common = set.intersection(*(set(said[id(a)]) for a in scored)) if len(scored) > 1 else set()
+    shared = [part for part in said[id(scored[0])] if part in common] if common else []
+    rows, notes = [], []
+    for a in ordered:
+        timed = a.time_s is not None and math.isfinite(a.time_s)
+        estimated = timed and a.how != "measured" and not a.how.startswith("measured")
+        acc = ""
+        if a.accuracy is not None:
+            acc = f"{a.accuracy:.1%}"
+            low, high = (f"{x * 100:.0f}" for x in a.accuracy_range or (a.accuracy, a.accuracy))
+            if low != high:
+                acc += f" ({low}-{high})"
+            if not one_length:
+                acc += f" L={a.quality_length}"
+        own = [part for part in said[id(a)] if a.accuracy is None or part not in common]
+        ref = ""
+        if own:
+            notes.append(f"{a.label or a.variant}: {'; '.join(own)}")
+            ref = f"[{len(notes)}]"
+        rows.append({"rank": str(a.rank) if a.rank else "-", "variant": a.label or a.variant,
+                     "time": (fmt_time(a.time_s) + ("~" if estimated else "")) if timed else "",
+                     "memory": fmt_bytes(a.peak_bytes) if a.peak_bytes is not None and math.isfinite(a.peak_bytes) else "",
+                     "accuracy": acc, "note": ref})
+    return title, pd.DataFrame(rows, columns=["rank", "variant", "time", "memory", "accuracy", "note"]), notes, shared
+
+
+def answers_json(answers: list[Answer], context: dict) -> dict:
+    """The answers and their context as plain JSON (`bench advise --format json`)."""
+    def clean(value):
+        return None if isinstance(value, float) and not math.isfinite(value) else value
+
+    return {"context": {k: clean(v) for k, v in context.items()},
+            "answers": [{k: clean(v) for k, v in asdict(a).items()} for a in sorted(answers, key=lambda a: (a.rank is None, a.rank or 0))],
+            "recommendation": recommendation(answers, context)}

@@ -396,7 +396,7 @@ def write_tradeoff_report(run_dirs: list[Path], out_dir: Path, n: int | None = N
         panels.append((task, at, answers))
         table = advise_table(answers)
         sections += [f"### {task}, N={at}", "", markdown_table(list(table.columns), [[md_text(v) for v in row] for row in table.itertuples(index=False)]),
-                     "", md_text(recommendation(answers, context)), ""]
+                     "", md_text(recommendation(answers, context) + (f" ({context['floor']})" if context["floor"] else "")), ""]
     sections += _surviving_speedup(speed, quality, pass_, causal, device)
     kind = "causal" if causal else "non-causal"
     figure = tradeoff_figure(panels, out_dir / "figures" / "tradeoff.png",
