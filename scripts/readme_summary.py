@@ -1,4 +1,5 @@
-"""Copy the tables of the committed reports into README.md, between their markers.
+"""Copy the tables of the committed reports into README.md (the sweep's summary) and docs/quality.md (the
+quality runs'), between their markers.
 
     python scripts/readme_summary.py results/cpu-reference/REPORT.md results/quality-reference/REPORT.md \
         results/quality-long/REPORT.md
@@ -22,6 +23,8 @@ readme = Path("README.md").read_text()
 readme = replace_block(readme, "summary", (
     f"Summary from [`{sys.argv[1]}`]({sys.argv[1]}) (exponents fitted on the upper half of the lengths; "
     f"\"beats full from N\": the smallest N from which the variant is faster at every larger N):\n\n{summary_table}"))
-readme = replace_block(readme, "quality", f"From [`{sys.argv[2]}`]({sys.argv[2]}): {quality}")
-readme = replace_block(readme, "quality-long", f"From [`{sys.argv[3]}`]({sys.argv[3]}): {long_quality}")
 Path("README.md").write_text(readme)
+page = Path("docs/quality.md").read_text()  # one folder down: its links go up first
+page = replace_block(page, "quality", f"From [`{sys.argv[2]}`](../{sys.argv[2]}): {quality}")
+page = replace_block(page, "quality-long", f"From [`{sys.argv[3]}`](../{sys.argv[3]}): {long_quality}")
+Path("docs/quality.md").write_text(page)

@@ -161,14 +161,15 @@ def test_swap_bare_multihead_attention():
     assert weights is None
 
 
-def test_readme_snippet_runs():
+@pytest.mark.parametrize("page", ["README.md", "docs/transformers.md"])
+def test_readme_snippet_runs(page):
     import pathlib
     import re
 
-    readme = (pathlib.Path(__file__).resolve().parents[1] / "README.md").read_text()
-    blocks = re.findall(r"```python\n(.*?)```", readme, re.S)
-    assert blocks, "README has no python example"
+    text = (pathlib.Path(__file__).resolve().parents[1] / page).read_text()
+    blocks = re.findall(r"```python\n(.*?)```", text, re.S)
+    assert blocks, f"{page} has no python example"
     for code in blocks:
         if "transformers" in code:
             pytest.importorskip("transformers")  # the hf extra's snippet (CI installs it)
-        exec(compile(code, "README.md", "exec"), {})
+        exec(compile(code, page, "exec"), {})

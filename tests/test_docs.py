@@ -1,0 +1,81 @@
+"""The README and the pages under docs/ stay valid: every relative link and image exists, and every
+`bench` command they show names a command and options that `bench` has."""
+
+from __future__ import annotations
+
+import re
+import shlex
+from pathlib import Path
+
+import pytest
+import typer
+
+from harness.cli import app
+
+ROOT = Path(__file__).resolve().parent.parent
+PAGES = [ROOT / "README.md", *sorted((ROOT / "docs").glob("*.md"))]
+
+
+def _links(text: str) -> list[str]:
+    return [target for target in re.findall(r"\]\(([^)\s]+)\)", text) if not re.match(r"(https?:|mailto:|#)", target)]
+
+
+def _commands(text: str) -> list[str]:
+    """Every `bench ...` command line: in inline code and in code blocks (a '$ ' prompt dropped)."""
+    found = []
+    for block in re.findall(r"```[a-z]*\n(.*?)```", text, re.S):
+        found += [line.removeprefix("$ ") for line in block.splitlines()]
+    found += re.findall(r"(?<!`)`([^`\n]+)`(?!`)", re.sub(r"```.*?```", "", text, flags=re.S))
+    commands = []
+    for line in found:
+        for part in re.split(r"&&|\|\||;|\|", line):
+            part = part.strip()
+            if part.startswith("bench ") and not part.startswith("bench_"):
+                commands.append(part)
+    return commands
+
+
+def test_the_pages_exist_and_link_to_each_other():
+    assert len(PAGES) >= 8, PAGES
+    readme = (ROOT / "README.md").read_text()
+    for page in PAGES[1:]:
+        assert f"(docs/{page.name})" in readme, f"the README does not link to docs/{page.name}"
+
+
+@pytest.mark.parametrize("page", PAGES, ids=lambda p: p.name)
+def test_every_relative_link_and_image_exists(page):
+    missing = [target for target in _links(page.read_text())
+               if not (page.parent / target.split("#")[0]).exists()]
+    assert not missing, f"{page.relative_to(ROOT)} links to files that do not exist: {missing}"
+
+
+@pytest.mark.parametrize("page", PAGES, ids=lambda p: p.name)
+def test_every_bench_command_names_a_command_and_options_bench_has(page):
+    group = typer.main.get_command(app)
+    bad = []
+    for command in _commands(page.read_text()):
+        try:
+            words = shlex.split(command.replace("…", ""))
+        except ValueError:
+            words = command.split()
+        if len(words) < 2 or words[1].startswith("-"):
+            continue  # "bench --help", or prose naming the tool
+        sub = group.commands.get(words[1])
+        if sub is None:
+            bad.append(f"{command!r}: no command {words[1]!r}")
+            continue
+        known = {opt for param in sub.params for opt in (*param.opts, *param.secondary_opts)} | {"--help"}
+        for word in words[2:]:
+            flag = word.split("=", 1)[0]
+            if flag.startswith("--") and flag not in known:
+                bad.append(f"{command!r}: bench {words[1]} has no option {flag}")
+    assert not bad, "\n".join(bad)
+
+
+def test_the_check_catches_a_bad_link_and_a_bad_option(tmp_path):
+    """The checks can fail: a page with a missing figure and a misspelt option."""
+    text = "![x](../results/nowhere.png) and `bench run --max-length 16384` and `bench rnu`"
+    assert _links(text) == ["../results/nowhere.png"]
+    assert _commands(text) == ["bench run --max-length 16384", "bench rnu"]
+    group = typer.main.get_command(app)
+    assert "--max-length" not in {opt for p in group.commands["run"].params for opt in p.opts} and "rnu" not in group.commands
