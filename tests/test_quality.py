@@ -145,6 +145,28 @@ def test_quality_cli_writes_rows_and_report(tmp_path):
     text = (out / "REPORT.md").read_text()
     assert "## Quality: copy and associative recall" in text and "| `full` |" in text
     assert (out / "figures" / "quality_accuracy.png").exists() and (out / "figures" / "quality_curves.png").exists()
+    # recall against state size: full's KV cache of the recall sequence (2 layers x k, v x 4 heads x 8 dims x 4 bytes a
+    # position) against linear's constant recurrent state
+    recall = rows[rows["task"] == "recall"].set_index("variant")
+    assert recall.loc["full", "state_kind"] == "kv" and recall.loc["full", "state_bytes"] == 2 * 2 * 4 * 8 * 4 * recall.loc["full", "seq_len"]
+    assert recall.loc["linear", "state_kind"] == "recurrent"
+    assert "### Recall against state size" in text and (out / "figures" / "recall_state.png").exists()
+
+
+def test_decoding_state_is_each_layers_prefilled_state():
+    """decoding_state sums every layer's own prefilled state: a window's is bounded, a recurrence's constant,
+    a KV cache's linear in the sequence; an attention that cannot decode has none."""
+    from harness.quality.train import decoding_state
+
+    cfg = TrainConfig(d_model=16, layers=3, heads=2)
+    per_position = 3 * 2 * 2 * 8 * 4  # layers x (k, v) x heads x head dim x float32
+    for name, options, sizes in [("full", {}, (10 * per_position, 40 * per_position)),
+                                 ("sliding_window", {"window": 4}, (4 * per_position, 4 * per_position))]:
+        model = TinyDecoder(8, cfg, name, max_len=64, **options)
+        assert tuple(decoding_state(model, n, cfg)["state_bytes"] for n in (10, 40)) == sizes, name
+    linear = TinyDecoder(8, cfg, "linear", max_len=64)
+    assert decoding_state(linear, 10, cfg) == decoding_state(linear, 40, cfg) and decoding_state(linear, 10, cfg)["state_kind"] == "recurrent"
+    assert decoding_state(TinyDecoder(8, cfg, "nystrom", max_len=64, landmarks=4), 10, cfg) == {"state_bytes": None, "state_kind": None}
 
 
 def test_quality_resume_redoes_only_unfinished_trainings(tmp_path):

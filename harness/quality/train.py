@@ -66,6 +66,25 @@ class TinyDecoder(nn.Module):
         return self.head(self.norm(h))
 
 
+def decoding_state(model: nn.Module, seq_len: int, cfg: TrainConfig) -> dict:
+    """The decoding state the model's attention layers hold after `seq_len` positions, batch 1, all layers
+    together (Zoology's state size: a KV cache grows with L, a window is bounded, a recurrence is constant):
+    {"state_bytes", "state_kind"}, each None for an attention that cannot decode. Made by each layer's own
+    prefill of random positions (what a state holds does not depend on the values)."""
+    layers = [m for m in model.modules() if isinstance(m, variants.AttentionVariant)]
+    if not layers or any(layer.decode_unsupported_reason() for layer in layers):
+        return {"state_bytes": None, "state_kind": None}
+    heads, head_dim = cfg.heads, cfg.d_model // cfg.heads
+    device = next(model.parameters()).device
+    total, kind = 0, None
+    with torch.no_grad():
+        for layer in layers:
+            q, k, v = (torch.randn(1, heads, seq_len, head_dim, generator=torch.Generator().manual_seed(0)).to(device) for _ in range(3))
+            state = layer.prefill(q, k, v, layer.init_state(1, heads, head_dim, head_dim, torch.float32, device))
+            total, kind = total + state.nbytes(), state.kind
+    return {"state_bytes": total, "state_kind": kind}
+
+
 def lr_factor(step: int, total: int, warmup_fraction: float) -> float:
     """Linear warm-up to 1, then cosine decay to 0."""
     warm = max(1, int(total * warmup_fraction))
@@ -157,12 +176,13 @@ def train_one(task_name: str, lengths, variant: str, options: dict, cfg: TrainCo
             pass
     rows = []
     for stage, (length, task) in enumerate(zip(lengths, tasks)):
+        state = decoding_state(model, task.seq_len, cfg)
         start, loss_sum, loss_count = time.perf_counter(), 0.0, 0
         for step, loss in _steps(model, opt, task, cfg, cfg.steps, g, dev, autocast, f"{task_name} L={length} {variant} seed {seed}"):
             loss_sum, loss_count = loss_sum + loss, loss_count + 1
             if step % cfg.eval_every == 0 or step == cfg.steps:
                 row = {"task": task_name, "variant": variant, "options": options, "resolved_options": resolved, "length": length,
-                       "seq_len": task.seq_len, "seed": seed,
+                       "seq_len": task.seq_len, **state, "seed": seed,
                        "device": dev.type, "dtype": dtype, "stage": stage, "step": step, "final": step == cfg.steps,
                        "train_loss": loss_sum / loss_count, **evaluate(model, task, seed, cfg, dev, autocast),
                        "wall_s": round(time.perf_counter() - start, 2), "parameters": params, **recipe}

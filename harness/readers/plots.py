@@ -13,7 +13,7 @@ from pathlib import Path
 import pandas as pd
 
 from harness.readers.frames import load_frame
-from harness.readers.quality_frames import accuracy_summary, by_distance_frame, cost_frame, quality_rows
+from harness.readers.quality_frames import accuracy_summary, by_distance_frame, cost_frame, quality_rows, state_frame
 from harness.readers.summary import PANEL, crossover, fit_exponent, panel_rows
 from harness.store.storage import read_metadata
 from harness.sweep.config import BASELINE
@@ -297,8 +297,31 @@ def plot_quality(run_dir: Path, out_dir: Path | None = None, fmt: str = "png") -
     costs = cost_frame(run_dir)
     if not costs.empty and (costs["status"] == "ok").any():
         paths.append(_training_cost_figure(costs[costs["status"] == "ok"], meta, out_dir / f"training_cost.{fmt}"))
+    states = state_frame(rows)
+    if not states.empty:
+        paths.append(_state_figure(states, meta, out_dir / f"recall_state.{fmt}"))
     paths.append(_curves_figure(df, out_dir / f"quality_curves.{fmt}", meta.get("variants")))
     return paths
+
+
+def _state_figure(states: pd.DataFrame, meta: dict, path: Path) -> Path:
+    """Recall accuracy against the decoding state's bytes (log x), a line per variant through its lengths."""
+    import matplotlib.pyplot as plt
+
+    fig, ax = plt.subplots(figsize=(6.4, 4.4), layout="constrained")
+    for variant, group in states.groupby("variant", sort=False):
+        color, marker = variant_style(variant, meta.get("variants"))
+        group = group.sort_values("state_bytes")
+        ax.plot(group["state_bytes"], group["accuracy"], color=color, marker=marker, lw=1.2, label=variant)
+        for _, r in group.iterrows():
+            ax.annotate(f"L={int(r['length'])}", (r["state_bytes"], r["accuracy"]), fontsize=6, xytext=(3, 3), textcoords="offset points")
+    ax.set_xscale("log", base=2)
+    ax.set_xlabel("decoding state after the sequence (bytes, every layer, batch 1)")
+    ax.set_ylabel("recall accuracy")
+    ax.set_ylim(-0.02, 1.02)
+    ax.set_title("Recall against state size (Zoology's axis)", fontsize=10)
+    ax.legend(fontsize=7, loc="best")
+    return save_figure(fig, path)
 
 
 def _length_axis(ax, ticks, label: str = "length L") -> None:

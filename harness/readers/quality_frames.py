@@ -72,6 +72,20 @@ def accuracy_summary(rows: list[dict]) -> pd.DataFrame:
     return out
 
 
+def state_frame(rows: list[dict], task: str = "recall") -> pd.DataFrame:
+    """Per (variant, length) of `task`: the decoding state the trained model holds after the task's
+    sequence (all layers, batch 1; rows record it since issue 30) and the accuracy (mean over seeds):
+    Zoology's axis, on which methods compare fairly. Empty for rows that do not record a state."""
+    columns = ["variant", "length", "state_bytes", "state_kind", "accuracy", "seeds"]
+    df = final_frame([r for r in rows if r.get("task") == task and r.get("state_bytes") is not None])
+    if df.empty:
+        return pd.DataFrame(columns=columns)
+    out = df.groupby(["variant", "length"], sort=False).agg(
+        state_bytes=("state_bytes", "first"), state_kind=("state_kind", "first"), accuracy=("eval_accuracy", "mean"),
+        seeds=("seed", "nunique")).reset_index()
+    return out[columns].sort_values(["state_bytes", "variant"], kind="stable").reset_index(drop=True)
+
+
 def by_distance_frame(rows: list[dict], facts: dict[str, dict] | None = None) -> pd.DataFrame:
     """Accuracy by distance bucket per (task, variant, length): pooled over seeds (scored positions
     weighted by their count), with the lowest and highest seed's accuracy in that bucket, and the

@@ -15,7 +15,7 @@ from harness.readers.advise import advise, advise_table, log_interp, recommendat
 from harness.readers.frames import load_frame
 from harness.readers.lm_report import write_lm_report
 from harness.readers.plots import plot_quality, plot_run, tradeoff_figure
-from harness.readers.quality_frames import accuracy_summary, accuracy_within, by_distance_frame, cost_frame, quality_rows
+from harness.readers.quality_frames import accuracy_summary, accuracy_within, by_distance_frame, cost_frame, quality_rows, state_frame
 from harness.readers.summary import NOISE_NOTE, PANEL, crossover_text, noisy_mask, summarize
 from harness.readers.tables import code_span, markdown_table
 from harness.store.storage import read_metadata, read_rows, variant_facts
@@ -343,6 +343,15 @@ def _quality_section(run_dir: Path, cfg: dict, figures) -> list[str]:
                 continue  # one distance per L: the accuracy table is the by-distance table
             lines += [f"{task}, L={longest}:", "", distance_table(distance, task, longest), ""]
             lines += _window_verdicts(distance, task, longest, cfg)
+    states = state_frame(rows)
+    if not states.empty:
+        lines += ["### Recall against state size", "",
+                  "The decoding state each trained model holds after the recall sequence (every layer, batch 1: a KV cache "
+                  "grows with L, a window is bounded, a recurrence is constant) against its recall accuracy, smallest state "
+                  "first: at equal state size the methods compare fairly (Zoology's axis).", "",
+                  markdown_table(["variant", "L", "state", "kind", "recall accuracy"],
+                                 [[code_span(r["variant"]), str(int(r["length"])), fmt_bytes(r["state_bytes"]), r["state_kind"],
+                                   f"{r['accuracy']:.1%}"] for r in states.to_dict("records")]), ""]
     costs = cost_frame(run_dir)
     if not costs.empty:
         lines += ["### Cost of a training step", "",
