@@ -258,3 +258,27 @@ def test_help_explains_options():
     assert result.exit_code == 0
     for text in ("--variants", "--memory-budget", "--resume", "--cell-timeout", "fwdbwd"):
         assert text in result.output
+
+
+def test_a_cell_predicted_past_the_cell_timeout_is_skipped_not_run():
+    """A series' time extrapolated from its two largest ok N: a cell whose fewest calls (warm-up, three
+    timed, one for memory) would pass --cell-timeout is skipped with the prediction, before anything runs."""
+    from harness.sweep import runner
+    from harness.sweep.config import Cell
+    from harness.sweep.plan import build_run_config
+
+    config = build_run_config(variants="full", lengths=(64, 128, 256), devices="cpu", passes="fwd", causal=(False,), options={},
+                              imports=[], min_time=0, cell_timeout=5, batch=1, heads=1, head_dim=8, dtype="float32", repeats=3,
+                              warmup=1, threads=0, check_len=32)
+    rows = [{"device": "cpu", "variant": "full", "pass": "fwd", "causal": False, "n": n, "device_name": None, "status": "ok",
+             "time_median_s": t} for n, t in ((32, 0.02), (64, 0.1), (128, 0.4))]
+    state = runner.SweepState.from_rows(rows)
+    cell = Cell("cpu", "full", "fwd", False, 256, None)
+    assert state.predicted_time(cell) == pytest.approx((1.6, 2.0, 64, 128))  # the two largest below N: slope 2
+    assert state.predicted_time(Cell("cpu", "full", "fwd", False, 64, None)) is None  # one point below: no slope
+    assert state.predicted_time(Cell("cpu", "full", "fwdbwd", False, 256, None)) is None  # another series
+    status, message, measured, _ = runner.decide(config, cell, state, {}, None, executor=None)  # (nothing to run it with)
+    assert status == "skipped" and measured is None
+    assert message == "predicted 1.6 s a call (~N^2.00 from N=64 and 128): its 5 calls would pass --cell-timeout 5 s"
+    slow = runner.SweepState.from_rows([{**r, "time_median_s": r["time_median_s"] / 100} for r in rows])
+    assert slow.predicted_time(cell)[0] * runner.calls_per_cell(config) < config.cell_timeout  # 0.08 s: it would run

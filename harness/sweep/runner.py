@@ -10,6 +10,7 @@ The parent never runs attention. For each cell it decides, in order:
 
 from __future__ import annotations
 
+import math
 import threading
 import time
 from dataclasses import dataclass, field
@@ -38,6 +39,7 @@ class SweepState:
 
     done: set = field(default_factory=set)
     stopped: dict = field(default_factory=dict)  # series -> (n, status)
+    times: dict = field(default_factory=dict)  # series -> {n: seconds a call} of its ok cells
     checks: dict = field(default_factory=dict)  # (device, name, variant, causal) -> (status, message) or None when it passed
     softmax_errors: dict = field(default_factory=dict)  # the same key -> the gate's relative error against exact softmax
     check_locks: dict = field(default_factory=dict)  # one per check key: series sharing a check wait for the first
@@ -56,6 +58,25 @@ class SweepState:
             series = series_key(row)
             if row["status"] in STOPPING and series not in self.stopped:
                 self.stopped[series] = (int(row["n"]), row["status"])
+            if row["status"] == "ok" and row.get("time_median_s"):
+                self.times.setdefault(series, {})[int(row["n"])] = float(row["time_median_s"])
+
+    def predicted_time(self, cell: Cell) -> tuple[float, float, int, int] | None:
+        """(seconds a call at cell.n, exponent, n1, n2): the series' time extrapolated from its two largest
+        ok N below cell.n on their log-log slope (held to [1, 3]: no attention call is sublinear in N, and
+        none of the menu grows faster than N^3); None with fewer than two."""
+        with self.lock:
+            below = sorted((n, t) for n, t in self.times.get(cell.series, {}).items() if n < cell.n)
+        if len(below) < 2:
+            return None
+        (n1, t1), (n2, t2) = below[-2:]
+        exponent = min(3.0, max(1.0, math.log(t2 / t1) / math.log(n2 / n1)))
+        return t2 * (cell.n / n2) ** exponent, exponent, n1, n2
+
+
+def calls_per_cell(config: RunConfig) -> int:
+    """The fewest calls a cell makes: its warm-up, three timed calls, and one for its memory."""
+    return max(1, config.warmup) + 3 + 1
 
 
 def static_skip_reason(config: RunConfig, cell: Cell, remote: bool = False) -> str | None:
@@ -165,6 +186,11 @@ def decide(config: RunConfig, cell: Cell, state: SweepState, planned: dict, log_
         stopped = state.stopped.get(cell.series)
     if stopped:
         return "skipped", f"series stopped at N={stopped[0]} ({stopped[1]})", None, None
+    guess = state.predicted_time(cell)
+    if guess is not None and guess[0] * calls_per_cell(config) > config.cell_timeout:
+        seconds, exponent, n1, n2 = guess
+        return ("skipped", f"predicted {seconds:.3g} s a call (~N^{exponent:.2f} from N={n1} and {n2}): its "
+                           f"{calls_per_cell(config)} calls would pass --cell-timeout {config.cell_timeout:g} s", None, None)
     try:  # what the parent needs of the variant: its FLOPs and memory estimate, from a shape-only instance
         attn = shape_only_variant(config, cell.variant)
         reason = attn.length_unsupported_reason(cell.n, cell.n)
