@@ -48,12 +48,13 @@ app = typer.Typer(
 
 
 class CausalMode(str, Enum):
+    auto = "auto"
     no = "no"
     yes = "yes"
     both = "both"
 
 
-CAUSAL = {"no": (False,), "yes": (True,), "both": (False, True)}
+CAUSAL = {"no": (False,), "yes": (True,), "both": (False, True), "auto": None}  # auto: sweep.plan.causal_modes decides
 
 
 class ExecutorName(str, Enum):
@@ -191,7 +192,7 @@ def run(
     lengths: Annotated[Optional[str], typer.Option(help="Explicit lengths instead, e.g. 1000,3000,10000.")] = None,
     devices: Annotated[str, typer.Option(help="auto (cpu, plus cuda when present), cpu, cuda, or cpu,cuda.")] = "auto",
     passes: Annotated[str, typer.Option(help="fwd (forward only), fwdbwd (forward + backward), decode (one step of one new token after N positions: the state from the variant's prefill, untimed; causal only), comma-separated: fwd,fwdbwd,decode.")] = "fwd,fwdbwd",
-    causal: Annotated[CausalMode, typer.Option(help="Causal masking: no, yes, or both.")] = CausalMode.no,
+    causal: Annotated[CausalMode, typer.Option(help="Causal masking: no, yes, both, or auto: both when a selected variant is causal only (the gated recurrences, MoBA: then they have full's causal cells beside them) or --passes has decode, else no.")] = CausalMode.auto,
     batch: Annotated[int, typer.Option(callback=_at_least(1), help="Batch size B.")] = 1,
     heads: Annotated[int, typer.Option(callback=_at_least(1), help="Heads H.")] = 8,
     head_dim: Annotated[int, typer.Option(callback=_at_least(1), help="Head dimension D.")] = 64,

@@ -282,3 +282,18 @@ def test_a_cell_predicted_past_the_cell_timeout_is_skipped_not_run():
     assert message == "predicted 1.6 s a call (~N^2.00 from N=64 and 128): its 5 calls would pass --cell-timeout 5 s"
     slow = runner.SweepState.from_rows([{**r, "time_median_s": r["time_median_s"] / 100} for r in rows])
     assert slow.predicted_time(cell)[0] * runner.calls_per_cell(config) < config.cell_timeout  # 0.08 s: it would run
+
+
+def test_causal_auto_runs_both_modes_when_a_variant_is_causal_only_or_a_pass_decodes():
+    """--causal auto (the default): a causal-only method gets full's causal cells beside its own, a decode
+    pass its causal cells; a sweep of methods that all run bidirectionally stays bidirectional."""
+    from harness.sweep.plan import build_run_config
+
+    base = dict(lengths=(64,), devices="cpu", options={}, imports=[], min_time=0, cell_timeout=5, batch=1, heads=1, head_dim=8,
+                dtype="float32", repeats=3, warmup=1, threads=0, check_len=32)
+    modes = {(v, p): build_run_config(variants=v, passes=p, causal=None, **base).causal
+             for v, p in [("full,linear", "fwd"), ("full,retention", "fwd"), ("full", "fwd,decode"), ("all", "fwd,fwdbwd")]}
+    assert modes == {("full,linear", "fwd"): (False,), ("full,retention", "fwd"): (False, True),
+                     ("full", "fwd,decode"): (False, True), ("all", "fwd,fwdbwd"): (False, True)}
+    assert build_run_config(variants="retention", passes="fwd", causal=(False,), **base).causal == (False,)  # as given
+    assert "auto: both when a selected variant is causal only" in " ".join(bench("run", "--help", columns=200).output.split())

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import variants as registry
 from harness.options import ArgumentError, check_number, parse_list
 from harness.policy import check_options, resolve_devices, resolve_variants
 from harness.sweep.config import PASSES, Cell, RunConfig
@@ -30,11 +31,20 @@ def plan(config: RunConfig, device_names: dict | None = None) -> list[Cell]:
     ]
 
 
-def build_run_config(*, variants: str, lengths: tuple[int, ...], devices: str, passes: str, causal: tuple[bool, ...],
+def causal_modes(names: tuple[str, ...], passes: tuple[str, ...]) -> tuple[bool, ...]:
+    """What --causal auto means for these variants and passes: causal and not when one of them is causal
+    only (its causal cells then have every other method's beside them) or a pass decodes (decoding is
+    causal), else bidirectional only, as a sweep of encoder-capable methods was before."""
+    causal_only = any(not registry.variant_class(name).spec.supports_non_causal for name in names)
+    return (False, True) if causal_only or "decode" in passes else (False,)
+
+
+def build_run_config(*, variants: str, lengths: tuple[int, ...], devices: str, passes: str, causal: tuple[bool, ...] | None,
                      options: dict, imports: list[str], min_time: float, cell_timeout: float, warmup_time: float = 0.25,
                      cluster: tuple[str, ...] | None = None, **settings) -> RunConfig:
     """A sweep's configuration from checked command-line values (`settings`: batch, heads, head_dim,
-    dtype, repeats, warmup, threads, check_len); every variant's options are checked and fixed.
+    dtype, repeats, warmup, threads, check_len); every variant's options are checked and fixed. causal None:
+    --causal auto (`causal_modes`).
     cluster: the device kinds of a cluster's nodes, when the cells run there (--executor ray)."""
     check_number("--min-time", min_time, 0, 3600, "seconds")
     check_number("--warmup-time", warmup_time, 0, 3600, "seconds")
@@ -45,6 +55,7 @@ def build_run_config(*, variants: str, lengths: tuple[int, ...], devices: str, p
         raise ArgumentError(f"--variants {variants}: no registered variant runs on {', '.join(device_list)}")
     check_options(options, names)
     pass_list = parse_list(passes, "--passes", PASSES)
+    causal = causal_modes(names, pass_list) if causal is None else causal
     if "decode" in pass_list and True not in causal:
         raise ArgumentError("--passes decode: decoding is causal (one new position against the ones before it); "
                             "use --causal yes or both")

@@ -1,0 +1,74 @@
+"""Fill the README's menu table (between its `menu` markers) with what the code and the committed runs say
+of each variant: the decoding state it keeps (from the variant's own `init_state`), its recall in the quick
+quality run, and its perplexity inside SmolLM2 (zero-shot) at the lm run's longest context.
+
+    python scripts/menu_table.py results/quality-reference results/lm-smollm2
+
+The first four columns (variant, method, time, extra memory) are kept as the README has them.
+"""
+
+from __future__ import annotations
+
+import re
+import sys
+from pathlib import Path
+
+import variants
+from harness.readers.lm_report import lm_frame, perplexity_table
+from harness.readers.quality_frames import accuracy_summary, quality_rows
+
+README = Path("README.md")
+MARKER = "menu"
+
+
+def state_kind(name: str) -> str:
+    """The decoding state the variant keeps, read from its own init_state ("no" when it cannot decode)."""
+    cls = variants.variant_class(name)
+    if cls.decode_unsupported_reason():
+        return "no"
+    try:
+        return variants.build(name, num_heads=1, head_dim=8).init_state(1, 1, 8, 8).kind
+    except (RuntimeError, ValueError, ImportError):  # cannot be built on this machine (xformers: CUDA only)
+        return "kv" if cls.init_state is variants.AttentionVariant.init_state else "?"  # the default state: a KV cache
+
+
+def recall_column(run: Path) -> tuple[str, dict[str, str]]:
+    summary = accuracy_summary(quality_rows(run))
+    recall = summary[summary["task"] == "recall"]
+    longest = int(recall["length"].max())
+    at = recall[recall["length"] == longest]
+    return f"recall, L={longest}", {r["variant"]: f"{r['accuracy']:.0%}" for r in at.to_dict("records")}
+
+
+def lm_column(run: Path) -> tuple[str, dict[str, str]]:
+    table = perplexity_table(lm_frame(run))
+    longest = int(table["length"].max())
+    at = table[table["length"] == longest]
+    cells: dict[str, list[str]] = {}
+    for r in at.to_dict("records"):
+        name, _, options = r["setting"].partition("(")  # labels: "full", "sliding_window(window=256, global_tokens=4)"
+        cells.setdefault(name, []).append(f"{r['ppl']:,.1f}" + (f" ({options}" if options else ""))
+    return f"SmolLM2 ppl, {longest} tokens", {name: "; ".join(texts) for name, texts in cells.items()}
+
+
+def main(quality_run: str, lm_run: str) -> None:
+    text = README.read_text()
+    block = re.search(rf"<!-- {MARKER}:start -->\n(.*?)<!-- {MARKER}:end -->", text, re.S)
+    lines = [line for line in block.group(1).splitlines() if line.startswith("|")]
+    recall_head, recall = recall_column(Path(quality_run))
+    lm_head, lm = lm_column(Path(lm_run))
+    rows = ["| variant | method | time | extra memory | decodes | " + recall_head + " | " + lm_head + " |",
+            "|---|---|---|---|---|---|---|"]
+    for line in lines[2:]:
+        cells = [c.strip() for c in re.split(r"(?<!\\)\|", line.strip().strip("|"))][:4]
+        name = cells[0].strip("`")
+        rows.append("| " + " | ".join([*cells, state_kind(name), recall.get(name, "—"), lm.get(name, "—")]) + " |")
+    body = (f"Decodes: the state `init_state` keeps (kv grows with N, window and compressed are bounded or shortened, "
+            f"recurrent is constant). Recall: held-out accuracy in [{quality_run}]({quality_run}/REPORT.md) (quick preset, "
+            f"one seed). SmolLM2: perplexity with the attention swapped zero-shot, in [{lm_run}]({lm_run}/REPORT.md); — where "
+            f"not measured. Filled by `python scripts/menu_table.py {quality_run} {lm_run}`.\n\n" + "\n".join(rows) + "\n")
+    README.write_text(text[:block.start(1)] + body + text[block.end(1):])
+
+
+if __name__ == "__main__":
+    main(*sys.argv[1:3])
