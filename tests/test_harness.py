@@ -280,8 +280,10 @@ def test_a_cell_predicted_past_the_cell_timeout_is_skipped_not_run():
     status, message, measured, _ = runner.decide(config, cell, state, {}, None, executor=None)  # (nothing to run it with)
     assert status == "skipped" and measured is None
     assert message == "predicted 1.6 s a call (~N^2.00 from N=64 and 128): its 5 calls would pass --cell-timeout 5 s"
-    slow = runner.SweepState.from_rows([{**r, "time_median_s": r["time_median_s"] / 100} for r in rows])
-    assert slow.predicted_time(cell)[0] * runner.calls_per_cell(config) < config.cell_timeout  # 0.08 s: it would run
+    fast = runner.SweepState.from_rows([{**r, "time_median_s": r["time_median_s"] / 2} for r in rows])
+    assert fast.predicted_time(cell)[0] * runner.calls_per_cell(config) < config.cell_timeout  # 0.8 s a call: it runs
+    tiny = runner.SweepState.from_rows([{**r, "time_median_s": r["time_median_s"] / 100} for r in rows])
+    assert tiny.predicted_time(cell) is None  # 4 ms at N=128: fixed costs still shape the slope, no prediction
 
 
 def test_causal_auto_runs_both_modes_when_a_variant_is_causal_only_or_a_pass_decodes():

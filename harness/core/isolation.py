@@ -103,7 +103,11 @@ def error_message(err: BaseException) -> str:
     return message if len(message) <= MESSAGE_LIMIT else message[: MESSAGE_LIMIT - 3] + "..."
 
 
-PRELOAD = ["torch", "variants", "harness.core.isolation"]  # what the fork server imports once (start_fork_server adds more)
+# what the fork server imports once. The sweep's cell module is named here, as a string, not imported:
+# wherever a fork server starts (a Ray node's first task included) its children must find it
+# loaded, since a cell's memory limit is set from the process's size once the cell runs (tests/test_ray.py's test_hog
+# failed to allocate 8 MiB of its 64 MiB in half the runs when the children imported it themselves)
+PRELOAD = ["torch", "variants", "harness.sweep.worker", "harness.core.isolation"]
 
 
 @functools.lru_cache(maxsize=1)
@@ -113,11 +117,10 @@ def _context():
     return ctx
 
 
-def start_fork_server(preload: tuple[str, ...] = ()) -> None:
-    """Start the fork server now, without waiting: it imports torch, the variants and `preload` (the
-    modules the cells' functions live in) while the caller does its own start-up (the first cell then
-    finds it ready). Safe to call more than once; `preload` counts only before the server runs."""
-    _context().set_forkserver_preload(PRELOAD + [module for module in preload if module not in PRELOAD])
+def start_fork_server() -> None:
+    """Start the fork server now, without waiting: it imports torch and the variants (PRELOAD) while the
+    caller does its own start-up (the first cell then finds it ready). Safe to call more than once."""
+    _context()
     from multiprocessing import forkserver
 
     forkserver.ensure_running()

@@ -31,6 +31,7 @@ from harness.sweep.executors import LocalExecutor
 from harness.sweep.plan import plan
 
 WORKER_LOG = "worker.log"  # what the cells' processes print (compiler warnings, tracebacks)
+PREDICT_FROM_S = 0.1  # a series' time is extrapolated to a larger N only from calls at least this long
 
 
 @dataclass
@@ -64,10 +65,11 @@ class SweepState:
     def predicted_time(self, cell: Cell) -> tuple[float, float, int, int] | None:
         """(seconds a call at cell.n, exponent, n1, n2): the series' time extrapolated from its two largest
         ok N below cell.n on their log-log slope (held to [1, 3]: no attention call is sublinear in N, and
-        none of the menu grows faster than N^3); None with fewer than two."""
+        none of the menu grows faster than N^3); None with fewer than two, or when the larger took less
+        than PREDICT_FROM_S a call (there fixed costs still shape the slope)."""
         with self.lock:
             below = sorted((n, t) for n, t in self.times.get(cell.series, {}).items() if n < cell.n)
-        if len(below) < 2:
+        if len(below) < 2 or below[-1][1] < PREDICT_FROM_S:
             return None
         (n1, t1), (n2, t2) = below[-2:]
         exponent = min(3.0, max(1.0, math.log(t2 / t1) / math.log(n2 / n1)))
@@ -186,11 +188,6 @@ def decide(config: RunConfig, cell: Cell, state: SweepState, planned: dict, log_
         stopped = state.stopped.get(cell.series)
     if stopped:
         return "skipped", f"series stopped at N={stopped[0]} ({stopped[1]})", None, None
-    guess = state.predicted_time(cell)
-    if guess is not None and guess[0] * calls_per_cell(config) > config.cell_timeout:
-        seconds, exponent, n1, n2 = guess
-        return ("skipped", f"predicted {seconds:.3g} s a call (~N^{exponent:.2f} from N={n1} and {n2}): its "
-                           f"{calls_per_cell(config)} calls would pass --cell-timeout {config.cell_timeout:g} s", None, None)
     try:  # what the parent needs of the variant: its FLOPs and memory estimate, from a shape-only instance
         attn = shape_only_variant(config, cell.variant)
         reason = attn.length_unsupported_reason(cell.n, cell.n)
@@ -203,6 +200,11 @@ def decide(config: RunConfig, cell: Cell, state: SweepState, planned: dict, log_
     budget = config.budget(cell.device)
     if budget is not None and predicted > budget:
         return "skipped", f"predicted {fmt_bytes(predicted)} > memory budget {fmt_bytes(budget)}", None, None
+    guess = state.predicted_time(cell)
+    if guess is not None and guess[0] * calls_per_cell(config) > config.cell_timeout:
+        seconds, exponent, n1, n2 = guess
+        return ("skipped", f"predicted {seconds:.3g} s a call (~N^{exponent:.2f} from N={n1} and {n2}): its "
+                           f"{calls_per_cell(config)} calls would pass --cell-timeout {config.cell_timeout:g} s", None, None)
     check = ensure_checked(config, cell, state, log_path, executor)
     if check is not None:
         return check[0], check[1], None, None

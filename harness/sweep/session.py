@@ -135,7 +135,7 @@ def open_sweep(request: SweepRequest, say: Say = print, status: Status = lambda 
     if request.executor == "local" and (request.ray_address or request.ray_resources):
         raise ArgumentError("--ray-address and --ray-resources go with --executor ray")
     if request.executor == "local":
-        isolation.start_fork_server(preload=("harness.sweep.worker",))  # its imports overlap this process's own
+        isolation.start_fork_server()  # its imports overlap this process's own
     check_number("--peak-time", request.peak_time, 0, 60, "seconds", low_inclusive=False)
     resources = parse_resources(list(request.ray_resources))
     metadata = rundir.open_to_resume(request.resume, "sweep", list(request.imports)) if request.resume is not None else None
