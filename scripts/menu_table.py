@@ -62,7 +62,9 @@ def main(quality_run: str, lm_run: str) -> None:
     for line in lines[2:]:
         cells = [c.strip() for c in re.split(r"(?<!\\)\|", line.strip().strip("|"))][:4]
         name = cells[0].strip("`")
-        rows.append("| " + " | ".join([*cells, state_kind(name), recall.get(name, "—"), lm.get(name, "—")]) + " |")
+        same = variants.variant_class(name).spec.same_function_as  # not trained: its function's accuracy is another's
+        kept = recall.get(name) or (f"{recall[same]} (= `{same}`)" if same in recall else "—")
+        rows.append("| " + " | ".join([*cells, state_kind(name), kept, lm.get(name, "—")]) + " |")
     body = (f"Decodes: the state `init_state` keeps (kv grows with N, window and compressed are bounded or shortened, "
             f"recurrent is constant). Recall: held-out accuracy in [{quality_run}]({quality_run}/REPORT.md) (quick preset, "
             f"one seed). SmolLM2: perplexity with the attention swapped zero-shot, in [{lm_run}]({lm_run}/REPORT.md); — where "

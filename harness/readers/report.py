@@ -350,7 +350,7 @@ def _quality_section(run_dir: Path, cfg: dict, figures) -> list[str]:
                   "grows with L, a window is bounded, a recurrence is constant) against its recall accuracy, smallest state "
                   "first: at equal state size the methods compare fairly (Zoology's axis).", "",
                   markdown_table(["variant", "L", "state", "kind", "recall accuracy"],
-                                 [[code_span(r["variant"]), str(int(r["length"])), fmt_bytes(r["state_bytes"]), r["state_kind"],
+                                 [[f"`{r['variant']}`", str(int(r["length"])), fmt_bytes(r["state_bytes"]), r["state_kind"],
                                    f"{r['accuracy']:.1%}"] for r in states.to_dict("records")]), ""]
     costs = cost_frame(run_dir)
     if not costs.empty:
