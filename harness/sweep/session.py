@@ -143,6 +143,7 @@ def open_sweep(request: SweepRequest, say: Say = print, status: Status = lambda 
     try:
         if metadata is not None:
             config, run_dir, device_names = _resumed(request, metadata, cluster)
+            _warn_if_busy(cluster, say)
             say(f"resuming {run_dir} with its original options (other options given now are ignored)")
         else:
             config, run_dir, device_names = _started(request, cluster, say, status)
@@ -173,11 +174,7 @@ def _started(request: SweepRequest, cluster, say: Say, status: Status) -> tuple[
     if request.memory_budget.strip() != "auto":  # a size is checked now; auto needs the machine, measured below
         policy.memory_budgets(request.memory_budget, config.devices, {})
     run_dir = rundir.new_run_dir(request.out)
-    if cluster is None:
-        pid = isolation.fork_server_pid()
-        busy = machine_busy(exclude=(pid,) if pid else ())
-        if busy:
-            say(f"[yellow]warning[/]: {busy}; the benchmark result may be unstable (cells measured now are flagged)")
+    _warn_if_busy(cluster, say)
     # nothing is written until every value is known: an interrupted start-up leaves no directory
     with status("measuring the matmul peak" + (" on each kind of node" if cluster else " of this machine")):
         machine = runner.measure_machine(config, request.peak_time) if cluster is None else runner.measure_cluster(config, cluster, request.peak_time)
@@ -185,6 +182,16 @@ def _started(request: SweepRequest, cluster, say: Say, status: Status) -> tuple[
     config = RunConfig.from_json({**config.to_json(), "memory_budget": dict(budgets)})
     rundir.start(run_dir, "sweep", config.to_json(), machine, policy.recorded_facts(config.variants))
     return config, run_dir, machine["device_names"]
+
+
+def _warn_if_busy(cluster, say: Say) -> None:
+    """On this machine (not a cluster's nodes): say so when other processes are using its cores now."""
+    if cluster is not None:
+        return
+    pid = isolation.fork_server_pid()
+    busy = machine_busy(exclude=(pid,) if pid else ())
+    if busy:
+        say(f"[yellow]warning[/]: {busy}; the benchmark result may be unstable (cells measured now are flagged)")
 
 
 def _start_cluster(address: str | None, resources: dict, say: Say, status: Status):
