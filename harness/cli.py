@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import json
 import math
+import re
 import textwrap
 from contextlib import contextmanager
 from enum import Enum
@@ -137,10 +138,11 @@ def list_variants(import_: ImportOption = None) -> None:
     with _checked():
         policy.import_modules(import_ or [])
     console = _console()
-    table = Table(title="attnbench variants", title_justify="left")
-    for col in ("variant", "time", "extra memory", "causal", "cross", "padding", "cpu", "cuda"):  # causal: yes, no, only
-        table.add_column(col)
-    unavailable = []
+    table = Table(title="attnbench variants", title_justify="left", box=box.SIMPLE_HEAD, pad_edge=False, padding=(0, 1),
+                  collapse_padding=True)
+    for col in ("variant", "time", "extra memory", "causal", "cross", "pad", "cpu", "cuda"):  # causal: yes, no, only
+        table.add_column(col, no_wrap=col in ("variant", "causal", "cross", "pad", "cpu", "cuda"), overflow="fold")
+    unavailable, memory_notes = [], []
     for name in variants.available():
         cls = variants.variant_class(name)
         spec = cls.spec
@@ -155,8 +157,15 @@ def list_variants(import_: ImportOption = None) -> None:
         flags = ["yes" if f else "no" for f in (spec.supports_causal, spec.supports_cross_attention, spec.supports_key_padding_mask)]
         flags[0] = flags[0] if spec.supports_non_causal else "only"
         flags[1] = flags[1] if spec.supports_non_causal else "no"  # no non-causal call, so no cross-attention either
-        table.add_row(name, spec.time_complexity, spec.memory_complexity, *flags, where("cpu"), where("cuda"))
+        memory = spec.memory_complexity
+        qualified = re.fullmatch(r"(O\(.*?\)) \((.+)\)", memory)  # "O(N D) (key padding: ...)": the remark under the table
+        if qualified:
+            memory_notes.append(f"{name}: {qualified.group(1)} ({qualified.group(2)})")
+            memory = f"{qualified.group(1)} [{len(memory_notes)}]"
+        table.add_row(name, spec.time_complexity, escape(memory), *flags, where("cpu"), where("cuda"))
     console.print(table)
+    for number, note in enumerate(memory_notes, start=1):
+        _print_wrapped(console, f"  [{number}] ", note)
     console.print("\n[bold]Methods[/]")
     for name in variants.available():
         spec = variants.variant_class(name).spec

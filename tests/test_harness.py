@@ -253,6 +253,21 @@ def test_list_shows_variants_and_availability():
     assert "runs on cuda, not cpu" in result.output
 
 
+def test_list_reads_at_80_columns():
+    """Every line fits 80 columns, every variant's name stands whole at the start of its row, and what
+    qualifies a memory bound is a numbered note under the table."""
+    import variants
+
+    result = bench("list", columns=80)
+    assert result.exit_code == 0, result.output
+    lines = result.output.splitlines()
+    assert max(len(line.rstrip()) for line in lines) <= 80, result.output
+    table = lines[:next(i for i, line in enumerate(lines) if line.startswith("Methods"))]  # the table and its notes
+    firsts = {line.split()[0] for line in table if line.strip()}
+    assert set(variants.available()) <= firsts, set(variants.available()) - firsts
+    assert any(line.startswith("  [1] full: O(N D) (key padding") for line in lines), result.output
+
+
 def test_help_explains_options():
     result = bench("run", "--help", columns=200)
     assert result.exit_code == 0
