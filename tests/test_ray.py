@@ -82,7 +82,7 @@ def test_same_cells_and_statuses_as_local_split_over_both_nodes(tmp_path, cluste
 def test_faults_give_the_local_statuses_and_a_missing_device_is_skipped(tmp_path, cluster):
     out = tmp_path / "faults"
     result = ray_bench("--import", "fault_variants", "--variants", "test_raises,test_hangs,test_kills_itself,test_segfaults,test_hog",
-                       "--lengths", "32,128,4096", "--passes", "fwd", "--cell-timeout", "8", "--memory-budget", "64MiB",
+                       "--lengths", "32,128,4096", "--passes", "fwd", "--cell-timeout", "8", "--memory-budget", "128MiB",
                        "--devices", "cpu,cuda", "--out", str(out), *FAST)
     assert result.exit_code == 0, result.output
     everything = run_dir_rows(out)
@@ -103,7 +103,9 @@ def test_faults_give_the_local_statuses_and_a_missing_device_is_skipped(tmp_path
     assert "SIGKILL" in rows.loc[("test_kills_itself", 128), "message"]
     assert rows.loc[("test_segfaults", 128), "status"] == "error"
     assert "SIGSEGV" in rows.loc[("test_segfaults", 128), "message"]
-    assert rows.loc[("test_hog", 4096), "status"] == "oom", rows.loc["test_hog"][["status", "message"]].to_dict()  # 256 MiB asked for, 64 MiB allowed
+    assert rows.loc[("test_hog", 4096), "status"] == "oom", rows.loc["test_hog"][["status", "message"]].to_dict()  # 256 MiB asked for, 128 MiB allowed
+    # (64 MiB allowed, as tests/test_harness.py gives the local executor, left test_hog's 8 MiB at N = 128 refused
+    # in 2 of 3 whole-suite runs on a Ray node at one stop: the cell's limit counts from its size when it starts)
     for name in ("test_hangs", "test_kills_itself"):
         assert rows.loc[(name, 4096), "status"] == "skipped"
         assert "series stopped at N=128" in rows.loc[(name, 4096), "message"]
