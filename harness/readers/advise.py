@@ -357,16 +357,19 @@ def glance(answers: list[Answer], context: dict) -> tuple[str, pd.DataFrame, lis
     variant is not ranked and what its accuracy means go into the notes; the trained length goes into the
     title when every accuracy shares it."""
     kind = "causal" if context["causal"] else "non-causal"
-    lengths = {a.quality_length for a in answers if a.accuracy is not None}
+    lengths = sorted({a.quality_length for a in answers if a.accuracy is not None})
+    one_length = context["quality_runs"] and len(lengths) <= 1
     title = f"N={context['n']}, {context['device']}, {context['pass']}, {kind}"
     if context["quality_runs"]:
-        title += f", accuracy on {context['task']}" + (f" at L={lengths.pop()}" if len(lengths) == 1 else "")
-    one_length = context["quality_runs"] and len({a.quality_length for a in answers if a.accuracy is not None}) <= 1
+        title += f", accuracy on {context['task']}" + (f" at L={lengths[0]}" if len(lengths) == 1 else "")
     ordered = sorted(answers, key=lambda a: (a.rank is None, a.rank or 0, a.label or a.variant))
 
-    def said_of(a: Answer) -> list[str]:
+    def timing(a: Answer) -> tuple[bool, bool]:  # (has a time, that time is interpolated or extrapolated)
         timed = a.time_s is not None and math.isfinite(a.time_s)
-        estimated = timed and a.how != "measured" and not a.how.startswith("measured")
+        return timed, timed and not a.how.startswith("measured")
+
+    def said_of(a: Answer) -> list[str]:
+        timed, estimated = timing(a)
         return [*([a.excluded] if a.excluded and a.excluded != a.how else []), *([a.how] if estimated or not timed else []),
                 *a.quality_note]
 
@@ -376,8 +379,7 @@ def glance(answers: list[Answer], context: dict) -> tuple[str, pd.DataFrame, lis
     shared = [part for part in said[id(scored[0])] if part in common] if common else []
     rows, notes = [], []
     for a in ordered:
-        timed = a.time_s is not None and math.isfinite(a.time_s)
-        estimated = timed and a.how != "measured" and not a.how.startswith("measured")
+        timed, estimated = timing(a)
         acc = ""
         if a.accuracy is not None:
             acc = f"{a.accuracy:.1%}"
