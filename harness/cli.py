@@ -566,6 +566,8 @@ def lm(
     text: Annotated[Optional[str], typer.Option(help="A text file to measure perplexity on. Default: the standard library's pydoc topics (about 65k words of English every Python has).")] = None,
     tasks: Annotated[str, typer.Option(help="perplexity, passkey, cost (comma-separated).")] = "perplexity,passkey,cost",
     threads: Annotated[int, typer.Option(callback=_at_least(0), help="CPU threads (0: torch's default).")] = 0,
+    distill: Annotated[int, typer.Option(callback=_within(0, 100_000), help="Attention transfer: each variant with parameters of its own (memory_compressed's compression, the recurrences' gates, additive, bilinear) is measured as is and again after STEPS AdamW steps a layer training only those parameters to reproduce the model's softmax attention outputs (mean squared error) on standard-library docstrings; the report gives the error before and after. 0: zero-shot only.")] = 0,
+    distill_lr: Annotated[float, typer.Option(help="Attention transfer's learning rate.")] = 1e-3,
     out: Annotated[Optional[Path], typer.Option(help="Run directory to create (default results/lm-<timestamp>-<host>).")] = None,
     resume: Annotated[Optional[Path], typer.Option(help="Finish this lm run with its original options.")] = None,
     report: Annotated[bool, typer.Option("--report/--no-report", help="At the end, write RUN_DIR/REPORT.md and its figures.")] = True,
@@ -582,7 +584,7 @@ def lm(
 
     console = _console()
     build = dict(model=model, variants=variant or DEFAULT_LM_SETTINGS, lengths=lengths, depths=depths, windows=windows,
-                 keys=keys, seed=seed, text=text, tasks=tasks, threads=threads)
+                 keys=keys, seed=seed, text=text, tasks=tasks, threads=threads, distill=distill, distill_lr=distill_lr)
     with _checked():
         session = open_lm(LMRequest(build=build, resume=resume, out=out), _say(console), console.status)
     progress = _progress(console)

@@ -111,6 +111,8 @@ def test_bad_input_is_refused_before_anything_is_written(tiny, tmp_path):
         (["--model", str(tiny), "--variant", "sdpa:window=3"], "takes no options"),
         (["--model", str(tiny), "--variant", "full", "--variant", "full"], "names one attention twice"),
         (["--model", str(tiny), "--tasks", "chess"], "--tasks"),
+        (["--model", str(tiny), "--distill", "10", "--distill-lr", "0"], "--distill-lr 0.0: a learning rate between 0 and 1"),
+        (["--model", str(tiny), "--distill", "-1"], "--distill"),
     ]
     for args, message in cases:
         out = tmp_path / "x"
@@ -119,6 +121,53 @@ def test_bad_input_is_refused_before_anything_is_written(tiny, tmp_path):
         text = " ".join(result.output.replace("│", " ").split())
         assert result.exit_code == 2 and message in text, (args, result.output)
         assert not out.exists()
+
+
+def test_distill_trains_only_the_variants_parameters_and_reports_before_and_after(tiny, tmp_path):
+    out = tmp_path / "run"
+    args = ["lm", "--model", str(tiny), "--variant", "sdpa", "--variant", "memory_compressed", "--variant", "linear", "--distill", "40",
+            "--distill-lr", "1e-2", "--tasks", "perplexity", *FAST, "--out", str(out)]
+    result = bench(*args)
+    assert result.exit_code == 0, result.output
+    assert "nothing to train in linear" in " ".join(result.output.split())
+    rows = [json.loads(line) for line in (out / lm.RESULTS).read_text().splitlines()]
+    [row] = [r for r in rows if r["task"] == "distill"]  # one twin: linear has nothing to train
+    assert row["setting"] == "memory_compressed + distill 40" and row["steps"] == 40 and row["parameters"] > 0
+    assert len(row["layers"]) == 2 and all(layer["after"] < layer["before"] for layer in row["layers"])
+    settings = {r["setting"] for r in rows if r["task"] == "perplexity"}
+    assert settings == {"sdpa", "memory_compressed", "memory_compressed + distill 40", "linear"}
+    # resumed: the distilled twin is trained again from the same seed and measures the same
+    twin = [line for line in (out / lm.RESULTS).read_text().splitlines() if "distill 40" in line and '"perplexity"' in line]
+    kept = [line for line in (out / lm.RESULTS).read_text().splitlines() if line not in twin[1:]]
+    (out / lm.RESULTS).write_text("\n".join(kept) + "\n")
+    assert bench("lm", "--resume", str(out), "--no-report").exit_code == 0
+    again = {lm.row_key(r): r for r in map(json.loads, (out / lm.RESULTS).read_text().splitlines())}
+    for line in twin[1:]:
+        before = json.loads(line)
+        assert again[lm.row_key(before)]["nll"] == pytest.approx(before["nll"], rel=1e-6)
+    report = bench("report", str(out))
+    assert report.exit_code == 0, report.output
+    text = (out / "REPORT.md").read_text()
+    assert "## Attention transfer (`--distill`)" in text and "`memory_compressed` |" in text and "`linear`" in text.split("Nothing to train")[1]
+
+
+def test_attention_transfer_learns_from_the_models_own_attention_and_touches_nothing_else(tiny):
+    from harness.lm import distill
+
+    model, tokenizer = lm.load(tiny, None)
+    ids = distill.distill_sequences(tokenizer, 64)
+    with torch.no_grad():
+        own = model(ids[:1], use_cache=False).logits
+    lm.switch(model, lm.Setting("memory_compressed"), seed=0)
+    with distill.softmax_teacher(model) as kept, torch.no_grad():
+        taught = model(ids[:1], use_cache=False).logits  # every layer fed softmax attention: the model's own output
+    torch.testing.assert_close(taught, own, rtol=1e-4, atol=1e-5)
+    assert len(kept) == 2 and all(len(v) == 1 for v in kept.values())
+    weights = {name: p.clone() for name, p in model.named_parameters() if "attnbench" not in name}
+    record = distill.transfer(model, ids, steps=30, lr=1e-2)
+    assert record["error_after"] < record["error_before"] and record["parameters"] == distill.trainable_parameters(model) > 0
+    assert all(torch.equal(p, weights[name]) for name, p in model.named_parameters() if name in weights)  # the model's own: untouched
+    assert len(weights) == sum(1 for name, _ in model.named_parameters() if "attnbench" not in name)
 
 
 def test_an_absent_smollm2_says_how_to_install_it(monkeypatch):

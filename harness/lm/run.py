@@ -27,6 +27,7 @@ import torch
 import variants
 import variants.hf as vh
 from harness.core.memory import measure_peak, pin_mmap_threshold, steady_allocator
+from harness.lm import distill as transfer
 from harness.options import ArgumentError, parse_option
 from harness.store.storage import LM_RESULTS
 
@@ -48,10 +49,12 @@ class Setting:
 
     variant: str
     options: dict = field(default_factory=dict)
+    distill: int = 0  # attention-transfer steps before it is evaluated (harness/lm/distill.py); 0: zero-shot
 
     @property
     def label(self) -> str:
-        return self.variant + ("" if not self.options else "(" + ", ".join(f"{k}={v}" for k, v in self.options.items()) + ")")
+        base = self.variant + ("" if not self.options else "(" + ", ".join(f"{k}={v}" for k, v in self.options.items()) + ")")
+        return base + (f" + distill {self.distill}" if self.distill else "")
 
 
 @dataclass(frozen=True)
@@ -66,6 +69,8 @@ class LMConfig:
     text: str | None = None  # a text file; None: pydoc_data.topics
     tasks: tuple[str, ...] = TASKS
     threads: int = 0
+    distill: int = 0  # --distill STEPS: each variant with parameters also measured after attention transfer
+    distill_lr: float = 1e-3
 
     def to_json(self) -> dict:
         data = asdict(self)
@@ -75,7 +80,7 @@ class LMConfig:
     @classmethod
     def from_json(cls, data: dict) -> "LMConfig":
         data = dict(data)
-        data["settings"] = tuple(Setting(s["variant"], dict(s.get("options") or {})) for s in data["settings"])
+        data["settings"] = tuple(Setting(s["variant"], dict(s.get("options") or {}), int(s.get("distill", 0))) for s in data["settings"])
         for key in ("lengths", "depths", "tasks"):
             data[key] = tuple(data[key])
         return cls(**data)
@@ -278,12 +283,20 @@ def row_key(row: dict) -> tuple:
     return (row["task"], row["setting"], int(row["length"]), row.get("window"), row.get("depth"), row.get("key_index"))
 
 
+def distill_length(config: LMConfig) -> int:
+    """Tokens in each sequence attention transfer trains on: the run's shortest length, at most 512."""
+    return min(transfer.MAX_LENGTH, min(config.lengths))
+
+
 def cells(config: LMConfig) -> list[tuple]:
     """Every row the run makes, as its key, in the order they are measured (length by length, each attention
-    in turn: ratios between attentions come from neighbouring measurements)."""
+    in turn: ratios between attentions come from neighbouring measurements). A distilled attention's
+    distillation row comes before its first measurement."""
     out = []
     for length in config.lengths:
         for setting in config.settings:
+            if setting.distill and length == config.lengths[0]:
+                out.append(("distill", setting.label, distill_length(config), None, None, None))
             if "perplexity" in config.tasks:
                 out += [("perplexity", setting.label, length, w, None, None) for w in range(config.windows)]
             if "passkey" in config.tasks:
@@ -293,21 +306,45 @@ def cells(config: LMConfig) -> list[tuple]:
     return out
 
 
+class Attentions:
+    """Switches the model from one attention of the run to the next; a distilled one is trained the first time
+    it is asked for and kept (its variants' parameters) for the later lengths."""
+
+    def __init__(self, config: LMConfig, model, tokenizer):
+        self.config, self.model, self.tokenizer = config, model, tokenizer
+        self.current, self.kept, self.last_distillation = None, {}, None
+
+    def switch(self, setting: Setting):
+        if self.current == setting.label:
+            return self.model
+        self.model, self.current = switch(self.model, setting, self.config.seed), setting.label
+        self.last_distillation = None
+        if setting.distill:
+            if setting.label in self.kept:
+                transfer.load_attached_state(self.model, self.kept[setting.label])
+            else:
+                sequences = transfer.distill_sequences(self.tokenizer, distill_length(self.config))
+                self.last_distillation = transfer.transfer(self.model, sequences, setting.distill, self.config.distill_lr, self.config.seed)
+                self.kept[setting.label] = transfer.attached_state(self.model)
+        return self.model
+
+
 def run_lm(config: LMConfig, model, tokenizer, tokens: torch.Tensor, done: set, write, on_cell=None) -> None:
     """Measure every cell not in `done` (row keys), handing each row to `write` as it exists."""
     by_label = {s.label: s for s in config.settings}
-    current = None
+    attentions = Attentions(config, model, tokenizer)
     for key in cells(config):
         if key in done:
             if on_cell:
                 on_cell(key)
             continue
         task, label, length, window, depth, index = key
-        if current != label:
-            model, current = switch(model, by_label[label], config.seed), label
         setting = by_label[label]
+        model = attentions.switch(setting)
         row = {"task": task, "setting": label, "variant": setting.variant, "options": setting.options, "length": length}
-        if task == "perplexity":
+        if task == "distill":
+            row.update(attentions.last_distillation or {})
+        elif task == "perplexity":
             start = window_starts(len(tokens), length, config.windows, config.seed)[window]
             scored = min(SCORED, length // 2)
             nll, seconds = window_nll(model, tokens, start, length, scored)
@@ -323,6 +360,25 @@ def run_lm(config: LMConfig, model, tokenizer, tokens: torch.Tensor, done: set, 
         write(row)
         if on_cell:
             on_cell(key)
+
+
+def with_distilled(config: LMConfig, model) -> tuple[LMConfig, list[str]]:
+    """With --distill: each attention whose variant has parameters of its own followed by its distilled twin;
+    also the labels of those with nothing to train (evaluated as they are)."""
+    if not config.distill:
+        return config, []
+    settings, nothing = [], []
+    for setting in config.settings:
+        settings.append(setting)
+        if setting.variant == OWN or setting.distill:
+            continue
+        switch(model, setting, config.seed)
+        if transfer.trainable_parameters(model):
+            settings.append(Setting(setting.variant, setting.options, config.distill))
+        else:
+            nothing.append(setting.label)
+    switch(model, Setting(OWN), config.seed)
+    return LMConfig(**{**config.__dict__, "settings": tuple(settings)}), nothing
 
 
 # -- checking what the command line asks, before anything is written ----------------------------------------

@@ -19,7 +19,7 @@ from harness.store.storage import RowWriter, RunLock, read_rows
 @dataclass(frozen=True)
 class LMRequest:
     """What `bench lm` was asked: the command line's texts (`build`: model, variants, lengths, depths,
-    windows, keys, seed, text, tasks, threads; ignored when resuming) and where the run goes."""
+    windows, keys, seed, text, tasks, threads, distill, distill_lr; ignored when resuming) and where the run goes."""
 
     build: dict = field(default_factory=dict)
     resume: Path | None = None
@@ -27,11 +27,14 @@ class LMRequest:
 
 
 def lm_config(*, model: str | None, variants: list[str], lengths: str, depths: str, windows: int, keys: int, seed: int,
-              text: str | None, tasks: str, threads: int) -> lmrun.LMConfig:
+              text: str | None, tasks: str, threads: int, distill: int = 0, distill_lr: float = 1e-3) -> lmrun.LMConfig:
     """The run's configuration from the command line's texts; ArgumentError naming a bad one."""
+    if not (distill_lr > 0 and distill_lr < 1):
+        raise ArgumentError(f"--distill-lr {distill_lr}: a learning rate between 0 and 1 (e.g. 1e-3)")
     return lmrun.LMConfig(model=model or "smollm2", settings=tuple(lmrun.parse_setting(v) for v in variants),
                           lengths=parse_lengths(lengths), depths=lmrun.parse_depths(depths), windows=windows, keys=keys,
-                          seed=seed, text=text, tasks=parse_list(tasks, "--tasks", lmrun.TASKS), threads=threads)
+                          seed=seed, text=text, tasks=parse_list(tasks, "--tasks", lmrun.TASKS), threads=threads,
+                          distill=distill, distill_lr=distill_lr)
 
 
 @dataclass
@@ -83,6 +86,9 @@ def open_lm(request: LMRequest, say: Callable[[str], None] = print,
         say(f"resuming {run_dir} with its original options (other options given now are ignored)")
     else:
         lmrun.check_config(config, net, tokenizer, tokens)
+        config, nothing = lmrun.with_distilled(config, net)
+        if nothing:
+            say(f"--distill: nothing to train in {', '.join(nothing)} (no parameters of their own): evaluated as they are")
         about = {"model": {"name": type(net).__name__, "path": str(folder / gguf if gguf else folder), "sha256": digest,
                            "layers": net.config.num_hidden_layers, "context": getattr(net.config, "max_position_embeddings", None)},
                  "corpus": {"source": config.text or "pydoc_data.topics", "sha256": lmrun.text_hash(config.text), "tokens": len(tokens)}}

@@ -14,6 +14,7 @@ from harness.store.storage import LM_RESULTS as RESULTS
 from harness.store.storage import read_metadata, read_rows
 
 OWN = "sdpa"
+PANELS_ACROSS = 6  # passkey heatmaps a row
 
 
 def lm_frame(run_dir: Path) -> pd.DataFrame:
@@ -48,7 +49,8 @@ def passkey_table(df: pd.DataFrame) -> pd.DataFrame:
 def cost_table(df: pd.DataFrame) -> pd.DataFrame:
     """Per (setting, length): a forward's time and peak extra memory, its ratio to the model's own sdpa at that
     length, and from the passkey rows a generated token's median time and the decoding state's bytes."""
-    cost = df[df["task"] == "cost"][["setting", "length", "forward_s", "peak_bytes"]]
+    cost = df[df["task"] == "cost"]
+    cost = cost[["setting", "length", "forward_s", "peak_bytes"]] if not cost.empty else pd.DataFrame(columns=["setting", "length"])
     keys = df[df["task"] == "passkey"]
     if not keys.empty:
         gen = keys.groupby(["setting", "length"], sort=False).agg(token_s=("token_s", "median"), state_bytes=("state_bytes", "max")).reset_index()
@@ -61,6 +63,14 @@ def cost_table(df: pd.DataFrame) -> pd.DataFrame:
     return cost
 
 
+def distill_table(df: pd.DataFrame) -> pd.DataFrame:
+    """Per distilled attention: its parameters, steps, time, and the held-out attention-output error (mean over
+    layers, a fraction of the softmax output's mean square) before and after attention transfer."""
+    rows = df[df["task"] == "distill"] if "task" in df else df
+    columns = ["setting", "parameters", "steps", "lr", "tokens", "distill_s", "error_before", "error_after"]
+    return rows[columns].reset_index(drop=True) if not rows.empty else pd.DataFrame(columns=columns)
+
+
 def write_lm_report(run_dir: Path) -> tuple[Path, list[Path]]:
     """RUN_DIR/REPORT.md and figures/ of an lm run; ValueError when it has no rows yet."""
     run_dir = Path(run_dir)
@@ -71,7 +81,7 @@ def write_lm_report(run_dir: Path) -> tuple[Path, list[Path]]:
     cfg, about, env = meta.get("config", {}), meta.get("machine", {}), meta.get("environment", {})
     model, corpus = about.get("model", {}), about.get("corpus", {})
     settings = _order(df)
-    lengths = sorted(int(n) for n in df["length"].unique())
+    lengths = sorted(int(n) for n in df[df["task"] != "distill"]["length"].unique())
     figures = draw_lm(run_dir, df, settings)
     lines = [f"# attnbench lm: {run_dir.name}", "", f"Command: {code_span(env.get('command', '?'))}", "",
              f"- Model: {model.get('name')} from `{model.get('path')}` (sha256 {str(model.get('sha256'))[:16]}…), "
@@ -79,7 +89,9 @@ def write_lm_report(run_dir: Path) -> tuple[Path, list[Path]]:
              f"- Text: {corpus.get('source')} ({corpus.get('tokens')} tokens, sha256 {str(corpus.get('sha256'))[:16]}…); "
              f"{cfg.get('windows')} windows a length from seed {cfg.get('seed')}, each scored on its last tokens (128, or half a short context)",
              f"- Passkey: depths {', '.join(map(str, cfg.get('depths', [])))}%, {cfg.get('keys')} keys a cell, greedy, exact match",
-             f"- Attentions: {', '.join(f'`{s}`' for s in settings)} (`{OWN}`: the model's own); zero-shot: nothing trained",
+             f"- Attentions: {', '.join(f'`{s}`' for s in settings)} (`{OWN}`: the model's own); " + (
+                 "zero-shot: nothing trained" if not cfg.get("distill") else
+                 f"zero-shot, and `+ distill {cfg['distill']}` after attention transfer (below)"),
              f"- Regenerate this report with `bench report {run_dir}`.", ""]
     lines += [f"![{p.stem}](figures/{p.name})" for p in figures] + [""]
     ppl = perplexity_table(df)
@@ -96,6 +108,7 @@ def write_lm_report(run_dir: Path) -> tuple[Path, list[Path]]:
             if mine:
                 lines += [f"`{s}`", "", markdown_table(["length \\ depth", *(f"{d}%" for d in depths)],
                                               [[str(n), *(mine.get((n, d), "") for d in depths)] for n in lengths]), ""]
+    lines += _distill_section(df, cfg, settings, lengths)
     cost = cost_table(df)
     if not cost.empty:
         rows = []
@@ -112,6 +125,30 @@ def write_lm_report(run_dir: Path) -> tuple[Path, list[Path]]:
     path = run_dir / "REPORT.md"
     path.write_text("\n".join(lines))
     return path, figures
+
+
+def _distill_section(df: pd.DataFrame, cfg: dict, settings: list[str], lengths: list[int]) -> list[str]:
+    table = distill_table(df)
+    if table.empty:
+        return []
+    ppl = {(r.setting, int(r.length)): r.ppl for r in perplexity_table(df).itertuples()}
+    rows = []
+    for r in table.itertuples():
+        base = r.setting.rsplit(" + distill ", 1)[0]
+        rows.append([f"`{base}`", f"{int(r.parameters):,}", fmt_time(r.distill_s), f"{r.error_before:.3f} → {r.error_after:.3f}",
+                     *(f"{ppl[(base, n)]:.4g} → {ppl[(r.setting, n)]:.4g}" if (base, n) in ppl and (r.setting, n) in ppl else "" for n in lengths)])
+    distilled = {s.rsplit(" + distill ", 1)[0] for s in table["setting"]}
+    untouched = [s for s in settings if s != OWN and " + distill " not in s and s not in distilled]
+    lines = ["## Attention transfer (`--distill`)", "",
+             f"Before being evaluated again, each variant with parameters of its own trained only those, {cfg.get('distill')} AdamW "
+             f"steps a layer (learning rate {cfg.get('distill_lr')}), to reproduce the model's softmax attention output of each layer on "
+             f"{int(table['tokens'].iloc[0])} tokens of standard-library docstrings (`harness/lm/distill.py`; the model's weights "
+             "untouched). Error: mean squared difference from the softmax output on a held-out sequence, as a fraction of that "
+             "output's mean square, averaged over the layers. Perplexity: zero-shot → distilled.", "",
+             markdown_table(["variant", "parameters", "time", "error", *(f"ppl {n}" for n in lengths)], rows), ""]
+    if untouched:
+        lines += ["Nothing to train (no parameters of their own; evaluated as they are): " + ", ".join(f"`{s}`" for s in untouched) + ".", ""]
+    return lines
 
 
 def draw_lm(run_dir: Path, df: pd.DataFrame, settings: list[str]) -> list[Path]:
@@ -141,9 +178,13 @@ def draw_lm(run_dir: Path, df: pd.DataFrame, settings: list[str]) -> list[Path]:
     keys = passkey_table(df)
     if not keys.empty:
         shown = [s for s in settings if s in set(keys["setting"])]
-        fig, axes = plt.subplots(1, len(shown), figsize=(3.2 * len(shown), 3.2), squeeze=False)
+        across = min(len(shown), PANELS_ACROSS)
+        down = -(-len(shown) // across)
+        fig, axes = plt.subplots(down, across, figsize=(3.2 * across, 3.2 * down), squeeze=False)
         lengths, depths = sorted(keys["length"].unique()), sorted(keys["depth"].unique())
-        for ax, s in zip(axes[0], shown):
+        for ax in axes.flat[len(shown):]:
+            ax.set_visible(False)
+        for ax, s in zip(axes.flat, shown):
             grid = keys[keys["setting"] == s].pivot(index="length", columns="depth", values="accuracy").reindex(index=lengths, columns=depths)
             ax.imshow(grid.values.astype(float), vmin=0, vmax=1, cmap="viridis", aspect="auto", origin="lower")
             ax.set_xticks(range(len(depths)), [f"{int(d)}%" for d in depths], fontsize=7)
@@ -154,7 +195,10 @@ def draw_lm(run_dir: Path, df: pd.DataFrame, settings: list[str]) -> list[Path]:
                     if value == value:
                         ax.text(j, i, f"{value:.0%}", ha="center", va="center", fontsize=6, color="white" if value < 0.6 else "black")
             ax.set(title=s, xlabel="depth of the key")
-        axes[0][0].set_ylabel("context length")
+            if len(s) > 24:
+                ax.title.set_fontsize(8)
+        for row in axes:
+            row[0].set_ylabel("context length")
         fig.suptitle("passkey retrieval (exact match)")
         out.append(_save(fig, folder / "lm_passkey.png"))
     cost = cost_table(df)
