@@ -572,13 +572,15 @@ def lm(
     resume: Annotated[Optional[Path], typer.Option(help="Finish this lm run with its original options.")] = None,
     report: Annotated[bool, typer.Option("--report/--no-report", help="At the end, write RUN_DIR/REPORT.md and its figures.")] = True,
 ) -> None:
-    """A pretrained language model with each attention in place of its own, zero-shot: perplexity against context length, passkey retrieval by length and depth, cost.
+    """A pretrained language model with each attention in place of its own, zero-shot (and with --distill after attention transfer): perplexity against context length, passkey retrieval by length and depth, cost.
 
     Each context is a window of the text; only its last 128 tokens are scored, so lengths compare like
     positions. The passkey is a 5-6 digit key said once at a depth of filler text and asked for at the
     end (greedy, exact match). Cost: one forward's time and peak memory at each length, and in the passkey
     rows the prompt's time, a generated token's time and the decoding state's bytes. Rows go to
-    RUN_DIR/lm.jsonl as they are measured (--resume finishes a run).
+    RUN_DIR/lm.jsonl as they are measured (--resume finishes a run). --distill STEPS measures each variant
+    with parameters of its own twice: as is, and after training only those parameters, layer by layer, to
+    reproduce the model's softmax attention outputs (the model's weights untouched).
     """
     from harness.lm.session import LMRequest, open_lm
 

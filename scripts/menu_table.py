@@ -1,8 +1,9 @@
 """Fill the README's menu table (between its `menu` markers) with what the code and the committed runs say
 of each variant: the decoding state it keeps (from the variant's own `init_state`), its recall in the quick
-quality run, and its perplexity inside SmolLM2 (zero-shot) at the lm run's longest context.
+quality run, and its perplexity inside SmolLM2 (zero-shot, and after attention transfer where the run distilled
+it) at the lm run's longest context.
 
-    python scripts/menu_table.py results/quality-reference results/lm-smollm2
+    python scripts/menu_table.py results/quality-recall results/lm-smollm2-menu
 
 The first four columns (variant, method, time, extra memory) are kept as the README has them.
 """
@@ -46,8 +47,10 @@ def lm_column(run: Path) -> tuple[str, dict[str, str]]:
     at = table[table["length"] == longest]
     cells: dict[str, list[str]] = {}
     for r in at.to_dict("records"):
-        name, _, options = r["setting"].partition("(")  # labels: "full", "sliding_window(window=256, global_tokens=4)"
-        cells.setdefault(name, []).append(f"{r['ppl']:,.1f}" + (f" ({options}" if options else ""))
+        # labels: "full", "sliding_window(window=256, global_tokens=4)", "mamba2 + distill 100" (after attention transfer)
+        label, _, steps = r["setting"].partition(" + distill ")
+        name, _, options = label.partition("(")
+        cells.setdefault(name, []).append(f"{r['ppl']:,.1f}" + (f" ({options}" if options else "") + (" distilled" if steps else ""))
     return f"SmolLM2 ppl, {longest} tokens", {name: "; ".join(texts) for name, texts in cells.items()}
 
 
@@ -67,7 +70,7 @@ def main(quality_run: str, lm_run: str) -> None:
         rows.append("| " + " | ".join([*cells, state_kind(name), kept, lm.get(name, "—")]) + " |")
     body = (f"Decodes: the state `init_state` keeps (kv grows with N, window and compressed are bounded or shortened, "
             f"recurrent is constant). Recall: held-out accuracy in [{quality_run}]({quality_run}/REPORT.md) (quick preset, "
-            f"one seed). SmolLM2: perplexity with the attention swapped zero-shot, in [{lm_run}]({lm_run}/REPORT.md); — where "
+            f"one seed). SmolLM2: perplexity with the attention swapped zero-shot, and "distilled" after `--distill`'s attention transfer (for a variant with parameters), in [{lm_run}]({lm_run}/REPORT.md); — where "
             f"not measured. Filled by `python scripts/menu_table.py {quality_run} {lm_run}`.\n\n" + "\n".join(rows) + "\n")
     README.write_text(text[:block.start(1)] + body + text[block.end(1):])
 

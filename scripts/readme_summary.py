@@ -1,5 +1,5 @@
-"""Copy the tables of the committed reports into README.md (the sweep's summary) and docs/quality.md (the
-quality runs'), between their markers.
+"""Copy the tables of the committed reports into README.md (the sweep's summary, one line a variant) and
+docs/quality.md (the quality runs'), between their markers; docs/speed.md gets the sweep's whole summary table.
 
     python scripts/readme_summary.py results/cpu-reference/REPORT.md results/quality-reference/REPORT.md \
         results/quality-long/REPORT.md
@@ -8,22 +8,70 @@ import re
 import sys
 from pathlib import Path
 
+from harness.fmt import fmt_bytes, fmt_time
+from harness.readers.frames import load_frame
+from harness.readers.summary import summarize
+
 
 def replace_block(readme: str, marker: str, body: str) -> str:
     block = f"<!-- {marker}:start -->\n{body.strip()}\n<!-- {marker}:end -->"
     return re.sub(rf"<!-- {marker}:start -->.*<!-- {marker}:end -->", lambda m: block, readme, flags=re.S)
 
 
+def per_variant(run_dir: Path) -> str:
+    """One line a variant of the sweep's summary: each pass's time at the largest N (bidirectional / causal),
+    the forward's peak extra memory, and from which N its causal forward beats full's."""
+    summary = summarize(load_frame(run_dir))
+    largest = int(summary["max_n"].max())
+    at = {(r["variant"], r["pass"], bool(r["causal"])): r for r in summary.to_dict("records")}
+
+    def cell(variant, pass_, causal, value=lambda r: fmt_time(r["time_s"])):
+        r = at.get((variant, pass_, causal))
+        if r is None or r["max_n"] != r["max_n"] or r["max_n"] is None:
+            return "—"
+        return value(r) + ("" if int(r["max_n"]) == largest else f" @{int(r['max_n'])}")
+
+    def peak(variant):
+        causal = cell(variant, "fwd", True, lambda r: fmt_bytes(r["peak_bytes"]))
+        bidir = cell(variant, "fwd", False, lambda r: fmt_bytes(r["peak_bytes"]))
+        return causal if causal != "—" or bidir == "—" else bidir + " (bidir)"
+
+    def beats(variant):
+        if variant == "full":
+            return "(baseline)"
+        r = at.get((variant, "fwd", True))
+        bidir = r is None or r["max_n"] != r["max_n"] or r["max_n"] is None  # (an encoder method: its bidirectional forward)
+        r = at.get((variant, "fwd", False)) if bidir else r
+        if r is None:
+            return "—"
+        note = r["crossover_note"] or (f"{int(r['crossover_n'])}" if r["crossover_n"] == r["crossover_n"] and r["crossover_n"] else "—")
+        return str(note) + (" (bidir)" if bidir else "")
+
+    lines = [f"| variant | fwd at N={largest}: bidir / causal | fwd+bwd: bidir / causal | fwd peak (causal) | causal fwd beats full from N |",
+             "|---|---|---|---|---|"]
+    for variant in dict.fromkeys(summary["variant"]):
+        lines.append(f"| `{variant}` | {cell(variant, 'fwd', False)} / {cell(variant, 'fwd', True)} | "
+                     f"{cell(variant, 'fwdbwd', False)} / {cell(variant, 'fwdbwd', True)} | "
+                     f"{peak(variant)} | {beats(variant)} |")
+    return "\n".join(lines)
+
+
 speed_report, quality_report, long_report = (Path(p).read_text() for p in sys.argv[1:4])
 summary = speed_report.split("## Summary", 1)[1].split("## Every cell", 1)[0].strip()
 summary_table = summary.split("\n", 2)[2]  # drop the report's sentence on exponents
 quality = quality_report.split("## Quality: copy and associative recall", 1)[1].split("\n#", 1)[0].split("![", 1)[0].strip()
-long_quality = long_report.split("## Quality: copy and associative recall", 1)[1].split("### Cost of a training step", 1)[0].strip().replace("\n### ", "\n#### ")
+long_quality = long_report.split("## Quality: copy and associative recall", 1)[1].split("### Cost of a training step", 1)[0].strip()
 readme = Path("README.md").read_text()
 readme = replace_block(readme, "summary", (
-    f"Summary from [`{sys.argv[1]}`]({sys.argv[1]}) (exponents fitted on the upper half of the lengths; "
-    f"\"beats full from N\": the smallest N from which the variant is faster at every larger N):\n\n{summary_table}"))
+    f"From [`{sys.argv[1]}`]({sys.argv[1]}), one line a variant (\"@N\": the largest N it reached; \"—\": a mode it "
+    f"does not run; \"beats full from N\": the smallest N from which it is faster at every larger N; the whole summary "
+    f"with exponents is in [docs/speed.md](docs/speed.md)):\n\n{per_variant(Path(sys.argv[1]).parent)}"))
 Path("README.md").write_text(readme)
+speed = Path("docs/speed.md").read_text()
+speed = replace_block(speed, "summary", (
+    f"Summary from [`{sys.argv[1]}`](../{sys.argv[1]}) (exponents fitted on the upper half of the lengths; "
+    f"\"beats full from N\": the smallest N from which the variant is faster at every larger N):\n\n{summary_table}"))
+Path("docs/speed.md").write_text(speed)
 page = Path("docs/quality.md").read_text()  # one folder down: its links go up first
 page = replace_block(page, "quality", f"From [`{sys.argv[2]}`](../{sys.argv[2]}): {quality}")
 page = replace_block(page, "quality-long", f"From [`{sys.argv[3]}`](../{sys.argv[3]}): {long_quality}")

@@ -130,6 +130,7 @@ def test_distill_trains_only_the_variants_parameters_and_reports_before_and_afte
     result = bench(*args)
     assert result.exit_code == 0, result.output
     assert "nothing to train in linear" in " ".join(result.output.split())
+    assert json.loads((out / "metadata.json").read_text())["machine"]["distill"] == {"nothing_to_train": ["linear"]}
     rows = [json.loads(line) for line in (out / lm.RESULTS).read_text().splitlines()]
     [row] = [r for r in rows if r["task"] == "distill"]  # one twin: linear has nothing to train
     assert row["setting"] == "memory_compressed + distill 40" and row["steps"] == 40 and row["parameters"] > 0

@@ -14,8 +14,10 @@ generation, exact match. "sdpa" stands for the model's own attention, the baseli
 
 from __future__ import annotations
 
+import contextlib
 import hashlib
 import importlib.util
+import io
 import math
 import random
 import time
@@ -131,7 +133,8 @@ def load(folder: Path, gguf: str | None, threads: int = 0):
         config = transformers.AutoConfig.from_pretrained(folder, **kwargs)
         if type(config) not in transformers.MODEL_FOR_CAUSAL_LM_MAPPING:
             raise ArgumentError(f"--model {where}: a {type(config).__name__[:-6]} model, not a causal language model")
-        model = transformers.AutoModelForCausalLM.from_pretrained(folder, dtype=torch.float32, attn_implementation="sdpa", **kwargs)
+        with contextlib.redirect_stderr(io.StringIO()):  # (the GGUF loader's own tqdm bar, which ignores transformers' switch)
+            model = transformers.AutoModelForCausalLM.from_pretrained(folder, dtype=torch.float32, attn_implementation="sdpa", **kwargs)
         tokenizer = transformers.AutoTokenizer.from_pretrained(folder, **kwargs)
         both_ways = [path for path, layer in vh.attention_layers(model).items()
                      if getattr(layer, "is_causal", True) is False and not vh._is_cross_attention(path, layer)]

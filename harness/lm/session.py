@@ -92,5 +92,7 @@ def open_lm(request: LMRequest, say: Callable[[str], None] = print,
         about = {"model": {"name": type(net).__name__, "path": str(folder / gguf if gguf else folder), "sha256": digest,
                            "layers": net.config.num_hidden_layers, "context": getattr(net.config, "max_position_embeddings", None)},
                  "corpus": {"source": config.text or "pydoc_data.topics", "sha256": lmrun.text_hash(config.text), "tokens": len(tokens)}}
+        if config.distill:
+            about["distill"] = {"nothing_to_train": nothing}
         rundir.start(run_dir, "lm", config.to_json(), machine=about)
     return LMSession(run_dir, config, net, tokenizer, tokens)

@@ -108,7 +108,7 @@ def write_lm_report(run_dir: Path) -> tuple[Path, list[Path]]:
             if mine:
                 lines += [f"`{s}`", "", markdown_table(["length \\ depth", *(f"{d}%" for d in depths)],
                                               [[str(n), *(mine.get((n, d), "") for d in depths)] for n in lengths]), ""]
-    lines += _distill_section(df, cfg, settings, lengths)
+    lines += _distill_section(df, cfg, settings, lengths, about.get("distill", {}).get("nothing_to_train"))
     cost = cost_table(df)
     if not cost.empty:
         rows = []
@@ -127,7 +127,7 @@ def write_lm_report(run_dir: Path) -> tuple[Path, list[Path]]:
     return path, figures
 
 
-def _distill_section(df: pd.DataFrame, cfg: dict, settings: list[str], lengths: list[int]) -> list[str]:
+def _distill_section(df: pd.DataFrame, cfg: dict, settings: list[str], lengths: list[int], untouched: list[str] | None) -> list[str]:
     table = distill_table(df)
     if table.empty:
         return []
@@ -137,8 +137,9 @@ def _distill_section(df: pd.DataFrame, cfg: dict, settings: list[str], lengths: 
         base = r.setting.rsplit(" + distill ", 1)[0]
         rows.append([f"`{base}`", f"{int(r.parameters):,}", fmt_time(r.distill_s), f"{r.error_before:.3f} → {r.error_after:.3f}",
                      *(f"{ppl[(base, n)]:.4g} → {ppl[(r.setting, n)]:.4g}" if (base, n) in ppl and (r.setting, n) in ppl else "" for n in lengths)])
-    distilled = {s.rsplit(" + distill ", 1)[0] for s in table["setting"]}
-    untouched = [s for s in settings if s != OWN and " + distill " not in s and s not in distilled]
+    if untouched is None:  # (a run from before the metadata said so: those without a distillation row)
+        distilled = {s.rsplit(" + distill ", 1)[0] for s in table["setting"]}
+        untouched = [s for s in settings if s != OWN and " + distill " not in s and s not in distilled]
     lines = ["## Attention transfer (`--distill`)", "",
              f"Before being evaluated again, each variant with parameters of its own trained only those, {cfg.get('distill')} AdamW "
              f"steps a layer (learning rate {cfg.get('distill_lr')}), to reproduce the model's softmax attention output of each layer on "
