@@ -64,7 +64,8 @@ def test_rows_report_and_full_equal_to_the_models_own_attention(tiny, tmp_path):
     assert all(len(r["key"]) in (5, 6) and isinstance(r["correct"], bool) and r["token_s"] > 0 for r in keys)
     states = {r["setting"]: r["state_bytes"] for r in keys if r["length"] == 384}
     assert states["linear"] < states["full"]  # a recurrent state against a KV cache
-    assert all(r["peak_bytes"] >= 0 and r["forward_s"] > 0 for r in by("cost"))
+    assert all(r["peak_bytes"] >= 0 and r["forward_min_s"] <= r["forward_s"] and 3 <= r["forward_samples"] <= lm.COST_REPEATS
+               for r in by("cost"))  # timed as bench run times a cell
     meta = json.loads((out / "metadata.json").read_text())
     assert meta["kind"] == "lm" and len(meta["machine"]["model"]["sha256"]) == 64 and meta["machine"]["corpus"]["tokens"] > 10_000
     report = bench("report", str(out))

