@@ -70,7 +70,7 @@ def main(quality_run: str, lm_run: str) -> None:
         rows.append("| " + " | ".join([*cells, state_kind(name), kept, lm.get(name, "—")]) + " |")
     body = (f"Decodes: the state `init_state` keeps (kv grows with N, window and compressed are bounded or shortened, "
             f"recurrent is constant). Recall: held-out accuracy in [{quality_run}]({quality_run}/REPORT.md) (quick preset, "
-            f"one seed). SmolLM2: perplexity with the attention swapped zero-shot, and "distilled" after `--distill`'s attention transfer (for a variant with parameters), in [{lm_run}]({lm_run}/REPORT.md); — where "
+            f"one seed). SmolLM2: perplexity with the attention swapped zero-shot, and 'distilled' after `--distill`'s attention transfer (for a variant with parameters), in [{lm_run}]({lm_run}/REPORT.md); — where "
             f"not measured. Filled by `python scripts/menu_table.py {quality_run} {lm_run}`.\n\n" + "\n".join(rows) + "\n")
     README.write_text(text[:block.start(1)] + body + text[block.end(1):])
 
