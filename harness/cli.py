@@ -122,7 +122,7 @@ def _interruptible(console: Console, kept: Callable[[], str], resume: str):
         raise typer.Exit(130) from None
 
 ImportOption = Annotated[Optional[list[str]], typer.Option("--import", help="Module to import first (it may register more variants).")]
-OptionOption = Annotated[Optional[list[str]], typer.Option("--option", help="Any variant option as name=value, e.g. global_tokens=16 (bench list shows each variant's options); repeatable.")]
+OptionOption = Annotated[Optional[list[str]], typer.Option("--option", help="Any variant option as name=value, e.g. global_tokens=16, for every selected variant that takes it; variant.name=value for one only, e.g. linformer.max_len=65536 (bench list shows each variant's options); repeatable.")]
 
 
 @app.command("list")

@@ -67,11 +67,12 @@ def powers_of_two(min_len: int, max_len: int) -> tuple[int, ...]:
 
 
 def parse_option(text: str) -> tuple[str, object]:
-    """'window=128' -> ('window', 128); values are read as JSON where they can be (ints, floats, true, null).
+    """'window=128' -> ('window', 128), 'linformer.max_len=65536' -> ('linformer.max_len', 65536); values are read as JSON where they can be (ints, floats, true, null).
     NaN and infinities are refused: no option takes them, and they cannot be stored as standard JSON."""
     name, sep, raw = text.partition("=")
-    if not sep or not name.strip() or not re.fullmatch(r"[A-Za-z_]\w*", name.strip()):
-        raise ArgumentError(f"--option: {text!r} must look like name=value (e.g. window=128)")
+    if not sep or not name.strip() or not re.fullmatch(r"([A-Za-z_]\w*\.)?[A-Za-z_]\w*", name.strip()):
+        raise ArgumentError(f"--option: {text!r} must look like name=value (e.g. window=128), or variant.name=value "
+                            "for one variant only (e.g. linformer.max_len=65536)")
     try:
         value = json.loads(raw)
     except json.JSONDecodeError:

@@ -60,8 +60,19 @@ def check_variant_options(name: str, options: dict, label: str, num_heads: int =
 
 
 def check_options(options: dict, names: tuple[str, ...]) -> None:
-    """Every option must be taken by at least one of the selected variants, and valid for each that takes it."""
+    """Every option must be taken by at least one of the selected variants, and valid for each that takes it;
+    one scoped to a variant ('linformer.max_len') by that variant, which must be selected."""
     for key, value in options.items():
+        target, scoped, option = key.rpartition(".")
+        if scoped:
+            if target not in names:
+                raise ArgumentError(f"option {key}={value!r} is for {target}, which is not among the selected variants "
+                                    f"({', '.join(names)})")
+            if option not in variants.option_names(target):
+                raise ArgumentError(f"option {key}={value!r}: {target} takes no option {option!r}; it takes: "
+                                    f"{', '.join(variants.option_names(target)) or 'none'}")
+            check_variant_options(target, {option: value}, f"option {key}={value!r}")
+            continue
         takers = [name for name in names if key in variants.option_names(name)]
         if not takers:
             raise ArgumentError(f"option {key}={value!r} is taken by none of the selected variants ({', '.join(names)})")

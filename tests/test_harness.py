@@ -178,6 +178,8 @@ def test_spec_limits_are_skipped_with_reason(tmp_path):
         (["--option", "window"], "--option: 'window' must look like name=value"),
         (["--window", "0", "--variants", "sliding_window"], "window=0 is invalid; expected an int >= 1"),
         (["--compression", "3", "--variants", "full"], "option compression=3 is taken by none of the selected variants"),
+        (["--option", "linformer.max_len=64", "--variants", "full"], "option linformer.max_len=64 is for linformer, which is not among"),
+        (["--option", "linformer.window=4", "--variants", "linformer"], "linformer takes no option 'window'; it takes: rank"),
         (["--min-len", "512", "--max-len", "256"], "need 1 <= min-len <= max-len"),
         (["--heads", "0"], "'--heads': 0 is not allowed; it must be >= 1"),
         (["--lengths", ""], "--lengths: '' must list integers from 1 to 2147483648"),
@@ -186,7 +188,7 @@ def test_spec_limits_are_skipped_with_reason(tmp_path):
         (["--check-len", "100000000"], "100000000 is not allowed; use 1 <= value <= 4096"),
     ],
     ids=["unknown-variant", "no-cuda", "bad-device", "bad-lengths", "bad-pass", "bad-size", "bad-option", "bad-window",
-         "unused-option", "bad-range", "bad-heads", "empty-lengths", "huge-length", "huge-max-len", "huge-check-len"],
+         "unused-option", "scoped-unselected", "scoped-unknown", "bad-range", "bad-heads", "empty-lengths", "huge-length", "huge-max-len", "huge-check-len"],
 )
 def test_invalid_arguments(tmp_path, args, message):
     if "cuda" in args and __import__("torch").cuda.is_available():
@@ -195,6 +197,21 @@ def test_invalid_arguments(tmp_path, args, message):
     assert result.exit_code == 2
     assert message in " ".join(result.output.split()).replace("│", "").replace("  ", " ") or message in result.output
     assert not (tmp_path / "x").exists()
+
+
+def test_an_option_scoped_to_one_variant_reaches_that_variant_only(tmp_path):
+    # max_len is linformer's length limit and, for linear, a cosformer-only option: shared, linear refuses it
+    shared = bench("run", "--variants", "linear,linformer", "--option", "max_len=64", "--out", str(tmp_path / "a"))
+    assert shared.exit_code == 2 and "feature_map='cosformer' only" in " ".join(shared.output.split())
+    out = tmp_path / "b"
+    result = bench("run", "--variants", "linear,linformer", "--option", "linformer.max_len=64", "--lengths", "64",
+                   "--passes", "fwd", "--out", str(out), *FAST)
+    assert result.exit_code == 0, result.output
+    rows = run_dir_rows(out).set_index("variant")
+    assert rows.loc["linformer", "options"]["max_len"] == 64 and rows.loc["linformer", "status"] == "ok"
+    assert rows.loc["linear", "options"]["max_len"] is None
+    config = read_metadata(out)["config"]
+    assert dict(config["resolved_options"])["linformer"]["max_len"] == 64
 
 
 def test_existing_out_dir_is_never_overwritten(tmp_path):

@@ -484,9 +484,12 @@ def _option_names(cls: type) -> list[str]:
 
 
 def options_taken(name: str, options: dict) -> dict:
-    """The subset of a shared set of options (window, compression, ...) that variant `name` accepts."""
+    """What variant `name` takes of a run's options: the shared ones it accepts (window, compression, ...),
+    and those scoped to it as 'name.option' (linformer.max_len), which win over a shared one."""
     accepted = set(option_names(name))
-    return {key: value for key, value in options.items() if key in accepted}
+    shared = {key: value for key, value in options.items() if key in accepted}
+    scoped = {key.partition(".")[2]: value for key, value in options.items() if key.partition(".")[0] == name}
+    return {**shared, **{key: value for key, value in scoped.items() if key in accepted}}
 
 
 def effective_options(name: str, **given) -> dict[str, object]:
