@@ -630,6 +630,7 @@ def quality(
     layers: Annotated[int, typer.Option(callback=_at_least(1), help="Transformer blocks.")] = 2,
     heads: Annotated[int, typer.Option(callback=_at_least(1), help="Attention heads.")] = 4,
     batch: Annotated[Optional[int], typer.Option(callback=_at_least(1), help="Training batch size (default 32).")] = None,
+    batch_tokens: Annotated[Optional[int], typer.Option(callback=_at_least(1), help="At most this many tokens a training batch: at long L the batch holds fewer sequences (never under 1), so a stage costs minutes there too. Default: the preset's (none).")] = None,
     lr: Annotated[Optional[float], typer.Option(help="Peak learning rate (AdamW, linear warm-up then cosine decay). Default: the preset's (3e-3 in both).")] = None,
     label_smoothing: Annotated[float, typer.Option(help="Label smoothing of the training loss.")] = 0.0,
     window: Annotated[Optional[int], typer.Option(help="Sliding-window width w (default: the preset's, quick 16, long 64: narrower than most distances on purpose, that is what local attention gives up).")] = None,
@@ -658,7 +659,7 @@ def quality(
             tasks=TASKS if task == Task.all else (task.value,), variants=variants_, preset=preset.value, device=device,
             dtype=dtype, given=opts.merge_options(option or [], window=window, compression=compression),
             measure_cost=cost, lengths=lengths, copy_lengths=copy_lengths, seeds=seeds, lr=lr, label_smoothing=label_smoothing,
-            d_model=d_model, layers=layers, heads=heads, steps=steps, batch=batch, curriculum=curriculum, pairs=pairs,
+            d_model=d_model, layers=layers, heads=heads, steps=steps, batch=batch, batch_tokens=batch_tokens, curriculum=curriculum, pairs=pairs,
             queries=queries, vocab=vocab, warm_start=warm_start, short_conv=short_conv)
         session = open_quality(QualityRequest(build=build or {}, resume=resume, out=out, imports=tuple(import_ or [])), _say(console))
     try:

@@ -1,8 +1,9 @@
 """Copy the tables of the committed reports into README.md (the sweep's summary, one line a variant) and
-docs/quality.md (the quality runs'), between their markers; docs/speed.md gets the sweep's whole summary table.
+docs/quality.md (the quality runs'), between their markers; docs/speed.md gets the sweep's whole summary table
+and the long sweep's (to N = 65536).
 
     python scripts/readme_summary.py results/cpu-reference/REPORT.md results/quality-reference/REPORT.md \
-        results/quality-long/REPORT.md
+        results/quality-long/REPORT.md results/cpu-long/REPORT.md
 """
 import re
 import sys
@@ -56,9 +57,12 @@ def per_variant(run_dir: Path) -> str:
     return "\n".join(lines)
 
 
-speed_report, quality_report, long_report = (Path(p).read_text() for p in sys.argv[1:4])
-summary = speed_report.split("## Summary", 1)[1].split("## Every cell", 1)[0].strip()
-summary_table = summary.split("\n", 2)[2]  # drop the report's sentence on exponents
+def summary_table(report: str) -> str:
+    """The table of a sweep report's Summary section (without the report's sentence on exponents)."""
+    return report.split("## Summary", 1)[1].split("## Every cell", 1)[0].strip().split("\n", 2)[2]
+
+
+speed_report, quality_report, long_report, sweep_long_report = (Path(p).read_text() for p in sys.argv[1:5])
 quality = quality_report.split("## Quality: copy and associative recall", 1)[1].split("\n#", 1)[0].split("![", 1)[0].strip()
 long_quality = long_report.split("## Quality: copy and associative recall", 1)[1].split("### Cost of a training step", 1)[0].strip()
 readme = Path("README.md").read_text()
@@ -70,7 +74,10 @@ Path("README.md").write_text(readme)
 speed = Path("docs/speed.md").read_text()
 speed = replace_block(speed, "summary", (
     f"Summary from [`{sys.argv[1]}`](../{sys.argv[1]}) (exponents fitted on the upper half of the lengths; "
-    f"\"beats full from N\": the smallest N from which the variant is faster at every larger N):\n\n{summary_table}"))
+    f"\"beats full from N\": the smallest N from which the variant is faster at every larger N):\n\n{summary_table(speed_report)}"))
+speed = replace_block(speed, "long-summary", (
+    f"Summary from [`{sys.argv[4]}`](../{sys.argv[4]}) (exponents fitted on the upper half of the lengths; "
+    f"\"beats full from N\" within this run's lengths):\n\n{summary_table(sweep_long_report)}"))
 Path("docs/speed.md").write_text(speed)
 page = Path("docs/quality.md").read_text()  # one folder down: its links go up first
 page = replace_block(page, "quality", f"From [`{sys.argv[2]}`](../{sys.argv[2]}): {quality}")

@@ -121,6 +121,20 @@ def test_the_curriculum_trains_one_model_through_the_lengths():
     assert rows[-1]["cfg_curriculum"] and rows[-1]["cfg_warm_start"] == 2
 
 
+def test_batch_tokens_caps_a_long_stages_batch_and_the_row_and_report_say_so(tmp_path):
+    assert [TrainConfig(batch=32, batch_tokens=8192).batch_at(n) for n in (63, 255, 511, 1023, 10**5)] == [32, 32, 16, 8, 1]
+    assert TrainConfig(batch=32).batch_at(10**5) == 32
+    out = tmp_path / "q"
+    args = ["quality", "--task", "recall", "--variants", "full", "--lengths", "16,32", "--curriculum", "--batch", "4",
+            "--batch-tokens", "64", "--pairs", "2", "--queries", "2", "--steps", "2", "--d-model", "16", "--heads", "2",
+            "--layers", "1", "--no-cost", "--out", str(out)]
+    result = _invoke(*args)
+    assert result.exit_code == 0, result.output
+    rows = read_rows(out, QUALITY_RESULTS)
+    assert {(r["length"], r["batch"], r["cfg_batch"], r["cfg_batch_tokens"]) for r in rows} == {(16, 4, 4, 64), (32, 2, 4, 64)}
+    assert "batch=4 (at most 64 tokens a batch: 2 at 31 tokens)" in (out / "REPORT.md").read_text()
+
+
 def test_quality_with_seeds_resumes_exactly(tmp_path):
     out = tmp_path / "q"
     args = ["quality", "--task", "recall", "--variants", "full", "--lengths", "16,24", "--curriculum", "--seeds", "2",

@@ -16,6 +16,7 @@ class TrainConfig:
     heads: int = 4
     steps: int = 1500  # per length; with the curriculum, per stage
     batch: int = 32
+    batch_tokens: int | None = None  # at most this many tokens a batch: fewer sequences at long L (None: always `batch`)
     lr: float = 3e-3
     warmup: float = 0.1  # fraction of steps with a linear warm-up, then cosine decay to 0
     weight_decay: float = 0.01
@@ -29,6 +30,14 @@ class TrainConfig:
     queries: int | None = None  # recall: distinct keys asked once each among filler (default: fill with queries)
     warm_start: int = 0  # recall with queries: steps on the dense layout (every place a query) at the first length, first
     short_conv: int = 0  # width of a causal depthwise convolution on each block's input, in every variant's model (0: none)
+
+
+    def batch_at(self, seq_len: int) -> int:
+        """Sequences a training batch holds at `seq_len` tokens: `batch`, or fewer where `batch_tokens` caps it
+        (never less than one), so a curriculum stage at a long L costs what one at a short L does."""
+        if not self.batch_tokens:
+            return self.batch
+        return max(1, min(self.batch, self.batch_tokens // seq_len))
 
 
 TASKS = ("copy", "recall")

@@ -40,7 +40,7 @@ def _check_training_fits(train: "TrainConfig", task: str, length: int, made, nam
     if need > budget:
         detail = ", ".join(f"{part} {fmt_bytes(size)}" for part, size in parts.items())
         raise ArgumentError(f"{task} at L={length} ({made.seq_len} tokens, vocab {made.vocab_size}) with --d-model {train.d_model}, "
-                            f"--layers {train.layers}, --batch {train.batch}: training {worst} needs about {fmt_bytes(need)} "
+                            f"--layers {train.layers}, --batch {train.batch_at(made.seq_len)}: training {worst} needs about {fmt_bytes(need)} "
                             f"({detail}), more than the memory budget {fmt_bytes(budget)} (60% of the available RAM, 90% of a "
                             f"GPU's free memory); lower the sizes or the lengths")
 
@@ -61,7 +61,7 @@ def build_quality_config(*, tasks: tuple[str, ...], variants: str, preset: str =
         raise ArgumentError(f"--dtype bfloat16 trains with CUDA autocast; the device is {device}: use float32 there")
     defaults = PRESETS[preset]
     recipe = dict(chosen)
-    for key in ("steps", "lr", "batch", "seeds", "curriculum", "pairs", "queries", "warm_start", "short_conv"):
+    for key in ("steps", "lr", "batch", "batch_tokens", "seeds", "curriculum", "pairs", "queries", "warm_start", "short_conv"):
         if recipe.get(key) is None:
             recipe[key] = defaults.get(key)
     lengths = chosen.get("lengths") or defaults["lengths"][device]

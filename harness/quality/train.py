@@ -140,7 +140,7 @@ def _steps(model, opt, task, cfg: TrainConfig, steps: int, g, dev, autocast, wha
     for step in range(1, steps + 1):
         for group in opt.param_groups:
             group["lr"] = cfg.lr * lr_factor(step - 1, steps, cfg.warmup)
-        inputs, targets, mask = (t.to(dev) for t in task.batch(cfg.batch, g))
+        inputs, targets, mask = (t.to(dev) for t in task.batch(cfg.batch_at(task.seq_len), g))
         loss = _loss(model, inputs, targets, mask, autocast, cfg.label_smoothing)
         if not torch.isfinite(loss):  # an accuracy after this would describe a broken model
             raise TrainingDiverged(f"{what}: the training loss became {loss.item()} at step {step} (lr={cfg.lr}); "
@@ -182,7 +182,7 @@ def train_one(task_name: str, lengths, variant: str, options: dict, cfg: TrainCo
             loss_sum, loss_count = loss_sum + loss, loss_count + 1
             if step % cfg.eval_every == 0 or step == cfg.steps:
                 row = {"task": task_name, "variant": variant, "options": options, "resolved_options": resolved, "length": length,
-                       "seq_len": task.seq_len, **state, "seed": seed,
+                       "seq_len": task.seq_len, "batch": cfg.batch_at(task.seq_len), **state, "seed": seed,
                        "device": dev.type, "dtype": dtype, "stage": stage, "step": step, "final": step == cfg.steps,
                        "train_loss": loss_sum / loss_count, **evaluate(model, task, seed, cfg, dev, autocast),
                        "wall_s": round(time.perf_counter() - start, 2), "parameters": params, **recipe}
@@ -206,7 +206,8 @@ def measure_training_step(task_name: str, length: int, variant: str, options: di
     task = _task(task_name, length, cfg)
     model = TinyDecoder(task.vocab_size, cfg, variant, max_len=task.seq_len + 1, **options).to(dev)
     opt = torch.optim.AdamW(model.parameters(), lr=cfg.lr, betas=(0.9, 0.98), weight_decay=cfg.weight_decay)
-    inputs, targets, mask = (t.to(dev) for t in task.batch(cfg.batch, torch.Generator().manual_seed(0)))
+    batch = cfg.batch_at(task.seq_len)
+    inputs, targets, mask = (t.to(dev) for t in task.batch(batch, torch.Generator().manual_seed(0)))
 
     def step():
         loss = _loss(model, inputs, targets, mask, autocast)
@@ -224,8 +225,8 @@ def measure_training_step(task_name: str, length: int, variant: str, options: di
     seconds = statistics.median(times)
     return {"task": task_name, "variant": variant, "options": options, "resolved_options": resolved_options(variant, options),
             "length": length, "device": dev.type,
-            "dtype": dtype, "seq_len": task.seq_len, "batch": cfg.batch, "step_ms": seconds * 1e3,
-            "step_ms_min": min(times) * 1e3, "repeats": repeats, "tokens_per_s": cfg.batch * task.seq_len / seconds,
+            "dtype": dtype, "seq_len": task.seq_len, "batch": batch, "step_ms": seconds * 1e3,
+            "step_ms_min": min(times) * 1e3, "repeats": repeats, "tokens_per_s": batch * task.seq_len / seconds,
             "train_peak_bytes": memory["peak_bytes"], "memory_kind": memory["kind"], "threads": threads}
 
 
@@ -251,13 +252,14 @@ def training_memory_estimate(cfg: TrainConfig, seq_len: int, vocab_size: int, va
     upper-end estimate: what `bench quality` refuses before writing anything when it passes the budget."""
     d, h, layers = cfg.d_model, cfg.heads, cfg.layers
     parameters = 2 * vocab_size * d + layers * (12 * d * d + 13 * d) + layers * cfg.short_conv * d
-    rows = max(cfg.batch, cfg.eval_examples)
+    batch = cfg.batch_at(seq_len)
+    rows = max(batch, cfg.eval_examples)
     with torch.device("meta"):  # shapes only: a huge size costs nothing here
         attn = variants.build(variant, num_heads=h, head_dim=d // h, **variants.options_taken(variant, options))
-    call = attn.memory_estimate(cfg.batch, h, seq_len, seq_len, d // h, d // h, 4, True, True)
+    call = attn.memory_estimate(batch, h, seq_len, seq_len, d // h, d // h, 4, True, True)
     return {"parameters": 4 * 4 * parameters,
-            "activations": 4 * cfg.batch * seq_len * d * 16 * layers + layers * int(call),
-            "logits": 4 * 3 * cfg.batch * seq_len * vocab_size,
+            "activations": 4 * batch * seq_len * d * 16 * layers + layers * int(call),
+            "logits": 4 * 3 * batch * seq_len * vocab_size,
             "data": 8 * rows * (vocab_size + 2 * seq_len)}
 
 

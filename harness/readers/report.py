@@ -301,6 +301,15 @@ def cost_table(costs: pd.DataFrame) -> str:
     return markdown_table(["task", "L", "variant", "tokens/seq", "step", "tokens/s", "peak memory"], body)
 
 
+def batch_cap(rows: list[dict], cfg: dict) -> str:
+    """' (at most T tokens a batch: 16 at 512 tokens, 8 at 1024)' where --batch-tokens shrank a stage's batch, read from the rows."""
+    if not cfg.get("batch_tokens"):
+        return ""
+    smaller = sorted({(int(r["seq_len"]), int(r["batch"])) for r in rows if r.get("batch") and int(r["batch"]) < cfg["batch"]})
+    where = ", ".join(f"{b} at {n} tokens" for n, b in smaller)
+    return f" (at most {cfg['batch_tokens']} tokens a batch{': ' + where if where else ''})"
+
+
 def _quality_section(run_dir: Path, cfg: dict, figures) -> list[str]:
     rows = quality_rows(run_dir)
     if not rows:
@@ -316,7 +325,7 @@ def _quality_section(run_dir: Path, cfg: dict, figures) -> list[str]:
               f"steps={cfg.get('steps')}{' per length, each length starting from the model of the one before (curriculum)' if cfg.get('curriculum') else ''}, "
               + (f"recall first {cfg['warm_start']} steps on the dense layout at the first length, " if cfg.get("warm_start") else "")
               + (f"a causal depthwise convolution of width {cfg['short_conv']} before each block's attention, " if cfg.get("short_conv") else "")
-              + f"batch={cfg.get('batch')}, lr={cfg.get('lr')} (AdamW, warm-up then cosine), "
+              + f"batch={cfg.get('batch')}{batch_cap(rows, cfg)}, lr={cfg.get('lr')} (AdamW, warm-up then cosine), "
               + (f"seeds 0-{seeds - 1}" if seeds > 1 else f"seed {cfg.get('seed', 0)}")
               + f"; device {cfg.get('device', 'cpu')}, {cfg.get('dtype', 'float32')}; variant options {cfg.get('options')}"
               + (f"; {'; '.join(task_text)}" if task_text else ""))
