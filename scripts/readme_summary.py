@@ -57,9 +57,14 @@ def per_variant(run_dir: Path) -> str:
     return "\n".join(lines)
 
 
-def summary_table(report: str) -> str:
-    """The table of a sweep report's Summary section (without the report's sentence on exponents)."""
-    return report.split("## Summary", 1)[1].split("## Every cell", 1)[0].strip().split("\n", 2)[2]
+def summary_table(report: str, ran_only: bool = False) -> str:
+    """The table of a sweep report's Summary section (without the report's sentence on exponents);
+    ran_only: the table alone, without the lines of a mode or pass a variant does not run (nothing but —)."""
+    table = report.split("## Summary", 1)[1].split("## Every cell", 1)[0].strip().split("\n", 2)[2]
+    if not ran_only:
+        return table
+    table = table.split("\n## ", 1)[0].strip()  # the table alone, not the report's next sections
+    return "\n".join(line for line in table.splitlines() if not line.endswith("| — | — | — | — | — | — |"))
 
 
 speed_report, quality_report, long_report, sweep_long_report = (Path(p).read_text() for p in sys.argv[1:5])
@@ -77,7 +82,8 @@ speed = replace_block(speed, "summary", (
     f"\"beats full from N\": the smallest N from which the variant is faster at every larger N):\n\n{summary_table(speed_report)}"))
 speed = replace_block(speed, "long-summary", (
     f"Summary from [`{sys.argv[4]}`](../{sys.argv[4]}) (exponents fitted on the upper half of the lengths; "
-    f"\"beats full from N\" within this run's lengths):\n\n{summary_table(sweep_long_report)}"))
+    f"\"beats full from N\" within this run's lengths; the modes a variant does not run left out):\n\n"
+    f"{summary_table(sweep_long_report, ran_only=True)}"))
 Path("docs/speed.md").write_text(speed)
 page = Path("docs/quality.md").read_text()  # one folder down: its links go up first
 page = replace_block(page, "quality", f"From [`{sys.argv[2]}`](../{sys.argv[2]}): {quality}")

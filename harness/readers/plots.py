@@ -123,7 +123,7 @@ def _guides(ax, ns, anchor: float) -> None:
 def _stop_marker(ax, group: pd.DataFrame, ycol: str, y_default: float, scale: float, facts: dict | None = None) -> None:
     """Mark where a series stopped (oom, timeout, skipped...), at its last measured height (× scale)."""
     failed = group[group["status"] != "ok"].sort_values("n")
-    if failed.empty:
+    if failed.empty or (group["status"] == "skipped").all():  # nothing stopped: a mode or pass the variant never runs
         return
     first = failed.iloc[0]
     ok = group[(group["status"] == "ok") & (group["n"] < first["n"])].sort_values("n")
