@@ -613,8 +613,10 @@ class Preset(str, Enum):
 def quality(
     task: Annotated[Task, typer.Option(help="copy, recall, or all.")] = Task.all,
     variants_: Annotated[str, typer.Option("--variants", help="'all' (one variant per attention function that trains on the device: full_naive, the same function as full, is left out) or names, comma-separated.")] = "all",
-    preset: Annotated[Preset, typer.Option(help="quick: L = 32,64, 1 seed, about 15 min on 2 CPU cores. long: L = 64,128,256 on the CPU (to 4096 on CUDA), recall with 8 pairs asked once each among filler, window 64, a length curriculum, 3 seeds. Options given here override the preset's.")] = Preset.quick,
+    preset: Annotated[Preset, typer.Option(help="quick: L = 32,64, 1 seed, about 15 min on 2 CPU cores. long: L = 64,128,256 on the CPU, then 512,1024 for one variant of each family (--long-variants; to 4096 for every variant on CUDA), recall with 8 pairs asked once each among filler after 2000 warm-start steps, window 64, MoBA blocks of 32 (top 2), a length curriculum, 3 seeds, at most 8192 tokens a batch on the CPU. Options given here override the preset's.")] = Preset.quick,
     lengths: Annotated[Optional[str], typer.Option(help="Task lengths L: the recall sequence's length / the copied string's length (the sequence is 2L). Default: the preset's.")] = None,
+    long_lengths: Annotated[Optional[str], typer.Option(help="Lengths after --lengths that only --long-variants train (recall, and copy where it has no lengths of its own), the curriculum going on to them. Default: the preset's (long: 512,1024 on the CPU).")] = None,
+    long_variants: Annotated[Optional[str], typer.Option(help="Which variants train --long-lengths: names, comma-separated, or all. Default: the preset's that the run selects (long: one a family, full, sliding_window, linear, performer, mamba2, gated_deltanet, moba, memory_compressed), else all.")] = None,
     copy_lengths: Annotated[Optional[str], typer.Option(help="Copy's lengths when they differ from --lengths. Default: the preset's (long: 32,64,128 on the CPU, sequences of 64-256 tokens like recall's).")] = None,
     device: Annotated[str, typer.Option(help="cpu, cuda, or auto (CUDA when present).")] = "cpu",
     dtype: Annotated[str, typer.Option(help="float32, or bfloat16 (autocast; CUDA only).")] = "float32",
@@ -623,14 +625,14 @@ def quality(
     curriculum: Annotated[Optional[bool], typer.Option("--curriculum/--no-curriculum", help="Train one model per (task, variant, seed) at each length in increasing order, each stage starting from the last. Default: the preset's (long: on).")] = None,
     pairs: Annotated[Optional[int], typer.Option(callback=_at_least(1), help="Recall: key-value pairs per sequence (default: the preset's; quick: L // 8).")] = None,
     queries: Annotated[Optional[int], typer.Option(callback=_at_least(1), help="Recall: ask this many distinct keys once each, at random places among filler tokens (<= --pairs). Default: the preset's (quick: every remaining place is a query, keys repeat).")] = None,
-    warm_start: Annotated[Optional[int], typer.Option(callback=_at_least(0), help="Recall asked once among filler: first train this many steps on the dense layout (every place a query) at the first length; unscored. Default: the preset's (long 1000).")] = None,
+    warm_start: Annotated[Optional[int], typer.Option(callback=_at_least(0), help="Recall asked once among filler: first train this many steps on the dense layout (every place a query) at the first length; unscored. Default: the preset's (long 2000).")] = None,
     short_conv: Annotated[Optional[int], typer.Option(callback=_at_least(0), help="Width K of a causal depthwise convolution on each block's input, before its attention, in every variant's model (the short convolution Mamba-2, GLA and DeltaNet put before q, k, v; 4 in their papers). Default: the preset's (0: none).")] = None,
     vocab: Annotated[Optional[int], typer.Option(callback=_at_least(2), help="Task vocabulary (copy: symbols, default 16; recall: keys + values, default max(64, 2 x pairs)).")] = None,
     d_model: Annotated[int, typer.Option(callback=_at_least(1), help="Model width.")] = 64,
     layers: Annotated[int, typer.Option(callback=_at_least(1), help="Transformer blocks.")] = 2,
     heads: Annotated[int, typer.Option(callback=_at_least(1), help="Attention heads.")] = 4,
     batch: Annotated[Optional[int], typer.Option(callback=_at_least(1), help="Training batch size (default 32).")] = None,
-    batch_tokens: Annotated[Optional[int], typer.Option(callback=_at_least(1), help="At most this many tokens a training batch: at long L the batch holds fewer sequences (never under 1), so a stage costs minutes there too. Default: the preset's (none).")] = None,
+    batch_tokens: Annotated[Optional[int], typer.Option(callback=_at_least(1), help="At most this many tokens a training batch: at long L the batch holds fewer sequences (never under 1), so a stage costs minutes there too. Default: the preset's (long: 8192 on the CPU; else none).")] = None,
     lr: Annotated[Optional[float], typer.Option(help="Peak learning rate (AdamW, linear warm-up then cosine decay). Default: the preset's (3e-3 in both).")] = None,
     label_smoothing: Annotated[float, typer.Option(help="Label smoothing of the training loss.")] = 0.0,
     window: Annotated[Optional[int], typer.Option(help="Sliding-window width w (default: the preset's, quick 16, long 64: narrower than most distances on purpose, that is what local attention gives up).")] = None,
@@ -648,7 +650,8 @@ def quality(
     Every evaluation row records its seed and accuracy by distance (how far back the answer sits).
     Rows are appended to RUN_DIR/quality.jsonl as they exist; REPORT.md and the figures are written at
     the end (`bench report RUN_DIR` redraws them). On a 2-core CPU the quick preset took 15 min 20 s
-    (results/quality-reference) and the long one 80 min (results/quality-long).
+    (results/quality-reference); the committed long run (results/quality-long, 80 min) predates the long
+    preset's 2000 warm-start steps and its L = 512, 1024.
     """
     from harness.quality.session import QualityRequest, open_quality
     from harness.quality.train import TrainingDiverged
@@ -658,7 +661,7 @@ def quality(
         build = None if resume is not None else dict(
             tasks=TASKS if task == Task.all else (task.value,), variants=variants_, preset=preset.value, device=device,
             dtype=dtype, given=opts.merge_options(option or [], window=window, compression=compression),
-            measure_cost=cost, lengths=lengths, copy_lengths=copy_lengths, seeds=seeds, lr=lr, label_smoothing=label_smoothing,
+            measure_cost=cost, lengths=lengths, copy_lengths=copy_lengths, long_lengths=long_lengths, long_variants=long_variants, seeds=seeds, lr=lr, label_smoothing=label_smoothing,
             d_model=d_model, layers=layers, heads=heads, steps=steps, batch=batch, batch_tokens=batch_tokens, curriculum=curriculum, pairs=pairs,
             queries=queries, vocab=vocab, warm_start=warm_start, short_conv=short_conv)
         session = open_quality(QualityRequest(build=build or {}, resume=resume, out=out, imports=tuple(import_ or [])), _say(console))

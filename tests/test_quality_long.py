@@ -135,6 +135,25 @@ def test_batch_tokens_caps_a_long_stages_batch_and_the_row_and_report_say_so(tmp
     assert "batch=4 (at most 64 tokens a batch: 2 at 31 tokens)" in (out / "REPORT.md").read_text()
 
 
+def test_long_lengths_are_trained_by_the_long_variants_only_after_the_others(tmp_path):
+    out = tmp_path / "q"
+    base = ["quality", "--task", "recall", "--variants", "full,linear", "--lengths", "16", "--curriculum", "--pairs", "2",
+            "--queries", "2", "--steps", "2", "--d-model", "16", "--heads", "2", "--layers", "1", "--batch", "4", "--no-cost"]
+    result = _invoke(*base, "--long-lengths", "24", "--long-variants", "full", "--out", str(out))
+    assert result.exit_code == 0, result.output
+    rows = read_rows(out, QUALITY_RESULTS)
+    assert sorted({(r["variant"], r["length"], r["stage"]) for r in rows}) == [("full", 16, 0), ("full", 24, 1), ("linear", 16, 0)]
+    assert "L = 24 trained by `full` only" in (out / "REPORT.md").read_text()
+    again = _invoke("quality", "--resume", str(out), "--no-report")  # the stored configuration keeps them
+    assert again.exit_code == 0 and len(read_rows(out, QUALITY_RESULTS)) == len(rows)
+    for extra, message in ((["--long-lengths", "16"], "each must be longer than the longest of --lengths (16)"),
+                           (["--long-lengths", "24", "--long-variants", "gla"], "gla not among the run's variants"),
+                           (["--long-variants", "full"], "but no long lengths are set")):
+        bad = _invoke(*base, *extra, "--out", str(tmp_path / "bad"))
+        assert bad.exit_code == 2 and message in " ".join(bad.output.replace("│", "").split()), bad.output
+        assert not (tmp_path / "bad").exists()
+
+
 def test_quality_with_seeds_resumes_exactly(tmp_path):
     out = tmp_path / "q"
     args = ["quality", "--task", "recall", "--variants", "full", "--lengths", "16,24", "--curriculum", "--seeds", "2",

@@ -60,19 +60,26 @@ class QualityConfig:
     preset: str = "quick"
     measure_cost: bool = True  # a training step's time and memory per (task, variant, length)
     copy_lengths: tuple[int, ...] | None = None  # copy's lengths when they differ from `lengths`
+    long_lengths: tuple[int, ...] = ()  # lengths beyond `lengths` that only `long_variants` train (after `lengths`)
+    long_variants: tuple[str, ...] = ()
 
     @property
     def seeds_list(self) -> tuple[int, ...]:
         return tuple(range(self.seeds))
 
-    def lengths_of(self, task: str) -> tuple[int, ...]:
-        return self.copy_lengths if task == "copy" and self.copy_lengths else self.lengths
+    def lengths_of(self, task: str, variant: str | None = None) -> tuple[int, ...]:
+        """The lengths `variant` trains `task` at (without a variant: every variant's): copy's own where
+        given; else `lengths`, and `long_lengths` after them for the `long_variants`."""
+        if task == "copy" and self.copy_lengths:
+            return self.copy_lengths
+        return self.lengths + (self.long_lengths if variant in self.long_variants else ())
 
     def to_json(self) -> dict:
         return {**asdict(self.train), "tasks": list(self.tasks), "variants": list(self.variants),
                 "lengths": list(self.lengths), "options": dict(self.options), "imports": list(self.imports),
                 "seeds": self.seeds, "device": self.device, "dtype": self.dtype, "preset": self.preset,
-                "measure_cost": self.measure_cost, "copy_lengths": list(self.copy_lengths) if self.copy_lengths else None}
+                "measure_cost": self.measure_cost, "copy_lengths": list(self.copy_lengths) if self.copy_lengths else None,
+                "long_lengths": list(self.long_lengths), "long_variants": list(self.long_variants)}
 
     @classmethod
     def from_json(cls, data: dict) -> "QualityConfig":
@@ -84,6 +91,8 @@ class QualityConfig:
         extra = {key: data[key] for key in ("seeds", "device", "dtype", "preset", "measure_cost") if key in data}
         if data.get("copy_lengths"):
             extra["copy_lengths"] = tuple(data["copy_lengths"])
+        if data.get("long_lengths"):
+            extra["long_lengths"], extra["long_variants"] = tuple(data["long_lengths"]), tuple(data.get("long_variants") or ())
         if "measure_cost" not in data:  # runs made before training costs were measured
             extra["measure_cost"] = False
         return cls(tasks=tuple(data["tasks"]), variants=tuple(data["variants"]), lengths=tuple(data["lengths"]),
@@ -92,6 +101,9 @@ class QualityConfig:
 
 QUALITY_OPTIONS = {"window": 16, "compression": 3}  # the quick preset's variant options, unless given
 
+# one variant of each family: what the long preset trains at its long lengths on the CPU
+LONG_VARIANTS = ("full", "sliding_window", "linear", "performer", "mamba2", "gated_deltanet", "moba", "memory_compressed")
+
 # What each preset sets where the command line does not. quick: short sequences, one seed, minutes on a
 # laptop. long: where subquadratic attention begins to pay, recall with few pairs asked once each among
 # filler (difficulty from distance), a window narrower than most distances, a length curriculum, 3 seeds.
@@ -99,9 +111,12 @@ PRESETS = {
     "quick": {"lengths": {"cpu": "32,64", "cuda": "32,64"}, "steps": 1500, "lr": 3e-3, "batch": 32, "seeds": 1,
               "curriculum": False, "pairs": None, "queries": None, "options": QUALITY_OPTIONS},
     "long": {"lengths": {"cpu": "64,128,256", "cuda": "64,128,256,512,1024,2048,4096"},
-             "copy_lengths": {"cpu": "32,64,128", "cuda": "32,64,128,256,512,1024,2048"}, "steps": 800, "lr": 3e-3, "warm_start": 1000,
-             "batch": 32, "seeds": 3, "curriculum": True, "pairs": 8, "queries": 8,
-             "options": {"window": 64, "compression": 3}},
+             "copy_lengths": {"cpu": "32,64,128", "cuda": "32,64,128,256,512,1024,2048"}, "steps": 800, "lr": 3e-3, "warm_start": 2000,
+             "batch": 32, "batch_tokens": {"cpu": 8192, "cuda": None}, "seeds": 3, "curriculum": True, "pairs": 8, "queries": 8,
+             # on the CPU every variant to L = 256, and one of each family on to 1024 (3 h would not hold the whole menu there)
+             "long_lengths": {"cpu": "512,1024", "cuda": None}, "long_variants": LONG_VARIANTS,
+             # MoBA's blocks of 32, 2 chosen: about the 64 keys a query the window sees (its default 256-blocks would be full)
+             "options": {"window": 64, "compression": 3, "moba.block": 32, "moba.top_k": 2}},
 }
 
 

@@ -63,13 +63,18 @@ def build_quality_config(*, tasks: tuple[str, ...], variants: str, preset: str =
     recipe = dict(chosen)
     for key in ("steps", "lr", "batch", "batch_tokens", "seeds", "curriculum", "pairs", "queries", "warm_start", "short_conv"):
         if recipe.get(key) is None:
-            recipe[key] = defaults.get(key)
+            value = defaults.get(key)
+            recipe[key] = value.get(device) if isinstance(value, dict) else value  # a value per device
     lengths = chosen.get("lengths") or defaults["lengths"][device]
     copy_lengths = chosen.get("copy_lengths") or (defaults.get("copy_lengths") or {}).get(device)
     if chosen.get("lengths") and not chosen.get("copy_lengths"):
         copy_lengths = None  # --lengths alone is every task's
-    recipe.pop("lengths", None)
-    recipe.pop("copy_lengths", None)
+    long_lengths = chosen.get("long_lengths")  # the preset's unless --lengths was given (they would follow the preset's)
+    if not long_lengths and not chosen.get("lengths"):
+        long_lengths = (defaults.get("long_lengths") or {}).get(device)
+    long_variants = chosen.get("long_variants")
+    for key in ("lengths", "copy_lengths", "long_lengths", "long_variants"):
+        recipe.pop(key, None)
     seeds = recipe.pop("seeds")  # the command line's, else the preset's
     if not 1 <= seeds <= MAX_SEEDS:
         raise ArgumentError(f"--seeds {seeds} is not allowed; it must lie in 1..{MAX_SEEDS}")
@@ -90,6 +95,7 @@ def build_quality_config(*, tasks: tuple[str, ...], variants: str, preset: str =
         check_variant_options(name, registry.options_taken(name, options), name, train.heads, train.d_model // train.heads)
     length_list = parse_lengths(lengths)
     copy_list = parse_lengths(copy_lengths) if copy_lengths else None
+    long_list, long_names = _long_lengths(long_lengths, long_variants, defaults.get("long_variants", ()), length_list, names)
     if chosen.get("copy_lengths") and "copy" not in tasks:
         raise ArgumentError(f"--copy-lengths {chosen['copy_lengths']}: the copy task's lengths, but the run trains "
                             f"{', '.join(tasks)} only (--task)")
@@ -98,13 +104,40 @@ def build_quality_config(*, tasks: tuple[str, ...], variants: str, preset: str =
             raise ArgumentError(f"--{key} {chosen[key]}: a recall option, but the run trains {', '.join(tasks)} only (--task)")
     budget = dict(memory_budgets("auto", (device,), _quality_machine(device))).get(device)
     for task in tasks:
-        for n in (copy_list if task == "copy" and copy_list else length_list):
+        own = task == "copy" and copy_list  # copy's own lengths: no long ones after them
+        for n in (copy_list if own else length_list + long_list):
             try:
                 made = make_task(task, n, vocab=train.vocab, pairs=train.pairs, queries=train.queries)
             except ValueError as err:
                 raise ArgumentError(f"--lengths {n}: {err}") from None
             if budget:
-                _check_training_fits(train, task, n, made, names, options, budget)
+                _check_training_fits(train, task, n, made, long_names if not own and n in long_list else names, options, budget)
     return QualityConfig(tasks=tuple(tasks), variants=names, lengths=length_list, options=options, imports=tuple(imports),
                          train=train, seeds=seeds, device=device, dtype=dtype, preset=preset, measure_cost=measure_cost,
-                         copy_lengths=copy_list if copy_list and copy_list != length_list and "copy" in tasks else None)
+                         copy_lengths=copy_list if copy_list and copy_list != length_list and "copy" in tasks else None,
+                         long_lengths=long_list, long_variants=long_names)
+
+
+def _long_lengths(text: str | None, variants_text: str | None, preset_variants: tuple[str, ...], lengths: tuple[int, ...],
+                  names: tuple[str, ...]) -> tuple[tuple[int, ...], tuple[str, ...]]:
+    """(--long-lengths, the variants that train them): lengths after every --lengths, for the variants named by
+    --long-variants ('all': every selected one), else the preset's that the run selects; ((), ()) when none."""
+    if not text:
+        if variants_text:
+            raise ArgumentError(f"--long-variants {variants_text}: the variants that train --long-lengths, but no long lengths are set")
+        return (), ()
+    long_list = parse_lengths(text)
+    if min(long_list) <= max(lengths):
+        raise ArgumentError(f"--long-lengths {text}: each must be longer than the longest of --lengths ({max(lengths)}); "
+                            "they are trained after them, by the --long-variants only")
+    if variants_text is None:
+        chosen = tuple(name for name in preset_variants if name in names) or names
+    elif variants_text.strip() == "all":
+        chosen = names
+    else:
+        chosen = tuple(dict.fromkeys(part.strip() for part in variants_text.split(",") if part.strip()))
+        missing = [name for name in chosen if name not in names]
+        if missing or not chosen:
+            raise ArgumentError(f"--long-variants {variants_text!r}: {', '.join(missing) or 'none'} not among the run's variants "
+                                f"({', '.join(names)}); name some of them, or all")
+    return long_list, chosen

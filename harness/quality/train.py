@@ -281,8 +281,10 @@ def trainings(config: QualityConfig) -> list[tuple[str, str, int, tuple[int, ...
     an interrupted run holds whole seeds of every (task, variant) rather than every seed of a few."""
     cfg = config.train
     if cfg.curriculum:
-        return [(t, v, s, tuple(sorted(config.lengths_of(t)))) for s in config.seeds_list for t in config.tasks for v in config.variants]
-    return [(t, v, s, (n,)) for s in config.seeds_list for t in config.tasks for n in config.lengths_of(t) for v in config.variants]
+        return [(t, v, s, tuple(sorted(config.lengths_of(t, v)))) for s in config.seeds_list for t in config.tasks for v in config.variants]
+    every = {t: tuple(dict.fromkeys(n for v in config.variants for n in config.lengths_of(t, v))) for t in config.tasks}
+    return [(t, v, s, (n,)) for s in config.seeds_list for t in config.tasks for n in every[t] for v in config.variants
+            if n in config.lengths_of(t, v)]
 
 
 def keep_finished_runs(run_dir: Path, config: QualityConfig | None = None) -> set[tuple]:

@@ -328,7 +328,9 @@ def _quality_section(run_dir: Path, cfg: dict, figures) -> list[str]:
               + f"batch={cfg.get('batch')}{batch_cap(rows, cfg)}, lr={cfg.get('lr')} (AdamW, warm-up then cosine), "
               + (f"seeds 0-{seeds - 1}" if seeds > 1 else f"seed {cfg.get('seed', 0)}")
               + f"; device {cfg.get('device', 'cpu')}, {cfg.get('dtype', 'float32')}; variant options {cfg.get('options')}"
-              + (f"; {'; '.join(task_text)}" if task_text else ""))
+              + (f"; {'; '.join(task_text)}" if task_text else "")
+              + (f"; L = {', '.join(str(n) for n in cfg['long_lengths'])} trained by "
+                 f"{', '.join(f'`{v}`' for v in cfg.get('long_variants') or ())} only, after the other lengths" if cfg.get("long_lengths") else ""))
     lines = [
         "## Quality: copy and associative recall",
         "",
