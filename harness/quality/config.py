@@ -31,7 +31,6 @@ class TrainConfig:
     warm_start: int = 0  # recall with queries: steps on the dense layout (every place a query) at the first length, first
     short_conv: int = 0  # width of a causal depthwise convolution on each block's input, in every variant's model (0: none)
 
-
     def batch_at(self, seq_len: int) -> int:
         """Sequences a training batch holds at `seq_len` tokens: `batch`, or fewer where `batch_tokens` caps it
         (never less than one), so a curriculum stage at a long L costs what one at a short L does."""
