@@ -212,8 +212,9 @@ def run(
     repeats: Annotated[int, typer.Option(callback=_at_least(1), help="At most this many timed calls per cell.")] = 10,
     warmup: Annotated[int, typer.Option(callback=_at_least(0), help="Untimed calls before timing (at least; see --warmup-time).")] = 1,
     warmup_time: Annotated[float, typer.Option(help="Untimed calls go on until they lasted this many seconds: a fresh process runs its first calls slower.")] = 0.25,
-    min_time: Annotated[float, typer.Option(help="Stop timing a cell after 3 calls once this many seconds were timed.")] = 1.0,
-    cell_timeout: Annotated[float, typer.Option(help="Seconds a cell may take (check, warm-up, timing, memory) before it is killed.")] = 300.0,
+    min_time: Annotated[float, typer.Option(help="Stop timing a cell after --min-repeats calls once this many seconds were timed.")] = 1.0,
+    min_repeats: Annotated[int, typer.Option(callback=_at_least(1), help="At least this many timed calls per cell (more until --min-time seconds were timed, at most --repeats). 1: a call that alone lasts --min-time is timed once, being stable on its own (pyperf's calibration); its row then has no spread, only the other processes' load can flag it noisy.")] = 1,
+    cell_timeout: Annotated[float, typer.Option(help="Seconds a cell may take (warm-up, timing, memory) before it is killed; a cell predicted from its series' smaller N to need longer is skipped without running ('predicted ... s'). The correctness check, once per variant and mode, may take max(this, 300 s): a compiled variant's first call compiles. 60 s keeps the whole menu to N = 16384 a short run on a laptop; give more to measure slow variants further.")] = 60.0,
     memory_budget: Annotated[str, typer.Option(help="Memory a cell may use: auto (60% of free RAM, 90% of free GPU memory) or a size like 8GiB.")] = "auto",
     threads: Annotated[int, typer.Option(callback=_at_least(0), help="CPU threads per cell (0: every core this process may use).")] = 0,
     peak_time: Annotated[float, typer.Option(help="Seconds spent measuring the machine's matmul peak (the 100% of the efficiency figure) before the sweep.")] = 1.0,
@@ -248,7 +249,7 @@ def run(
             devices=devices, passes=passes, causal=CAUSAL[causal.value],
             options=opts.merge_options(option or [], window=window, compression=compression),
             min_time=min_time, warmup_time=warmup_time, cell_timeout=cell_timeout, batch=batch, heads=heads, head_dim=head_dim,
-            dtype=dtype.value, repeats=repeats, warmup=warmup, threads=threads, check_len=check_len)
+            dtype=dtype.value, repeats=repeats, min_repeats=min_repeats, warmup=warmup, threads=threads, check_len=check_len)
         request = SweepRequest(build=build or {}, resume=resume, out=out, imports=tuple(import_ or []), memory_budget=memory_budget,
                                peak_time=peak_time, executor=executor.value, ray_address=ray_address,
                                ray_resources=tuple(ray_resources or []), retry_failed=retry_failed)

@@ -158,6 +158,27 @@ def test_time_calls_one_call_per_sample_on_cpu_and_min_time():
     assert per_sample == 1 and len(times) == 3  # 3 samples of 0.4 s pass min_time = 1 s
 
 
+def test_a_call_lasting_min_time_is_timed_once_with_min_repeats_1():
+    # pyperf's calibration: a call that alone lasts min_time is stable on its own; shorter ones still fill min_time
+    long = FakeClock(per_call=1.5, overhead=0.0)
+    assert len(measure.time_calls(long.call, long, repeats=10, min_time=1.0, min_repeats=1)[0]) == 1
+    assert len(measure.time_calls(long.call, long, repeats=10, min_time=1.0)[0]) == 3  # the default: at least 3
+    short = FakeClock(per_call=0.4, overhead=0.0)
+    assert len(measure.time_calls(short.call, short, repeats=10, min_time=1.0, min_repeats=1)[0]) == 3  # 1.2 s >= 1 s
+
+
+def test_one_sample_has_no_spread_and_only_load_flags_it():
+    from harness.core.noise import Snapshot, noise_fields
+
+    before, after = Snapshot(0.0, 10.0, 1.0, 0.5), Snapshot(1.0, 11.0, 2.0, 0.5)  # others used no core
+    assert noise_fields(before, after, 1.0, 0.0, samples=1)["spread"] is None
+    assert not noise_fields(before, after, 1.0, 0.0, samples=1)["noisy"]
+    wide = noise_fields(before, after, 1.0, 0.5, samples=3)
+    assert wide["spread"] == 0.5 and wide["noisy"] and "spread" in wide["noise"]
+    busy = noise_fields(before, Snapshot(1.0, 12.0, 2.0, 1.5), 1.0, 0.0, samples=1)  # another process kept 1 core busy
+    assert busy["spread"] is None and busy["noisy"] and "other processes used 1.00 cores" in busy["noise"]
+
+
 def test_last_warm_up_call_calibrates_samples_without_another_call():
     # a cell of seconds a call must not pay one more call to learn what its warm-up already measured
     clock = FakeClock(per_call=10e-6, overhead=50e-6)

@@ -186,9 +186,11 @@ def test_spec_limits_are_skipped_with_reason(tmp_path):
         (["--lengths", "32," + "9" * 27], "must list integers from 1 to 2147483648 (2^31)"),
         (["--max-len", str(2**32)], "need 1 <= min-len <= max-len <= 2147483648"),
         (["--check-len", "100000000"], "100000000 is not allowed; use 1 <= value <= 4096"),
+        (["--min-repeats", "4", "--repeats", "3"], "--min-repeats 4: at most --repeats (3), the most timed calls a cell makes"),
     ],
     ids=["unknown-variant", "no-cuda", "bad-device", "bad-lengths", "bad-pass", "bad-size", "bad-option", "bad-window",
-         "unused-option", "scoped-unselected", "scoped-unknown", "bad-range", "bad-heads", "empty-lengths", "huge-length", "huge-max-len", "huge-check-len"],
+         "unused-option", "scoped-unselected", "scoped-unknown", "bad-range", "bad-heads", "empty-lengths", "huge-length", "huge-max-len", "huge-check-len",
+         "min-repeats-over-repeats"],
 )
 def test_invalid_arguments(tmp_path, args, message):
     if "cuda" in args and __import__("torch").cuda.is_available():
@@ -293,14 +295,14 @@ def test_help_explains_options():
 
 
 def test_a_cell_predicted_past_the_cell_timeout_is_skipped_not_run():
-    """A series' time extrapolated from its two largest ok N: a cell whose fewest calls (warm-up, three
+    """A series' time extrapolated from its two largest ok N: a cell whose fewest calls (warm-up, --min-repeats
     timed, one for memory) would pass --cell-timeout is skipped with the prediction, before anything runs."""
     from harness.sweep import runner
-    from harness.sweep.config import Cell
+    from harness.sweep.config import Cell, RunConfig
     from harness.sweep.plan import build_run_config
 
     config = build_run_config(variants="full", lengths=(64, 128, 256), devices="cpu", passes="fwd", causal=(False,), options={},
-                              imports=[], min_time=0, cell_timeout=5, batch=1, heads=1, head_dim=8, dtype="float32", repeats=3,
+                              imports=[], min_time=0, cell_timeout=4, batch=1, heads=1, head_dim=8, dtype="float32", repeats=3,
                               warmup=1, threads=0, check_len=32)
     rows = [{"device": "cpu", "variant": "full", "pass": "fwd", "causal": False, "n": n, "device_name": None, "status": "ok",
              "time_median_s": t} for n, t in ((32, 0.02), (64, 0.1), (128, 0.4))]
@@ -311,7 +313,11 @@ def test_a_cell_predicted_past_the_cell_timeout_is_skipped_not_run():
     assert state.predicted_time(Cell("cpu", "full", "fwdbwd", False, 256, None)) is None  # another series
     status, message, measured, _ = runner.decide(config, cell, state, {}, None, executor=None)  # (nothing to run it with)
     assert status == "skipped" and measured is None
-    assert message == "predicted 1.6 s a call (~N^2.00 from N=64 and 128): its 5 calls would pass --cell-timeout 5 s"
+    assert message == "predicted 1.6 s a call (~N^2.00 from N=64 and 128): its 3 calls would pass --cell-timeout 4 s"
+    three = RunConfig.from_json({**config.to_json(), "min_repeats": 3, "cell_timeout": 5})  # at least 3 timed calls: 5 a cell
+    assert runner.calls_per_cell(three) == 5 and runner.decide(three, cell, state, {}, None, executor=None)[0] == "skipped"
+    before = {key: value for key, value in config.to_json().items() if key != "min_repeats"}  # a run from before it was recorded
+    assert RunConfig.from_json(before).min_repeats == 3
     fast = runner.SweepState.from_rows([{**r, "time_median_s": r["time_median_s"] / 2} for r in rows])
     assert fast.predicted_time(cell)[0] * runner.calls_per_cell(config) < config.cell_timeout  # 0.8 s a call: it runs
     tiny = runner.SweepState.from_rows([{**r, "time_median_s": r["time_median_s"] / 100} for r in rows])

@@ -259,14 +259,14 @@ class Timing:
 
 
 def measure_time(call, device: torch.device, *, warmup: int, repeats: int, min_time: float,
-                 warmup_time: float = WARMUP_S) -> Timing:
+                 warmup_time: float = WARMUP_S, min_repeats: int = 3) -> Timing:
     """Time `call` as `bench run`'s cells and the training-step cost do: `warmed` (steady allocator, at
     least `warmup` calls lasting at least `warmup_time` seconds; the micro-benchmarks call it before
     pytest-benchmark's own loop), then `time_calls` with calls per sample calibrated from the last warm-up
     call to a sample of CPU_MIN_SAMPLE_S (CUDA_MIN_SAMPLE_S)."""
     clock, last = warmed(call, device, warmup=warmup, seconds=warmup_time)
     before = Snapshot.now()
-    times, per_sample = time_calls(call, clock, repeats=repeats, min_time=min_time, per_call=last,
+    times, per_sample = time_calls(call, clock, repeats=repeats, min_time=min_time, per_call=last, min_repeats=min_repeats,
                                    min_sample_s=CUDA_MIN_SAMPLE_S if device.type == "cuda" else CPU_MIN_SAMPLE_S)
     return Timing(times, per_sample, before, before.after())
 
@@ -294,13 +294,14 @@ def warm_up(call, clock, *, calls: int, seconds: float) -> float | None:
 
 
 def time_calls(call, clock, *, repeats: int, min_time: float, min_sample_s: float = 0.0,
-               per_call: float | None = None) -> tuple[list[float], int]:
+               per_call: float | None = None, min_repeats: int = 3) -> tuple[list[float], int]:
     """(seconds per call of each sample, calls per sample).
 
     A sample times `per_sample` consecutive calls between one start and stop of the clock, with
     `per_sample` chosen so that a sample lasts >= min_sample_s (1 when min_sample_s is 0), from
     `per_call` (the last warm-up call's seconds) or else one calibrating call. Samples are taken until
-    `repeats`, or 3 once `min_time` seconds were timed.
+    `repeats`, or `min_repeats` once `min_time` seconds were timed (with 1, a sample that alone lasts
+    `min_time` is the only one: pyperf's calibration, a call that long being stable on its own).
     """
     per_sample = 1
     if min_sample_s > 0:
@@ -310,7 +311,7 @@ def time_calls(call, clock, *, repeats: int, min_time: float, min_sample_s: floa
             per_call = clock.stop()
         per_sample = max(1, min(MAX_CALLS_PER_SAMPLE, math.ceil(min_sample_s / max(per_call, 1e-9))))
     times: list[float] = []
-    while len(times) < repeats and (len(times) < 3 or sum(times) * per_sample < min_time):
+    while len(times) < repeats and (len(times) < min_repeats or sum(times) * per_sample < min_time):
         clock.start()
         for _ in range(per_sample):
             call()

@@ -60,17 +60,18 @@ def others_cores(before: Snapshot, after: Snapshot) -> float | None:
     return max(0.0, others / (after.wall - before.wall))
 
 
-def noise_fields(before: Snapshot, after: Snapshot, median: float, iqr: float) -> dict:
-    """The row's noise record: load averages, other processes' cores, spread, and whether it is flagged."""
+def noise_fields(before: Snapshot, after: Snapshot, median: float, iqr: float, samples: int = 2) -> dict:
+    """The row's noise record: load averages, other processes' cores, spread, and whether it is flagged.
+    One sample has no spread (None): then only the other processes' load can flag it."""
     others = others_cores(before, after)
-    spread = iqr / median if median > 0 else 0.0
+    spread = None if samples < 2 else iqr / median if median > 0 else 0.0
     reasons = []
     if others is not None and others > BUSY_CORES:
         reasons.append(f"other processes used {others:.2f} cores")
-    if spread > MAX_SPREAD:
+    if spread is not None and spread > MAX_SPREAD:
         reasons.append(f"spread (IQR/median) {spread:.0%}")
     return {"load_before": round(before.load, 2), "load_after": round(after.load, 2),
-            "others_cores": None if others is None else round(others, 3), "spread": round(spread, 4),
+            "others_cores": None if others is None else round(others, 3), "spread": None if spread is None else round(spread, 4),
             "noisy": bool(reasons), "noise": "; ".join(reasons)}
 
 

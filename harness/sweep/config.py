@@ -10,6 +10,7 @@ from harness.store.rows import device_label, key_of
 
 PASSES = ("fwd", "fwdbwd", "decode")  # decode: one step of one new position after N (causal only)
 BASELINE = "full"  # the variant every other is compared with (speed-ups, crossovers)
+MIN_REPEATS_BEFORE = 3  # the fewest timed calls a cell made before runs recorded `min_repeats`
 
 
 @dataclass(frozen=True)
@@ -29,8 +30,9 @@ class RunConfig:
     repeats: int = 10  # at most this many timed calls per cell
     warmup: int = 1  # untimed calls before timing
     warmup_time: float = 0.25  # ... lasting at least this many seconds (measure.WARMUP_S)
-    min_time: float = 1.0  # stop timing after 3 calls once this many seconds were timed
-    cell_timeout: float = 300.0  # seconds a cell (warm-up, timing and memory) may take before it is killed
+    min_time: float = 1.0  # stop timing after `min_repeats` calls once this many seconds were timed
+    min_repeats: int = 1  # 1: a call lasting min_time alone is timed once (runs from before timed >= 3: MIN_REPEATS_BEFORE)
+    cell_timeout: float = 60.0  # seconds a cell (warm-up, timing and memory) may take before it is killed
     memory_budget: tuple[tuple[str, int], ...] = ()  # per device: bytes a cell may use (predicted, and enforced on CPU)
     threads: int = 0  # CPU threads (0: all cores)
     check_len: int = 320  # N of the correctness check against the dense reference
@@ -94,6 +96,7 @@ class RunConfig:
                                                 for name, opts in (data.get("resolved_options") or {}).items()))
         for key in ("variants", "lengths", "devices", "passes", "causal", "imports"):
             data[key] = tuple(data.get(key, ()))
+        data.setdefault("min_repeats", MIN_REPEATS_BEFORE)  # a run that does not record it timed 3 calls at least
         return cls(**data)
 
 

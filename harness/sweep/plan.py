@@ -49,6 +49,9 @@ def build_run_config(*, variants: str, lengths: tuple[int, ...], devices: str, p
     check_number("--min-time", min_time, 0, 3600, "seconds")
     check_number("--warmup-time", warmup_time, 0, 3600, "seconds")
     check_number("--cell-timeout", cell_timeout, 1e-3, 86400, "seconds", low_inclusive=False)
+    if settings.get("min_repeats", 1) > settings.get("repeats", 10):
+        raise ArgumentError(f"--min-repeats {settings['min_repeats']}: at most --repeats ({settings['repeats']}), "
+                            "the most timed calls a cell makes")
     device_list = resolve_devices(devices, cluster)
     names = resolve_variants(variants, device_list, here=cluster is None)
     if not names:

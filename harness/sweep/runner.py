@@ -77,8 +77,8 @@ class SweepState:
 
 
 def calls_per_cell(config: RunConfig) -> int:
-    """The fewest calls a cell makes: its warm-up, three timed calls, and one for its memory."""
-    return max(1, config.warmup) + 3 + 1
+    """The fewest calls a cell makes: its warm-up, `min_repeats` timed calls, and one for its memory."""
+    return max(1, config.warmup) + config.min_repeats + 1
 
 
 def static_skip_reason(config: RunConfig, cell: Cell, remote: bool = False) -> str | None:
@@ -217,6 +217,15 @@ def decide(config: RunConfig, cell: Cell, state: SweepState, planned: dict, log_
     return (*outcome_status(outcome), None, node)
 
 
+CHECK_TIMEOUT_S = 300.0  # the least a correctness check may take: a compiled variant's first call compiles (cold cache)
+
+
+def check_timeout(config: RunConfig) -> float:
+    """Seconds the correctness check may take: --cell-timeout, or CHECK_TIMEOUT_S where that is shorter (a
+    check that times out costs every cell of its variant and mode; its compile warms the cells' cache)."""
+    return max(config.cell_timeout, CHECK_TIMEOUT_S)
+
+
 def ensure_checked(config: RunConfig, cell: Cell, state: SweepState, log_path: str | None = None, executor=None):
     """None when the variant matches its dense definition on this device; else (status, message) for its cells.
 
@@ -228,7 +237,7 @@ def ensure_checked(config: RunConfig, cell: Cell, state: SweepState, log_path: s
     with lock:
         if key not in state.checks:
             job = executor.submit(worker.check_variant, (config, cell.device, cell.variant, cell.causal), device=cell.device,
-                                  device_name=cell.device_name, timeout=config.cell_timeout, imports=config.imports,
+                                  device_name=cell.device_name, timeout=check_timeout(config), imports=config.imports,
                                   log_path=log_path)
             outcome, _ = executor.outcome(job)
             if outcome.kind == "result":

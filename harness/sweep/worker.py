@@ -76,12 +76,12 @@ def measure_cell(config: RunConfig, cell: Cell) -> dict:
         call = pass_call(attn, q, k, v, causal=cell.causal, backward=backward)
         facts = {"kernel": _kernel_name(attn, q, k, v, cell.causal, backward)}
     timing = measure_time(call, dev, warmup=config.warmup, repeats=config.repeats, min_time=config.min_time,
-                          warmup_time=config.warmup_time)
+                          warmup_time=config.warmup_time, min_repeats=config.min_repeats)
     pin_mmap_threshold()  # time first, in the allocator's steady state; then make memory visible
     memory = measure_peak(call, dev)
     stats = timing_stats(timing.times)
     return {
-        **noise_fields(timing.before, timing.after, stats["time_median_s"], stats["time_iqr_s"]),
+        **noise_fields(timing.before, timing.after, stats["time_median_s"], stats["time_iqr_s"], len(timing.times)),
         **stats,
         "timed_calls": len(timing.times),
         "calls_per_sample": timing.per_sample,
