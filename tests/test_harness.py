@@ -296,21 +296,22 @@ def test_help_explains_options():
 
 def test_a_cell_predicted_past_the_cell_timeout_is_skipped_not_run():
     """A series' time extrapolated from its two largest ok N: a cell whose fewest calls (warm-up, --min-repeats
-    timed, one for memory) would pass --cell-timeout is skipped with the prediction, before anything runs."""
+    timed, one for memory) would pass --cell-timeout is skipped with the prediction, before anything runs;
+    never the baseline's."""
     from harness.sweep import runner
     from harness.sweep.config import Cell, RunConfig
     from harness.sweep.plan import build_run_config
 
-    config = build_run_config(variants="full", lengths=(64, 128, 256), devices="cpu", passes="fwd", causal=(False,), options={},
-                              imports=[], min_time=0, cell_timeout=4, batch=1, heads=1, head_dim=8, dtype="float32", repeats=3,
-                              warmup=1, threads=0, check_len=32)
-    rows = [{"device": "cpu", "variant": "full", "pass": "fwd", "causal": False, "n": n, "device_name": None, "status": "ok",
-             "time_median_s": t} for n, t in ((32, 0.02), (64, 0.1), (128, 0.4))]
+    config = build_run_config(variants="full,linear", lengths=(64, 128, 256), devices="cpu", passes="fwd", causal=(False,),
+                              options={}, imports=[], min_time=0, cell_timeout=4, batch=1, heads=1, head_dim=8, dtype="float32",
+                              repeats=3, warmup=1, threads=0, check_len=32)
+    rows = [{"device": "cpu", "variant": v, "pass": "fwd", "causal": False, "n": n, "device_name": None, "status": "ok",
+             "time_median_s": t} for v in ("full", "linear") for n, t in ((32, 0.02), (64, 0.1), (128, 0.4))]
     state = runner.SweepState.from_rows(rows)
-    cell = Cell("cpu", "full", "fwd", False, 256, None)
+    cell = Cell("cpu", "linear", "fwd", False, 256, None)
     assert state.predicted_time(cell) == pytest.approx((1.6, 2.0, 64, 128))  # the two largest below N: slope 2
-    assert state.predicted_time(Cell("cpu", "full", "fwd", False, 64, None)) is None  # one point below: no slope
-    assert state.predicted_time(Cell("cpu", "full", "fwdbwd", False, 256, None)) is None  # another series
+    assert state.predicted_time(Cell("cpu", "linear", "fwd", False, 64, None)) is None  # one point below: no slope
+    assert state.predicted_time(Cell("cpu", "linear", "fwdbwd", False, 256, None)) is None  # another series
     status, message, measured, _ = runner.decide(config, cell, state, {}, None, executor=None)  # (nothing to run it with)
     assert status == "skipped" and measured is None
     assert message == "predicted 1.6 s a call (~N^2.00 from N=64 and 128): its 3 calls would pass --cell-timeout 4 s"
@@ -318,6 +319,18 @@ def test_a_cell_predicted_past_the_cell_timeout_is_skipped_not_run():
     assert runner.calls_per_cell(three) == 5 and runner.decide(three, cell, state, {}, None, executor=None)[0] == "skipped"
     before = {key: value for key, value in config.to_json().items() if key != "min_repeats"}  # a run from before it was recorded
     assert RunConfig.from_json(before).min_repeats == 3
+
+    class Ran(Exception):
+        pass
+
+    class Refuses:  # an executor that says the cell went on to run (its correctness check first)
+        def submit(self, *args, **kwargs):
+            raise Ran
+
+    baseline = Cell("cpu", "full", "fwd", False, 256, None)
+    assert state.predicted_time(baseline)[0] * runner.calls_per_cell(config) > config.cell_timeout
+    with pytest.raises(Ran):  # full, the baseline of every speed-up, is predicted past it too, yet never skipped by prediction
+        runner.decide(config, baseline, state, {}, None, executor=Refuses())
     fast = runner.SweepState.from_rows([{**r, "time_median_s": r["time_median_s"] / 2} for r in rows])
     assert fast.predicted_time(cell)[0] * runner.calls_per_cell(config) < config.cell_timeout  # 0.8 s a call: it runs
     tiny = runner.SweepState.from_rows([{**r, "time_median_s": r["time_median_s"] / 100} for r in rows])

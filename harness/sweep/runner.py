@@ -26,7 +26,7 @@ from harness.policy import shape_only
 from harness.store.rows import FAILED, STOPPING, Row, cell_key, device_label, run_rows, series_key
 from harness.store.storage import SUPERSEDED, RowWriter, drop_torn_tail, read_rows, rewrite_rows
 from harness.sweep import worker
-from harness.sweep.config import Cell, RunConfig
+from harness.sweep.config import BASELINE, Cell, RunConfig
 from harness.sweep.executors import LocalExecutor
 from harness.sweep.plan import plan
 
@@ -200,7 +200,9 @@ def decide(config: RunConfig, cell: Cell, state: SweepState, planned: dict, log_
     budget = config.budget(cell.device)
     if budget is not None and predicted > budget:
         return "skipped", f"predicted {fmt_bytes(predicted)} > memory budget {fmt_bytes(budget)}", None, None
-    guess = state.predicted_time(cell)
+    # the baseline is never skipped by prediction: every other variant's speed-up needs its cell (a noisy slope
+    # overestimates), and one past the timeout costs the series one timeout
+    guess = None if cell.variant == BASELINE else state.predicted_time(cell)
     if guess is not None and guess[0] * calls_per_cell(config) > config.cell_timeout:
         seconds, exponent, n1, n2 = guess
         return ("skipped", f"predicted {seconds:.3g} s a call (~N^{exponent:.2f} from N={n1} and {n2}): its "
