@@ -154,6 +154,19 @@ def test_long_lengths_are_trained_by_the_long_variants_only_after_the_others(tmp
         assert not (tmp_path / "bad").exists()
 
 
+def test_a_seed_trains_variant_by_variant_one_of_each_family_first():
+    # an interrupted long run then holds whole families (every task of the representatives) before the rest
+    from harness.quality.config import QualityConfig
+    from harness.quality.train import trainings
+
+    config = QualityConfig(tasks=("copy", "recall"), variants=("additive", "full", "linear"), lengths=(16,), seeds=2,
+                           train=TrainConfig(curriculum=True), long_lengths=(32,), long_variants=("linear", "full"))
+    assert [(s, v, t) for t, v, s, _ in trainings(config)][:6] == [
+        (0, "linear", "copy"), (0, "linear", "recall"), (0, "full", "copy"), (0, "full", "recall"),
+        (0, "additive", "copy"), (0, "additive", "recall")]
+    assert len(trainings(config)) == 12 and dict(((v, t), chain) for t, v, s, chain in trainings(config))[("full", "recall")] == (16, 32)
+
+
 def test_quality_with_seeds_resumes_exactly(tmp_path):
     out = tmp_path / "q"
     args = ["quality", "--task", "recall", "--variants", "full", "--lengths", "16,24", "--curriculum", "--seeds", "2",

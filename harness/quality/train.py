@@ -278,10 +278,13 @@ def run_key(row: dict) -> tuple:
 def trainings(config: QualityConfig) -> list[tuple[str, str, int, tuple[int, ...]]]:
     """Every training of the run as (task, variant, seed, lengths): one per length, or with the
     curriculum one per (task, variant, seed) through every length in increasing order. Seed by seed:
-    an interrupted run holds whole seeds of every (task, variant) rather than every seed of a few."""
+    an interrupted run holds whole seeds of every (task, variant) rather than every seed of a few; within
+    a seed variant by variant, the `long_variants` (one of each family) first, so it holds whole families."""
     cfg = config.train
     if cfg.curriculum:
-        return [(t, v, s, tuple(sorted(config.lengths_of(t, v)))) for s in config.seeds_list for t in config.tasks for v in config.variants]
+        first = tuple(v for v in config.long_variants if v in config.variants)
+        ordered = first + tuple(v for v in config.variants if v not in first)
+        return [(t, v, s, tuple(sorted(config.lengths_of(t, v)))) for s in config.seeds_list for v in ordered for t in config.tasks]
     every = {t: tuple(dict.fromkeys(n for v in config.variants for n in config.lengths_of(t, v))) for t in config.tasks}
     return [(t, v, s, (n,)) for s in config.seeds_list for t in config.tasks for n in every[t] for v in config.variants
             if n in config.lengths_of(t, v)]
