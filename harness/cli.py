@@ -652,7 +652,9 @@ def quality(
     Rows are appended to RUN_DIR/quality.jsonl as they exist; REPORT.md and the figures are written at
     the end (`bench report RUN_DIR` redraws them). On a 2-core CPU the quick preset took 15 min 20 s
     (results/quality-reference); the committed long run (results/quality-long, 80 min) predates the long
-    preset's 2000 warm-start steps and its L = 512, 1024.
+    preset's 2000 warm-start steps and its L = 512, 1024. The long preset as it is now costs about 5 h a seed
+    on that CPU, by its training-step costs (docs/quality.md): a run of it is in progress in
+    results/quality-long-next, finished with `bench quality --resume results/quality-long-next`.
     """
     from harness.quality.session import QualityRequest, open_quality
     from harness.quality.train import TrainingDiverged
@@ -713,7 +715,7 @@ def _print_accuracy(rows: list[dict], config, console: Console) -> None:
     for t, n in columns:
         table.add_column(f"{t} L={n}", justify="right")
     for name, cells in grid:
-        table.add_row(name, *["" if c is None else accuracy_text(c, t) for c, (t, _) in zip(cells, columns)])
+        table.add_row(name, *["" if c is None else accuracy_text(c, t, config.seeds) for c, (t, _) in zip(cells, columns)])
     console.print(table)
 
 def main() -> None:  # pragma: no cover

@@ -179,6 +179,9 @@ def test_quality_with_seeds_resumes_exactly(tmp_path):
     lines = (out / QUALITY_RESULTS).read_text().splitlines()
     cut = next(i for i, line in enumerate(lines) if json.loads(line)["seed"] == 1 and json.loads(line)["length"] == 24)
     (out / QUALITY_RESULTS).write_text("\n".join(lines[:cut]) + "\n")
+    assert _invoke("report", str(out)).exit_code == 0  # an unfinished run's report says which cells lack seeds
+    report = (out / "REPORT.md").read_text()
+    assert "(1 of 2 seeds)" in report and "The run is unfinished" in report
     result = _invoke("quality", "--resume", str(out), "--no-report")
     assert result.exit_code == 0, result.output
     again = read_rows(out, QUALITY_RESULTS)

@@ -233,20 +233,25 @@ def final_accuracy_grid(rows: list[dict]) -> tuple[list[tuple[str, int]], list[t
     return columns, [(variant, [by.get((variant, t, n)) for t, n in columns]) for variant in dict.fromkeys(summary["variant"])]
 
 
-def accuracy_text(cell: dict, task: str) -> str:
-    """'99.5%', with the seeds' range when there are several, and (copy) the share of exact strings."""
+def accuracy_text(cell: dict, task: str, planned: int = 1) -> str:
+    """'99.5%', with the seeds' range when there are several, '(1 of 3 seeds)' when fewer than the run
+    planned have finished, and (copy) the share of exact strings."""
     text = f"{cell['accuracy']:.1%}"
     if cell["seeds"] > 1:
         text += f" ({cell['accuracy_min']:.0%}-{cell['accuracy_max']:.0%})"
+    if cell["seeds"] < planned:
+        text += f" ({cell['seeds']} of {planned} seeds)"
     if task == "copy":
         text += f", {cell['exact_match']:.0%} exact"
     return text
 
 
-def quality_table(rows: list[dict]) -> str:
-    """Final held-out accuracy per variant (rows) and task/length (columns): mean over seeds (min-max)."""
+def quality_table(rows: list[dict], planned: int = 1) -> str:
+    """Final held-out accuracy per variant (rows) and task/length (columns): mean over seeds (min-max),
+    marked where fewer seeds than `planned` finished."""
     columns, grid = final_accuracy_grid(rows)
-    body = [[f"`{variant}`"] + ["" if c is None else accuracy_text(c, t) for c, (t, _) in zip(cells, columns)] for variant, cells in grid]
+    body = [[f"`{variant}`"] + ["" if c is None else accuracy_text(c, t, planned) for c, (t, _) in zip(cells, columns)]
+            for variant, cells in grid]
     return markdown_table(["variant"] + [f"{t} L={n}" for t, n in columns], body)
 
 
@@ -338,9 +343,12 @@ def _quality_section(run_dir: Path, cfg: dict, figures) -> list[str]:
         f"the last step{' (mean over seeds, min-max in brackets)' if seeds > 1 else ''}; copy: and the share of strings "
         f"reproduced exactly. Training took {total / 60:.1f} min in all (the sum of every length's training and evaluations over seeds; warm starts and cost measurements not counted).",
         "",
-        quality_table(rows),
+        quality_table(rows, seeds),
         "",
     ]
+    if any(c is not None and c["seeds"] < seeds for _, cells in final_accuracy_grid(rows)[1] for c in cells):
+        lines += [f"The run is unfinished: a cell over fewer seeds than its {seeds} says so, and variants or lengths with no "
+                  "finished training are not in the table yet (`bench quality --resume RUN_DIR` trains the rest).", ""]
     final = [r for r in rows if r.get("final") and r.get("by_distance")]
     if final:
         distance = by_distance_frame(rows, variant_facts(run_dir))
