@@ -233,3 +233,18 @@ def test_quality_scores_a_users_variant_with_its_options(tmp_path):
     unused = _quality(*args, "--option", "chunk_size=8", "--out", str(tmp_path / "unused"))
     assert unused.exit_code == 2 and "chunk_size=8 is taken by none of the selected variants" in _text(unused)
     assert not (tmp_path / "bad").exists() and not (tmp_path / "unused").exists()
+
+
+@pytest.mark.parametrize("preset", ["quick", "long"])
+def test_each_presets_options_make_every_variant_differ_from_exact_attention_at_its_longest_length(preset):
+    """A variant that is exact softmax attention at every length a preset trains (a window as wide as the
+    sequence, MoBA's 256-key blocks at L = 64) would only repeat full's row under another name."""
+    import variants as registry
+    from harness.quality.config import PRESETS, TOKENS_PER_L
+
+    defaults = PRESETS[preset]
+    longest = max(int(n) for n in defaults["lengths"]["cpu"].split(","))  # every variant trains it
+    for name in trainable_variants("cpu"):
+        attn = registry.build(name, num_heads=4, head_dim=16, **registry.options_taken(name, defaults["options"]))
+        exact = attn.softmax_equivalent_length()
+        assert exact is None or exact < longest * TOKENS_PER_L["recall"], (preset, name, exact)

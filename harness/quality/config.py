@@ -98,7 +98,10 @@ class QualityConfig:
                    options=dict(data.get("options") or {}), imports=tuple(data.get("imports") or ()), train=TrainConfig(**recipe), **extra)
 
 
-QUALITY_OPTIONS = {"window": 16, "compression": 3}  # the quick preset's variant options, unless given
+# the quick preset's variant options, unless given: at L = 32 and 64, a window of 16; MoBA's blocks of 8 keys, its
+# 2 best (its default 256-key blocks would make it exact attention there: exact at N <= (top_k + 1) * block);
+# Performer's 64 features, as in the long preset
+QUALITY_OPTIONS = {"window": 16, "compression": 3, "moba.block": 8, "moba.top_k": 2, "performer.features": 64}
 
 # one variant of each family: what the long preset trains at its long lengths on the CPU
 LONG_VARIANTS = ("full", "sliding_window", "linear", "performer", "mamba2", "gated_deltanet", "moba", "memory_compressed")

@@ -246,10 +246,9 @@ def accuracy_text(cell: dict, task: str, planned: int = 1) -> str:
     return text
 
 
-def quality_table(rows: list[dict], planned: int = 1) -> str:
-    """Final held-out accuracy per variant (rows) and task/length (columns): mean over seeds (min-max),
-    marked where fewer seeds than `planned` finished."""
-    columns, grid = final_accuracy_grid(rows)
+def quality_table(columns: list[tuple[str, int]], grid: list[tuple[str, list[dict | None]]], planned: int = 1) -> str:
+    """Final held-out accuracy per variant (rows) and task/length (columns) of `final_accuracy_grid`: mean over
+    seeds (min-max), marked where fewer seeds than `planned` finished."""
     body = [[f"`{variant}`"] + ["" if c is None else accuracy_text(c, t, planned) for c, (t, _) in zip(cells, columns)]
             for variant, cells in grid]
     return markdown_table(["variant"] + [f"{t} L={n}" for t, n in columns], body)
@@ -321,6 +320,7 @@ def _quality_section(run_dir: Path, cfg: dict, figures) -> list[str]:
         return []
     total = sum(r["wall_s"] for r in rows if r.get("final"))
     seeds = cfg.get("seeds", 1)
+    columns, grid = final_accuracy_grid(rows)
     task_text = []
     if cfg.get("pairs") or cfg.get("queries"):
         task_text.append(f"recall: {cfg.get('pairs') or 'L/8'} pairs" + (f", {cfg['queries']} distinct keys asked once each among filler" if cfg.get("queries") else ""))
@@ -343,10 +343,10 @@ def _quality_section(run_dir: Path, cfg: dict, figures) -> list[str]:
         f"the last step{' (mean over seeds, min-max in brackets)' if seeds > 1 else ''}; copy: and the share of strings "
         f"reproduced exactly. Training took {total / 60:.1f} min in all (the sum of every length's training and evaluations over seeds; warm starts and cost measurements not counted).",
         "",
-        quality_table(rows, seeds),
+        quality_table(columns, grid, seeds),
         "",
     ]
-    if any(c is not None and c["seeds"] < seeds for _, cells in final_accuracy_grid(rows)[1] for c in cells):
+    if any(c is not None and c["seeds"] < seeds for _, cells in grid for c in cells):
         lines += [f"The run is unfinished: a cell over fewer seeds than its {seeds} says so, and variants or lengths with no "
                   "finished training are not in the table yet (`bench quality --resume RUN_DIR` trains the rest).", ""]
     final = [r for r in rows if r.get("final") and r.get("by_distance")]

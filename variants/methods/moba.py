@@ -346,6 +346,9 @@ class MoBA(AttentionVariant):
     def check_length(self, n: int) -> int:
         return max(n, (self.top_k + 2) * self.block)  # some queries must leave blocks out
 
+    def softmax_equivalent_length(self) -> int | None:
+        return (self.top_k + 1) * self.block  # no query has more than top_k earlier blocks: it takes them all
+
     def selected_blocks(self, q: Tensor, k: Tensor, key_padding_mask: Tensor | None = None) -> Tensor:
         """bool (B, H, Nq, nb): the earlier blocks each query (the last Nq of Nk positions) attends to."""
         keep = None if key_padding_mask is None else key_padding_mask[:, None, :].to(k.dtype)
