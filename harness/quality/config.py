@@ -117,6 +117,10 @@ PRESETS = {
              "batch": 32, "batch_tokens": {"cpu": 8192, "cuda": None}, "seeds": 3, "curriculum": True, "pairs": 8, "queries": 8,
              # on the CPU every variant to L = 256, and one of each family on to 1024 (3 h would not hold the whole menu there)
              "long_lengths": {"cpu": "512,1024", "cuda": None}, "long_variants": LONG_VARIANTS,
+             # a causal depthwise convolution of width 4 before each block's attention, in every variant's model: the
+             # published Mamba-2, GLA and DeltaNet layers have one, and without it no recurrence learned recall here
+             # (results/quality-recipe/short-conv-4 at the quick layout; long-no-conv at this one)
+             "short_conv": 4,
              # MoBA's blocks of 32, 2 chosen: about the 64 keys a query the window sees (its default 256-blocks would be full);
              # Performer's m = 64 features, about d log d for the model's head dim 16 (its default 256 is 16 d: a training
              # step took 1.5 s at L = 256, 9x linear's, by results/quality-long's train_cost.jsonl)
