@@ -167,6 +167,8 @@ def test_decoding_state_is_each_layers_prefilled_state():
     linear = TinyDecoder(8, cfg, "linear", max_len=64)
     assert decoding_state(linear, 10, cfg) == decoding_state(linear, 40, cfg) and decoding_state(linear, 10, cfg)["state_kind"] == "recurrent"
     assert decoding_state(TinyDecoder(8, cfg, "nystrom", max_len=64, landmarks=4), 10, cfg) == {"state_bytes": None, "state_kind": None}
+    conv = TrainConfig(d_model=16, layers=3, heads=2, short_conv=4)  # + the last 3 inputs of each layer's convolution
+    assert decoding_state(TinyDecoder(8, conv, "full", max_len=64), 10, conv)["state_bytes"] == 10 * per_position + 3 * 3 * 16 * 4
 
 
 def test_quality_resume_redoes_only_unfinished_trainings(tmp_path):

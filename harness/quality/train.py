@@ -70,7 +70,8 @@ def decoding_state(model: nn.Module, seq_len: int, cfg: TrainConfig) -> dict:
     """The decoding state the model's attention layers hold after `seq_len` positions, batch 1, all layers
     together (Zoology's state size: a KV cache grows with L, a window is bounded, a recurrence is constant):
     {"state_bytes", "state_kind"}, each None for an attention that cannot decode. Made by each layer's own
-    prefill of random positions (what a state holds does not depend on the values)."""
+    prefill of random positions (what a state holds does not depend on the values), plus what the short
+    convolutions keep (`cfg.short_conv` - 1 inputs of each layer: the same for every variant)."""
     layers = [m for m in model.modules() if isinstance(m, variants.AttentionVariant)]
     if not layers or any(layer.decode_unsupported_reason() for layer in layers):
         return {"state_bytes": None, "state_kind": None}
@@ -82,7 +83,8 @@ def decoding_state(model: nn.Module, seq_len: int, cfg: TrainConfig) -> dict:
             q, k, v = (torch.randn(1, heads, seq_len, head_dim, generator=torch.Generator().manual_seed(0)).to(device) for _ in range(3))
             state = layer.prefill(q, k, v, layer.init_state(1, heads, head_dim, head_dim, torch.float32, device))
             total, kind = total + state.nbytes(), state.kind
-    return {"state_bytes": total, "state_kind": kind}
+    conv = cfg.layers * max(0, cfg.short_conv - 1) * cfg.d_model * 4  # float32 inputs a causal convolution still needs
+    return {"state_bytes": total + conv, "state_kind": kind}
 
 
 def lr_factor(step: int, total: int, warmup_fraction: float) -> float:
