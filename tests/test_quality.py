@@ -242,10 +242,11 @@ def test_each_presets_options_make_every_variant_differ_from_exact_attention_at_
     """A variant that is exact softmax attention at every length a preset trains (a window as wide as the
     sequence, MoBA's 256-key blocks at L = 64) would only repeat full's row under another name."""
     import variants as registry
+    from harness.options import parse_lengths
     from harness.quality.config import PRESETS, TOKENS_PER_L
 
     defaults = PRESETS[preset]
-    longest = max(int(n) for n in defaults["lengths"]["cpu"].split(","))  # every variant trains it
+    longest = max(parse_lengths(defaults["lengths"]["cpu"]))  # every variant trains it
     for name in trainable_variants("cpu"):
         attn = registry.build(name, num_heads=4, head_dim=16, **registry.options_taken(name, defaults["options"]))
         exact = attn.softmax_equivalent_length()

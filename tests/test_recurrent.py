@@ -147,14 +147,12 @@ def test_moba_with_enough_top_k_is_exact_causal_attention():
     got = variants.build("moba", block=4, top_k=6)(q, k, v, causal=True)
     torch.testing.assert_close(got, variants.build("full")(q, k, v, causal=True))
     # what its spec says (the gate then checks it against exact softmax there): exact up to (top_k + 1) blocks, not beyond
-    attn = variants.build("moba", block=4, top_k=2)
+    attn, full = variants.build("moba", block=4, top_k=2), variants.build("full")
     exact = attn.softmax_equivalent_length()
     assert exact == 12
-    torch.testing.assert_close(attn(q[:, :, :exact], k[:, :, :exact], v[:, :, :exact], causal=True),
-                               variants.build("full")(q[:, :, :exact], k[:, :, :exact], v[:, :, :exact], causal=True))
-    beyond = exact + 4
-    assert not torch.allclose(attn(q[:, :, :beyond], k[:, :, :beyond], v[:, :, :beyond], causal=True),
-                              variants.build("full")(q[:, :, :beyond], k[:, :, :beyond], v[:, :, :beyond], causal=True))
+    first = lambda n: (q[:, :, :n], k[:, :, :n], v[:, :, :n])  # noqa: E731 — the first n positions
+    torch.testing.assert_close(attn(*first(exact), causal=True), full(*first(exact), causal=True))
+    assert not torch.allclose(attn(*first(exact + 4), causal=True), full(*first(exact + 4), causal=True))
 
 
 @pytest.mark.parametrize("tile", [6, 12, 2048])
