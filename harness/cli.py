@@ -652,10 +652,8 @@ def quality(
     Rows are appended to RUN_DIR/quality.jsonl as they exist; REPORT.md and the figures are written at
     the end (`bench report RUN_DIR` redraws them). On a 2-core CPU the quick preset took 15 min 20 s with four
     variants (results/quality-reference), and its recall alone 28 min for the whole menu (results/quality-recall);
-    the committed long run (results/quality-long, 80 min) predates the long preset's 2000 warm-start steps, its
-    L = 512, 1024 and its short convolution. The long preset as it is now costs about 3.3 h a seed on that CPU, by
-    its training-step costs (docs/quality.md): a run of it is in progress in results/quality-long-next, finished
-    with `bench quality --resume results/quality-long-next`.
+    the long preset costs about 3.3 h a seed on that CPU (results/quality-long, 3 seeds, made across sittings
+    with --resume; docs/quality.md).
     """
     from harness.quality.session import QualityRequest, open_quality
     from harness.quality.train import TrainingDiverged

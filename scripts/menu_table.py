@@ -1,9 +1,9 @@
 """Fill the README's menu table (between its `menu` markers) with what the code and the committed runs say
-of each variant: the decoding state it keeps (from the variant's own `init_state`), its recall in the quick
-quality run, and its perplexity inside SmolLM2 (zero-shot, and after attention transfer where the run distilled
+of each variant: the decoding state it keeps (from the variant's own `init_state`), its recall at the longest
+length the quality run trained it on, and its perplexity inside SmolLM2 (zero-shot, and after attention transfer where the run distilled
 it) at the lm run's longest context.
 
-    python scripts/menu_table.py results/quality-recall results/lm-smollm2-menu
+    python scripts/menu_table.py results/quality-long results/lm-smollm2-menu
 
 The first four columns (variant, method, time, extra memory) are kept as the README has them.
 """
@@ -17,6 +17,7 @@ from pathlib import Path
 import variants
 from harness.readers.lm_report import lm_frame, perplexity_table
 from harness.readers.quality_frames import accuracy_summary, quality_rows
+from harness.store.storage import read_metadata
 
 README = Path("README.md")
 MARKER = "menu"
@@ -34,11 +35,22 @@ def state_kind(name: str) -> str:
 
 
 def recall_column(run: Path) -> tuple[str, dict[str, str]]:
+    """Each variant's recall at the longest L it was trained on (mean over seeds), labelled with that L:
+    the long preset trains every variant to L = 256 and one of each family further."""
     summary = accuracy_summary(quality_rows(run))
     recall = summary[summary["task"] == "recall"]
-    longest = int(recall["length"].max())
-    at = recall[recall["length"] == longest]
-    return f"recall, L={longest}", {r["variant"]: f"{r['accuracy']:.0%}" for r in at.to_dict("records")}
+    cells = {}
+    for variant, rows in recall.groupby("variant", sort=False):
+        r = rows.loc[rows["length"].idxmax()]
+        cells[variant] = f"{r['accuracy']:.0%} (L={int(r['length'])})"
+    return "recall (longest L)", cells
+
+
+def run_recipe(run: Path) -> str:
+    """'long preset, 3 seeds': how the quality run was made, from its metadata."""
+    config = read_metadata(run)["config"]
+    seeds = config["seeds"] if isinstance(config["seeds"], int) else len(config["seeds"])
+    return f"{config.get('preset') or 'custom'} preset, {seeds} seed{'s' if seeds != 1 else ''}"
 
 
 def lm_column(run: Path) -> tuple[str, dict[str, str]]:
@@ -69,8 +81,8 @@ def main(quality_run: str, lm_run: str) -> None:
         kept = recall.get(name) or (f"{recall[same]} (= `{same}`)" if same in recall else "—")
         rows.append("| " + " | ".join([*cells, state_kind(name), kept, lm.get(name, "—")]) + " |")
     body = (f"Decodes: the state `init_state` keeps (kv grows with N, window and compressed are bounded or shortened, "
-            f"recurrent is constant). Recall: held-out accuracy in [{quality_run}]({quality_run}/REPORT.md) (quick preset, "
-            f"one seed). SmolLM2: perplexity with the attention swapped zero-shot, and 'distilled' after `--distill`'s attention transfer (for a variant with parameters), in [{lm_run}]({lm_run}/REPORT.md); — where "
+            f"recurrent is constant). Recall: held-out accuracy in [{quality_run}]({quality_run}/REPORT.md) ({run_recipe(Path(quality_run))}; mean over "
+            f"seeds). SmolLM2: perplexity with the attention swapped zero-shot, and 'distilled' after `--distill`'s attention transfer (for a variant with parameters), in [{lm_run}]({lm_run}/REPORT.md); — where "
             f"not measured. Filled by `python scripts/menu_table.py {quality_run} {lm_run}`.\n\n" + "\n".join(rows) + "\n")
     README.write_text(text[:block.start(1)] + body + text[block.end(1):])
 
