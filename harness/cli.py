@@ -652,8 +652,8 @@ def quality(
     Rows are appended to RUN_DIR/quality.jsonl as they exist; REPORT.md and the figures are written at
     the end (`bench report RUN_DIR` redraws them). On a 2-core CPU the quick preset took 15 min 20 s with four
     variants (results/quality-reference), and its recall alone 28 min for the whole menu (results/quality-recall);
-    the long preset costs about 3.3 h a seed on that CPU (results/quality-long, 3 seeds, made across sittings
-    with --resume; docs/quality.md).
+    the long preset's 3 seeds took 521 min of training there (results/quality-long, made across sittings with
+    --resume; docs/quality.md).
     """
     from harness.quality.session import QualityRequest, open_quality
     from harness.quality.train import TrainingDiverged

@@ -16,6 +16,7 @@ from pathlib import Path
 
 import variants
 from harness.readers.lm_report import lm_frame, perplexity_table
+from harness.quality.config import QualityConfig
 from harness.readers.quality_frames import accuracy_summary, quality_rows
 from harness.store.storage import read_metadata
 
@@ -48,9 +49,8 @@ def recall_column(run: Path) -> tuple[str, dict[str, str]]:
 
 def run_recipe(run: Path) -> str:
     """'long preset, 3 seeds': how the quality run was made, from its metadata."""
-    config = read_metadata(run)["config"]
-    seeds = config["seeds"] if isinstance(config["seeds"], int) else len(config["seeds"])
-    return f"{config.get('preset') or 'custom'} preset, {seeds} seed{'s' if seeds != 1 else ''}"
+    config = QualityConfig.from_json(read_metadata(run)["config"])
+    return f"{config.preset} preset, {config.seeds} seed{'s' if config.seeds != 1 else ''}"
 
 
 def lm_column(run: Path) -> tuple[str, dict[str, str]]:
