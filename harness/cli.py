@@ -614,7 +614,7 @@ class Preset(str, Enum):
 def quality(
     task: Annotated[Task, typer.Option(help="copy, recall, or all.")] = Task.all,
     variants_: Annotated[str, typer.Option("--variants", help="'all' (one variant per attention function that trains on the device: full_naive, the same function as full, is left out) or names, comma-separated.")] = "all",
-    preset: Annotated[Preset, typer.Option(help="quick: L = 32,64, 1 seed, about 15 min on 2 CPU cores. long: L = 64,128,256 on the CPU, then 512,1024 for one variant of each family (--long-variants; to 4096 for every variant on CUDA), recall with 8 pairs asked once each among filler after 2000 warm-start steps, window 64, MoBA blocks of 32 (top 2), Performer with 64 features, a length curriculum, 3 seeds, at most 8192 tokens a batch on the CPU. Options given here override the preset's.")] = Preset.quick,
+    preset: Annotated[Preset, typer.Option(help="quick: L = 32,64, 1 seed, 1 h 44 min on 2 CPU cores for all 13 variants (15 min 20 s for full, linear, memory_compressed and sliding_window, measured earlier). long: L = 64,128,256 on the CPU, then 512,1024 for one variant of each family (--long-variants; to 4096 for every variant on CUDA), recall with 8 pairs asked once each among filler after 2000 warm-start steps, window 64, MoBA blocks of 32 (top 2), Performer with 64 features, a length curriculum, 3 seeds, at most 8192 tokens a batch on the CPU. Options given here override the preset's.")] = Preset.quick,
     lengths: Annotated[Optional[str], typer.Option(help="Task lengths L: the recall sequence's length / the copied string's length (the sequence is 2L). Default: the preset's.")] = None,
     long_lengths: Annotated[Optional[str], typer.Option(help="Lengths after --lengths that only --long-variants train (recall, and copy where it has no lengths of its own), the curriculum going on to them. Default: the preset's (long: 512,1024 on the CPU).")] = None,
     long_variants: Annotated[Optional[str], typer.Option(help="Which variants train --long-lengths: names, comma-separated, or all. Default: the preset's that the run selects (long: one a family, full, sliding_window, linear, performer, mamba2, gated_deltanet, moba, memory_compressed), else all.")] = None,
@@ -650,9 +650,8 @@ def quality(
     Only the attention differs between variants: same model size, steps, learning rate and data.
     Every evaluation row records its seed and accuracy by distance (how far back the answer sits).
     Rows are appended to RUN_DIR/quality.jsonl as they exist; REPORT.md and the figures are written at
-    the end (`bench report RUN_DIR` redraws them). On a 2-core CPU the quick preset took 15 min 20 s with four
-    variants (results/quality-reference), and its recall alone 28 min for the whole menu (results/quality-recall);
-    the long preset's 3 seeds took 521 min of training there (results/quality-long, made across sittings with
+    the end (`bench report RUN_DIR` redraws them). On a 2-core CPU the quick preset took 1 h 44 min for the whole
+    menu of 13 variants (results/quality-reference; `additive` alone 23 min: give --variants for less); the long preset's 3 seeds took 521 min of training there (results/quality-long, made across sittings with
     --resume; docs/quality.md).
     """
     from harness.quality.session import QualityRequest, open_quality

@@ -5,7 +5,10 @@ killed run loses only the cell in flight; a torn last line (kill mid-write) is d
 pandas reads the file directly: `pandas.read_json(path, lines=True)`.
 
 One writer per run directory: `bench run` and `bench quality` hold `RunLock` (an advisory `flock`
-on RUN_DIR/.lock) for their whole life; a second writer is refused with the holder's PID. Readers
+on RUN_DIR/.lock) for their whole life; a second writer is refused with the holder's PID. The file
+stays when the writer exits, cleanly or not (the kernel drops the flock; deleting the file would let a
+writer that had just opened it lock an orphan while a third creates a new one), so a leftover .lock
+with a stale PID is harmless and never needs removing (it is gitignored). Readers
 (report, plot, compare) take no lock and read whatever complete rows exist. Reading is tolerant
 and loud: a line that does not parse is skipped with a warning naming the file and line.
 """
