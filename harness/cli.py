@@ -201,7 +201,7 @@ def run(
     lengths: Annotated[Optional[str], typer.Option(help="Explicit lengths instead, e.g. 1000,3000,10000.")] = None,
     devices: Annotated[str, typer.Option(help="auto (cpu, plus cuda when present), cpu, cuda, or cpu,cuda.")] = "auto",
     passes: Annotated[str, typer.Option(help="fwd (forward only), fwdbwd (forward + backward), decode (one step of one new token after N positions: the state from the variant's prefill, untimed; causal only), comma-separated: fwd,fwdbwd,decode.")] = "fwd,fwdbwd",
-    causal: Annotated[CausalMode, typer.Option(help="Causal masking: no, yes, both, or auto: both when a selected variant is causal only (the gated recurrences, MoBA: then they have full's causal cells beside them) or --passes has decode, else no.")] = CausalMode.auto,
+    causal: Annotated[CausalMode, typer.Option(help="Causal masking: no, yes, both (every variant in both modes), or auto: once a selected variant is causal only (the gated recurrences, MoBA) or --passes has decode, each variant in one mode, causal where it runs so, bidirectional for the encoder-only ones (Linformer, Nyström) with full in both modes as their baseline; else no.")] = CausalMode.auto,
     batch: Annotated[int, typer.Option(callback=_at_least(1), help="Batch size B.")] = 1,
     heads: Annotated[int, typer.Option(callback=_at_least(1), help="Heads H.")] = 8,
     head_dim: Annotated[int, typer.Option(callback=_at_least(1), help="Head dimension D.")] = 64,

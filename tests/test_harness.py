@@ -337,16 +337,37 @@ def test_a_cell_predicted_past_the_cell_timeout_is_skipped_not_run():
     assert tiny.predicted_time(cell) is None  # 4 ms at N=128: fixed costs still shape the slope, no prediction
 
 
-def test_causal_auto_runs_both_modes_when_a_variant_is_causal_only_or_a_pass_decodes():
-    """--causal auto (the default): a causal-only method gets full's causal cells beside its own, a decode
-    pass its causal cells; a sweep of methods that all run bidirectionally stays bidirectional."""
-    from harness.sweep.plan import build_run_config
+def test_causal_auto_measures_each_variant_in_one_mode_once_the_menu_has_decoders():
+    """--causal auto (the default): a sweep of methods that all run bidirectionally stays bidirectional; once a
+    method is causal only or a pass decodes, each method runs causal where it can, an encoder-only method
+    bidirectionally with full's bidirectional cells beside it; the plan and the stored rows follow."""
+    from harness.store.rows import belongs
+    from harness.sweep.config import RunConfig
+    from harness.sweep.plan import build_run_config, plan
 
     base = dict(lengths=(64,), devices="cpu", options={}, imports=[], min_time=0, cell_timeout=5, batch=1, heads=1, head_dim=8,
                 dtype="float32", repeats=3, warmup=1, threads=0, check_len=32)
-    modes = {(v, p): build_run_config(variants=v, passes=p, causal=None, **base).causal
-             for v, p in [("full,linear", "fwd"), ("full,retention", "fwd"), ("full", "fwd,decode"), ("all", "fwd,fwdbwd")]}
-    assert modes == {("full,linear", "fwd"): (False,), ("full,retention", "fwd"): (False, True),
-                     ("full", "fwd,decode"): (False, True), ("all", "fwd,fwdbwd"): (False, True)}
+
+    def modes(variants, passes, causal=None):
+        config = build_run_config(variants=variants, passes=passes, causal=causal, **base)
+        planned = {(cell.variant, cell.causal) for cell in plan(config)}
+        assert planned == {(name, mode) for name in config.variants for mode in config.modes_of(name)}
+        assert RunConfig.from_json(config.to_json()) == config  # stored in metadata.json as it is
+        return config.causal, {name: config.modes_of(name) for name in config.variants}
+
+    assert modes("full,linear", "fwd") == ((False,), {"full": (False,), "linear": (False,)})
+    assert modes("full,linear,retention", "fwd") == ((True,), {"full": (True,), "linear": (True,), "retention": (True,)})
+    assert modes("full", "fwd,decode") == ((True,), {"full": (True,)})
+    assert modes("full,linformer,retention", "fwd") == ((False, True), {"full": (False, True), "linformer": (False,),
+                                                                        "retention": (True,)})
+    assert modes("linformer,retention", "fwd") == ((False, True), {"linformer": (False,), "retention": (True,)})
+    both = modes("full,linformer,retention", "fwd", causal=(False, True))  # as given: every variant in every mode
+    assert both == ((False, True), {name: (False, True) for name in ("full", "linformer", "retention")})
     assert build_run_config(variants="retention", passes="fwd", causal=(False,), **base).causal == (False,)  # as given
-    assert "auto: both when a selected variant is causal only" in " ".join(bench("run", "--help", columns=200).output.split())
+    mixed = build_run_config(variants="full,linformer,retention", passes="fwd", causal=None, **base)
+    row = {"device": "cpu", "pass": "fwd", "n": 64, "batch": 1, "heads": 1, "head_dim": 8, "dtype": "float32"}
+    kept = {(v, c): belongs({**row, "variant": v, "causal": c, "options": mixed.resolved(v)}, mixed)
+            for v in ("full", "linformer", "retention") for c in (False, True)}
+    assert kept == {("full", False): True, ("full", True): True, ("linformer", False): True, ("linformer", True): False,
+                    ("retention", False): False, ("retention", True): True}  # a stored row outside its variant's modes is not the run's
+    assert "each variant in one mode, causal where it runs so" in " ".join(bench("run", "--help", columns=200).output.split())

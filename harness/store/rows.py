@@ -113,7 +113,7 @@ def belongs(row: dict, config, device_names: dict | None = None) -> bool:
     except (KeyError, TypeError, ValueError):
         return False
     if (device not in config.devices or variant not in config.variants or pass_ not in config.passes
-            or causal not in config.causal or n not in config.lengths):
+            or causal not in config.modes_of(variant) or n not in config.lengths):
         return False
     shape = {"batch": config.batch, "heads": config.heads, "head_dim": config.head_dim, "dtype": config.dtype}
     if any(row.get(key) != value for key, value in shape.items()):

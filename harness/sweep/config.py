@@ -21,7 +21,7 @@ class RunConfig:
     lengths: tuple[int, ...]  # sequence lengths N, increasing
     devices: tuple[str, ...]  # "cpu", "cuda"
     passes: tuple[str, ...]  # "fwd", "fwdbwd", "decode"
-    causal: tuple[bool, ...]  # (False,), (True,) or (False, True)
+    causal: tuple[bool, ...]  # (False,), (True,) or (False, True): every mode the run measures
     batch: int = 1
     heads: int = 8
     head_dim: int = 64
@@ -40,6 +40,13 @@ class RunConfig:
     # per variant, every option it runs with (defaults filled in), fixed when the run starts, so a
     # resume repeats them and reading the run needs no variant code; () for runs from before
     resolved_options: tuple[tuple[str, tuple[tuple[str, object], ...]], ...] = ()
+    # per variant, the modes it is measured in where the run chose them per variant (--causal auto over a menu
+    # that mixes causal-only and bidirectional-only methods); a variant not named here runs in every mode of `causal`
+    modes: tuple[tuple[str, tuple[bool, ...]], ...] = ()
+
+    def modes_of(self, name: str) -> tuple[bool, ...]:
+        """The causal modes variant `name` is measured in (False: bidirectional, True: causal)."""
+        return dict(self.modes).get(name, self.causal)
 
     def resolved(self, name: str) -> dict | None:
         """Every option variant `name` runs with in this sweep, as fixed at its start (None: not stored)."""
@@ -84,6 +91,7 @@ class RunConfig:
         data["options"] = dict(self.options)
         data["memory_budget"] = dict(self.memory_budget)
         data["resolved_options"] = {name: dict(opts) for name, opts in self.resolved_options}
+        data["modes"] = {name: list(modes) for name, modes in self.modes}
         return data
 
     @classmethod
@@ -94,6 +102,7 @@ class RunConfig:
         data["memory_budget"] = tuple(sorted(data.get("memory_budget", {}).items()))
         data["resolved_options"] = tuple(sorted((name, tuple(sorted(opts.items())))
                                                 for name, opts in (data.get("resolved_options") or {}).items()))
+        data["modes"] = tuple((name, tuple(modes)) for name, modes in (data.get("modes") or {}).items())
         for key in ("variants", "lengths", "devices", "passes", "causal", "imports"):
             data[key] = tuple(data.get(key, ()))
         data.setdefault("min_repeats", MIN_REPEATS_BEFORE)  # a run that does not record it timed 3 calls at least

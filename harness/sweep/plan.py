@@ -5,7 +5,7 @@ from __future__ import annotations
 import variants as registry
 from harness.options import ArgumentError, check_number, parse_list
 from harness.policy import check_options, resolve_devices, resolve_variants
-from harness.sweep.config import PASSES, Cell, RunConfig
+from harness.sweep.config import BASELINE, PASSES, Cell, RunConfig
 
 
 def names_of(device_names: dict | None, device: str) -> list:
@@ -24,19 +24,29 @@ def plan(config: RunConfig, device_names: dict | None = None) -> list[Cell]:
         for device in config.devices
         for device_name in names_of(device_names, device)
         for name in config.variants
-        for causal in config.causal
+        for causal in config.modes_of(name)
         for pass_ in config.passes
         if causal or pass_ != "decode"  # decoding is causal: no non-causal decode cells
         for n in config.lengths
     ]
 
 
-def causal_modes(names: tuple[str, ...], passes: tuple[str, ...]) -> tuple[bool, ...]:
-    """What --causal auto means for these variants and passes: causal and not when one of them is causal
-    only (its causal cells then have every other method's beside them) or a pass decodes (decoding is
-    causal), else bidirectional only, as a sweep of encoder-capable methods was before."""
-    causal_only = any(not registry.variant_class(name).spec.supports_non_causal for name in names)
-    return (False, True) if causal_only or "decode" in passes else (False,)
+def causal_modes(names: tuple[str, ...], passes: tuple[str, ...]) -> dict[str, tuple[bool, ...]]:
+    """What --causal auto means for these variants and passes, per variant (False: bidirectional).
+
+    A sweep of methods that all run bidirectionally, with no decode pass, stays bidirectional, as an encoder
+    comparison was before. Once one method is causal only (the gated recurrences, MoBA) or a pass decodes
+    (decoding is causal), the sweep compares decoders: every method that runs causally is measured causal
+    only, and a bidirectional-only method (Linformer, Nyström) bidirectionally, with the baseline `full` in
+    that mode too, so each method has its baseline beside it and nothing is measured twice (`--causal both`
+    measures every method in both modes: twice the cells)."""
+    specs = {name: registry.variant_class(name).spec for name in names}
+    if all(spec.supports_non_causal for spec in specs.values()) and "decode" not in passes:
+        return {name: (False,) for name in names}
+    modes = {name: (True,) if spec.supports_causal else (False,) for name, spec in specs.items()}
+    if BASELINE in modes and any(mode == (False,) for mode in modes.values()):
+        modes[BASELINE] = (False, True)
+    return modes
 
 
 def build_run_config(*, variants: str, lengths: tuple[int, ...], devices: str, passes: str, causal: tuple[bool, ...] | None,
@@ -58,12 +68,20 @@ def build_run_config(*, variants: str, lengths: tuple[int, ...], devices: str, p
         raise ArgumentError(f"--variants {variants}: no registered variant runs on {', '.join(device_list)}")
     check_options(options, names)
     pass_list = parse_list(passes, "--passes", PASSES)
-    causal = causal_modes(names, pass_list) if causal is None else causal
+    per_variant: dict[str, tuple[bool, ...]] = {}
+    if causal is None:
+        per_variant = causal_modes(names, pass_list)
+        causal = tuple(mode for mode in (False, True) if any(mode in modes for modes in per_variant.values()))
     if "decode" in pass_list and True not in causal:
         raise ArgumentError("--passes decode: decoding is causal (one new position against the ones before it); "
                             "use --causal yes or both")
-    config = RunConfig(variants=names, lengths=lengths, devices=device_list, passes=pass_list,
-                       causal=causal, options=tuple(sorted(options.items())), min_time=min_time, cell_timeout=cell_timeout,
-                       warmup_time=warmup_time, imports=tuple(imports), **settings)
+    config = RunConfig(variants=names, lengths=lengths, devices=device_list, passes=pass_list, causal=causal,
+                       modes=_differing(per_variant, causal), options=tuple(sorted(options.items())), min_time=min_time,
+                       cell_timeout=cell_timeout, warmup_time=warmup_time, imports=tuple(imports), **settings)
     return config.with_resolved_options()
+
+
+def _differing(per_variant: dict[str, tuple[bool, ...]], causal: tuple[bool, ...]) -> tuple[tuple[str, tuple[bool, ...]], ...]:
+    """The per-variant modes that differ from the run's `causal` (what RunConfig.modes stores)."""
+    return tuple((name, modes) for name, modes in per_variant.items() if modes != causal)
 
