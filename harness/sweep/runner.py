@@ -76,6 +76,14 @@ class SweepState:
         return t2 * (cell.n / n2) ** exponent, exponent, n1, n2
 
 
+# A cell is skipped when its fewest calls are predicted past 1/PREDICTION_MARGIN of --cell-timeout, not the whole:
+# two points underestimate a series leaving its asymptotic regime (full_naive's causal forward+backward: 3.3 s a call
+# at N=4096, predicted 11.6 s at 8192, killed at the 60 s timeout after 3 calls of over 20 s), and the call that
+# measures memory (every allocation mapped afresh) can take 2.5 x a timed one (additive's causal forward at 8192:
+# 12.6 s calls, 57 s for the cell). A cell that times out costs the whole timeout and still has no row.
+PREDICTION_MARGIN = 2.0
+
+
 def calls_per_cell(config: RunConfig) -> int:
     """The fewest calls a cell makes: its warm-up, `min_repeats` timed calls, and one for its memory."""
     return max(1, config.warmup) + config.min_repeats + 1
@@ -203,10 +211,11 @@ def decide(config: RunConfig, cell: Cell, state: SweepState, planned: dict, log_
     # the baseline is never skipped by prediction: every other variant's speed-up needs its cell (a noisy slope
     # overestimates), and one past the timeout costs the series one timeout
     guess = None if cell.variant == BASELINE else state.predicted_time(cell)
-    if guess is not None and guess[0] * calls_per_cell(config) > config.cell_timeout:
+    if guess is not None and guess[0] * calls_per_cell(config) * PREDICTION_MARGIN > config.cell_timeout:
         seconds, exponent, n1, n2 = guess
         return ("skipped", f"predicted {seconds:.3g} s a call (~N^{exponent:.2f} from N={n1} and {n2}): its "
-                           f"{calls_per_cell(config)} calls would pass --cell-timeout {config.cell_timeout:g} s", None, None)
+                           f"{calls_per_cell(config)} calls would pass half of --cell-timeout {config.cell_timeout:g} s "
+                           "(the prediction's margin)", None, None)
     check = ensure_checked(config, cell, state, log_path, executor)
     if check is not None:
         return check[0], check[1], None, None
