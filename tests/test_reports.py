@@ -169,7 +169,7 @@ print(sorted(m for m in sys.modules if m == "torch" or m.startswith("variants"))
     assert out.stdout.strip().splitlines()[-1] == "[]"
 
 
-@pytest.mark.parametrize("run", ["cpu-reference", "quality-long", "quality-reference", "lm-smollm2", "cpu-decode"])
+@pytest.mark.parametrize("run", ["cpu-reference", "cpu-main", "quality-long", "quality-reference", "lm-smollm2", "cpu-decode"])
 def test_a_committed_run_redraws_byte_identical(tmp_path, monkeypatch, run):
     """Old run directories still read: a copy of a committed run (sweep, quality, lm, decode), at the same
     relative path, gets the same REPORT.md and figures, byte for byte, from today's readers."""
