@@ -189,6 +189,20 @@ def test_quality_with_seeds_resumes_exactly(tmp_path):
     assert strip(again) == strip(whole)
 
 
+def test_a_report_names_the_variants_a_stopped_run_has_not_trained(tmp_path):
+    # the capacity layout: the queries fill every place after the bindings (no filler); a run stopped after its first variant
+    out = tmp_path / "q"
+    args = ["quality", "--task", "recall", "--variants", "full,linear", "--lengths", "16", "--pairs", "4", "--queries", "4",
+            "--steps", "2", "--d-model", "16", "--heads", "2", "--layers", "1", "--batch", "4", "--no-cost", "--no-report", "--out", str(out)]
+    assert _invoke(*args).exit_code == 0
+    kept = [line for line in (out / QUALITY_RESULTS).read_text().splitlines() if json.loads(line)["variant"] == "full"]
+    (out / QUALITY_RESULTS).write_text("\n".join(kept) + "\n")
+    assert _invoke("report", str(out)).exit_code == 0
+    report = (out / "REPORT.md").read_text()
+    assert "4 distinct keys asked once each, no filler" in report
+    assert "The run is unfinished" in report and "variants not trained yet: `linear`." in report and "fewer seeds" not in report
+
+
 def test_quality_report_shows_seeds_distance_and_cost(tmp_path):
     out = tmp_path / "q"
     result = _invoke("quality", "--preset", "long", "--variants", "full,sliding_window", "--lengths", "24,32", "--copy-lengths", "8",

@@ -314,6 +314,14 @@ def batch_cap(rows: list[dict], cfg: dict) -> str:
     return f" (at most {cfg['batch_tokens']} tokens a batch{': ' + where if where else ''})"
 
 
+def _filler(cfg: dict) -> str:
+    """' among filler', or ', no filler' where the queries fill every place after the bindings at each recall
+    length (tasks.RecallTask: (L - 2 pairs) / 2 places, pairs L/8 by default)."""
+    lengths = [*(cfg.get("lengths") or ()), *(cfg.get("long_lengths") or ())]
+    places = [(n - 2 * (cfg.get("pairs") or max(1, n // 8))) // 2 for n in lengths]
+    return ", no filler" if places and all(p <= cfg["queries"] for p in places) else " among filler"
+
+
 def _quality_section(run_dir: Path, cfg: dict, figures) -> list[str]:
     rows = quality_rows(run_dir)
     if not rows:
@@ -323,7 +331,7 @@ def _quality_section(run_dir: Path, cfg: dict, figures) -> list[str]:
     columns, grid = final_accuracy_grid(rows)
     task_text = []
     if cfg.get("pairs") or cfg.get("queries"):
-        task_text.append(f"recall: {cfg.get('pairs') or 'L/8'} pairs" + (f", {cfg['queries']} distinct keys asked once each among filler" if cfg.get("queries") else ""))
+        task_text.append(f"recall: {cfg.get('pairs') or 'L/8'} pairs" + (f", {cfg['queries']} distinct keys asked once each{_filler(cfg)}" if cfg.get("queries") else ""))
     if cfg.get("vocab"):
         task_text.append(f"vocabulary {cfg['vocab']}")
     recipe = (f"d_model={cfg.get('d_model')}, layers={cfg.get('layers')}, heads={cfg.get('heads')}, "
@@ -346,9 +354,13 @@ def _quality_section(run_dir: Path, cfg: dict, figures) -> list[str]:
         quality_table(columns, grid, seeds),
         "",
     ]
-    if any(c is not None and c["seeds"] < seeds for _, cells in grid for c in cells):
-        lines += [f"The run is unfinished: a cell over fewer seeds than its {seeds} says so, and variants or lengths with no "
-                  "finished training are not in the table yet (`bench quality --resume RUN_DIR` trains the rest).", ""]
+    untrained = [name for name in cfg.get("variants") or () if name not in {variant for variant, _ in grid}]
+    fewer_seeds = any(c is not None and c["seeds"] < seeds for _, cells in grid for c in cells)
+    if untrained or fewer_seeds:
+        lines += ["The run is unfinished (`bench quality --resume RUN_DIR` trains the rest): "
+                  + (f"a cell over fewer seeds than its {seeds} says so, and lengths with no finished training are not in "
+                     "the table yet" if fewer_seeds else "lengths with no finished training are not in the table yet")
+                  + (f"; variants not trained yet: {', '.join(f'`{name}`' for name in untrained)}." if untrained else "."), ""]
     final = [r for r in rows if r.get("final") and r.get("by_distance")]
     if final:
         distance = by_distance_frame(rows, variant_facts(run_dir))
