@@ -84,4 +84,3 @@ def build_run_config(*, variants: str, lengths: tuple[int, ...], devices: str, p
 def _differing(per_variant: dict[str, tuple[bool, ...]], causal: tuple[bool, ...]) -> tuple[tuple[str, tuple[bool, ...]], ...]:
     """The per-variant modes that differ from the run's `causal` (what RunConfig.modes stores)."""
     return tuple((name, modes) for name, modes in per_variant.items() if modes != causal)
-
