@@ -40,6 +40,14 @@ class TrainConfig:
 
 
 TASKS = ("copy", "recall")
+def recall_layout(length: int, pairs: int | None = None) -> tuple[int, int]:
+    """(pairs, places) of a recall sequence of `length` tokens: its key-value pairs (default length // 8, at least
+    one) and the two-token places after the bindings, each a query or filler (tasks.RecallTask; torch-free, so
+    reports read it too)."""
+    p = pairs if pairs is not None else max(1, length // 8)
+    return p, (length - 2 * p) // 2
+
+
 TOKENS_PER_L = {"copy": 2, "recall": 1}  # the sequence a model reads at task length L, in units of L (copy: the string twice)
 
 

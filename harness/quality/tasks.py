@@ -15,6 +15,8 @@ from typing import NamedTuple
 import torch
 from torch import Tensor
 
+from harness.quality.config import recall_layout
+
 
 class Sample(NamedTuple):
     inputs: Tensor  # (B, T) token ids
@@ -106,7 +108,7 @@ class RecallTask:
 
     @property
     def num_pairs(self) -> int:
-        return self.pairs if self.pairs is not None else max(1, self.length // 8)
+        return recall_layout(self.length, self.pairs)[0]
 
     @property
     def symbols(self) -> int:
@@ -115,7 +117,7 @@ class RecallTask:
     @property
     def slots(self) -> int:
         """Two-token places after the bindings: each a query (key, value) or filler."""
-        return (self.length - 2 * self.num_pairs) // 2
+        return recall_layout(self.length, self.pairs)[1]
 
     @property
     def num_queries(self) -> int:

@@ -10,7 +10,7 @@ from pathlib import Path
 import pandas as pd
 
 from harness.fmt import fmt_bytes, fmt_time
-from harness.quality.config import TOKENS_PER_L
+from harness.quality.config import TOKENS_PER_L, recall_layout
 from harness.readers.advise import advise, advise_table, log_interp, recommendation, speed_rows, split_runs
 from harness.readers.frames import load_frame
 from harness.readers.lm_report import write_lm_report
@@ -315,10 +315,9 @@ def batch_cap(rows: list[dict], cfg: dict) -> str:
 
 
 def _filler(cfg: dict) -> str:
-    """' among filler', or ', no filler' where the queries fill every place after the bindings at each recall
-    length (tasks.RecallTask: (L - 2 pairs) / 2 places, pairs L/8 by default)."""
+    """' among filler', or ', no filler' where the queries fill every place after the bindings at each recall length."""
     lengths = [*(cfg.get("lengths") or ()), *(cfg.get("long_lengths") or ())]
-    places = [(n - 2 * (cfg.get("pairs") or max(1, n // 8))) // 2 for n in lengths]
+    places = [recall_layout(n, cfg.get("pairs"))[1] for n in lengths]
     return ", no filler" if places and all(p <= cfg["queries"] for p in places) else " among filler"
 
 
