@@ -199,6 +199,17 @@ def test_resume_with_imports_requires_naming_them(tmp_path):
     assert bench("run", "--resume", str(out), "--import", "fault_variants").exit_code == 0
 
 
+def test_the_stored_command_reads_back_as_the_arguments_given():
+    """An empty argument (`--long-lengths ''`) or one with a space stays an argument when the report's command
+    is pasted into a shell; joined with spaces, `--long-lengths --pairs 8` took --pairs for its value."""
+    import shlex
+
+    from harness.core.machine import environment
+
+    argv = ["/usr/bin/bench", "quality", "--long-lengths", "", "--variants", "full,linear", "--out", "a b"]
+    assert shlex.split(environment(argv)["command"]) == ["bench", *argv[1:]]
+
+
 def test_report_escapes_text_from_metadata(tmp_path):
     out = tiny_run(tmp_path / "esc")
     meta = json.loads((out / "metadata.json").read_text())

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import os
 import platform
+import shlex
 import socket
 import subprocess
 import sys
@@ -64,7 +65,8 @@ def environment(argv: list[str]) -> dict:
     import torch
 
     return {
-        "command": " ".join([Path(argv[0]).name, *argv[1:]]) if argv else "",
+        # as a shell reads it back: an empty or spaced argument quoted (`--long-lengths ''`)
+        "command": shlex.join([Path(argv[0]).name, *argv[1:]]) if argv else "",
         "started": datetime.now(timezone.utc).isoformat(timespec="seconds"),
         "host": socket.gethostname(),
         "platform": platform.platform(),
