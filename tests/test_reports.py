@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import hashlib
+import json
 from pathlib import Path
 
 import pytest
@@ -187,3 +188,30 @@ def test_a_committed_run_redraws_byte_identical(tmp_path, monkeypatch, run):
     assert len(drawn) > 1, drawn
     for name in drawn:  # (the committed figures/ may hold more: bench viz draws there too)
         assert (copy / name).read_bytes() == (committed / name).read_bytes(), f"{run}/{name} differs"
+
+
+def test_the_lr_sweep_table_takes_each_variants_best_rate_and_refuses_runs_that_differ_otherwise(tmp_path):
+    """scripts/lr_sweep.py: one probe at several learning rates, each variant's best marked; runs that differ in
+    anything but the rate (here the pairs) are refused, naming the field, rather than put in one table."""
+    import importlib.util
+
+    spec = importlib.util.spec_from_file_location("lr_sweep", Path(__file__).resolve().parent.parent / "scripts" / "lr_sweep.py")
+    lr_sweep = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(lr_sweep)
+
+    def run(name, lr, accuracies, pairs=32):
+        out = tmp_path / name
+        out.mkdir()
+        rows = [{"task": "recall", "variant": v, "length": 128, "seed": 0, "final": True, "options": {}, "cfg_lr": lr,
+                 "cfg_pairs": pairs, "eval_accuracy": a, "state_bytes": 9728} for v, a in accuracies.items()]
+        (out / "quality.jsonl").write_text("".join(json.dumps(r) + "\n" for r in rows))
+        return out
+
+    low, high = run("low", 1e-3, {"full": 0.99, "linear": 0.2}), run("high", 1e-2, {"full": 0.04, "linear": 0.79})
+    rates, cells = lr_sweep.sweep([low, high])
+    assert rates == [1e-3, 1e-2] and cells["full"][1e-3] == 0.99 and cells["linear"][1e-2] == 0.79
+    text = lr_sweep.table(rates, cells)
+    assert "| `full` | 9.5 KiB | **99.0%** | 4.0% | 99.0% (lr 0.001) |" in text, text
+    assert "| `linear` | 9.5 KiB | 20.0% | **79.0%** | 79.0% (lr 0.01) |" in text, text
+    with pytest.raises(ValueError, match="cfg_pairs"):
+        lr_sweep.sweep([low, run("other", 1e-2, {"full": 0.5}, pairs=8)])
