@@ -326,7 +326,7 @@ def test_a_cell_predicted_past_the_cell_timeout_is_skipped_not_run():
     assert state.predicted_time(Cell("cpu", "linear", "fwdbwd", False, 256, None)) is None  # another series
     status, message, measured, _ = runner.decide(config, cell, state, {}, None, executor=None)  # (nothing to run it with)
     assert status == "skipped" and measured is None
-    assert message == ("predicted 1.6 s a call (~N^2.00 from N=64 and 128): its 3 calls would pass half of "
+    assert message == ("predicted 1.6 s a call (~N^2.00 from N=64 and 128): its 3 calls would pass 2 s, 1/2 of "
                        "--cell-timeout 4 s (the prediction's margin)")
     three = RunConfig.from_json({**config.to_json(), "min_repeats": 3, "cell_timeout": 5})  # at least 3 timed calls: 5 a cell
     assert runner.calls_per_cell(three) == 5 and runner.decide(three, cell, state, {}, None, executor=None)[0] == "skipped"

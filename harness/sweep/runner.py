@@ -214,8 +214,9 @@ def decide(config: RunConfig, cell: Cell, state: SweepState, planned: dict, log_
     if guess is not None and guess[0] * calls_per_cell(config) * PREDICTION_MARGIN > config.cell_timeout:
         seconds, exponent, n1, n2 = guess
         return ("skipped", f"predicted {seconds:.3g} s a call (~N^{exponent:.2f} from N={n1} and {n2}): its "
-                           f"{calls_per_cell(config)} calls would pass half of --cell-timeout {config.cell_timeout:g} s "
-                           "(the prediction's margin)", None, None)
+                           f"{calls_per_cell(config)} calls would pass {config.cell_timeout / PREDICTION_MARGIN:g} s, "
+                           f"1/{PREDICTION_MARGIN:g} of --cell-timeout {config.cell_timeout:g} s (the prediction's margin)",
+                None, None)
     check = ensure_checked(config, cell, state, log_path, executor)
     if check is not None:
         return check[0], check[1], None, None
