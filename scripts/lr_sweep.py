@@ -11,13 +11,12 @@ different things must not share a table. A variant a run has not trained yet rea
 
 from __future__ import annotations
 
-import re
 import sys
 from pathlib import Path
 
 from harness.fmt import fmt_bytes
 from harness.readers.quality_frames import final_frame, quality_rows, recipe
-from harness.readers.tables import markdown_table
+from harness.readers.tables import markdown_table, replace_block
 
 MARKER = "lr-sweep"
 
@@ -58,11 +57,10 @@ def table(rates: list[float], cells: dict[str, dict]) -> str:
 def main(page: str, *runs: str) -> None:
     path = Path(page)
     text = path.read_text()
-    pattern = rf"(<!-- {MARKER}:start -->\n)(.*?)(<!-- {MARKER}:end -->)"
-    if not re.search(pattern, text, re.S):
+    if f"<!-- {MARKER}:start -->" not in text or f"<!-- {MARKER}:end -->" not in text:
         raise SystemExit(f"{page}: no <!-- {MARKER}:start --> ... <!-- {MARKER}:end --> block to fill")
     filled = table(*sweep([Path(r) for r in runs]))
-    path.write_text(re.sub(pattern, lambda m: m.group(1) + filled + "\n" + m.group(3), text, count=1, flags=re.S))
+    path.write_text(replace_block(text, MARKER, filled))
     print(filled)
 
 

@@ -5,18 +5,13 @@ and the long sweep's (to N = 65536).
     python scripts/readme_summary.py results/cpu-reference/REPORT.md results/quality-reference/REPORT.md \
         results/quality-long/REPORT.md results/cpu-long/REPORT.md
 """
-import re
 import sys
 from pathlib import Path
 
 from harness.fmt import fmt_bytes, fmt_time
 from harness.readers.frames import load_frame
 from harness.readers.summary import summarize
-
-
-def replace_block(readme: str, marker: str, body: str) -> str:
-    block = f"<!-- {marker}:start -->\n{body.strip()}\n<!-- {marker}:end -->"
-    return re.sub(rf"<!-- {marker}:start -->.*<!-- {marker}:end -->", lambda m: block, readme, flags=re.S)
+from harness.readers.tables import replace_block
 
 
 def per_variant(run_dir: Path) -> str:

@@ -16,3 +16,11 @@ def code_span(value) -> str:
     text = " ".join(str(value).split())
     fence = "`" * (max((len(run) for run in re.findall(r"`+", text)), default=0) + 1)
     return f"{fence} {text} {fence}"
+
+
+def replace_block(page: str, marker: str, body: str) -> str:
+    """`page` with the text between its `<!-- marker:start -->` and `<!-- marker:end -->` lines replaced by `body`
+    (the scripts that fill README and docs tables from committed runs); unchanged where the markers are missing."""
+    block = f"<!-- {marker}:start -->\n{body.strip()}\n<!-- {marker}:end -->"
+    return re.sub(rf"<!-- {marker}:start -->.*<!-- {marker}:end -->", lambda m: block, page, flags=re.S)
+
