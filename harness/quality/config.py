@@ -40,6 +40,8 @@ class TrainConfig:
 
 
 TASKS = ("copy", "recall")
+
+
 def recall_layout(length: int, pairs: int | None = None) -> tuple[int, int]:
     """(pairs, places) of a recall sequence of `length` tokens: its key-value pairs (default length // 8, at least
     one) and the two-token places after the bindings, each a query or filler (tasks.RecallTask; torch-free, so
