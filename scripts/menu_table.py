@@ -18,10 +18,12 @@ import variants
 from harness.readers.lm_report import lm_frame, perplexity_table
 from harness.quality.config import QualityConfig
 from harness.readers.quality_frames import accuracy_summary, quality_rows
+from harness.readers.tables import replace_block
 from harness.store.storage import read_metadata
 
 README = Path("README.md")
-MARKER = "menu"
+DOCS_VARIANTS = Path("docs/variants.md")
+MARKER, DEPLOY = "menu", "deploy"
 
 
 def state_kind(name: str) -> str:
@@ -66,6 +68,24 @@ def lm_column(run: Path) -> tuple[str, dict[str, str]]:
     return f"SmolLM2 ppl, {longest} tokens", {name: "; ".join(texts) for name, texts in cells.items()}
 
 
+STEPS = (("export", "exports with `torch.export`"), ("compile", "compiles with `torch.compile`"), ("onnx", "exports to ONNX"))
+
+
+def deploy_sentence() -> str:
+    """What the specs say of deployment (`not_deployable`), as the sentence the README and docs/variants.md give:
+    which variants take each step, the others named."""
+    shipped = [name for name in variants.available() if variants.variant_class(name).__module__.startswith("variants.methods.")]
+    parts = []
+    for step, words in STEPS:
+        refused = [f"`{name}`" for name in shipped if any(s == step for s, _ in variants.variant_class(name).spec.not_deployable)]
+        if not refused:
+            parts.append(f"every variant {words}")
+        else:
+            names = refused[0] if len(refused) == 1 else ", ".join(refused[:-1]) + " and " + refused[-1]
+            parts.append(f"all but {names} {words.replace('exports', 'export').replace('compiles', 'compile')}")
+    return "Deployment, as the specs say (`not_deployable`, tested): " + "; ".join(parts) + "."
+
+
 def main(quality_run: str, lm_run: str) -> None:
     text = README.read_text()
     block = re.search(rf"<!-- {MARKER}:start -->\n(.*?)<!-- {MARKER}:end -->", text, re.S)
@@ -84,7 +104,9 @@ def main(quality_run: str, lm_run: str) -> None:
             f"recurrent is constant). Recall: held-out accuracy in [{quality_run}]({quality_run}/REPORT.md) ({run_recipe(Path(quality_run))}; mean over "
             f"seeds). SmolLM2: perplexity with the attention swapped zero-shot, and 'distilled' after `--distill`'s attention transfer (for a variant with parameters), in [{lm_run}]({lm_run}/REPORT.md); — where "
             f"not measured. Filled by `python scripts/menu_table.py {quality_run} {lm_run}`.\n\n" + "\n".join(rows) + "\n")
-    README.write_text(text[:block.start(1)] + body + text[block.end(1):])
+    README.write_text(replace_block(text[:block.start(1)] + body + text[block.end(1):], DEPLOY, deploy_sentence()))
+    page = DOCS_VARIANTS.read_text()
+    DOCS_VARIANTS.write_text(replace_block(page, DEPLOY, deploy_sentence()))
 
 
 if __name__ == "__main__":

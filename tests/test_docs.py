@@ -79,3 +79,19 @@ def test_the_check_catches_a_bad_link_and_a_bad_option(tmp_path):
     assert _commands(text) == ["bench run --max-length 16384", "bench rnu"]
     group = typer.main.get_command(app)
     assert "--max-length" not in {opt for p in group.commands["run"].params for opt in p.opts} and "rnu" not in group.commands
+
+
+def test_the_deployment_sentence_is_what_the_specs_say():
+    # the README said every variant exports with torch.export and only sliding_window_flex lacks ONNX; moba cannot
+    # export, deltanet and gated_deltanet have no ONNX: the sentence is generated from the specs (scripts/menu_table.py)
+    import importlib.util
+
+    from harness.readers.tables import replace_block
+
+    spec = importlib.util.spec_from_file_location("menu_table", ROOT / "scripts" / "menu_table.py")
+    menu = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(menu)
+    sentence = menu.deploy_sentence()
+    for page in ("README.md", "docs/variants.md"):
+        text = (ROOT / page).read_text()
+        assert "<!-- deploy:start -->" in text and replace_block(text, "deploy", sentence) == text, page

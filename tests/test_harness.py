@@ -92,6 +92,19 @@ def test_decode_cells_time_one_step_and_record_the_state(tmp_path):
     assert not (tmp_path / "x").exists()
 
 
+def test_every_selected_variant_gets_a_decode_row_or_a_reason_under_causal_auto(tmp_path):
+    # --causal auto measures linformer bidirectionally only; its decode cells were left out without a row or a word
+    out = tmp_path / "run"
+    fast = [arg for arg in FAST if arg != "--no-report"]
+    result = bench("run", "--variants", "full,linformer", "--lengths", "32", "--passes", "fwd,decode", "--out", str(out), *fast)
+    assert result.exit_code == 0, result.output
+    rows = {(r["variant"], r["pass"], r["causal"]): r for r in read_rows(out)}
+    assert rows[("linformer", "fwd", False)]["status"] == "ok"
+    assert rows[("linformer", "decode", True)]["status"] == "skipped"
+    assert "linformer does not support causal attention" in rows[("linformer", "decode", True)]["message"]
+    assert rows[("full", "decode", True)]["status"] == "ok"
+
+
 def test_faults_cost_one_cell_each(tmp_path):
     out = tmp_path / "faults"
     result = bench("run", "--import", "fault_variants", "--variants", "test_raises,test_hangs,test_kills_itself,test_segfaults",

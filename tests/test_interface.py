@@ -228,6 +228,38 @@ def test_all_masked_rows_give_zeros_not_nan(name, options, causal):
     assert all(torch.isfinite(t.grad).all() for t in (q, k, v))
 
 
+@pytest.mark.parametrize("name", shipped())
+def test_a_nan_query_or_key_reaches_its_row_at_every_short_length_and_step(name):
+    # NaN propagates at N = 1 ... 32 and in the first decoding steps, never hidden as zeros: torch's CPU flash
+    # kernel returns zeros for a row of NaN scores over fewer than 16 keys (full, bilinear, moba, memory_compressed
+    # and linformer took it). The poisoned position's own row sees it in every pattern; the other head does not.
+    cls = variants.variant_class(name)
+    if cls.unavailable_reason("cpu"):
+        pytest.skip(cls.unavailable_reason("cpu"))
+    attn = build_case(name, cls.spec.example_options()[0], dtype=torch.float32)
+    causal = natural_causal(name)
+    for n in range(1, 33):
+        for where in "qk":
+            q, k, v = make_qkv(b=1, h=2, n_q=n, d=8, requires_grad=False, dtype=torch.float32, seed=n)
+            {"q": q, "k": k}[where][0, 0, n - 1] = float("nan")
+            with torch.no_grad():
+                out = attn(q, k, v, causal=causal)
+            assert out[0, 0, n - 1].isnan().any(), f"N={n}, NaN in {where}: its row came out {out[0, 0, n - 1].tolist()}"
+            assert torch.isfinite(out[0, 1]).all()
+    if cls.decode_unsupported_reason():
+        return
+    q, k, v = make_qkv(b=1, h=2, n_q=20, d=8, requires_grad=False, dtype=torch.float32)
+    for t in range(20):
+        for where in "qk":
+            state = attn.init_state(1, 2, 8, 8, torch.float32)
+            if t:
+                state = attn.prefill(q[:, :, :t], k[:, :, :t], v[:, :, :t], state)
+            new = [x[:, :, t : t + 1].clone() for x in (q, k, v)]
+            new["qk".index(where)][0, 0] = float("nan")
+            out, _ = attn.step(*new, state)
+            assert out[0, 0, 0].isnan().any(), f"step {t + 1}, NaN in {where}: its output came out {out[0, 0, 0].tolist()}"
+
+
 @pytest.mark.parametrize("name, options", CASES)
 def test_length_one_and_odd_lengths(name, options):
     attn = build_cpu(name, options)

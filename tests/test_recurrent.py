@@ -120,6 +120,22 @@ def test_moba_selects_top_k_earlier_blocks_by_mean_key():
     torch.testing.assert_close(attn(q, k, v, causal=True), ref_moba(q, k, v, 4, 2))
 
 
+def test_moba_breaks_tied_gates_one_way_in_the_forward_the_reference_and_every_step():
+    # an all-zero query scores every earlier block 0: the earlier block wins everywhere (topk's pick among ties
+    # depended on how many blocks the call held, so a step chose other blocks than the forward: 1.41 apart)
+    attn = build_case("moba", {"block": 4, "top_k": 1}, heads=1)
+    q, k, v = make_qkv(b=1, h=1, n_q=17, d=8, requires_grad=False)
+    q[:, :, 9:] = 0
+    want = attn(q, k, v, causal=True)
+    torch.testing.assert_close(want, attn.reference(q, k, v, causal=True))
+    chosen = attn.selected_blocks(q, k)[0, 0, 9:]  # queries 9 ... 16: the earliest of their tied blocks
+    assert all(row.nonzero().flatten().tolist() == [0] for row in chosen)
+    state, outs = attn.init_state(1, 1, 8, 8, torch.float64), []
+    for t in range(17):
+        out, state = attn.step(q[:, :, t : t + 1], k[:, :, t : t + 1], v[:, :, t : t + 1], state)
+        outs.append(out)
+    torch.testing.assert_close(torch.cat(outs, dim=2), want)
+
 @pytest.mark.parametrize("padded", [False, True], ids=["dense", "padded"])
 def test_moba_without_a_gradient_takes_the_fused_kernel_and_the_same_function(padded):
     # no gradient: each block's softmax comes from the CPU flash kernel (output and log-sum-exp), else written out
@@ -324,6 +340,22 @@ def test_methods_that_cannot_decode_say_why():
         attn = build_case(name, variants.variant_class(name).spec.example_options()[0])
         with pytest.raises(ValueError, match=rf"{name} cannot decode: {name} does not support causal attention: .*decoding is causal"):
             attn.init_state(1, 2, 8, 8)
+
+
+@pytest.mark.parametrize("name", DECODABLE)
+def test_a_state_for_other_heads_or_head_dim_than_the_variant_was_built_for_is_refused(name):
+    # as the forward refuses them, with its message (the gates of mamba2, gla, the delta rules and additive's
+    # projections are sized by them: a raw size mismatch before; retention took 3 heads built for 2)
+    cls = variants.variant_class(name)
+    dtype = torch.float64 if cls.dtype_unsupported_reason("cpu", "float64") is None else torch.float32
+    attn = build_case(name, cls.spec.example_options()[0], dtype=dtype)  # built for 2 heads of 8
+    with pytest.raises(ValueError, match=rf"{name}: built for num_heads=2, got H=3"):
+        attn.init_state(1, 3, 8, 8, dtype)
+    with pytest.raises(ValueError, match=rf"{name}: built for head_dim=8, got D=4"):
+        attn.init_state(1, 2, 4, 4, dtype)
+    q = torch.zeros(1, 3, 1, 8, dtype=dtype)
+    with pytest.raises(ValueError, match=rf"{name}: built for num_heads=2, got H=3"):
+        attn(q, q, q, causal=True)
 
 
 def test_step_refuses_what_does_not_fit_its_state():

@@ -230,6 +230,7 @@ class AttentionVariant(nn.Module):
             raise ValueError(f"{self.spec.name} cannot decode: {reason}")
         for option, value in (("batch", batch), ("heads", heads), ("head_dim", head_dim), ("value_dim", value_dim)):
             self._check_int(option, value, 1)
+        check_shape_hints(self, heads, head_dim)  # (the forward's own check and message)
         self._check_int("max_len", max_len, 1, allow_none=True)
         if not isinstance(dtype, torch.dtype) or not dtype.is_floating_point:
             raise TypeError(f"{self.spec.name}: init_state's dtype must be a floating torch.dtype, got {dtype!r}")
@@ -376,10 +377,7 @@ def check_inputs(attn: AttentionVariant, q: Tensor, k: Tensor, v: Tensor, causal
         raise ValueError(f"{name}: k and v must share the key length Nk, got k Nk={k.shape[-2]}, v Nk={v.shape[-2]}")
     if q.shape[-1] == 0 or k.shape[-2] == 0:
         raise ValueError(f"{name}: head dim D and key length Nk must be >= 1, got q {tuple(q.shape)}, k {tuple(k.shape)}")
-    if attn.num_heads is not None and q.shape[1] != attn.num_heads:
-        raise ValueError(f"{name}: built for num_heads={attn.num_heads}, got H={q.shape[1]}")
-    if attn.head_dim is not None and q.shape[-1] != attn.head_dim:
-        raise ValueError(f"{name}: built for head_dim={attn.head_dim}, got D={q.shape[-1]}")
+    check_shape_hints(attn, q.shape[1], q.shape[-1])
     n_q, n_k = q.shape[-2], k.shape[-2]
     if causal and not attn.spec.supports_causal:
         raise ValueError(f"{name}: causal=True is not supported by this variant" + (f": {attn.spec.why_not_causal}" if attn.spec.why_not_causal else ""))
@@ -408,6 +406,15 @@ def check_inputs(attn: AttentionVariant, q: Tensor, k: Tensor, v: Tensor, causal
             )
         if key_padding_mask.device != q.device:
             raise ValueError(f"{name}: key_padding_mask is on {key_padding_mask.device}, q on {q.device}")
+
+
+def check_shape_hints(attn: AttentionVariant, heads: int, head_dim: int) -> None:
+    """ValueError when the heads or head dim of inputs (or of a decoding state) differ from those the variant was
+    built for (its num_heads, head_dim hints: per-head parameters are sized by them)."""
+    if attn.num_heads is not None and heads != attn.num_heads:
+        raise ValueError(f"{attn.spec.name}: built for num_heads={attn.num_heads}, got H={heads}")
+    if attn.head_dim is not None and head_dim != attn.head_dim:
+        raise ValueError(f"{attn.spec.name}: built for head_dim={attn.head_dim}, got D={head_dim}")
 
 
 # -- registry ----------------------------------------------------------------------------------

@@ -172,8 +172,9 @@ def state_cache(model):
     recurrent variants decode with a constant state, a window keeps its sinks and last w positions, memory_compressed
     its slots, full a KV cache. The prompt and each new token go through the variant's `step`. Positions are the
     model's own (RoPE is applied before the cache, so a window's kept keys keep their absolute rotations, as in
-    the forward). Not supported yet: padded batches (a padding mask the states
-    would have to keep), and cropping; beam search reorders the states.
+    the forward). Padded batches decode as the forward computes them (each state keeps its positions' padding
+    masks, a recurrence skips padded positions; tested with left padding). Not supported: cropping (assisted
+    generation), which a state cannot undo; beam search reorders the states.
 
     Example:
         >>> out = model.generate(ids, max_new_tokens=64, past_key_values=variants.hf.state_cache(model))
@@ -199,7 +200,7 @@ def _decoding_refusal(attn) -> str | None:
         return reason
     d = getattr(attn, "head_dim", None) or 8
     try:
-        attn.init_state(1, 1, d, getattr(attn, "value_dim", None) or d)
+        attn.init_state(1, getattr(attn, "num_heads", None) or 1, d, getattr(attn, "value_dim", None) or d)
     except (ValueError, TypeError) as err:
         return str(err)
     return None

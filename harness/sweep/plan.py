@@ -24,11 +24,20 @@ def plan(config: RunConfig, device_names: dict | None = None) -> list[Cell]:
         for device in config.devices
         for device_name in names_of(device_names, device)
         for name in config.variants
-        for causal in config.modes_of(name)
-        for pass_ in config.passes
-        if causal or pass_ != "decode"  # decoding is causal: no non-causal decode cells
+        for causal, pass_ in series(config, name)
         for n in config.lengths
     ]
+
+
+def series(config: RunConfig, name: str) -> list[tuple[bool, str]]:
+    """(causal, pass) of each series variant `name` is measured in: its modes times the passes, decoding causal
+    only; a variant measured bidirectionally only still gets its causal decode series, so that a method that
+    cannot decode (linformer, nystrom) is recorded as skipped with its reason, not left out without a word."""
+    modes = config.modes_of(name)
+    out = [(causal, pass_) for causal in modes for pass_ in config.passes if causal or pass_ != "decode"]
+    if "decode" in config.passes and True not in modes:
+        out.append((True, "decode"))
+    return out
 
 
 def causal_modes(names: tuple[str, ...], passes: tuple[str, ...]) -> dict[str, tuple[bool, ...]]:

@@ -35,13 +35,20 @@ def padding_and_causal_mask(key_padding_mask: Tensor, n_q: int, causal: bool, de
     return mask
 
 
+CPU_FLASH_MIN_KEYS = 16  # below this many keys torch's CPU flash kernel (2.13) gives zeros, not NaN, for a NaN score row
+
+
 def sdpa(q: Tensor, k: Tensor, v: Tensor, **kwargs) -> Tensor:
-    """`scaled_dot_product_attention` that keeps to the fused kernel when D != Dv.
+    """`scaled_dot_product_attention` that keeps to the fused kernel when D != Dv, and propagates NaN.
 
     The CPU flash kernel needs one head dim for q, k and v; otherwise torch falls back to the math
     kernel, which materializes the score matrix. Zero-padding the smaller of D, Dv changes no score
-    and no output value, only which kernel runs.
+    and no output value, only which kernel runs. Over fewer than CPU_FLASH_MIN_KEYS keys on the CPU
+    the scores (at most Nq x 15) are computed as written instead: that kernel returns zeros there for
+    a row whose scores hold NaN.
     """
+    if q.device.type == "cpu" and k.shape[-2] < CPU_FLASH_MIN_KEYS:
+        return written_out(q, k, v, **kwargs)
     d, dv = q.shape[-1], v.shape[-1]
     if d == dv:
         return F.scaled_dot_product_attention(q, k, v, **kwargs)
@@ -51,6 +58,21 @@ def sdpa(q: Tensor, k: Tensor, v: Tensor, **kwargs) -> Tensor:
     else:
         v = F.pad(v, (0, d - dv))
     return F.scaled_dot_product_attention(q, k, v, **kwargs)[..., :dv]
+
+
+def written_out(q: Tensor, k: Tensor, v: Tensor, attn_mask: Tensor | None = None, is_causal: bool = False,
+                scale: float | None = None) -> Tensor:
+    """`scaled_dot_product_attention`'s function with its scores stored (is_causal aligned top-left, as SDPA's; a
+    bool mask True = may attend, a float mask added): for short key sequences only."""
+    dtype = q.dtype
+    if dtype in (torch.float16, torch.bfloat16):
+        q, k, v = q.float(), k.float(), v.float()
+    s = torch.matmul(q, k.transpose(-1, -2)) * (q.shape[-1] ** -0.5 if scale is None else scale)
+    if is_causal:
+        s = s.masked_fill(~torch.ones(s.shape[-2:], dtype=torch.bool, device=s.device).tril(), -torch.inf)
+    if attn_mask is not None:
+        s = s.masked_fill(~attn_mask, -torch.inf) if attn_mask.dtype == torch.bool else s + attn_mask
+    return torch.matmul(torch.softmax(s, dim=-1), v).to(dtype)
 
 
 @register

@@ -315,7 +315,7 @@ class MemoryCompressedAttention(AttentionVariant):
         out = q.new_empty(b, h, n, dv)
         for a, q_aug, out_raw in inputs:
             count = q_aug.shape[2]
-            o = F.scaled_dot_product_attention(q_aug, k_aug[:, :, :count], v_aug[:, :, :count], is_causal=True, scale=scale)
+            o = sdpa(q_aug, k_aug[:, :, :count], v_aug[:, :, :count], is_causal=True, scale=scale)
             del q_aug
             if a == 0:
                 out[:, :, c - 1 :: c] = o[:, :, 1:, :dv]

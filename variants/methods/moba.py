@@ -38,7 +38,7 @@ from torch.utils.checkpoint import checkpoint
 from .._base import AttentionVariant, VariantSpec, register
 from .._decoding import appended
 from .._utils import dense_attention
-from .full import full_attention_pairs
+from .full import CPU_FLASH_MIN_KEYS, full_attention_pairs
 
 TILE_QUERIES = 2048  # queries whose gating scores (x N/B) and partial outputs are held at once
 
@@ -62,14 +62,19 @@ def block_means(k: Tensor, keep: Tensor | None, block: int) -> tuple[Tensor, Ten
 
 def select_blocks(q: Tensor, means: Tensor, has_key: Tensor, start: int, block: int, top_k: int) -> tuple[Tensor, Tensor]:
     """Each query's chosen blocks: (indices (B, H, T, k'), valid (B, H, T, k')), k' = min(top_k, nb);
-    queries at positions start .. start + T - 1 choose among the complete blocks before their own."""
+    queries at positions start .. start + T - 1 choose among the complete blocks before their own.
+
+    Equal gates choose the earlier block (a stable sort, not topk, whose choice among ties depends on how
+    many blocks there are): the forward, the reference and every decoding step pick the same blocks for a
+    query whose gates tie, e.g. an all-zero query (a pad token's zero embedding)."""
     nb = means.shape[2]
     pos = torch.arange(start, start + q.shape[2], device=q.device)
     scores = torch.matmul(q.detach(), means.detach().transpose(-1, -2))  # (B, H, T, nb)
     earlier = torch.arange(nb, device=q.device)[None, :] < (pos // block)[:, None]  # (T, nb)
     scores = scores.masked_fill_(~(earlier & has_key[:, :, None, :]), -math.inf)
-    top, idx = scores.topk(min(top_k, nb), dim=-1)
-    return idx, torch.isfinite(top)
+    top, idx = scores.sort(dim=-1, descending=True, stable=True)
+    k = min(top_k, nb)
+    return idx[..., :k], torch.isfinite(top[..., :k])
 
 
 def _partial(s: Tensor, v: Tensor) -> tuple[Tensor, Tensor]:
@@ -92,7 +97,8 @@ def attend_block(q: Tensor, k: Tensor, v: Tensor, allowed: Tensor | None, scale:
                  square_causal: bool = False) -> tuple[Tensor, Tensor]:
     """(softmax(q kᵀ · scale) v, logsumexp(q kᵀ · scale)) over keys k; `allowed` a bool mask broadcastable to the
     scores, or `square_causal` for Nq == Nk causal; without a gradient on the CPU, by the fused flash kernel."""
-    if allowed is None and _fused(q) and q.shape[-1] == v.shape[-1]:  # (the kernel takes one head dim)
+    if allowed is None and _fused(q) and q.shape[-1] == v.shape[-1] and k.shape[-2] >= CPU_FLASH_MIN_KEYS:
+        # (the kernel takes one head dim, and over fewer keys it gives zeros for a NaN row: full.py)
         op = torch.ops.aten._scaled_dot_product_flash_attention_for_cpu
         shape = q.shape
         q4, k4, v4 = (t if t.dim() == 4 else t[None] for t in (q, k, v))

@@ -12,9 +12,14 @@ shrinking like 1/√m. Time O(N·m·Dv), memory O(N·Dv) + one group of features
 
 Numerics: exp(w·x) overflows for long x, so each row's features are computed as
 exp(w·x − ‖x‖²/2 − c) with c a constant the ratio does not see: per query row its own max over
-features, for keys one max over every (real) key and feature per batch and head — as the paper's
-implementation does. Both cancel between numerator and denominator exactly (eps = 0 here; a row
-with no visible key reads 0), so no future key changes a causal output.
+features; for keys, bidirectionally one max over every (real) key and feature per batch and head —
+as the paper's implementation does — and causally the running max c_t over the keys up to each
+position, the keys' features exp(l_s − c_s) carried to position t by exp(c_s − c_t) <= 1: the scan
+of a gated recurrence with log decay c_{t−1} − c_t (_recurrence.py). So every query's stabilizer is
+the largest logit of the keys it sees, in both modes (a single max over all N keys let float32 lose
+the early queries' keys: 10% error at 8 x randn). All cancel between numerator and denominator
+exactly (eps = 0 here; a row with no visible key reads 0), so no future key changes a causal
+output. (With eps > 0 the causal scan keeps the single max: eps is added after it.)
 
 The random matrix is a buffer drawn from `seed` (saved with the model's state). It stays fixed: a
 training loop that wants fresh features (performer-pytorch redraws every 1000 steps) calls
@@ -29,8 +34,9 @@ import torch
 from torch import Tensor
 
 from .._base import VariantSpec, register
-from .._utils import spans
-from .linear import FeatureMap, FeatureMapAttention
+from .._utils import pad_to_multiple, spans
+from ._recurrence import GROUP_POSITIONS, _GroupedScan, _scan_groups, gated_chunks
+from .linear import FeatureMap, FeatureMapAttention, _ones_column
 
 
 def orthogonal_gaussian(m: int, d: int, seed: int) -> Tensor:
@@ -45,6 +51,22 @@ def orthogonal_gaussian(m: int, d: int, seed: int) -> Tensor:
     directions = torch.cat(blocks)[:m]
     norms = torch.randn(m, d, generator=g, dtype=torch.float64).norm(dim=1, keepdim=True)
     return directions * norms
+
+
+def running_max(x: Tensor) -> Tensor:
+    """The running max along the last dim, by log2(N) maxima of shifted copies (ONNX has no cummax)."""
+    shift = 1
+    while shift < x.shape[-1]:
+        x = torch.maximum(x, torch.nn.functional.pad(x[..., :-shift], (shift, 0), value=-math.inf))
+        shift *= 2
+    return x
+
+
+def _ratio(num: Tensor) -> Tensor:
+    """numerator / denominator of [numerator, denominator] (…, Dv + 1): a row that sees no key gives 0 (no NaN
+    gradient either)."""
+    den = num[..., -1:]
+    return num[..., :-1] / torch.where(den > 0, den, torch.ones_like(den))
 
 
 class PositiveRandomFeatures(FeatureMap):
@@ -167,16 +189,59 @@ class Performer(FeatureMapAttention):
         # the largest key logit so far: the sums are kept divided by exp(it), as the forward divides by its max
         return {**state, "key_max": torch.full((batch, heads, 1, 1), -math.inf, dtype=state["S"].dtype, device=device)}
 
-    def _decode_features(self, q, k, state, keep):
-        # the forward's key stabilizer is the max over all keys, which a decoder does not know yet: keep the
-        # running max c and scale the sums by exp(c_old − c_new) when it grows (the online softmax's rescaling);
-        # with eps = 0 the ratio does not depend on it, so the steps equal the forward
+    def _step(self, q, k, v, state, keep):
+        """The t new positions from the sums Σ φ(k) [v, 1]ᵀ kept under the running max of the key logits: the
+        forward's causal scan, started from the state (eps = 0 here: _empty_state refuses more)."""
+        sums = state.tensors["S"]
+        dtype = q.dtype
+        q, k, v = (x.to(sums.dtype) for x in (q, k, v))
+        real = torch.ones(q.shape[0], 1, q.shape[2], dtype=sums.dtype, device=q.device) if keep is None else keep[:, None, :].to(sums.dtype)
+        num, sums, top = self._running(q, k, v, real, sums, state.tensors["key_max"][..., 0, 0], self._query_factor(q))
+        return _ratio(num).to(dtype), state.advanced(q.shape[2], S=sums, key_max=top[..., None, None])
+
+    # -- causal: the running max of the key logits as each query's stabilizer --------------------------
+    def _causal(self, q, k, v, keep, factor):
+        if self.eps:
+            return super()._causal(q, k, v, keep, factor)
+        b, h, n, _ = q.shape
+        real = torch.ones(b, 1, n, dtype=k.dtype, device=k.device) if keep is None else keep[..., 0]
+        state = q.new_zeros(b, h, self.features_count, v.shape[-1] + 1)
+        return _ratio(self._running(q, k, v, real, state, torch.full((b, h), -math.inf, dtype=q.dtype, device=q.device), factor)[0])
+
+    def _running(self, q, k, v, real, state, before_max, factor):
+        """([numerator, denominator] (B, H, t, Dv + 1), the sums after, the running max after) of t positions
+        from `state` (relative to `before_max` (B, H), −inf before any key); real (B, 1, t) of the positions."""
+        n = q.shape[-2]
+        chunk = min(self.chunk_size, n)
         fmap = self.feature_map_for(q)
-        old = state.tensors["key_max"]
-        top = torch.maximum(old, fmap.setup(q, k, keep)["key_max"])
-        consts = {"key_max": top}
-        return (fmap.apply(q, state.length, consts, True), fmap.apply(k, state.length, consts, False),
-                torch.exp(old - top), {"key_max": top})
+        q, k, v = (pad_to_multiple(t, chunk)[0] for t in (q, k, _ones_column(v)))
+        real = pad_to_multiple(real, chunk, dim=-1)[0]  # (the positions added to fill a chunk count as padding)
+        with torch.no_grad():
+            top = torch.cat([fmap.logits(k[:, :, sl]).amax(-1) for sl in spans(k.shape[-2], 512)], dim=-1)  # (B, H, t')
+            running = running_max(torch.cat([before_max[..., None], top.masked_fill(real == 0, -math.inf)], dim=-1))
+            before, running = running[..., :-1], running[..., 1:]
+            running = torch.where(torch.isfinite(running), running, torch.zeros_like(running))  # (no real key yet)
+            before = torch.where(torch.isfinite(before), before, running)  # (nothing before: no decay)
+        k = torch.cat([k, running[..., None], before[..., None]], dim=-1)  # (the stabilizers travel with their keys' groups)
+        self._q_factor = factor
+        size = max(chunk, GROUP_POSITIONS // chunk * chunk)
+        if torch.is_grad_enabled() and any(t.requires_grad for t in (q, k, v)):
+            num, state = _GroupedScan.apply(self, chunk, size, real, state, q, k, v)
+        else:
+            num, state = _scan_groups(self, q, k, v, real, state, chunk, size)
+        return num[:, :, :n], state, running[..., n - 1]
+
+    def _group(self, q, k, v, keep, state, chunk):
+        """One group of the causal scan (the recurrence engine's call): features of q and of the keys under their
+        running max, the max's growth as the decay. k arrives with the running max and the one before it."""
+        k, running, before = k[..., :-2], k[..., -2].detach(), k[..., -1].detach()
+        fmap = PositiveRandomFeatures(self.projection)
+        m = self.features_count ** -0.5
+        lq = fmap.logits(q * self._q_factor)
+        phi_q = (lq - lq.detach().amax(-1, keepdim=True)).exp() * m
+        lk = fmap.logits(k).masked_fill(keep[..., None] == 0, -math.inf)  # padded keys: nothing (and no exp of a large logit)
+        phi_k = (lk - running[..., None]).exp() * m
+        return gated_chunks(phi_q, phi_k, v, (before - running) * keep, state, chunk)
 
     def features(self, x: Tensor) -> Tensor:
         """φ(x) = exp(W x' − ‖x'‖²/2) / √m of rows x (B, H, N, D), x' = x / D^¼, without stabilizer:
