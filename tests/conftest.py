@@ -162,7 +162,22 @@ def _ref_sliding_window(attn, q, k, v, causal, kpm):
     return ref_sliding_window(q, k, v, attn.window, attn.global_tokens, causal, kpm, scale=attn._scale(q))
 
 
+def ref_hedgehog(x, weight, bias):
+    """Hedgehog's map from its paper: z = x W_h + b_h, φ(x) = [softmax(z), softmax(−z)] over the features."""
+    z = torch.einsum("bhnd,hdf->bhnf", x.double(), weight.double()) + bias.double()[None, :, None]
+    return torch.cat([torch.softmax(z, -1), torch.softmax(-z, -1)], -1)
+
+
+def _hedgehog_qk(attn, q, k):
+    """q and k through the variant's learned maps (queries times the scale first, as the variants take them)."""
+    return ref_hedgehog(q, attn.q_features.weight, attn.q_features.bias), ref_hedgehog(k, attn.k_features.weight, attn.k_features.bias)
+
+
 def _ref_linear(attn, q, k, v, causal, kpm):
+    if attn.feature_map == "hedgehog":  # the kernel φ(q)·φ(k) of the learned maps, rows normalised (+ eps)
+        fq, fk = _hedgehog_qk(attn, q.double() * (1.0 if attn.scale is None else attn.scale), k)
+        a = (fq @ fk.transpose(-1, -2)) * causal_and_padding(q.shape[-2], k.shape[-2], causal, kpm)
+        return (a @ v.double()) / (a.sum(-1, keepdim=True) + attn.eps)
     d = attn.feature_dim or q.shape[-1]  # the dims of q and k that enter φ
     q, k = q[..., :d], k[..., :d]
     return ref_linear(q if attn.scale is None else q * attn.scale, k, v, causal, kpm, eps=attn.eps,
@@ -296,22 +311,35 @@ def _unit(x):
     return x / x.norm(dim=-1, keepdim=True).clamp_min(1e-6)
 
 
+def _recurrence_qk(attn, q, k, scale):
+    """(q, k, the factor of q in o = factor · qᵀ S) as the recurrence takes them: through the learned feature maps
+    where the variant has them, q times the scale first where it is a factor of q (then the factor is 1)."""
+    if attn.feature_map != "hedgehog":
+        return q.double(), k.double(), scale
+    if attn.spec.scale_is_query_factor:
+        return (*_hedgehog_qk(attn, q.double() * scale, k), 1.0)
+    return (*_hedgehog_qk(attn, q, k), scale)
+
+
 def _ref_retention(attn, q, k, v, causal, kpm):
     h = q.shape[1]
+    q, k, scale = _recurrence_qk(attn, q, k, _scale_of(attn, q))
     gamma = 1 - 2.0 ** (-5 - torch.arange(h, dtype=torch.float64))  # RetNet's per-head decay
     log_decay = gamma.log()[None, :, None].expand(k.shape[0], h, k.shape[2])
-    return ref_recurrence(q, k, v, _scale_of(attn, q), log_decay, kpm=kpm)
+    return ref_recurrence(q, k, v, scale, log_decay, kpm=kpm)
 
 
 def _ref_mamba2(attn, q, k, v, causal, kpm):
-    log_decay, dt = _ssd_decay(k.double(), attn.dt)
-    return ref_recurrence(q, k, v.double() * dt[..., None], _scale_of(attn, q), log_decay, kpm=kpm)
+    q, k, scale = _recurrence_qk(attn, q, k, _scale_of(attn, q))
+    log_decay, dt = _ssd_decay(k, attn.dt)
+    return ref_recurrence(q, k, v.double() * dt[..., None], scale, log_decay, kpm=kpm)
 
 
 def _ref_gla(attn, q, k, v, causal, kpm):
-    gate = torch.sigmoid(torch.einsum("bhld,hde->bhle", k.double(), attn.w_alpha.double()) + attn.b_alpha.double()[:, None])
+    q, k, scale = _recurrence_qk(attn, q, k, _scale_of(attn, q))
+    gate = torch.sigmoid(torch.einsum("bhld,hde->bhle", k, attn.w_alpha.double()) + attn.b_alpha.double()[:, None])
     log_decay = (gate ** (1 / 16)).log().clamp_min(-5.0)  # α = σ(·)^(1/16), its log floored at −5 (gla.py)
-    return ref_recurrence(q, k, v, _scale_of(attn, q), log_decay, kpm=kpm)
+    return ref_recurrence(q, k, v, scale, log_decay, kpm=kpm)
 
 
 def _beta(k, gate):
@@ -319,12 +347,14 @@ def _beta(k, gate):
 
 
 def _ref_deltanet(attn, q, k, v, causal, kpm):
-    return ref_recurrence(_unit(q.double()), _unit(k.double()), v, _scale_of(attn, q), beta=_beta(k, attn.beta), kpm=kpm)
+    q, k, scale = _recurrence_qk(attn, q, k, _scale_of(attn, q))
+    return ref_recurrence(_unit(q), _unit(k), v, scale, beta=_beta(k, attn.beta), kpm=kpm)
 
 
 def _ref_gated_deltanet(attn, q, k, v, causal, kpm):
-    log_decay, _ = _ssd_decay(k.double(), attn.decay)
-    return ref_recurrence(_unit(q.double()), _unit(k.double()), v, _scale_of(attn, q), log_decay, _beta(k, attn.beta), kpm)
+    q, k, scale = _recurrence_qk(attn, q, k, _scale_of(attn, q))
+    log_decay, _ = _ssd_decay(k, attn.decay)
+    return ref_recurrence(_unit(q), _unit(k), v, scale, log_decay, _beta(k, attn.beta), kpm)
 
 
 def ref_moba(q, k, v, block, top_k, kpm=None, scale=None):
@@ -360,6 +390,30 @@ def _ref_moba(attn, q, k, v, causal, kpm):
     return ref_moba(q, k, v, attn.block, attn.top_k, kpm, attn.scale)
 
 
+def _ref_window_linear(attn, q, k, v, causal, kpm):
+    """LoLCATs' hybrid from its definition, every pair stored: softmax weights exp(s − m) (m the window's row max)
+    times σ(window_factor) on the keys |i − j| <= w up to the query, Hedgehog kernel values φ(q·scale)·φ(k) on the
+    older ones, one normalizer over both; a row that sees no key gives 0."""
+    assert causal, "window_linear is causal only"
+    q, k, v = q.double(), k.double(), v.double()
+    n_q, n_k = q.shape[-2], k.shape[-2]
+    scale = attn._scale(q)
+    i = torch.arange(n_k - n_q, n_k)[:, None]
+    j = torch.arange(n_k)[None, :]
+    real = torch.ones(q.shape[0], n_k, dtype=torch.bool) if kpm is None else kpm
+    window = ((j <= i) & (i - j <= attn.window))[None, None] & real[:, None, None, :]
+    older = (i - j > attn.window)[None, None] & real[:, None, None, :]
+    s = (q @ k.transpose(-1, -2) * scale).masked_fill(~window, float("-inf"))
+    top = s.amax(-1, keepdim=True)
+    e = torch.exp(s - torch.where(torch.isfinite(top), top, torch.zeros_like(top)))
+    fq, fk = _hedgehog_qk(attn, q * scale, k)
+    lin = (fq @ fk.transpose(-1, -2)) * older
+    f = torch.sigmoid(attn.window_factor.double())[:, None, None]
+    weights = f * e + lin
+    den = weights.sum(-1, keepdim=True)
+    return (weights @ v) / torch.where(den > 0, den, torch.ones_like(den))
+
+
 # the function each reference computes, keyed by the variant that defines it; a variant whose spec says
 # another computes the same function (`same_function_as`) is checked against that one's reference
 INDEPENDENT_REFERENCES = {
@@ -378,6 +432,7 @@ INDEPENDENT_REFERENCES = {
     "deltanet": _ref_deltanet,
     "gated_deltanet": _ref_gated_deltanet,
     "moba": _ref_moba,
+    "window_linear": _ref_window_linear,
 }
 
 

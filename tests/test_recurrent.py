@@ -18,7 +18,7 @@ CAUSAL_ONLY = [name for name in shipped() if not variants.variant_class(name).sp
 
 def test_the_family_is_registered():
     assert set(RECURRENT) == {"retention", "mamba2", "gla", "deltanet", "gated_deltanet"}
-    assert set(CAUSAL_ONLY) == set(RECURRENT) | {"moba"}
+    assert set(CAUSAL_ONLY) == set(RECURRENT) | {"moba", "window_linear"}
 
 
 @pytest.mark.parametrize("n_q", [13, 5], ids=["Nq13", "Nq5-bottom-right"])
@@ -229,6 +229,9 @@ def test_decoding_step_by_step_equals_the_causal_forward(name, step):
     elif state.kind == "window":  # the g sinks and the last w positions, no more
         most = min(14, attn.global_tokens + attn.window) * 2 * 2 * (8 + 8) * q.element_size()
         assert sizes == sorted(sizes) and sizes[-1] == most
+    elif state.kind == "window+recurrent":  # the last w positions and a constant F x (Dv + 1) state, no more
+        most = min(14, attn.window) * 2 * 2 * (8 + 8) * q.element_size() + attn.init_state(2, 2, 8, 8, dtype).nbytes()
+        assert sizes == sorted(sizes) and sizes[-1] == most
     elif state.kind == "compressed":  # the slots of the complete blocks and the raw keys of the unfinished one
         c = attn.compression  # (read by a step; the slots' buffer grows by doubling: at most twice that is held)
         assert attn.step_read_bytes(state) == (14 // c + 14 % c) * 2 * 2 * 16 * q.element_size()
@@ -283,7 +286,8 @@ def test_a_step_without_padding_keeps_no_mask():
 
 @pytest.mark.parametrize("name, options", [("linear", {}), ("linear", {"feature_map": "cosformer", "max_len": 4096}),
                                            ("performer", {"features": 16}), ("retention", {}), ("gated_deltanet", {}),
-                                           ("sliding_window", {"window": 16, "global_tokens": 4})])
+                                           ("sliding_window", {"window": 16, "global_tokens": 4}),
+                                           ("window_linear", {"window": 16}), ("mamba2", {"feature_map": "hedgehog"})])
 def test_a_constant_state_does_not_grow_from_n_to_8n(name, options):
     # the prefix is never re-read: after N and after 8N positions the state has the same size, and a step
     # at 8N returns the forward's output there

@@ -397,7 +397,8 @@ def _variant_for_layer(config, where: str, layer: nn.Module, variant: str, optio
     chosen = dict(options)
     if value_dim != head_dim and "value_dim" in option_names(variant) and "value_dim" not in chosen:
         chosen["value_dim"] = value_dim  # (MLA-shaped layers: DeepSeek-V3's values are narrower than its keys)
-    if "window" in option_names(variant) and "window" not in chosen:
+    reach = variant_class(variant).spec.reach_option  # a window bounding how far back a position sees
+    if reach is not None and reach not in chosen:
         kind = _layer_kind(config, layer)
         if kind == "full_attention":  # a local/global model's global layer stays global: exact softmax
             variant, chosen = "full", {key: value for key, value in chosen.items() if key == "scale"}
@@ -406,7 +407,7 @@ def _variant_for_layer(config, where: str, layer: nn.Module, variant: str, optio
             if window is None:
                 raise ValueError(f"variants.hf: {where}: {variant} needs window=: the model's config has no "
                                  f"sliding_window to take it from")
-            chosen["window"] = max(int(window) - 1, 1)  # transformers' W counts the query itself
+            chosen[reach] = max(int(window) - 1, 1)  # transformers' W counts the query itself
     spec = variant_class(variant).spec
     if spec.max_len_option and spec.max_len_option not in chosen and getattr(config, "max_position_embeddings", None):
         chosen[spec.max_len_option] = int(config.max_position_embeddings)  # parameters sized to the model's longest input
@@ -455,9 +456,10 @@ def _own_cache_window(config) -> int | None:
 def _reads_past(variant: str, options: dict, window: int) -> bool:
     """Whether `variant` (with `options`) on a layer the model windows by W reads positions a cache of the last
     W drops: anything but a window w with w + 1 <= W and no global (sink) tokens."""
-    if "window" not in option_names(variant) or options.get("global_tokens", 0):
+    reach = variant_class(variant).spec.reach_option
+    if reach is None or options.get("global_tokens", 0):
         return True
-    return "window" in options and int(options["window"]) + 1 > window
+    return reach in options and int(options[reach]) + 1 > window
 
 
 def _keep_what_the_variants_read(model) -> None:

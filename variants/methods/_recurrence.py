@@ -44,6 +44,7 @@ from torch import Tensor, nn
 
 from .._base import AttentionVariant
 from .._utils import pad_to_multiple, spans
+from .linear import learned_feature_maps
 
 WHY_CAUSAL_ONLY = "a recurrence over positions: the state at t holds positions <= t only"  # each spec's why_not_non_causal
 NO_ONNX_SOLVE = ("onnx", "torch.onnx has no conversion for aten.linalg_solve_triangular, the chunks' triangular solve")
@@ -274,15 +275,27 @@ class RecurrentAttention(AttentionVariant):
     delta_rule = False  # True: S_t = a_t (I − β_t k_t k_tᵀ) S_{t-1} + β_t k_t v_tᵀ; False: the gated form
     max_chunk: int | None = None  # a bound on chunk_size the method's numerics need (gla)
 
-    def __init__(self, *, chunk_size: int = 64, **base):
+    def __init__(self, *, chunk_size: int = 64, feature_map: str | None = None, feature_dim: int | None = None, **base):
         """
         Args:
             chunk_size: C, positions per chunk of the chunked form (the C x C form inside, the D x Dv state
                 across chunks). A tuning knob: the result does not depend on it.
             scale: factor of q in o_t = scale · q_tᵀ S_t; None means D ** -0.5.
+            feature_map: None (q and k as they are), or "hedgehog": a learned map per head (linear.py's
+                [softmax(x W + b), softmax(−x W − b)]) applied to q and k first, so the recurrence, its gates
+                and its state run over K = 2 feature_dim key dims (what attention transfer trains to imitate
+                the softmax of a pretrained model; needs num_heads and head_dim). Where the scale is a factor
+                of q (not the delta rules, which normalise q), q enters the map times the scale.
+            feature_dim: F' of the feature map (None: head_dim); only with feature_map.
         """
         super().__init__(**base)
         self._check_int("chunk_size", chunk_size, 1)
+        if feature_dim is not None and feature_map is None:
+            raise ValueError(f"{self.spec.name}: option feature_dim={feature_dim!r} is for a feature_map; got feature_map=None")
+        self.feature_map, self.feature_dim = feature_map, feature_dim
+        maps = learned_feature_maps(self.spec.name, feature_map, self.num_heads, self.head_dim, feature_dim)
+        if maps is not None:
+            self.q_features, self.k_features = maps
         if self.max_chunk is not None and chunk_size > self.max_chunk:
             raise ValueError(f"{self.spec.name}: option chunk_size={chunk_size} is invalid; expected an int in "
                              f"1..{self.max_chunk} ({self.spec.name}'s per-dimension decay is taken relative to the "
@@ -290,11 +303,29 @@ class RecurrentAttention(AttentionVariant):
         self.chunk_size = chunk_size
 
     def _require_shape_hints(self) -> tuple[int, int]:
-        """(H, D) for per-head gate parameters; a ValueError naming the missing hint."""
+        """(H, K) for per-head gate parameters over the K key dims the recurrence runs on (D, or the feature
+        map's 2 F'); a ValueError naming the missing hint."""
         if self.num_heads is None or self.head_dim is None:
             raise ValueError(f"{self.spec.name}: options num_heads and head_dim are required (its gates are parameters "
                              f"per head over the key dims), got num_heads={self.num_heads}, head_dim={self.head_dim}")
-        return self.num_heads, self.head_dim
+        return self.num_heads, self.key_dim(self.head_dim)
+
+    def key_dim(self, head_dim: int) -> int:
+        """K, the key dims of the state S (K x Dv a head): the head dim, or the feature map's 2 F'."""
+        return head_dim if self.feature_map is None else 2 * self.q_features.bias.shape[-1]
+
+    def _mapped(self, q: Tensor, k: Tensor) -> tuple[Tensor, Tensor]:
+        """q and k as the recurrence takes them: through the feature maps, where the variant has them (q times
+        its scale first where the scale is a factor of q, as linear attention's learned map takes it)."""
+        if self.feature_map is None:
+            return q, k
+        if self.spec.scale_is_query_factor:
+            q = q * float(self._scale(q))
+        return self.q_features(q), self.k_features(k)
+
+    def _query_scale(self, q: Tensor) -> float:
+        """The factor of the query in o_t = factor · q_tᵀ S_t: the scale, or 1 where the feature map took it."""
+        return 1.0 if self.feature_map is not None and self.spec.scale_is_query_factor else float(self._scale(q))
 
     # -- the recurrence's inputs -----------------------------------------------------------------
     def _inputs(self, q: Tensor, k: Tensor, v: Tensor) -> dict[str, Tensor]:
@@ -306,8 +337,8 @@ class RecurrentAttention(AttentionVariant):
         scaling), log_decay ((B, H, N), or (B, H, N, D) per key dim; absent for deltanet), beta ((B, H, N),
         delta-rule methods) and scale; padded positions as the recurrence skips them (k = 0, log a = 0, β = 0).
         The output equals o_t = scale · q_tᵀ S_t of the textbook recurrence run on them, step by step."""
-        inputs = self._masked(self._inputs(q, k, v), self._keep(key_padding_mask, k))
-        return {**inputs, "scale": float(self._scale(q))}
+        inputs = self._masked(self._inputs(*self._mapped(q, k), v), self._keep(key_padding_mask, k))
+        return {**inputs, "scale": self._query_scale(q)}
 
     @staticmethod
     def _keep(key_padding_mask: Tensor | None, k: Tensor) -> Tensor | None:
@@ -338,7 +369,7 @@ class RecurrentAttention(AttentionVariant):
         if n_q < n_k:  # the queries are the last Nq positions: zero queries before them build the state
             q = F.pad(q, (0, 0, n_k - n_q, 0))
         b, h, _, d = k.shape
-        state = k.new_zeros(b, h, d, v.shape[-1])
+        state = k.new_zeros(b, h, self.key_dim(d), v.shape[-1])
         return self._scan(q, k, v, keep, state)[0][:, :, n_k - n_q:]
 
     def _scan(self, q: Tensor, k: Tensor, v: Tensor, keep: Tensor | None, state: Tensor) -> tuple[Tensor, Tensor]:
@@ -360,8 +391,8 @@ class RecurrentAttention(AttentionVariant):
         return out[:, :, :n], state
 
     def _group(self, q, k, v, keep, state, chunk):
-        inputs = self._masked(self._inputs(q, k, v), keep)
-        qs = inputs["q"] * self._scale(q)
+        inputs = self._masked(self._inputs(*self._mapped(q, k), v), keep)
+        qs = inputs["q"] * self._query_scale(q)
         if self.delta_rule:
             return delta_chunks(qs, inputs["k"], inputs["v"], inputs["beta"], inputs.get("log_decay"), state, chunk)
         return gated_chunks(qs, inputs["k"], inputs["v"], inputs["log_decay"], state, chunk)
@@ -382,7 +413,7 @@ class RecurrentAttention(AttentionVariant):
     state_kind = "recurrent"
 
     def _empty_state(self, batch, heads, head_dim, value_dim, dtype, device):
-        return {"S": torch.zeros(batch, heads, head_dim, value_dim, dtype=dtype, device=device)}  # D x Dv per head
+        return {"S": torch.zeros(batch, heads, self.key_dim(head_dim), value_dim, dtype=dtype, device=device)}  # K x Dv per head
 
     def _prefill(self, q, k, v, state, keep):
         return self._step(q, k, v, state, keep)[1]  # the state is what the scan computes anyway
@@ -401,6 +432,7 @@ class RecurrentAttention(AttentionVariant):
         # the chunked form: per position a C-wide masked product (2 C (D + Dv)), the state read and written (4 D Dv);
         # the delta rule adds k kᵀ (2 C D), the triangular solve (C (D + Dv)) and W S (2 D Dv)
         c = min(self.chunk_size, n_k)
+        d = self.key_dim(d)
         per = 2.0 * c * (d + dv) + 4.0 * d * dv
         if self.delta_rule:
             per += 2.0 * c * d + c * (d + dv) + 2.0 * d * dv
@@ -408,10 +440,12 @@ class RecurrentAttention(AttentionVariant):
 
     def memory_estimate(self, batch, heads, n_q, n_k, d, dv, element_size, causal, backward):
         c = min(self.chunk_size, n_k)
+        d = self.key_dim(d)
         group = batch * heads * min(n_k, GROUP_POSITIONS) * (c + 4 * (d + dv) + (d if self.max_chunk else 0) * 4) * 4
         states = batch * heads * d * dv * 4 * (math.ceil(n_k / GROUP_POSITIONS) if backward else 2)
         return int(group * (6 if backward else 3) + states
                    + super().memory_estimate(batch, heads, n_q, n_k, d, dv, element_size, causal, backward))
 
     def extra_repr(self) -> str:
-        return f"chunk_size={self.chunk_size}"
+        mapped = "" if self.feature_map is None else f", feature_map={self.feature_map!r}"
+        return f"chunk_size={self.chunk_size}{mapped}"

@@ -37,16 +37,17 @@ class GatedDeltaNet(RecurrentAttention):
         scale_is_query_factor=False,
         not_deployable=(NO_ONNX_SOLVE,),  # q is L2-normalised first: scale multiplies the normalised q
         notes="causal only; needs num_heads and head_dim (gates per head from the keys); decodes with a constant D x Dv state",
-        examples=((("chunk_size", 4),), (("chunk_size", 64),)),
+        function_options=("feature_map", "feature_dim"),
+        examples=((("chunk_size", 4),), (("chunk_size", 64),), (("chunk_size", 4), ("feature_map", "hedgehog"), ("feature_dim", 3))),
     )
 
     delta_rule = True
 
     def __init__(self, **options):
         super().__init__(**options)
-        heads, head_dim = self._require_shape_hints()
-        self.beta = SigmoidGate(heads, head_dim)
-        self.decay = SSDDecay(heads, head_dim)
+        heads, key_dim = self._require_shape_hints()
+        self.beta = SigmoidGate(heads, key_dim)
+        self.decay = SSDDecay(heads, key_dim)
 
     def _inputs(self, q, k, v):
         log_decay, _ = self.decay(k)

@@ -46,7 +46,8 @@ class GatedLinearAttention(RecurrentAttention):
         subquadratic=True,
         notes="causal only; needs num_heads and head_dim (gates per head from the keys); chunk_size <= 16; "
               "log α floored at −5; decodes with a constant D x Dv state",
-        examples=((("chunk_size", 4),), (("chunk_size", 16),)),
+        function_options=("feature_map", "feature_dim"),
+        examples=((("chunk_size", 4),), (("chunk_size", 16),), (("chunk_size", 4), ("feature_map", "hedgehog"), ("feature_dim", 3))),
     )
 
     max_chunk = 16
@@ -58,9 +59,9 @@ class GatedLinearAttention(RecurrentAttention):
                 result does not depend on it.
         """
         super().__init__(chunk_size=chunk_size, **options)
-        heads, head_dim = self._require_shape_hints()
-        self.w_alpha = nn.Parameter(torch.randn(heads, head_dim, head_dim) * head_dim**-0.5)
-        self.b_alpha = nn.Parameter(torch.zeros(heads, head_dim))
+        heads, key_dim = self._require_shape_hints()
+        self.w_alpha = nn.Parameter(torch.randn(heads, key_dim, key_dim) * key_dim**-0.5)
+        self.b_alpha = nn.Parameter(torch.zeros(heads, key_dim))
 
     def _inputs(self, q, k, v):
         logits = torch.matmul(k, self.w_alpha.to(k.dtype)) + self.b_alpha.to(k.dtype)[:, None]  # (B, H, L, D)

@@ -14,6 +14,9 @@ The feature maps (`feature_map`), each a small class below:
   cosformer  ReLU features re-weighted by position (Qin et al. 2022, "cosFormer"):
              φ(x_i) = [relu(x_i) cos(π i / 2M), relu(x_i) sin(π i / 2M)], F = 2D, so
              φ(q_i)·φ(k_j) = relu(q_i)·relu(k_j) cos(π (i − j) / 2M): nearby tokens weigh more.
+  hedgehog   learned (Zhang et al. 2024, "The Hedgehog & the Porcupine"; LoLCATs' map): per head
+             φ(x) = [softmax(x W + b), softmax(−x W − b)] over F' features, F = 2F', with separate
+             W, b for queries and keys, trained to imitate softmax attention (`Hedgehog` below).
 `performer` (performer.py) is this same scan with positive random features.
 
 The `scale` option defaults to none here (φ of q itself, as in the paper); given, it multiplies q
@@ -36,7 +39,7 @@ from __future__ import annotations
 import math
 
 import torch
-from torch import Tensor
+from torch import Tensor, nn
 
 from .._base import AttentionVariant, VariantSpec, dense_mask, register
 from .._utils import pad_to_multiple, spans
@@ -163,6 +166,59 @@ class CosformerFeatures(FeatureMap):
 
 
 FEATURE_MAPS = {"elu": EluFeatures, "relu": ReluFeatures, "taylor": TaylorFeatures, "cosformer": CosformerFeatures}
+
+
+class GivenFeatures(FeatureMap):
+    """The rows are the features already (a learned map computed them, under autograd, before the scan)."""
+
+    name = "given"
+
+    def apply(self, x, start, consts, query):
+        return x
+
+    def vjp(self, x, grad, start, consts, query):
+        return grad
+
+
+class Hedgehog(nn.Module):
+    """Hedgehog's feature map, one per head: φ(x) = [softmax(x W_h + b_h), softmax(−x W_h − b_h)] (B, H, N, 2F).
+
+    Both halves are positive and sum to 1, so φ(q)·φ(k) lies in (0, 2]: a kernel that is large where x W
+    points the same way for q and k, as exp(q·k) is. W starts as the identity (D x F: the first F dims,
+    or D dims and zeros), b at zero — φ(x) = [softmax(x), softmax(−x)] — a stable start that attention
+    transfer then trains to imitate the softmax (LoLCATs: Zhang et al. 2025).
+    """
+
+    def __init__(self, heads: int, head_dim: int, features: int):
+        super().__init__()
+        self.weight = nn.Parameter(torch.eye(head_dim, features).repeat(heads, 1, 1))  # (H, D, F)
+        self.bias = nn.Parameter(torch.zeros(heads, features))  # (H, F)
+
+    def forward(self, x: Tensor) -> Tensor:
+        z = torch.matmul(x, self.weight.to(x.dtype)) + self.bias.to(x.dtype)[:, None]  # (B, H, N, F)
+        return torch.cat([z.softmax(-1), (-z).softmax(-1)], dim=-1)
+
+
+LEARNED_MAPS = ("hedgehog",)  # feature maps with parameters (per head: they need num_heads and head_dim)
+
+
+def learned_feature_maps(owner: str, feature_map: str | None, heads: int | None, head_dim: int | None,
+                         feature_dim: int | None) -> tuple[nn.Module, nn.Module] | None:
+    """(φ of the queries, φ of the keys) for a learned map, or None for feature_map=None; the ValueError names
+    the option (every variant that takes a learned map on q and k builds it here)."""
+    if feature_map is None:
+        return None
+    if feature_map not in LEARNED_MAPS:
+        raise ValueError(f"{owner}: option feature_map={feature_map!r} is invalid; allowed: None, "
+                         + ", ".join(repr(name) for name in LEARNED_MAPS))
+    if heads is None or head_dim is None:
+        raise ValueError(f"{owner}: feature_map={feature_map!r} needs options num_heads and head_dim (its maps are "
+                         f"learned per head), got num_heads={heads}, head_dim={head_dim}")
+    features = head_dim if feature_dim is None else feature_dim
+    if not isinstance(features, int) or isinstance(features, bool) or features < 1:
+        raise ValueError(f"{owner}: option feature_dim={feature_dim!r} is invalid; expected an int >= 1 (F' of "
+                         f"{feature_map}: 2F' features a row) or None (= head_dim)")
+    return Hedgehog(heads, head_dim, features), Hedgehog(heads, head_dim, features)
 
 
 # -- the scan ----------------------------------------------------------------------------------
@@ -356,8 +412,9 @@ class FeatureMapAttention(AttentionVariant):
     def feature_map_for(self, q: Tensor) -> FeatureMap:
         raise NotImplementedError
 
-    def _feature_inputs(self, x: Tensor) -> Tensor:
-        """The dims of q or k that enter φ (all of them unless a subclass says fewer)."""
+    def _feature_inputs(self, x: Tensor, query: bool) -> Tensor:
+        """What of q (query=True) or k enters φ: all of it unless a subclass says fewer dims, or maps it by a
+        learned map first (whose features the scan then takes as they are)."""
         return x
 
     def default_scale(self, d: int) -> float:
@@ -378,7 +435,7 @@ class FeatureMapAttention(AttentionVariant):
         if torch.is_autocast_enabled(q.device.type):  # the scan's sums stay in the inputs' dtype, forward and backward
             with torch.autocast(q.device.type, enabled=False):
                 return self._attend(q, k, v, causal, key_padding_mask)
-        q, k = self._feature_inputs(q), self._feature_inputs(k)
+        q, k = self._feature_inputs(q, True), self._feature_inputs(k, False)
         factor = self._query_factor(q)
         keep = None if key_padding_mask is None else key_padding_mask[:, None, :, None].to(k.dtype)  # (B, 1, Nk, 1)
         n_q, n_k = q.shape[-2], k.shape[-2]
@@ -407,7 +464,7 @@ class FeatureMapAttention(AttentionVariant):
 
     def kernel(self, q: Tensor, k: Tensor, *, causal: bool = False, key_padding_mask: Tensor | None = None) -> Tensor:
         """The explicit (B, H, Nq, Nk) kernel matrix A = φ(q) φ(k)ᵀ, masked (O(N²): for checks at small N)."""
-        q, k = self._feature_inputs(q), self._feature_inputs(k)
+        q, k = self._feature_inputs(q, True), self._feature_inputs(k, False)
         factor = self._query_factor(q)
         q = q if factor == 1.0 else q * factor
         keep = None if key_padding_mask is None else key_padding_mask[:, None, :, None].to(k.dtype)
@@ -455,7 +512,7 @@ class FeatureMapAttention(AttentionVariant):
         sums = state.tensors["S"]
         dtype = q.dtype
         q, k, v = (x.to(sums.dtype) for x in (q, k, v))
-        q, k = self._feature_inputs(q), self._feature_inputs(k)
+        q, k = self._feature_inputs(q, True), self._feature_inputs(k, False)
         factor = self._query_factor(q)
         keep = None if keep is None else keep[:, None, :, None].to(sums.dtype)  # (B, 1, t, 1)
         phi_q, phi_k, rescale, extra = self._decode_features(q if factor == 1.0 else q * factor, k, state, keep)
@@ -486,43 +543,52 @@ class FeatureMapAttention(AttentionVariant):
 class LinearAttention(FeatureMapAttention):
     spec = VariantSpec(
         name="linear",
-        summary="linear attention, phi(q)·phi(k) for softmax (elu+1, relu, taylor, cosformer); causal chunk-wise with a running F x Dv state",
+        summary="linear attention, phi(q)·phi(k) for softmax (elu+1, relu, taylor, cosformer, learned hedgehog); causal chunk-wise with a running F x Dv state",
         style=("#d62728", "v"),
         reference="Katharopoulos et al. 2020, 'Transformers are RNNs'; Arora et al. 2024 (Based: taylor); Qin et al. 2022 (cosFormer)",
         time_complexity="O(N F Dv) (+ O(N C F) causal)",
         memory_complexity="O(N Dv) + one group of chunks",
         subquadratic=True,
-        notes="F features a row: D (elu, relu), 2D (cosformer), 1 + D + D^2 (taylor); cosformer: M = max(Nq, Nk) unless "
+        notes="F features a row: D (elu, relu), 2D (cosformer), 1 + D + D^2 (taylor), 2 feature_dim (hedgehog, learned per head: "
+              "needs num_heads and head_dim); cosformer: M = max(Nq, Nk) unless "
               "max_len is given (give it for decoding: a prefix's outputs then do not change with N)",
         function_options=("feature_map", "max_len", "feature_dim"),
         examples=((("chunk_size", 4),), (("feature_map", "relu"),), (("feature_map", "taylor"), ("chunk_size", 4)), (("feature_map", "taylor"), ("feature_dim", 3)),
-                  (("feature_map", "cosformer"), ("chunk_size", 4), ("max_len", 64))),
+                  (("feature_map", "cosformer"), ("chunk_size", 4), ("max_len", 64)),
+                  (("feature_map", "hedgehog"), ("chunk_size", 4)), (("feature_map", "hedgehog"), ("feature_dim", 3))),
     )
 
     def __init__(self, *, feature_map: str = "elu", max_len: int | None = None, feature_dim: int | None = None, **base):
         """
         Args:
             feature_map: φ applied to queries and keys: "elu" (elu(x) + 1, Katharopoulos et al.), "relu",
-                "taylor" (1 + x + x⊗x/2 of x / D^¼, Based: F = 1 + D + D², for a small head dim) or
-                "cosformer" (relu with cos/sin re-weighting by position, F = 2D).
+                "taylor" (1 + x + x⊗x/2 of x / D^¼, Based: F = 1 + D + D², for a small head dim),
+                "cosformer" (relu with cos/sin re-weighting by position, F = 2D) or "hedgehog" (learned per
+                head, [softmax(x W + b), softmax(−x W − b)], F = 2 feature_dim; needs num_heads and head_dim).
             max_len: cosformer only: M of its re-weighting cos(π (i − j) / 2M); None: max(Nq, Nk) of each call
                 (the paper's). Positions must stay below it.
-            feature_dim: d', only the first d' dims of q and k enter φ (None: all D). Based runs taylor on
-                d' = 16 (its q, k projections are that narrow; the values keep their width): F = 1 + d' + d'².
+            feature_dim: taylor, elu, relu, cosformer: d', only the first d' dims of q and k enter φ (None: all
+                D). Based runs taylor on d' = 16 (its q, k projections are that narrow; the values keep their
+                width): F = 1 + d' + d'². hedgehog: F', the width of x W (None: D).
             scale: factor applied to q before φ; None (the default) leaves q as it is, as in the paper.
         """
         super().__init__(**base)
-        if feature_map not in FEATURE_MAPS:
+        if feature_map not in FEATURE_MAPS and feature_map not in LEARNED_MAPS:
             raise ValueError(f"linear: option feature_map={feature_map!r} is invalid; allowed: "
-                             + ", ".join(repr(name) for name in FEATURE_MAPS))
+                             + ", ".join(repr(name) for name in (*FEATURE_MAPS, *LEARNED_MAPS)))
         self._check_int("max_len", max_len, 1, allow_none=True)
         if max_len is not None and feature_map != "cosformer":
             raise ValueError(f"linear: option max_len={max_len!r} is for feature_map='cosformer' only, got feature_map={feature_map!r}")
         self._check_int("feature_dim", feature_dim, 1, allow_none=True)
-        if feature_dim is not None and self.head_dim is not None and feature_dim > self.head_dim:
+        learned = feature_map in LEARNED_MAPS
+        if feature_dim is not None and self.head_dim is not None and feature_dim > self.head_dim and not learned:
             raise ValueError(f"linear: option feature_dim={feature_dim} is invalid; expected an int <= head_dim={self.head_dim}")
         self.feature_map, self.max_len, self.feature_dim = feature_map, max_len, feature_dim
-        self._map = CosformerFeatures(max_len) if feature_map == "cosformer" else FEATURE_MAPS[feature_map]()
+        if learned:  # φ of q and of k, trained (attention transfer): computed before the scan, under autograd
+            self.q_features, self.k_features = learned_feature_maps("linear", feature_map, self.num_heads, self.head_dim, feature_dim)
+            self._map = GivenFeatures()
+        else:
+            self._map = CosformerFeatures(max_len) if feature_map == "cosformer" else FEATURE_MAPS[feature_map]()
 
     def length_unsupported_reason(self, n_q: int, n_k: int) -> str | None:
         if self.max_len is not None and max(n_q, n_k) > self.max_len:
@@ -532,14 +598,22 @@ class LinearAttention(FeatureMapAttention):
     def feature_map_for(self, q: Tensor) -> FeatureMap:
         return self._map
 
+    def _learned(self) -> bool:
+        return self.feature_map in LEARNED_MAPS
+
     def _features(self, d: int) -> int:
+        if self._learned():
+            return 2 * self.q_features.bias.shape[-1]
         return self._map.dim(d if self.feature_dim is None else min(d, self.feature_dim))
+
+    def _query_factor(self, q: Tensor) -> float:
+        return 1.0 if self._learned() else super()._query_factor(q)  # (a learned map took q times its scale)
 
     def _empty_state(self, batch, heads, head_dim, value_dim, dtype, device):
         if self.feature_map == "cosformer" and self.max_len is None:
             raise ValueError("linear: feature_map='cosformer' decodes only with max_len given (M of its re-weighting "
                              "cos(π (i − j) / 2M); without it M is each call's length, which a decoder does not know yet)")
-        if self.feature_dim is not None and self.feature_dim > head_dim:
+        if self.feature_dim is not None and self.feature_dim > head_dim and not self._learned():
             raise ValueError(f"linear: feature_dim={self.feature_dim} > the state's head_dim={head_dim}")
         return super()._empty_state(batch, heads, head_dim, value_dim, dtype, device)
 
@@ -549,7 +623,9 @@ class LinearAttention(FeatureMapAttention):
             raise ValueError(f"linear: cannot step to {state.length + q.shape[2]} positions: {reason}")
         return super()._step(q, k, v, state, keep)
 
-    def _feature_inputs(self, x: Tensor) -> Tensor:
+    def _feature_inputs(self, x: Tensor, query: bool) -> Tensor:
+        if self._learned():
+            return self.q_features(x * float(self._scale(x))) if query else self.k_features(x)
         if self.feature_dim is not None and self.feature_dim > x.shape[-1]:
             raise ValueError(f"linear: feature_dim={self.feature_dim} > the inputs' head dim D={x.shape[-1]}")
         return x if self.feature_dim is None else x[..., : self.feature_dim]

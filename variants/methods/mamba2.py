@@ -35,13 +35,14 @@ class Mamba2(RecurrentAttention):
         why_not_non_causal=WHY_CAUSAL_ONLY,
         subquadratic=True,
         notes="causal only; needs num_heads and head_dim (gates per head from the keys); decodes with a constant D x Dv state",
-        examples=((("chunk_size", 4),), (("chunk_size", 64),)),
+        function_options=("feature_map", "feature_dim"),
+        examples=((("chunk_size", 4),), (("chunk_size", 64),), (("chunk_size", 4), ("feature_map", "hedgehog"), ("feature_dim", 3))),
     )
 
     def __init__(self, **options):
         super().__init__(**options)
-        heads, head_dim = self._require_shape_hints()
-        self.dt = SSDDecay(heads, head_dim)
+        heads, key_dim = self._require_shape_hints()
+        self.dt = SSDDecay(heads, key_dim)
 
     def _inputs(self, q, k, v):
         log_decay, dt = self.dt(k)

@@ -35,7 +35,8 @@ class Retention(RecurrentAttention):
         why_not_non_causal=WHY_CAUSAL_ONLY,
         subquadratic=True,
         notes="causal only; decodes with a constant D x Dv state per head",
-        examples=((("chunk_size", 4),), (("chunk_size", 64),)),
+        function_options=("feature_map", "feature_dim"),
+        examples=((("chunk_size", 4),), (("chunk_size", 64),), (("chunk_size", 4), ("feature_map", "hedgehog"), ("feature_dim", 3))),
     )
 
     def decay(self, heads: int) -> torch.Tensor:
