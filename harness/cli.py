@@ -572,6 +572,13 @@ def lm(
     threads: Annotated[int, typer.Option(callback=_at_least(0), help="CPU threads (0: torch's default).")] = 0,
     distill: Annotated[int, typer.Option(callback=_within(0, 100_000), help="Attention transfer: each variant with parameters of its own (memory_compressed's compression, the recurrences' gates, additive, bilinear) is measured as is and again after STEPS AdamW steps a layer training only those parameters to reproduce the model's softmax attention outputs (mean squared error) on standard-library docstrings; the report gives the error before and after. 0: zero-shot only.")] = 0,
     distill_lr: Annotated[float, typer.Option(help="Attention transfer's learning rate.")] = 1e-3,
+    linearize: Annotated[int, typer.Option(callback=_within(0, 1_000_000), help="LoLCATs' recipe, stage 1: attention-transfer steps training each variant's own parameters (feature maps, gates) on every layer at once. Each such variant is measured again after it. 0: off.")] = 0,
+    lora: Annotated[int, typer.Option(callback=_within(0, 1_000_000), help="Stage 2: LoRA steps on q, k, v, o (next-token loss). sdpa gets them too, as the control.")] = 0,
+    linearize_lr: Annotated[float, typer.Option(help="Stage 1's learning rate (LoLCATs: 1e-2).")] = 1e-2,
+    lora_lr: Annotated[float, typer.Option(help="Stage 2's learning rate (LoLCATs: 1e-4).")] = 1e-4,
+    lora_rank: Annotated[int, typer.Option(callback=_within(1, 1024), help="LoRA's rank r (alpha 2r).")] = 8,
+    train_length: Annotated[int, typer.Option(callback=_within(2, 1_000_000), help="Tokens a training sequence.")] = 1024,
+    train_text: Annotated[Optional[str], typer.Option(help="The linearization's training text. Default: the standard library's docstrings (never the scored text).")] = None,
     out: Annotated[Optional[Path], typer.Option(help="Run directory to create (default results/lm-<timestamp>-<host>).")] = None,
     resume: Annotated[Optional[Path], typer.Option(help="Finish this lm run with its original options.")] = None,
     report: Annotated[bool, typer.Option("--report/--no-report", help="At the end, write RUN_DIR/REPORT.md and its figures.")] = True,
@@ -584,13 +591,16 @@ def lm(
     rows the prompt's time, a generated token's time and the decoding state's bytes. Rows go to
     RUN_DIR/lm.jsonl as they are measured (--resume finishes a run). --distill STEPS measures each variant
     with parameters of its own twice: as is, and after training only those parameters, layer by layer, to
-    reproduce the model's softmax attention outputs (the model's weights untouched).
+    reproduce the model's softmax attention outputs (the model's weights untouched). --linearize and --lora
+    measure it after LoLCATs' two stages instead (docs/lm.md), saved in RUN_DIR/linearized/.
     """
     from harness.lm.session import LMRequest, open_lm
 
     console = _console()
     build = dict(model=model, variants=variant or DEFAULT_LM_SETTINGS, lengths=lengths, depths=depths, windows=windows,
-                 keys=keys, seed=seed, text=text, tasks=tasks, threads=threads, distill=distill, distill_lr=distill_lr)
+                 keys=keys, seed=seed, text=text, tasks=tasks, threads=threads, distill=distill, distill_lr=distill_lr,
+                 linearize=dict(transfer_steps=linearize, lora_steps=lora, transfer_lr=linearize_lr, lora_lr=lora_lr,
+                                lora_rank=lora_rank, length=train_length, text=train_text))
     with _checked():
         session = open_lm(LMRequest(build=build, resume=resume, out=out), _say(console), console.status)
     progress = _progress(console)
@@ -602,8 +612,11 @@ def lm(
     def on_cell(key):
         progress.update(bar["task"], advance=1, description=f"{key[1]} {key[0]} L={key[2]}")
 
+    def on_train(label, stage, step, steps, loss):
+        progress.update(bar["task"], description=f"{label}: {stage} {step}/{steps}, loss {loss:.3g}")
+
     with _interruptible(console, session.kept, session.resume_command), progress:
-        session.run(on_cell, before)
+        session.run(on_cell, before, on_train)
     console.print(f"results: {session.run_dir / LM_RESULTS}", soft_wrap=True)
     if report:
         _write_report(session.run_dir, console)

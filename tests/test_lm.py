@@ -204,3 +204,101 @@ def test_smollm2_full_through_the_adapter_equals_its_own_sdpa():
     full, _ = lm.window_nll(model, tokens, start, 256, 128)
     assert math.exp(full) == pytest.approx(math.exp(own), rel=1e-4)
     assert type(model).__name__ == "LlamaForCausalLM" and model.config.num_hidden_layers == 30
+
+
+LINEARIZE = ["--linearize", "12", "--lora", "12", "--lora-lr", "1e-2", "--train-length", "64"]
+
+
+def test_linearize_trains_both_stages_saves_and_reloads_to_the_same_perplexity(tiny, tmp_path):
+    out = tmp_path / "run"
+    result = bench("lm", "--model", str(tiny), "--variant", "sdpa", "--variant", "window_linear:window=16", "--variant", "full",
+                   "--tasks", "perplexity", *FAST, *LINEARIZE, "--out", str(out))
+    assert result.exit_code == 0, result.output
+    assert "nothing to linearize in full" in " ".join(result.output.split())
+    rows = [json.loads(line) for line in (out / lm.RESULTS).read_text().splitlines()]
+    trained = {r["setting"]: r for r in rows if r["task"] == "linearize"}
+    assert set(trained) == {"window_linear(window=16) + linearized", "sdpa + LoRA"}  # full: nothing of its own to train
+    hybrid = trained["window_linear(window=16) + linearized"]
+    assert hybrid["transfer"]["error_after"] < hybrid["transfer"]["error_before"] and hybrid["transfer"]["steps"] == 12
+    assert hybrid["lora"]["nll_after"] < hybrid["lora"]["nll_before"] and len(hybrid["lora"]["losses"]) == 12
+    assert hybrid["tokens"] == 2 * 12 * 64 and hybrid["seconds"] > 0 and trained["sdpa + LoRA"]["transfer"] is None
+    ppl = {(r["setting"], r["length"], r["window"]): r for r in rows if r["task"] == "perplexity"}
+    for (setting, n, w), row in ppl.items():
+        if setting.endswith(lm.LINEARIZED_LABEL):  # perplexity falls after the recipe
+            assert row["nll"] < ppl[("window_linear(window=16)", n, w)]["nll"]
+        if setting == "full":  # the model's own weights are back for every attention after a linearized one
+            assert row["nll"] == pytest.approx(ppl[("sdpa", n, w)]["nll"], rel=1e-6)
+    # the saved model (save_pretrained: merged adapters and the variant's parameters) reloads to the same perplexity
+    saved = transformers.AutoModelForCausalLM.from_pretrained(hybrid["saved"], dtype=torch.float32).eval()
+    import variants.hf as vh
+
+    vh.use(saved, "window_linear", window=16)
+    original = transformers.AutoModelForCausalLM.from_pretrained(tiny, dtype=torch.float32)
+    changed = [name for name, p in saved.named_parameters() if name in dict(original.named_parameters())
+               and not torch.equal(p, dict(original.named_parameters())[name])]
+    assert changed and all(name.rsplit(".", 2)[-2] in ("q_proj", "k_proj", "v_proj", "o_proj") for name in changed)  # LoRA's only
+    tokens = lm.corpus_tokens(lm.load(tiny, None)[1], None)
+    row = ppl[("window_linear(window=16) + linearized", 320, 0)]
+    nll, _ = lm.window_nll(saved, tokens, row["start"], 320, row["scored"])
+    assert nll == pytest.approx(row["nll"], rel=1e-5)
+    report = bench("report", str(out))
+    assert report.exit_code == 0, report.output
+    text = (out / "REPORT.md").read_text()
+    assert "## Linearization (`--linearize`)" in text and "`window_linear(window=16)`" in text.split("## Linearization")[1]
+
+
+def test_an_interrupted_linearization_resumes_from_its_checkpoint_to_the_same_model(tiny, tmp_path, monkeypatch):
+    from harness.lm import linearize as lin
+
+    _, tokenizer = lm.load(tiny, None)
+    recipe = lin.Recipe(transfer_steps=6, lora_steps=6, lora_lr=1e-2, length=64)
+    train, held_out = lin.training_sequences(tokenizer, recipe, lm.corpus_text(None))
+
+    def fresh():
+        model = lm.load(tiny, None)[0]
+        return lm.switch(model, lm.Setting("window_linear", {"window": 8}), seed=0)
+
+    whole, record = lin.linearize(fresh(), train[:8], held_out, recipe, tmp_path / "whole")
+    monkeypatch.setattr(lin, "CHECKPOINT_S", 0.0)  # a checkpoint after every step
+    for stage, at in (("attention transfer", 3), ("LoRA", 2)):
+        def stop(name, step, steps, loss, stage=stage, at=at):
+            if name == stage and step == at:
+                raise KeyboardInterrupt
+
+        with pytest.raises(KeyboardInterrupt):
+            lin.linearize(fresh(), train[:8], held_out, recipe, tmp_path / "cut", on_step=stop)
+        assert (tmp_path / "cut" / "checkpoint.pt").exists() and lin.finished(tmp_path / "cut") is None
+    resumed, again = lin.linearize(fresh(), train[:8], held_out, recipe, tmp_path / "cut")
+    assert not (tmp_path / "cut" / "checkpoint.pt").exists() and lin.finished(tmp_path / "cut") is not None
+    for stage in ("transfer", "lora"):  # nothing lost, nothing done twice: the same losses step by step
+        assert again[stage]["losses"] == pytest.approx(record[stage]["losses"], rel=1e-5)
+    mine = dict(resumed.named_parameters())
+    assert all(torch.allclose(p, mine[name], rtol=1e-5, atol=1e-7) for name, p in whole.named_parameters())
+
+
+def test_linearize_refuses_what_it_cannot_train_before_anything_is_written(tiny, tmp_path, monkeypatch):
+    gpt2 = tmp_path / "gpt2"
+    torch.manual_seed(0)
+    transformers.GPT2LMHeadModel(transformers.GPT2Config(vocab_size=257, n_embd=32, n_layer=1, n_head=4, n_positions=512)).save_pretrained(gpt2)
+    _byte_tokenizer().save_pretrained(gpt2)
+    empty, overlapping = tmp_path / "empty.txt", tmp_path / "topics.txt"
+    empty.write_text("\n")
+    overlapping.write_text(lm.corpus_text(None)[:20_000])
+    cases = [
+        (["--model", str(gpt2), "--variant", "sdpa"], "GPT2LMHeadModel.transformer.h.0.attn (GPT2Attention) has no q_proj, k_proj, "
+                                                        "v_proj, o_proj linear projections"),
+        (["--model", str(tiny), "--train-text", str(tmp_path / "nowhere.txt")], "--train-text"),
+        (["--model", str(tiny), "--train-text", str(empty)], "the file is empty"),
+        (["--model", str(tiny), "--train-text", str(overlapping)], "shares a run of 12 words with the text perplexity is scored on"),
+        (["--model", str(tiny), "--train-length", "100000"], "--train-length 100000: tokens a training sequence, from 2 to the model's context (512)"),
+        (["--model", str(tiny), "--lora-lr", "2"], "--lora-lr 2.0: a learning rate between 0 and 1"),
+    ]
+    for args, message in cases:
+        out = tmp_path / "x"
+        result = bench("lm", "--linearize", "2", "--lora", "2", "--train-length", "64", *args, "--lengths", "320", "--out", str(out))
+        text = " ".join(result.output.replace("│", " ").split())
+        assert result.exit_code == 2 and message in text, (args, result.output)
+        assert not out.exists()
+    monkeypatch.setitem(__import__("sys").modules, "peft", None)  # peft not installed: the command that installs it
+    result = bench("lm", "--model", str(tiny), "--lora", "2", "--train-length", "64", "--lengths", "320", "--out", str(tmp_path / "x"))
+    assert result.exit_code == 2 and "LoRA needs the peft package: pip install -e '.[lm]'" in " ".join(result.output.split())

@@ -68,18 +68,23 @@ def _attached(model) -> dict[str, torch.nn.Module]:
 
 
 @contextmanager
-def softmax_teacher(model):
+def softmax_teacher(model, on_layer=None):
     """Inside: every attached variant's output replaced by exact causal softmax attention of its q, k, v (the
     layer's own scaling), so the model computes what it computes with its own attention; yields
-    {layer path: [(q, k, v, softmax output) per forward]}."""
+    {layer path: [(q, k, v, softmax output) per forward]}, or, given `on_layer`, calls
+    on_layer(path, variant, q, k, v, softmax output, causal) at each layer instead of keeping them."""
     layers = vh.attention_layers(model)
     kept: dict[str, list[tuple]] = {path: [] for path in _attached(model)}
 
     def teacher(path, scaling):
         def hook(module, args, kwargs, output):
             q, k, v = (t.detach() for t in args[:3])
-            target = F.scaled_dot_product_attention(q, k, v, is_causal=bool(kwargs.get("causal", True)), scale=scaling)
-            kept[path].append((q, k, v, target))
+            causal = bool(kwargs.get("causal", True))
+            target = F.scaled_dot_product_attention(q, k, v, is_causal=causal, scale=scaling)
+            if on_layer is None:
+                kept[path].append((q, k, v, target))
+            else:
+                on_layer(path, module, q, k, v, target, causal)
             return target  # the rest of the model sees the original attention's output
         return hook
 

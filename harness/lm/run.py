@@ -20,6 +20,7 @@ import importlib.util
 import io
 import math
 import random
+import re
 import time
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
@@ -31,6 +32,7 @@ import variants.hf as vh
 from harness.core.measure import measure_time, timing_stats
 from harness.core.memory import measure_peak, pin_mmap_threshold, steady_allocator
 from harness.lm import distill as transfer
+from harness.lm import linearize as lin
 from harness.options import ArgumentError, parse_option
 from harness.store.storage import LM_RESULTS
 
@@ -45,6 +47,8 @@ INTRO = ("There is an important info hidden inside a lot of irrelevant text. Fin
          "I will quiz you about the important information there.\n")
 QUESTION = "\nWhat is the pass key? The pass key is"
 RESULTS = LM_RESULTS
+LINEARIZED_LABEL, LORA_LABEL = " + linearized", " + LoRA"  # a linearized attention's label; the model's own with LoRA alone
+LINEARIZED_DIR = "linearized"  # RUN_DIR/linearized/<attention>/: checkpoints and the saved models
 
 
 @dataclass(frozen=True)
@@ -54,11 +58,17 @@ class Setting:
     variant: str
     options: dict = field(default_factory=dict)
     distill: int = 0  # attention-transfer steps before it is evaluated (harness/lm/distill.py); 0: zero-shot
+    linearized: bool = False  # evaluated after the run's linearization recipe (harness/lm/linearize.py)
+
+    @property
+    def base_label(self) -> str:
+        return self.variant + ("" if not self.options else "(" + ", ".join(f"{k}={v}" for k, v in self.options.items()) + ")")
 
     @property
     def label(self) -> str:
-        base = self.variant + ("" if not self.options else "(" + ", ".join(f"{k}={v}" for k, v in self.options.items()) + ")")
-        return base + (f" + distill {self.distill}" if self.distill else "")
+        if self.linearized:
+            return self.base_label + (LORA_LABEL if self.variant == OWN else LINEARIZED_LABEL)
+        return self.base_label + (f" + distill {self.distill}" if self.distill else "")
 
 
 @dataclass(frozen=True)
@@ -75,6 +85,11 @@ class LMConfig:
     threads: int = 0
     distill: int = 0  # --distill STEPS: each variant with parameters also measured after attention transfer
     distill_lr: float = 1e-3
+    linearize: dict | None = None  # --linearize: the recipe (linearize.Recipe's fields), each variant with parameters also measured after it
+
+    @property
+    def recipe(self) -> lin.Recipe | None:
+        return None if self.linearize is None else lin.Recipe(**self.linearize)
 
     def to_json(self) -> dict:
         data = asdict(self)
@@ -84,7 +99,8 @@ class LMConfig:
     @classmethod
     def from_json(cls, data: dict) -> "LMConfig":
         data = dict(data)
-        data["settings"] = tuple(Setting(s["variant"], dict(s.get("options") or {}), int(s.get("distill", 0))) for s in data["settings"])
+        data["settings"] = tuple(Setting(s["variant"], dict(s.get("options") or {}), int(s.get("distill", 0)), bool(s.get("linearized", False)))
+                                 for s in data["settings"])
         for key in ("lengths", "depths", "tasks"):
             data[key] = tuple(data[key])
         return cls(**data)
@@ -317,6 +333,8 @@ def cells(config: LMConfig) -> list[tuple]:
         for setting in config.settings:
             if setting.distill and length == config.lengths[0]:
                 out.append(("distill", setting.label, distill_length(config), None, None, None))
+            if setting.linearized and length == config.lengths[0]:
+                out.append(("linearize", setting.label, config.recipe.length, None, None, None))
             if "perplexity" in config.tasks:
                 out += [("perplexity", setting.label, length, w, None, None) for w in range(config.windows)]
             if "passkey" in config.tasks:
@@ -328,17 +346,30 @@ def cells(config: LMConfig) -> list[tuple]:
 
 class Attentions:
     """Switches the model from one attention of the run to the next; a distilled one is trained the first time
-    it is asked for and kept (its variants' parameters) for the later lengths."""
+    it is asked for and kept (its variants' parameters) for the later lengths; a linearized one is trained the
+    first time (resuming from its checkpoint), saved to RUN_DIR/linearized/, and loaded from there later. The
+    model's own weights, which a linearization's merged adapters change, are put back for every other attention."""
 
-    def __init__(self, config: LMConfig, model, tokenizer):
-        self.config, self.model, self.tokenizer = config, model, tokenizer
-        self.current, self.kept, self.last_distillation = None, {}, None
+    def __init__(self, config: LMConfig, model, tokenizer, run_dir: Path | None = None, on_train=None):
+        self.config, self.model, self.tokenizer, self.run_dir, self.on_train = config, model, tokenizer, run_dir, on_train
+        self.current, self.kept, self.last_distillation, self.last_linearization = None, {}, None, None
+        self.pristine = None  # the projections' weights before any linearization changed them
+        if any(s.linearized for s in config.settings):
+            self.pristine = {name: p.detach().clone() for name, p in model.named_parameters()
+                             if name.rsplit(".", 2)[-2] in lin.TARGETS}
+        self.changed = False
+
+    def folder(self, setting: Setting) -> Path:
+        return Path(self.run_dir) / LINEARIZED_DIR / slug(setting.label)
 
     def switch(self, setting: Setting):
         if self.current == setting.label:
             return self.model
+        if self.changed:  # the last attention was linearized: the model's own weights back first
+            self.model.load_state_dict(self.pristine, strict=False)
+            self.changed = False
         self.model, self.current = switch(self.model, setting, self.config.seed), setting.label
-        self.last_distillation = None
+        self.last_distillation = self.last_linearization = None
         if setting.distill:
             if setting.label in self.kept:
                 transfer.load_attached_state(self.model, self.kept[setting.label])
@@ -346,13 +377,30 @@ class Attentions:
                 sequences = transfer.distill_sequences(self.tokenizer, distill_length(self.config))
                 self.last_distillation = transfer.transfer(self.model, sequences, setting.distill, self.config.distill_lr, self.config.seed)
                 self.kept[setting.label] = transfer.attached_state(self.model)
+        if setting.linearized:
+            folder = self.folder(setting)
+            if lin.finished(folder) is None:
+                train, held_out = lin.training_sequences(self.tokenizer, self.config.recipe, corpus_text(self.config.text))
+                on_step = None if self.on_train is None else lambda stage, step, steps, loss: self.on_train(setting.label, stage, step, steps, loss)
+                self.model, self.last_linearization = lin.linearize(self.model, train, held_out, self.config.recipe, folder,
+                                                                    own=setting.variant == OWN, on_step=on_step)
+            else:
+                lin.load_linearized(self.model, folder)
+            self.changed = True
         return self.model
 
 
-def run_lm(config: LMConfig, model, tokenizer, tokens: torch.Tensor, done: set, write, on_cell=None) -> None:
-    """Measure every cell not in `done` (row keys), handing each row to `write` as it exists."""
+def slug(label: str) -> str:
+    """A folder name for an attention's label: letters, digits, '.', '_' and '-' (the rest become '-')."""
+    return re.sub(r"[^A-Za-z0-9._]+", "-", label).strip("-")
+
+
+def run_lm(config: LMConfig, model, tokenizer, tokens: torch.Tensor, done: set, write, on_cell=None, run_dir: Path | None = None,
+           on_train=None) -> None:
+    """Measure every cell not in `done` (row keys), handing each row to `write` as it exists (`on_train(label,
+    stage, step, steps, loss)` after each training step of a linearization, saved under `run_dir`)."""
     by_label = {s.label: s for s in config.settings}
-    attentions = Attentions(config, model, tokenizer)
+    attentions = Attentions(config, model, tokenizer, run_dir, on_train)
     for key in cells(config):
         if key in done:
             if on_cell:
@@ -364,6 +412,8 @@ def run_lm(config: LMConfig, model, tokenizer, tokens: torch.Tensor, done: set, 
         row = {"task": task, "setting": label, "variant": setting.variant, "options": setting.options, "length": length}
         if task == "distill":
             row.update(attentions.last_distillation or {})
+        elif task == "linearize":
+            row.update(attentions.last_linearization or lin.summary_of(attentions.folder(setting)))
         elif task == "perplexity":
             start = window_starts(len(tokens), length, config.windows, config.seed)[window]
             scored = min(SCORED, length // 2)
@@ -378,6 +428,31 @@ def run_lm(config: LMConfig, model, tokenizer, tokens: torch.Tensor, done: set, 
         write(row)
         if on_cell:
             on_cell(key)
+
+
+def with_linearized(config: LMConfig, model) -> tuple[LMConfig, list[str]]:
+    """With --linearize: each attention whose variant has parameters of its own followed by its linearized twin,
+    and the model's own sdpa by its LoRA-only control (when the recipe has LoRA steps); also the labels of those
+    with nothing to linearize (no parameters of their own: evaluated zero-shot only)."""
+    recipe = config.recipe
+    if recipe is None:
+        return config, []
+    settings, nothing = [], []
+    for setting in config.settings:
+        settings.append(setting)
+        if setting.linearized or setting.distill:
+            continue
+        if setting.variant == OWN:
+            if recipe.lora_steps:
+                settings.append(Setting(OWN, linearized=True))
+            continue
+        switch(model, setting, config.seed)
+        if transfer.trainable_parameters(model):
+            settings.append(Setting(setting.variant, setting.options, linearized=True))
+        else:
+            nothing.append(setting.label)
+    switch(model, Setting(OWN), config.seed)
+    return LMConfig(**{**config.__dict__, "settings": tuple(settings)}), nothing
 
 
 def with_distilled(config: LMConfig, model) -> tuple[LMConfig, list[str]]:

@@ -17,6 +17,16 @@ OWN = "sdpa"
 PANELS_ACROSS = 6  # passkey heatmaps a row
 LEGEND_INSIDE = 8  # attentions a legend holds inside its axes; more go beside them
 DISTILLED = " + distill "  # in a distilled attention's label (harness/lm/run.py's Setting.label)
+LINEARIZED, LORA = " + linearized", " + LoRA"  # a linearized attention's label; the model's own after LoRA alone (its control)
+TWINS = (DISTILLED, LINEARIZED, LORA)
+
+
+def base_of(setting: str) -> str:
+    """The zero-shot attention a trained twin (distilled, linearized, the sdpa control) comes from."""
+    for mark in TWINS:
+        if mark in setting:
+            return setting.split(mark)[0]
+    return setting
 
 
 def lm_frame(run_dir: Path) -> pd.DataFrame:
@@ -73,6 +83,19 @@ def distill_table(df: pd.DataFrame) -> pd.DataFrame:
     return rows[columns].reset_index(drop=True) if not rows.empty else pd.DataFrame(columns=columns)
 
 
+def linearize_table(df: pd.DataFrame) -> pd.DataFrame:
+    """Per linearized attention: each stage's trained parameters, steps, tokens and seconds, stage 1's held-out
+    attention error and stage 2's held-out next-token loss before and after, the seconds in all."""
+    rows = df[df["task"] == "linearize"] if "task" in df else df
+    out = []
+    for r in rows.itertuples():
+        t, lo = (x if isinstance(x, dict) else {} for x in (getattr(r, "transfer", None), getattr(r, "lora", None)))
+        out.append({"setting": r.setting, "seconds": r.seconds, "tokens": r.tokens,
+                    **{f"transfer_{k}": t.get(k) for k in ("parameters", "steps", "seconds", "error_before", "error_after")},
+                    **{f"lora_{k}": lo.get(k) for k in ("parameters", "steps", "seconds", "nll_before", "nll_after", "rank")}})
+    return pd.DataFrame(out)
+
+
 def write_lm_report(run_dir: Path) -> tuple[Path, list[Path]]:
     """RUN_DIR/REPORT.md and figures/ of an lm run; ValueError when it has no rows yet."""
     run_dir = Path(run_dir)
@@ -83,7 +106,7 @@ def write_lm_report(run_dir: Path) -> tuple[Path, list[Path]]:
     cfg, about, env = meta.get("config", {}), meta.get("machine", {}), meta.get("environment", {})
     model, corpus = about.get("model", {}), about.get("corpus", {})
     settings = _order(df)
-    lengths = sorted(int(n) for n in df[df["task"] != "distill"]["length"].unique())
+    lengths = sorted(int(n) for n in df[~df["task"].isin(["distill", "linearize"])]["length"].unique())
     figures = draw_lm(run_dir, df, settings)
     lines = [f"# attnbench lm: {run_dir.name}", "", f"Command: {code_span(env.get('command', '?'))}", "",
              f"- Model: {model.get('name')} from `{model.get('path')}` (sha256 {str(model.get('sha256'))[:16]}…), "
@@ -92,8 +115,9 @@ def write_lm_report(run_dir: Path) -> tuple[Path, list[Path]]:
              f"{cfg.get('windows')} windows a length from seed {cfg.get('seed')}, each scored on its last tokens (128, or half a short context)",
              f"- Passkey: depths {', '.join(map(str, cfg.get('depths', [])))}%, {cfg.get('keys')} keys a cell, greedy, exact match",
              f"- Attentions: {', '.join(f'`{s}`' for s in settings)} (`{OWN}`: the model's own); " + (
-                 "zero-shot: nothing trained" if not cfg.get("distill") else
-                 f"zero-shot, and `+ distill {cfg['distill']}` after attention transfer (below)"),
+                 f"zero-shot, and `+ distill {cfg['distill']}` after attention transfer (below)" if cfg.get("distill") else
+                 "zero-shot, and `+ linearized` after the linearization recipe (below)" if cfg.get("linearize") else
+                 "zero-shot: nothing trained"),
              f"- Regenerate this report with `bench report {run_dir}`.", ""]
     lines += [f"![{p.stem}](figures/{p.name})" for p in figures] + [""]
     ppl = perplexity_table(df)
@@ -111,6 +135,7 @@ def write_lm_report(run_dir: Path) -> tuple[Path, list[Path]]:
                 lines += [f"`{s}`", "", markdown_table(["length \\ depth", *(f"{d}%" for d in depths)],
                                               [[str(n), *(mine.get((n, d), "") for d in depths)] for n in lengths]), ""]
     lines += _distill_section(df, cfg, settings, lengths, about.get("distill", {}).get("nothing_to_train"))
+    lines += _linearize_section(df, cfg, lengths, about.get("linearize", {}))
     cost = cost_table(df)
     if not cost.empty:
         rows = []
@@ -156,6 +181,47 @@ def _distill_section(df: pd.DataFrame, cfg: dict, settings: list[str], lengths: 
     return lines
 
 
+def _linearize_section(df: pd.DataFrame, cfg: dict, lengths: list[int], about: dict) -> list[str]:
+    table = linearize_table(df)
+    if table.empty:
+        return []
+    recipe = cfg.get("linearize") or {}
+    ppl = {(r.setting, int(r.length)): r.ppl for r in perplexity_table(df).itertuples()}
+    ok = lambda v: v is not None and v == v  # noqa: E731
+    budget, quality = [], []
+    for r in table.itertuples():
+        base = base_of(r.setting)
+        stage1 = (f"{int(r.transfer_parameters):,} · {int(r.transfer_steps)} · {fmt_time(r.transfer_seconds)} · "
+                  f"{r.transfer_error_before:.3f} → {r.transfer_error_after:.3f}") if ok(r.transfer_steps) else "—"
+        stage2 = (f"{int(r.lora_parameters):,} · {int(r.lora_steps)} · {fmt_time(r.lora_seconds)} · "
+                  f"{math.exp(r.lora_nll_before):.2f} → {math.exp(r.lora_nll_after):.2f}") if ok(r.lora_steps) else "—"
+        budget.append([f"`{base}`", stage1, stage2, f"{int(r.tokens):,}", fmt_time(r.seconds)])
+        cells = []
+        for n in lengths:
+            before, after, own = ppl.get((base, n)), ppl.get((r.setting, n)), ppl.get((OWN, n))
+            cells.append("" if after is None else (f"{before:.4g} → " if before is not None and base != OWN else "") + f"{after:.4g}"
+                         + (f" ({after / own:.2f}×)" if own else ""))
+        quality.append([f"`{r.setting}`", *cells])
+    own_row = [f"`{OWN}`", *(f"{ppl[(OWN, n)]:.4g}" if (OWN, n) in ppl else "" for n in lengths)]
+    lines = ["## Linearization (`--linearize`)", "",
+             f"LoLCATs' two stages (`harness/lm/linearize.py`), each on sequences of {recipe.get('length')} tokens of "
+             f"{about.get('train_text', 'the training text')} (no run of 12 words shared with the scored text). Stage 1, "
+             f"attention transfer: {recipe.get('transfer_steps')} AdamW steps (learning rate {recipe.get('transfer_lr')}) training "
+             f"only the variant's own parameters, on every layer at once, to reproduce the model's softmax attention output "
+             f"(error: held-out mean squared difference as a fraction of the softmax output's mean square, mean over layers). "
+             f"Stage 2: {recipe.get('lora_steps')} steps of LoRA (rank {recipe.get('lora_rank')}, learning rate "
+             f"{recipe.get('lora_lr')}) on q, k, v, o with next-token loss, the variant's parameters frozen, then merged "
+             f"(perplexity of the held-out training text before → after). `sdpa + LoRA` is the control: the same LoRA "
+             "on the model's own attention. Each stage: parameters · steps · time · before → after.", "",
+             markdown_table(["attention", "stage 1", "stage 2", "tokens", "time"], budget), "",
+             "Perplexity of the scored text, zero-shot → after (× the model's own `sdpa`):", "",
+             markdown_table(["attention", *map(str, lengths)], [own_row, *quality]), ""]
+    nothing = about.get("nothing_to_linearize")
+    if nothing:
+        lines += ["Nothing to linearize (no parameters of their own; evaluated zero-shot): " + ", ".join(f"`{s}`" for s in nothing) + ".", ""]
+    return lines
+
+
 def draw_lm(run_dir: Path, df: pd.DataFrame, settings: list[str]) -> list[Path]:
     """figures/lm_perplexity.png, lm_passkey.png, lm_cost.png (those the run has rows for)."""
     import matplotlib
@@ -177,9 +243,10 @@ def draw_lm(run_dir: Path, df: pd.DataFrame, settings: list[str]) -> list[Path]:
                 continue
             ax.errorbar(mine["length"], mine["ppl"], yerr=[mine["ppl"] - mine["ppl_min"], mine["ppl_max"] - mine["ppl"]],
                         capsize=3, label=s, **style[s])
-        distilled = any(DISTILLED in s for s in settings)
+        trained = ("; dotted: after attention transfer" if any(DISTILLED in s for s in settings) else "") + (
+            "; dash-dot: linearized" if any(LINEARIZED in s or LORA in s for s in settings) else "")
         ax.set(xscale="log", yscale="log", xlabel="context length (tokens)", ylabel="perplexity of the last tokens",
-               title="perplexity against context (zero-shot" + ("; dotted: after attention transfer)" if distilled else ")"))
+               title=f"perplexity against context (zero-shot{trained})")
         _legend(ax, many, 8)
         ax.grid(True, which="both", alpha=0.3)
         out.append(_save(fig, folder / "lm_perplexity.png"))
@@ -209,6 +276,9 @@ def draw_lm(run_dir: Path, df: pd.DataFrame, settings: list[str]) -> list[Path]:
             row[0].set_ylabel("context length")
         fig.suptitle("passkey retrieval (exact match)")
         out.append(_save(fig, folder / "lm_passkey.png"))
+    curves = df[df["task"] == "linearize"] if "task" in df else df.iloc[:0]
+    if not curves.empty:
+        out.append(_draw_training(curves, _styles(settings), folder / "lm_linearize.png"))
     cost = cost_table(df)
     if not cost.empty:
         panels = [(c, label) for c, label in (("forward_s", "forward time (s)"), ("token_s", "time a generated token (s)"),
@@ -228,13 +298,41 @@ def draw_lm(run_dir: Path, df: pd.DataFrame, settings: list[str]) -> list[Path]:
     return out
 
 
+def _draw_training(rows: pd.DataFrame, style: dict, path: Path) -> Path:
+    """Each linearization's loss step by step: stage 1's attention error (MSE), stage 2's next-token loss."""
+    import matplotlib.pyplot as plt
+
+    fig, axes = plt.subplots(1, 2, figsize=(11, 4.2))
+    for r in rows.itertuples():
+        for ax, stage in zip(axes, ("transfer", "lora")):
+            data = getattr(r, stage, None)
+            if isinstance(data, dict) and data.get("losses"):
+                ax.plot(range(1, len(data["losses"]) + 1), data["losses"], label=base_of(r.setting), color=style[r.setting]["color"],
+                        linewidth=1)
+    axes[0].set(yscale="log", xlabel="step", ylabel="MSE against the softmax output", title="stage 1: attention transfer")
+    axes[1].set(xlabel="step", ylabel="next-token loss (nats)", title="stage 2: LoRA")
+    for ax in axes:
+        ax.grid(True, which="both", alpha=0.3)
+        if ax.lines:
+            ax.legend(fontsize=7)
+    return _save(fig, path)
+
+
 def _styles(settings: list[str]) -> dict[str, dict]:
-    """A line style per attention: the model's own dashed; a distilled twin dotted, in its zero-shot one's colour."""
-    bases = list(dict.fromkeys(s.split(DISTILLED)[0] for s in settings))
+    """A line style per attention: the model's own dashed; a distilled twin dotted, a linearized one dash-dot, in
+    its zero-shot one's colour."""
+    bases = list(dict.fromkeys(base_of(s) for s in settings))
     palette = [f"C{i}" for i in range(10)] if len(bases) <= 10 else [f"tab20:{i}" for i in (*range(0, 20, 2), *range(1, 20, 2))]
     colour = {b: palette[i % len(palette)] for i, b in enumerate(bases)}
-    return {s: {"color": _colour(colour[s.split(DISTILLED)[0]]), "marker": "s" if DISTILLED in s else "o",
-                "linestyle": ":" if DISTILLED in s else "--" if s == OWN else "-"} for s in settings}
+
+    def line(s):
+        if DISTILLED in s:
+            return ":", "s"
+        if LINEARIZED in s or LORA in s:
+            return "-.", "^"
+        return ("--" if s == OWN else "-"), "o"
+
+    return {s: {"color": _colour(colour[base_of(s)]), "linestyle": line(s)[0], "marker": line(s)[1]} for s in settings}
 
 
 def _colour(name: str):
