@@ -30,7 +30,7 @@ from rich.table import Table
 
 from harness import options as opts
 from harness.fmt import fmt_time
-from harness.options import MAX_CHECK_LEN, MAX_LENGTH, ArgumentError
+from harness.options import MAX_CHECK_LEN, MAX_LENGTH, SHAPE_HINTS, ArgumentError
 from harness.quality.config import TASKS
 from harness.readers.advise import advise as answer, advise_table, answers_json, glance, recommendation
 from harness.readers.plots import plot_run
@@ -172,14 +172,14 @@ def list_variants(import_: ImportOption = None) -> None:
     for name in variants.available():
         spec = variants.variant_class(name).spec
         console.print(f"  [bold]{name}[/]: {spec.summary}. [dim]{spec.reference}[/]" + (f" Note: {spec.notes}." if spec.notes else ""))
-    options = Table(title="\nOptions (set with --option name=value, or --window / --compression; num_heads and head_dim "
-                          "come from the run's shape)", title_justify="left")
+    options = Table(title="\nOptions (set with --option name=value, or --window / --compression; num_heads, num_kv_heads "
+                          "and head_dim come from the run's shape)", title_justify="left")
     for col in ("variant", "option", "default", "meaning"):
         options.add_column(col, overflow="fold")
     for name in variants.available():
         defaults = variants.effective_options(name)
         for option, doc in variants.option_docs(name).items():
-            if option not in ("num_heads", "head_dim"):
+            if option not in SHAPE_HINTS:
                 options.add_row(name, option, repr(defaults[option]), doc or "(undocumented)")
     console.print(options)
     if unavailable:

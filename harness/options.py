@@ -7,7 +7,7 @@ import json
 import math
 import re
 
-SHAPE_HINTS = ("num_heads", "head_dim")  # options every variant takes, set from the run's shape (not stored as its options)
+SHAPE_HINTS = ("num_heads", "head_dim", "num_kv_heads")  # options every variant takes, set from the run's shape (not stored as its options)
 
 
 class ArgumentError(ValueError):

@@ -35,9 +35,17 @@ def make_padding(b, n, seed=1, all_padded_row=True):
     return mask
 
 
+def per_query_head(q, *kv):
+    """The K/V-side tensors (B, Hkv, ...) with each head repeated for the H / Hkv query heads it serves (grouped-query
+    attention's definition: query head h reads K/V head h // (H / Hkv))."""
+    groups = q.shape[1] // kv[0].shape[1]
+    return [t.repeat_interleave(groups, dim=1) for t in kv]
+
+
 def ref_attention(q, k, v, allowed=None, scale=None):
-    """softmax(q kᵀ · scale) v in float64 with a bool mask; rows with nothing allowed -> 0."""
-    q, k, v = q.double(), k.double(), v.double()
+    """softmax(q kᵀ · scale) v in float64 with a bool mask; rows with nothing allowed -> 0; k, v of fewer heads than
+    q serve groups of query heads."""
+    q, k, v = q.double(), *per_query_head(q, k.double(), v.double())
     scale = q.shape[-1] ** -0.5 if scale is None else scale
     s = torch.einsum("bhid,bhjd->bhij", q, k) * scale
     if allowed is not None:
@@ -321,24 +329,28 @@ def _recurrence_qk(attn, q, k, scale):
     return (*_hedgehog_qk(attn, q, k), scale)
 
 
+# the recurrences' gates act on the keys: per K/V head (grouped-query), then each state read by its query heads
 def _ref_retention(attn, q, k, v, causal, kpm):
-    h = q.shape[1]
+    h = k.shape[1]
     q, k, scale = _recurrence_qk(attn, q, k, _scale_of(attn, q))
-    gamma = 1 - 2.0 ** (-5 - torch.arange(h, dtype=torch.float64))  # RetNet's per-head decay
+    gamma = 1 - 2.0 ** (-5 - torch.arange(h, dtype=torch.float64))  # RetNet's decay, one per head of the state
     log_decay = gamma.log()[None, :, None].expand(k.shape[0], h, k.shape[2])
+    k, v, log_decay = per_query_head(q, k, v, log_decay)
     return ref_recurrence(q, k, v, scale, log_decay, kpm=kpm)
 
 
 def _ref_mamba2(attn, q, k, v, causal, kpm):
     q, k, scale = _recurrence_qk(attn, q, k, _scale_of(attn, q))
     log_decay, dt = _ssd_decay(k, attn.dt)
-    return ref_recurrence(q, k, v.double() * dt[..., None], scale, log_decay, kpm=kpm)
+    k, v, log_decay = per_query_head(q, k, v.double() * dt[..., None], log_decay)
+    return ref_recurrence(q, k, v, scale, log_decay, kpm=kpm)
 
 
 def _ref_gla(attn, q, k, v, causal, kpm):
     q, k, scale = _recurrence_qk(attn, q, k, _scale_of(attn, q))
     gate = torch.sigmoid(torch.einsum("bhld,hde->bhle", k, attn.w_alpha.double()) + attn.b_alpha.double()[:, None])
     log_decay = (gate ** (1 / 16)).log().clamp_min(-5.0)  # α = σ(·)^(1/16), its log floored at −5 (gla.py)
+    k, v, log_decay = per_query_head(q, k, v, log_decay)
     return ref_recurrence(q, k, v, scale, log_decay, kpm=kpm)
 
 
@@ -348,13 +360,15 @@ def _beta(k, gate):
 
 def _ref_deltanet(attn, q, k, v, causal, kpm):
     q, k, scale = _recurrence_qk(attn, q, k, _scale_of(attn, q))
-    return ref_recurrence(_unit(q), _unit(k), v, scale, beta=_beta(k, attn.beta), kpm=kpm)
+    k, v, beta = per_query_head(q, _unit(k), v, _beta(k, attn.beta))
+    return ref_recurrence(_unit(q), k, v, scale, beta=beta, kpm=kpm)
 
 
 def _ref_gated_deltanet(attn, q, k, v, causal, kpm):
     q, k, scale = _recurrence_qk(attn, q, k, _scale_of(attn, q))
     log_decay, _ = _ssd_decay(k, attn.decay)
-    return ref_recurrence(_unit(q), _unit(k), v, scale, log_decay, _beta(k, attn.beta), kpm)
+    k, v, log_decay, beta = per_query_head(q, _unit(k), v, log_decay, _beta(k, attn.beta))
+    return ref_recurrence(_unit(q), k, v, scale, log_decay, beta, kpm)
 
 
 def ref_moba(q, k, v, block, top_k, kpm=None, scale=None):
@@ -450,6 +464,8 @@ def independent_reference(name, attn, q, k, v, causal=False, kpm=None):
     if key not in INDEPENDENT_REFERENCES:
         pytest.fail(f"{name} has no independent reference in tests/conftest.py: write its dense definition there "
                     f"(from the paper, not from the variant's code) and add it to INDEPENDENT_REFERENCES as {key!r}")
+    if attn.repeats_kv_reason():  # grouped-query inputs repeated to the query heads first, as the variant says it does
+        k, v = per_query_head(q, k, v)
     return INDEPENDENT_REFERENCES[key](attn, q, k, v, causal, kpm)
 
 

@@ -110,11 +110,14 @@ import json, sys, torch, variants
 from harness.core.memory import measure_peak, pin_mmap_threshold
 name, cases, backward, options, dv = sys.argv[1], json.loads(sys.argv[2]), sys.argv[3] == "1", json.loads(sys.argv[4]), int(sys.argv[5])
 torch.set_num_threads(2)
+heads = options.get("num_heads", 1)
+kv_heads = options.pop("kv_heads", heads)  # (grouped-query: k and v of fewer heads than q)
 attn = variants.build(name, **options)
 peaks = []
 for n, causal in cases:
-    q, k = (torch.randn(1, 1, n, 32, requires_grad=backward) for _ in range(2))
-    v = torch.randn(1, 1, n, dv, requires_grad=backward)
+    q = torch.randn(1, heads, n, 32, requires_grad=backward)
+    k = torch.randn(1, kv_heads, n, 32, requires_grad=backward)
+    v = torch.randn(1, kv_heads, n, dv, requires_grad=backward)
     def call():
         if backward:
             attn(q, k, v, causal=causal).sum().backward()
@@ -131,8 +134,9 @@ print(json.dumps(peaks))
 
 
 def peak_bytes(name: str, n: int | list[int], backward: bool, dv: int = 32, causal: bool | list[bool] = False, **options):
-    """Peak extra bytes of one call at (B, H) = (1, 1), D = 32 and the given Dv, in a fresh process: one
-    figure, or one per (length, causal) pair when given lists (measured one after the other)."""
+    """Peak extra bytes of one call at (B, H) = (1, 1) (or num_heads, with kv_heads K/V heads), D = 32 and the
+    given Dv, in a fresh process: one figure, or one per (length, causal) pair when given lists (measured one
+    after the other)."""
     many = isinstance(n, list) or isinstance(causal, list)
     lengths = n if isinstance(n, list) else [n]
     modes = causal if isinstance(causal, list) else [causal]

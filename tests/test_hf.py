@@ -207,7 +207,7 @@ def test_generation_with_cache_equals_generation_without(name):
 def test_generation_keeps_the_variants_own_state_with_left_padding(name):
     # after `use`, generate() keeps each layer's decoding state (a recurrence's fixed state, a window's sinks and
     # last w, ...), not keys and values: greedy tokens equal those without any cache, on a batch whose second
-    # row is left-padded (GQA: the states hold the repeated heads)
+    # row is left-padded (GQA: a native variant's state holds the model's K/V heads, a repeating one's its query heads)
     model = vh.use(llama().eval(), name, **CAUSAL[name])
     ids, mask = batch()
     kwargs = dict(attention_mask=mask, max_new_tokens=8, do_sample=False, pad_token_id=0)
@@ -241,6 +241,22 @@ def test_generation_logits_with_the_state_cache_equal_those_without(name):
     cached, plain = model.generate(ids, **kwargs), model.generate(ids, use_cache=False, **kwargs)
     assert torch.equal(cached.sequences, plain.sequences)
     torch.testing.assert_close(torch.stack(cached.logits), torch.stack(plain.logits), atol=1e-9, rtol=1e-7)
+
+
+def test_fulls_state_is_the_models_own_kv_cache_byte_for_byte_with_grouped_query_heads():
+    # K and V reach the variant unrepeated: full keeps the model's 2 K/V heads, not its 4 query heads (it kept
+    # 2x the model's cache before); a recurrence one state a K/V head
+    ids, mask = batch(left_pad=0)
+    kwargs = dict(attention_mask=mask, max_new_tokens=5, do_sample=False, pad_token_id=0, return_dict_in_generate=True)
+    own = llama().eval().generate(ids, **kwargs)
+    own_bytes = sum(t.numel() * t.element_size() for layer in own.past_key_values.layers for t in (layer.keys, layer.values))
+    model = vh.use(llama().eval(), "full")
+    out = model.generate(ids, **kwargs)
+    assert torch.equal(out.sequences, own.sequences)
+    states = [layer.state for layer in out.past_key_values.layers]
+    assert sum(state.nbytes() for state in states) == own_bytes and all(state.tensors["k"].shape[1] == 2 for state in states)
+    recurrent = vh.use(llama().eval(), "mamba2").generate(ids, **kwargs).past_key_values.layers
+    assert all(layer.state.tensors["S"].shape[1] == 2 for layer in recurrent)
 
 
 def test_beam_search_and_sampling_follow_the_states():

@@ -161,14 +161,16 @@ def _qkv(**kw):
     "make, pattern",
     [
         (lambda q, k, v: (q[0], k, v), r"q must have 4 dims \(B, H, N, D\), got shape \(2, 6, 8\)"),
-        (lambda q, k, v: (q, k[:1], v[:1]), r"batch and head dims must match"),
+        (lambda q, k, v: (q, k[:1], v[:1]), r"q, k, v must share the batch dim, and k, v their heads"),
+        (lambda q, k, v: (q, torch.cat([k, k[:, :1]], 1), torch.cat([v, v[:, :1]], 1)),
+         r"q has H=2 heads, k and v Hkv=3: grouped-query attention needs H a multiple of Hkv"),
         (lambda q, k, v: (q, k[..., :7], v), r"q and k must share the head dim D, got q D=8, k D=7"),
         (lambda q, k, v: (q, k, v[:, :, :5]), r"k and v must share the key length Nk, got k Nk=6, v Nk=5"),
         (lambda q, k, v: (q.long(), k, v), r"q must be a floating-point tensor, got dtype torch.int64"),
         (lambda q, k, v: (q, k.float(), v), r"q, k, v must share one dtype"),
         (lambda q, k, v: (q.tolist(), k, v), r"q must be a torch.Tensor"),
     ],
-    ids=["rank", "batch-heads", "head-dim", "key-length", "int-dtype", "mixed-dtype", "not-tensor"],
+    ids=["rank", "batch-heads", "kv-heads", "head-dim", "key-length", "int-dtype", "mixed-dtype", "not-tensor"],
 )
 @pytest.mark.parametrize("name, options", CASES)
 def test_bad_tensors_raise_clear_errors(name, options, make, pattern):

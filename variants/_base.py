@@ -3,7 +3,8 @@
 Every variant is an `nn.Module` with the same call:
 
     out = attn(q, k, v, causal=False, key_padding_mask=None)
-    # q: (B, H, Nq, D)  k: (B, H, Nk, D)  v: (B, H, Nk, Dv)  ->  out: (B, H, Nq, Dv)
+    # q: (B, H, Nq, D)  k: (B, Hkv, Nk, D)  v: (B, Hkv, Nk, Dv)  ->  out: (B, H, Nq, Dv)
+    # grouped-query attention: Hkv divides H, query head h reads K/V head h // (H / Hkv) (Hkv = H: every head its own)
     # key_padding_mask: bool (B, Nk), True = a real token, False = padding
     # causal with Nq < Nk: the queries are the last Nq positions of the keys' sequence (bottom-right
     # alignment, as FlashAttention >= 2.1 and transformers): query i sits at Nk - Nq + i, sees keys <= it
@@ -53,6 +54,7 @@ class VariantSpec:
     function_options: tuple[str, ...] = ()  # options that change the function computed: a speed run and a quality run must agree on them
     style: tuple[str, str] | None = None  # (colour, marker) in every figure; None: a stable pick from the name
     examples: tuple[tuple[tuple[str, object], ...], ...] = ((),)  # option sets that exercise every path at a test's small N (N ~ 13)
+    repeats_kv: str = ""  # grouped-query inputs (Hkv < H): "" computed natively (no K/V repeated in memory); else why K, V are repeated to the H query heads first
 
     def example_options(self) -> list[dict]:
         """`examples` as dicts: what the shared contract tests build the variant with."""
@@ -71,8 +73,8 @@ class AttentionVariant(nn.Module):
     Subclasses set `spec`, implement `_attend(q, k, v, causal, key_padding_mask)` and `flops`,
     and may override `memory_estimate` and `unavailable_reason`.
 
-    `num_heads` and `head_dim` are shape hints every variant accepts: variants with per-head
-    parameters need them to create those parameters; all variants check inputs against them.
+    `num_heads`, `num_kv_heads` and `head_dim` are shape hints every variant accepts: variants with
+    per-head parameters need them to create those parameters; all variants check inputs against them.
     """
 
     spec: VariantSpec
@@ -83,6 +85,7 @@ class AttentionVariant(nn.Module):
         scale: float | None = None,
         num_heads: int | None = None,
         head_dim: int | None = None,
+        num_kv_heads: int | None = None,
     ) -> None:
         """Options every variant takes.
 
@@ -90,15 +93,40 @@ class AttentionVariant(nn.Module):
             scale: factor of the scores q·k before the softmax; None means D ** -0.5.
             num_heads: shape hint: heads H of the inputs (variants with per-head parameters need it; all check it).
             head_dim: shape hint: head dimension D of the inputs (likewise).
+            num_kv_heads: shape hint: heads Hkv of k and v (grouped-query attention: a divisor of H); None: k and
+                v may have any number of heads dividing q's (a variant with parameters per K/V head sizes them by
+                num_heads then).
         """
         super().__init__()
         if scale is not None and not (isinstance(scale, (int, float)) and math.isfinite(scale) and scale > 0):
             raise ValueError(f"{self.spec.name}: option scale={scale!r} is invalid; expected a positive finite number or None (= D ** -0.5)")
         self._check_int("num_heads", num_heads, 1, allow_none=True)
         self._check_int("head_dim", head_dim, 1, allow_none=True)
+        self._check_int("num_kv_heads", num_kv_heads, 1, allow_none=True)
+        if num_heads is not None and num_kv_heads is not None and num_heads % num_kv_heads:
+            raise ValueError(f"{self.spec.name}: num_heads={num_heads} is not a multiple of num_kv_heads={num_kv_heads} "
+                             f"(grouped-query attention: each K/V head serves H / Hkv query heads)")
         self.scale = scale
         self.num_heads = num_heads
         self.head_dim = head_dim
+        self.num_kv_heads = num_kv_heads
+
+    # -- grouped-query attention --------------------------------------------------------------
+    def repeats_kv_reason(self) -> str:
+        """Why this variant (with its options) repeats K and V to the query heads before computing, or "" when it
+        computes grouped-query inputs natively: its spec's `repeats_kv` unless its options change it."""
+        return self.spec.repeats_kv
+
+    def kv_heads_stored(self, heads: int, kv_heads: int) -> int:
+        """How many heads of keys, values or state the variant keeps for H query heads on Hkv K/V heads."""
+        return heads if self.repeats_kv_reason() else kv_heads
+
+    def _kv_parameter_heads(self) -> int | None:
+        """The heads parameters acting on k (gates, projections) are sized by: K/V heads where the variant
+        computes grouped-query natively and knows them, else the query heads."""
+        if self.repeats_kv_reason() or self.num_kv_heads is None:
+            return self.num_heads
+        return self.num_kv_heads
 
     # -- what the harness reads ---------------------------------------------------------------
     def flops(self, n_q: int, n_k: int, d: int, dv: int, causal: bool) -> float:
@@ -159,6 +187,11 @@ class AttentionVariant(nn.Module):
             return f"{cls.spec.name} has no backward on {dev} (backward runs on: {', '.join(cls.spec.backward_devices) or 'none'})"
         return None
 
+    def kv_heads_unsupported_reason(self, kv_heads: int) -> str | None:
+        """None when the variant takes k, v of `kv_heads` heads (with its q), else why not (parameters sized for
+        other K/V heads): checked before any computation, as the lengths are."""
+        return None
+
     def length_unsupported_reason(self, n_q: int, n_k: int) -> str | None:
         """None when the variant takes Nq queries over Nk keys, else why not (a learned projection of
         max_len columns, more landmarks than keys...): checked before any computation, and `bench run`
@@ -214,9 +247,11 @@ class AttentionVariant(nn.Module):
         return f"{reason}, and decoding is causal" if reason else None
 
     def init_state(self, batch: int, heads: int, head_dim: int, value_dim: int, dtype: torch.dtype = torch.float32,
-                   device: str | torch.device = "cpu", max_len: int | None = None) -> DecodingState:
+                   device: str | torch.device = "cpu", max_len: int | None = None, kv_heads: int | None = None) -> DecodingState:
         """An empty decoding state for `step` (see variants/_decoding.py): by default a KV cache; the
-        recurrent methods keep a fixed-size state instead.
+        recurrent methods keep a fixed-size state instead. `heads`: the query heads H; `kv_heads`: the heads Hkv
+        of the keys and values the steps will take (grouped-query attention; None: H): a variant that computes
+        them natively keeps Hkv heads of state, one that repeats them keeps H.
 
         Example:
             >>> attn = build("full")
@@ -228,17 +263,24 @@ class AttentionVariant(nn.Module):
         reason = self.decode_unsupported_reason()
         if reason:
             raise ValueError(f"{self.spec.name} cannot decode: {reason}")
-        for option, value in (("batch", batch), ("heads", heads), ("head_dim", head_dim), ("value_dim", value_dim)):
+        kv_heads = heads if kv_heads is None else kv_heads
+        for option, value in (("batch", batch), ("heads", heads), ("head_dim", head_dim), ("value_dim", value_dim),
+                              ("kv_heads", kv_heads)):
             self._check_int(option, value, 1)
-        check_shape_hints(self, heads, head_dim)  # (the forward's own check and message)
+        check_shape_hints(self, heads, head_dim, kv_heads)  # (the forward's own checks and messages)
+        reason = self.kv_heads_unsupported_reason(kv_heads)
+        if reason:
+            raise ValueError(f"{self.spec.name}: a state for Hkv={kv_heads} K/V heads is not supported: {reason}")
         self._check_int("max_len", max_len, 1, allow_none=True)
         if not isinstance(dtype, torch.dtype) or not dtype.is_floating_point:
             raise TypeError(f"{self.spec.name}: init_state's dtype must be a floating torch.dtype, got {dtype!r}")
         dev = torch.device(device)
-        tensors = self._empty_state(batch, heads, head_dim, value_dim, dtype, dev)
+        stored = self.kv_heads_stored(heads, kv_heads)
+        tensors = self._empty_state(batch, stored, head_dim, value_dim, dtype, dev)
         if max_len is not None and self.state_kind == "kv":  # a KV cache, bounded: one buffer, written in place
-            tensors = {**tensors, **kv_cache(batch, heads, self.cached_key_dim(head_dim), value_dim, dtype, dev, capacity=max_len)}
-        return DecodingState(self.spec.name, self.state_kind, batch, heads, head_dim, value_dim, dtype, dev, 0, max_len, tensors)
+            tensors = {**tensors, **kv_cache(batch, stored, self.cached_key_dim(head_dim), value_dim, dtype, dev, capacity=max_len)}
+        return DecodingState(self.spec.name, self.state_kind, batch, heads, head_dim, value_dim, dtype, dev, 0, max_len, tensors,
+                             kv_heads=kv_heads)
 
     def step(self, q: Tensor, k: Tensor, v: Tensor, state: DecodingState,
              key_padding_mask: Tensor | None = None) -> tuple[Tensor, DecodingState]:
@@ -249,6 +291,7 @@ class AttentionVariant(nn.Module):
         forward over the whole sequence at those positions, with the whole mask (tested for every variant)."""
         check_step(self.spec.name, state, q, k, v, key_padding_mask)
         keep = None if key_padding_mask is None or (bool(key_padding_mask.all()) and not padded(state)) else key_padding_mask
+        k, v = self._grouped_kv(q, k, v)
         if self.step_positions is None or q.shape[2] <= self.step_positions:
             return self._step(q, k, v, state, keep)
         outs = []
@@ -268,7 +311,15 @@ class AttentionVariant(nn.Module):
         `step`'s state, without computing what only the outputs need (a KV cache only appends)."""
         check_step(self.spec.name, state, q, k, v, key_padding_mask)
         keep = None if key_padding_mask is None or (bool(key_padding_mask.all()) and not padded(state)) else key_padding_mask
-        return self._prefill(q, k, v, state, keep)
+        return self._prefill(q, *self._grouped_kv(q, k, v), state, keep)
+
+    def _grouped_kv(self, q: Tensor, k: Tensor, v: Tensor) -> tuple[Tensor, Tensor]:
+        """k and v as `_attend` and `_step` take them: repeated to q's heads where the variant says it repeats them
+        (`repeats_kv_reason`), else as given (Hkv heads, computed natively)."""
+        groups = q.shape[1] // k.shape[1]
+        if groups == 1 or not self.repeats_kv_reason():
+            return k, v
+        return k.repeat_interleave(groups, dim=1), v.repeat_interleave(groups, dim=1)
 
     def cached_key_dim(self, head_dim: int) -> int:
         """The width of the keys a KV state keeps: head_dim, unless the method caches a projection of them
@@ -306,7 +357,7 @@ class AttentionVariant(nn.Module):
                                    f"on {q.device.type} (see bench list)")
         if q.shape[-2] == 0:
             return q.new_zeros(*q.shape[:-1], v.shape[-1])
-        return self._attend(q, k, v, bool(causal), key_padding_mask)
+        return self._attend(q, *self._grouped_kv(q, k, v), bool(causal), key_padding_mask)
 
     def _attend(self, q: Tensor, k: Tensor, v: Tensor, causal: bool, key_padding_mask: Tensor | None) -> Tensor:
         raise NotImplementedError
@@ -367,17 +418,22 @@ def check_inputs(attn: AttentionVariant, q: Tensor, k: Tensor, v: Tensor, causal
     reason = attn.dtype_unsupported_reason(q.device.type, str(q.dtype).removeprefix("torch."))
     if reason:
         raise TypeError(f"{name}: {reason}")
-    if q.shape[:2] != k.shape[:2] or q.shape[:2] != v.shape[:2]:
-        raise ValueError(
-            f"{name}: batch and head dims must match: q {tuple(q.shape)}, k {tuple(k.shape)}, v {tuple(v.shape)}"
-        )
+    if not (q.shape[0] == k.shape[0] == v.shape[0]) or k.shape[1] != v.shape[1]:
+        raise ValueError(f"{name}: q, k, v must share the batch dim, and k, v their heads: q {tuple(q.shape)}, "
+                         f"k {tuple(k.shape)}, v {tuple(v.shape)}")
+    if q.shape[1] % k.shape[1]:
+        raise ValueError(f"{name}: q has H={q.shape[1]} heads, k and v Hkv={k.shape[1]}: grouped-query attention needs H "
+                         f"a multiple of Hkv (each K/V head serving H / Hkv query heads)")
     if q.shape[-1] != k.shape[-1]:
         raise ValueError(f"{name}: q and k must share the head dim D, got q D={q.shape[-1]}, k D={k.shape[-1]}")
     if k.shape[-2] != v.shape[-2]:
         raise ValueError(f"{name}: k and v must share the key length Nk, got k Nk={k.shape[-2]}, v Nk={v.shape[-2]}")
     if q.shape[-1] == 0 or k.shape[-2] == 0:
         raise ValueError(f"{name}: head dim D and key length Nk must be >= 1, got q {tuple(q.shape)}, k {tuple(k.shape)}")
-    check_shape_hints(attn, q.shape[1], q.shape[-1])
+    check_shape_hints(attn, q.shape[1], q.shape[-1], k.shape[1])
+    reason = attn.kv_heads_unsupported_reason(k.shape[1])
+    if reason:
+        raise ValueError(f"{name}: k and v with Hkv={k.shape[1]} heads are not supported: {reason}")
     n_q, n_k = q.shape[-2], k.shape[-2]
     if causal and not attn.spec.supports_causal:
         raise ValueError(f"{name}: causal=True is not supported by this variant" + (f": {attn.spec.why_not_causal}" if attn.spec.why_not_causal else ""))
@@ -408,13 +464,18 @@ def check_inputs(attn: AttentionVariant, q: Tensor, k: Tensor, v: Tensor, causal
             raise ValueError(f"{name}: key_padding_mask is on {key_padding_mask.device}, q on {q.device}")
 
 
-def check_shape_hints(attn: AttentionVariant, heads: int, head_dim: int) -> None:
-    """ValueError when the heads or head dim of inputs (or of a decoding state) differ from those the variant was
-    built for (its num_heads, head_dim hints: per-head parameters are sized by them)."""
+def check_shape_hints(attn: AttentionVariant, heads: int, head_dim: int, kv_heads: int | None = None) -> None:
+    """ValueError when the heads, K/V heads or head dim of inputs (or of a decoding state) differ from those the
+    variant was built for (its num_heads, num_kv_heads, head_dim hints: per-head parameters are sized by them)."""
     if attn.num_heads is not None and heads != attn.num_heads:
         raise ValueError(f"{attn.spec.name}: built for num_heads={attn.num_heads}, got H={heads}")
     if attn.head_dim is not None and head_dim != attn.head_dim:
         raise ValueError(f"{attn.spec.name}: built for head_dim={attn.head_dim}, got D={head_dim}")
+    if kv_heads is not None and heads % kv_heads:
+        raise ValueError(f"{attn.spec.name}: H={heads} query heads is not a multiple of Hkv={kv_heads} K/V heads "
+                         f"(grouped-query attention: each K/V head serves H / Hkv query heads)")
+    if kv_heads is not None and attn.num_kv_heads is not None and kv_heads != attn.num_kv_heads:
+        raise ValueError(f"{attn.spec.name}: built for num_kv_heads={attn.num_kv_heads}, got Hkv={kv_heads}")
 
 
 # -- registry ----------------------------------------------------------------------------------

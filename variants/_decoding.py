@@ -44,6 +44,11 @@ class DecodingState:
     length: int = 0  # positions decoded so far
     max_len: int | None = None  # the longest sequence this state may reach (None: no bound)
     tensors: dict[str, Tensor] = field(default_factory=dict)
+    kv_heads: int | None = None  # heads Hkv of the keys and values the steps take (grouped-query attention); None: heads
+
+    @property
+    def key_heads(self) -> int:
+        return self.heads if self.kv_heads is None else self.kv_heads
 
     def nbytes(self) -> int:
         """Bytes the state holds (every tensor of it)."""
@@ -102,11 +107,12 @@ def check_step(name: str, state, q: Tensor, k: Tensor, v: Tensor, key_padding_ma
         raise TypeError(f"{name}: step needs the state init_state returned (or the last step's), got {type(state).__name__}")
     if state.variant != name:
         raise ValueError(f"{name}: this state was made by {state.variant!r}, not {name!r}")
-    for arg, t, last in (("q", q, state.head_dim), ("k", k, state.head_dim), ("v", v, state.value_dim)):
+    for arg, t, last, heads in (("q", q, state.head_dim, state.heads), ("k", k, state.head_dim, state.key_heads),
+                                ("v", v, state.value_dim, state.key_heads)):
         if not isinstance(t, Tensor) or t.dim() != 4:
             got = tuple(t.shape) if isinstance(t, Tensor) else type(t).__name__
             raise ValueError(f"{name}: step's {arg} must be a tensor (B, H, t, D), got {got}")
-        want = (state.batch, state.heads, t.shape[2], last)
+        want = (state.batch, heads, t.shape[2], last)
         if tuple(t.shape) != want:
             raise ValueError(f"{name}: step's {arg} has shape {tuple(t.shape)}; the state is for (B, H, t, ·) = {want}")
         if t.dtype != state.dtype or t.device != state.device:

@@ -68,7 +68,11 @@ def zero_rows(out: Tensor, dead: Tensor | None) -> Tensor:
 def dense_attention(q: Tensor, k: Tensor, v: Tensor, allowed: Tensor | None, scale: float) -> Tensor:
     """softmax(q kᵀ · scale, masked by `allowed`) v, materializing every score: for checks at small N only.
 
-    allowed: bool, broadcastable to (B, H, Nq, Nk), or None. Rows with nothing allowed give zeros.
+    allowed: bool, broadcastable to (B, H, Nq, Nk), or None. Rows with nothing allowed give zeros. k and v of
+    fewer heads than q (grouped-query) serve groups of H / Hkv query heads (query head h reads h // (H / Hkv)).
     """
+    if k.shape[1] != q.shape[1]:
+        groups = q.shape[1] // k.shape[1]
+        k, v = k.repeat_interleave(groups, dim=1), v.repeat_interleave(groups, dim=1)
     scores = torch.matmul(q, k.transpose(-1, -2)) * scale
     return torch.matmul(masked_softmax(scores, allowed), v)

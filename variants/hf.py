@@ -12,8 +12,9 @@ function hands each layer's q, k, v to the variant attached to that layer, and w
 2-D padding mask only (as for FlashAttention): the variants apply causality and windows themselves,
 so no Nq x Nk mask is ever built for them.
 
-What the model passes is honoured: grouped-query attention (K/V heads repeated as `transformers`
-does), the layer's `scaling`, left and right padding (padded query rows give zeros, never NaN), the
+What the model passes is honoured: grouped-query attention (K and V handed over with their own heads: a
+variant computes the groups natively, its state holding the model's K/V heads, or repeats them with the
+reason its spec gives), the layer's `scaling`, left and right padding (padded query rows give zeros, never NaN), the
 layer's `is_causal` (encoders are bidirectional), and with a KV cache the queries are the last Nq of
 the Nk positions (the variants' bottom-right causal). `sliding_window` without a `window=` takes the
 model's `config.sliding_window` W, which there counts the query itself: this project's window W - 1.
@@ -40,7 +41,7 @@ from ._base import available, build, option_names, variant_class
 IMPLEMENTATION = "attnbench"  # the name `use` sets as the model's attention implementation
 ATTRIBUTE = "attnbench_attention"  # the variant module attached to each attention layer
 HF_EXTRA = "pip install -e '.[hf]'"
-FROM_LAYER = ("num_heads", "head_dim")  # options each layer supplies itself
+FROM_LAYER = ("num_heads", "head_dim", "num_kv_heads")  # options each layer supplies itself
 UNSUPPORTED_KWARGS = ("softcap", "s_aux", "sinks", "position_bias", "head_mask")  # score modifiers no variant has
 
 
@@ -200,7 +201,8 @@ def _decoding_refusal(attn) -> str | None:
         return reason
     d = getattr(attn, "head_dim", None) or 8
     try:
-        attn.init_state(1, getattr(attn, "num_heads", None) or 1, d, getattr(attn, "value_dim", None) or d)
+        heads = getattr(attn, "num_heads", None) or 1
+        attn.init_state(1, heads, d, getattr(attn, "value_dim", None) or d, kv_heads=getattr(attn, "num_kv_heads", None) or heads)
     except (ValueError, TypeError) as err:
         return str(err)
     return None
@@ -290,7 +292,7 @@ def _state_step(attn, layer, query: Tensor, key: Tensor, value: Tensor, key_padd
         raise ValueError(f"variants.hf.state_cache: {type(attn).__name__} is called without causality; decoding is causal")
     if layer.state is None:
         b, h, _, d = query.shape
-        layer.state = attn.init_state(b, h, d, value.shape[-1], query.dtype, query.device)
+        layer.state = attn.init_state(b, h, d, value.shape[-1], query.dtype, query.device, kv_heads=key.shape[1])
     out, layer.state = attn.step(query, key, value, layer.state, key_padding_mask=key_padding_mask)  # the new positions'
     return out
 
@@ -395,6 +397,9 @@ def _variant_for_layer(config, where: str, layer: nn.Module, variant: str, optio
     device of `like` (a parameter of the model), and in its dtype where the variant has parameters."""
     heads, head_dim, value_dim = _layer_shape(config, layer)
     chosen = dict(options)
+    groups = getattr(layer, "num_key_value_groups", 1) or 1
+    if heads and heads % groups == 0:
+        chosen["num_kv_heads"] = heads // groups  # grouped-query: the layer's K/V heads
     if value_dim != head_dim and "value_dim" in option_names(variant) and "value_dim" not in chosen:
         chosen["value_dim"] = value_dim  # (MLA-shaped layers: DeepSeek-V3's values are narrower than its keys)
     reach = variant_class(variant).spec.reach_option  # a window bounding how far back a position sees
@@ -607,11 +612,7 @@ def _attention_forward(module: nn.Module, query: Tensor, key: Tensor, value: Ten
         shape = tuple(attention_mask.shape) if isinstance(attention_mask, Tensor) else type(attention_mask).__name__
         raise ValueError(f"variants.hf: {type(module).__name__} got an attention mask of shape {shape}; attnbench "
                          f"variants take a 2-D padding mask (a custom 4-D mask cannot be expressed by them)")
-    given_key = key
-    groups = getattr(module, "num_key_value_groups", 1) or 1
-    if groups > 1:  # grouped-query attention: each K/V head serves `groups` query heads, as repeat_kv does
-        key = key.repeat_interleave(groups, dim=1)
-        value = value.repeat_interleave(groups, dim=1)
+    given_key = key  # (B, Hkv, Nk, D): grouped-query K/V as the model computes them, never repeated here
     causal = is_causal if is_causal is not None else getattr(module, "is_causal", True)
     n_q, n_k = query.shape[-2], key.shape[-2]
     if not causal and n_q != n_k and not attn.spec.supports_cross_attention:

@@ -80,7 +80,7 @@ def softmax_teacher(model, on_layer=None):
         def hook(module, args, kwargs, output):
             q, k, v = (t.detach() for t in args[:3])
             causal = bool(kwargs.get("causal", True))
-            target = F.scaled_dot_product_attention(q, k, v, is_causal=causal, scale=scaling)
+            target = F.scaled_dot_product_attention(q, k, v, is_causal=causal, scale=scaling, enable_gqa=k.shape[1] != q.shape[1])
             if on_layer is None:
                 kept[path].append((q, k, v, target))
             else:

@@ -29,6 +29,11 @@ gradient each group is recomputed in the backward, last first (`_GroupedScan`), 
 keeps the state before each group and one group's graph, not N x C scores for all N, and writes the
 gradients of q, k, v into their place.
 
+Grouped-query inputs (k, v with Hkv < H heads) are computed natively: the gates, the writes and the state
+are per K/V head, and the H / Hkv query heads of a group read the same state (the group folded into the
+head axis of the chunked forms, which broadcast over it); with a feature map the keys are mapped per
+query head, so k and v are repeated first (the spec's `repeats_kv`).
+
 Padding (key_padding_mask False) skips a position: no decay (log a = 0), no write (k = 0, β = 0).
 Half-precision inputs are computed in float32 (a state summed over N positions passes float16's
 65504 long before N = 65536) and returned in their dtype.
@@ -161,14 +166,17 @@ def delta_chunks(q: Tensor, k: Tensor, v: Tensor, beta: Tensor, log_decay: Tenso
         last = b[:, :, :, -1].exp()[..., None, None]  # (B, H, c, 1, 1)
     eye = torch.eye(chunk, dtype=q.dtype, device=q.device).expand_as(a)
     t = torch.linalg.solve_triangular(a, eye, upper=False, unitriangular=True)  # (I + A)⁻¹: the diagonal is read as 1
-    # [W; diag(γ) Q]: both read the state before the chunk, in one product per chunk
-    reads = torch.cat([torch.matmul(t, k_beta), q_in], dim=3)  # (B, H, c, 2C, D)
+    w = torch.matmul(t, k_beta)
+    grouped = qc.shape[1] != kc.shape[1]  # a group of query heads per K/V head (their reads broadcast over it)
+    # [W; diag(γ) Q]: both read the state before the chunk, in one product per chunk (apart for a group of queries)
+    reads = w if grouped else torch.cat([w, q_in], dim=3)  # (B, H, c, 2C, D)
     u_known = torch.matmul(t, vc * bc[..., None])
-    out = vc.new_empty(vc.shape)
+    out = vc.new_empty(*qc.shape[:-1], vc.shape[-1])
     for i in range(qc.shape[2]):  # across chunks: the state (inside each, everything at once)
         read = torch.matmul(reads[:, :, i], state)  # (B, H, 2C, Dv)
         u = u_known[:, :, i] - read[:, :, :chunk]
-        out[:, :, i] = torch.matmul(scores[:, :, i], u).add_(read[:, :, chunk:])
+        seen = torch.matmul(q_in[:, :, i], state) if grouped else read[:, :, chunk:]
+        out[:, :, i] = torch.matmul(scores[:, :, i], u).add_(seen)
         written = torch.matmul(k_out[:, :, i].transpose(-1, -2), u)
         state = state + written if last is None else last[:, :, i] * state + written
     return out.flatten(2, 3), state
@@ -303,12 +311,27 @@ class RecurrentAttention(AttentionVariant):
         self.chunk_size = chunk_size
 
     def _require_shape_hints(self) -> tuple[int, int]:
-        """(H, K) for per-head gate parameters over the K key dims the recurrence runs on (D, or the feature
-        map's 2 F'); a ValueError naming the missing hint."""
+        """(heads, K) for per-head gate parameters over the K key dims the recurrence runs on (D, or the feature
+        map's 2 F'): the K/V heads where grouped-query inputs are computed natively (num_kv_heads), else the
+        query heads; a ValueError naming the missing hint."""
         if self.num_heads is None or self.head_dim is None:
             raise ValueError(f"{self.spec.name}: options num_heads and head_dim are required (its gates are parameters "
                              f"per head over the key dims), got num_heads={self.num_heads}, head_dim={self.head_dim}")
-        return self.num_heads, self.key_dim(self.head_dim)
+        return self._kv_parameter_heads(), self.key_dim(self.head_dim)
+
+    def kv_heads_unsupported_reason(self, kv_heads: int) -> str | None:
+        gates = next((p for p in self.parameters() if p.dim() >= 1), None)
+        want = self._kv_parameter_heads()
+        if gates is None or self.repeats_kv_reason() or want is None or kv_heads == want:
+            return None
+        return (f"its gates are built for {want} K/V heads (num_kv_heads={self.num_kv_heads}, num_heads={self.num_heads}); "
+                f"build it with num_kv_heads={kv_heads} for grouped-query inputs")
+
+    def repeats_kv_reason(self) -> str:
+        if self.feature_map is not None:
+            return ("its key feature map is learned per query head (LoLCATs applies it after repeating K), so the keys, "
+                    "the gates and the state are per query head")
+        return ""
 
     def key_dim(self, head_dim: int) -> int:
         """K, the key dims of the state S (K x Dv a head): the head dim, or the feature map's 2 F'."""
@@ -393,9 +416,20 @@ class RecurrentAttention(AttentionVariant):
     def _group(self, q, k, v, keep, state, chunk):
         inputs = self._masked(self._inputs(*self._mapped(q, k), v), keep)
         qs = inputs["q"] * self._query_scale(q)
+        b, kv_heads = inputs["k"].shape[:2]
+        groups = qs.shape[1] // kv_heads
+        rest = {name: t for name, t in inputs.items() if name != "q"}
+        if groups > 1:  # grouped-query: (B, Hkv) as one batch axis, the group on the heads' (every K/V input has 1 there)
+            qs = qs.reshape(b * kv_heads, groups, *qs.shape[2:])
+            rest = {name: t.reshape(b * kv_heads, 1, *t.shape[2:]) for name, t in rest.items()}
+            state = state.reshape(b * kv_heads, 1, *state.shape[2:])
         if self.delta_rule:
-            return delta_chunks(qs, inputs["k"], inputs["v"], inputs["beta"], inputs.get("log_decay"), state, chunk)
-        return gated_chunks(qs, inputs["k"], inputs["v"], inputs["log_decay"], state, chunk)
+            out, state = delta_chunks(qs, rest["k"], rest["v"], rest["beta"], rest.get("log_decay"), state, chunk)
+        else:
+            out, state = gated_chunks(qs, rest["k"], rest["v"], rest["log_decay"], state, chunk)
+        if groups > 1:
+            out, state = out.reshape(b, kv_heads * groups, *out.shape[2:]), state.reshape(b, kv_heads, *state.shape[2:])
+        return out, state
 
     def reference(self, q, k, v, *, causal=False, key_padding_mask=None):
         """The parallel form over the whole sequence (every weight stored): what the chunked form must equal."""
@@ -403,6 +437,8 @@ class RecurrentAttention(AttentionVariant):
         q = F.pad(q, (0, 0, n_k - n_q, 0))
         x = self.recurrence_inputs(q, k, v, key_padding_mask)
         qs = x["q"] * x["scale"]
+        groups = qs.shape[1] // x["k"].shape[1]  # grouped-query: each K/V head's inputs read by its group of query heads
+        x = {name: t.repeat_interleave(groups, dim=1) if isinstance(t, Tensor) and name != "q" else t for name, t in x.items()}
         if self.delta_rule:
             out = dense_delta(qs, x["k"], x["v"], x["beta"], x.get("log_decay"))
         else:

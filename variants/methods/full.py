@@ -49,6 +49,8 @@ def sdpa(q: Tensor, k: Tensor, v: Tensor, **kwargs) -> Tensor:
     """
     if q.device.type == "cpu" and k.shape[-2] < CPU_FLASH_MIN_KEYS:
         return written_out(q, k, v, **kwargs)
+    if k.shape[1] != q.shape[1]:  # grouped-query: the kernel reads each K/V head for its group of query heads
+        kwargs["enable_gqa"] = True
     d, dv = q.shape[-1], v.shape[-1]
     if d == dv:
         return F.scaled_dot_product_attention(q, k, v, **kwargs)
@@ -63,16 +65,20 @@ def sdpa(q: Tensor, k: Tensor, v: Tensor, **kwargs) -> Tensor:
 def written_out(q: Tensor, k: Tensor, v: Tensor, attn_mask: Tensor | None = None, is_causal: bool = False,
                 scale: float | None = None) -> Tensor:
     """`scaled_dot_product_attention`'s function with its scores stored (is_causal aligned top-left, as SDPA's; a
-    bool mask True = may attend, a float mask added): for short key sequences only."""
+    bool mask True = may attend, a float mask added; k, v of Hkv heads serve groups of q's): for short key
+    sequences only."""
     dtype = q.dtype
     if dtype in (torch.float16, torch.bfloat16):
         q, k, v = q.float(), k.float(), v.float()
-    s = torch.matmul(q, k.transpose(-1, -2)) * (q.shape[-1] ** -0.5 if scale is None else scale)
+    b, h, n_q, d = q.shape
+    qg = q.view(b, k.shape[1], h // k.shape[1], n_q, d)  # (B, Hkv, G, Nq, D): each K/V head's group of query heads
+    s = torch.matmul(qg, k[:, :, None].transpose(-1, -2)) * (d**-0.5 if scale is None else scale)
     if is_causal:
         s = s.masked_fill(~torch.ones(s.shape[-2:], dtype=torch.bool, device=s.device).tril(), -torch.inf)
     if attn_mask is not None:
-        s = s.masked_fill(~attn_mask, -torch.inf) if attn_mask.dtype == torch.bool else s + attn_mask
-    return torch.matmul(torch.softmax(s, dim=-1), v).to(dtype)
+        mask = attn_mask if attn_mask.dim() < 4 else attn_mask.view(attn_mask.shape[0], -1, 1, *attn_mask.shape[2:])
+        s = s.masked_fill(~mask, -torch.inf) if mask.dtype == torch.bool else s + mask
+    return torch.matmul(torch.softmax(s, dim=-1), v[:, :, None]).flatten(1, 2).to(dtype)
 
 
 @register

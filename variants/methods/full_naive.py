@@ -29,15 +29,20 @@ class NaiveFullAttention(AttentionVariant):
         # 16-bit inputs: the scores are formed in float32 (as fused kernels accumulate them); a bf16
         # product of large logits is off by whole units before the softmax sees it
         q32, k32 = (q.float(), k.float()) if q.dtype in (torch.float16, torch.bfloat16) else (q, k)
-        scores = torch.einsum("bhid,bhjd->bhij", q32, k32) * self._scale(q)  # (B, H, Nq, Nk)
+        groups = q.shape[1] // k.shape[1]  # grouped-query: query heads h of group h // groups share a K/V head
+        if groups > 1:
+            q32 = q32.unflatten(1, (k.shape[1], groups))  # (B, Hkv, G, Nq, D)
+            k32, v = k32[:, :, None], v[:, :, None]  # (B, Hkv, 1, Nk, ·): read by the group, never copied
+        scores = torch.matmul(q32, k32.transpose(-1, -2)) * self._scale(q)  # (B, H, Nq, Nk) or (B, Hkv, G, Nq, Nk)
         allowed = None
         if causal:
             allowed = causal_mask(*scores.shape[-2:], q.device)  # (Nq, Nk), bottom-right aligned
         if key_padding_mask is not None:
-            pad = key_padding_mask[:, None, None, :]  # (B, 1, 1, Nk)
+            pad = key_padding_mask.view(key_padding_mask.shape[0], *[1] * (scores.dim() - 2), -1)  # (B, 1, ..., 1, Nk)
             allowed = pad if allowed is None else allowed & pad
         weights = masked_softmax(scores, allowed).to(v.dtype)  # rows with no allowed key are all zeros
-        return torch.einsum("bhij,bhjd->bhid", weights, v)
+        out = torch.matmul(weights, v)
+        return out.flatten(1, 2) if groups > 1 else out
 
     def flops(self, n_q: int, n_k: int, d: int, dv: int, causal: bool) -> float:
         # the textbook form computes every score, masked or not

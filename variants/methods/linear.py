@@ -543,6 +543,7 @@ class FeatureMapAttention(AttentionVariant):
 class LinearAttention(FeatureMapAttention):
     spec = VariantSpec(
         name="linear",
+        repeats_kv='its scans and their written-out backward run one K/V head per query head',
         summary="linear attention, phi(q)·phi(k) for softmax (elu+1, relu, taylor, cosformer, learned hedgehog); causal chunk-wise with a running F x Dv state",
         style=("#d62728", "v"),
         reference="Katharopoulos et al. 2020, 'Transformers are RNNs'; Arora et al. 2024 (Based: taylor); Qin et al. 2022 (cosFormer)",

@@ -321,6 +321,7 @@ class _FusedMoBA(torch.autograd.Function):
 class MoBA(AttentionVariant):
     spec = VariantSpec(
         name="moba",
+        repeats_kv='its block selection and its gathered blocks run per query head',
         summary="MoBA: each query attends exactly to its own block and its top_k earlier key blocks, chosen by q · mean(k)",
         style=("#17becf", "*"),
         reference="Lu et al. 2025, 'MoBA: Mixture of Block Attention for Long-Context LLMs'",

@@ -61,6 +61,7 @@ def iterative_pinv(a: Tensor, iterations: int) -> Tensor:
 class NystromAttention(AttentionVariant):
     spec = VariantSpec(
         name="nystrom",
+        repeats_kv='its key landmarks and the pseudo-inverse are computed per query head',
         summary="Nyström approximation of softmax through m segment-mean landmarks and an iterative pseudo-inverse",
         style=("#e377c2", "h"),
         reference="Xiong et al. 2021, 'Nyströmformer: A Nyström-Based Algorithm for Approximating Self-Attention'",

@@ -445,6 +445,7 @@ class LongformerPattern(AttentionVariant):
 class SlidingWindowAttention(LongformerPattern):
     spec = VariantSpec(
         name="sliding_window",
+        repeats_kv='its band kernel (forward and written-out backward) takes one K/V head per query head',
         summary="Longformer sliding window (|i-j| <= w) + global tokens, blocked in pure PyTorch",
         style=("#2ca02c", "s"),
         reference="Beltagy et al. 2020, 'Longformer: The Long-Document Transformer'",

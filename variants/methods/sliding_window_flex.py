@@ -103,6 +103,7 @@ def sliding_window_block_mask(n: int, window: int, n_global: int, causal: bool, 
 class FlexSlidingWindowAttention(LongformerPattern):
     spec = VariantSpec(
         name="sliding_window_flex",
+        repeats_kv="its block mask and its NaN propagation are built per query head (flex_attention's enable_gqa is not used)",
         summary="Longformer sliding window + global tokens via compiled FlexAttention and a block mask",
         style=("#98df8a", "^"),
         reference="Beltagy et al. 2020; torch.nn.attention.flex_attention (Dong et al. 2024)",

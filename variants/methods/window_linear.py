@@ -76,6 +76,7 @@ def _combine(f: Tensor, scores: Tensor, window: Tensor, values: Tensor, linear: 
 class WindowLinearAttention(AttentionVariant):
     spec = VariantSpec(
         name="window_linear",
+        repeats_kv='its key feature map is learned per query head (LoLCATs applies it after repeating K), so window and state are per query head',
         summary="LoLCATs' hybrid: exact softmax over the last w keys + learned Hedgehog linear attention over older ones, one normalizer",
         style=("#e7969c", "<"),
         reference="Zhang et al. 2025, 'LoLCATs: On Low-Rank Linearizing of Large Language Models'; Zhang et al. 2024 (Hedgehog)",

@@ -1,0 +1,101 @@
+"""Grouped-query attention: k and v with Hkv heads serving groups of H / Hkv query heads. Every variant either
+computes it natively (no K/V repeated in memory; a decoding state of Hkv heads) or repeats K and V with the
+reason its spec gives; each against the independent references (outputs and gradients) and decoding."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+import variants
+from conftest import assert_close_with_grads, independent_reference, make_padding, make_qkv, shipped
+from helpers import peak_bytes
+
+CPU = [name for name in shipped() if variants.variant_class(name).unavailable_reason("cpu") is None]
+
+
+@pytest.fixture(autouse=True)
+def _fresh_compiler(request):
+    """sliding_window_flex compiles per shape: the shapes tried here must not use up the recompile limit of the
+    compiled kernel the later tests count on."""
+    yield
+    if "sliding_window_flex" in request.node.name:
+        torch._dynamo.reset()
+
+
+@pytest.mark.parametrize("kv_heads", [2, 1], ids=["H6-Hkv2", "H6-Hkv1"])
+@pytest.mark.parametrize("name", CPU)
+def test_grouped_inputs_match_the_independent_reference(name, kv_heads):
+    cls = variants.variant_class(name)
+    dtype = torch.float64 if cls.dtype_unsupported_reason("cpu", "float64") is None else torch.float32  # (flex)
+    modes = [causal for causal in (False, True) if cls.mode_unsupported_reason(causal) is None]
+    for options in cls.spec.example_options():
+        attn = variants.build(name, num_heads=6, num_kv_heads=kv_heads, head_dim=8, **options).to(dtype)
+        q, _, _ = make_qkv(b=2, h=6, n_q=13, d=8, dtype=dtype)
+        _, k, v = make_qkv(b=2, h=kv_heads, n_q=13, d=8, seed=1, dtype=dtype)
+        kpm = make_padding(2, 13, seed=3, all_padded_row=False)
+        for causal in modes:
+            if cls.backward_unsupported_reason("cpu"):
+                with torch.no_grad():
+                    out = attn(q, k, v, causal=causal, key_padding_mask=kpm)
+                torch.testing.assert_close(out.double(), independent_reference(name, attn, q, k, v, causal, kpm), atol=2e-5, rtol=2e-5)
+                continue
+            out = attn(q, k, v, causal=causal, key_padding_mask=kpm)
+            assert_close_with_grads(out, independent_reference(name, attn, q, k, v, causal, kpm), (q, k, v))
+
+
+@pytest.mark.parametrize("name", [n for n in CPU if variants.variant_class(n).decode_unsupported_reason() is None])
+def test_grouped_decoding_equals_the_forward_and_keeps_kv_heads_where_native(name):
+    cls = variants.variant_class(name)
+    dtype = torch.float64 if cls.dtype_unsupported_reason("cpu", "float64") is None else torch.float32
+    attn = variants.build(name, num_heads=6, num_kv_heads=2, head_dim=8, **cls.spec.example_options()[0]).to(dtype)
+    q, _, _ = make_qkv(b=2, h=6, n_q=14, d=8, dtype=dtype, requires_grad=False)
+    _, k, v = make_qkv(b=2, h=2, n_q=14, d=8, dtype=dtype, seed=1, requires_grad=False)
+    want = attn(q, k, v, causal=True)
+    state, outs = attn.init_state(2, 6, 8, 8, dtype, kv_heads=2), []
+    for t in range(0, 14, 3):
+        out, state = attn.step(q[:, :, t : t + 3], k[:, :, t : t + 3], v[:, :, t : t + 3], state)
+        outs.append(out)
+    torch.testing.assert_close(torch.cat(outs, dim=2), want)
+    # what the state holds per head: one a K/V head where the variant is native, one a query head where it repeats
+    heads = 6 if attn.repeats_kv_reason() else 2
+    assert all(t.shape[1] == heads for t in state.tensors.values() if t.dim() >= 3), {n: t.shape for n, t in state.tensors.items()}
+
+
+def test_every_variant_computes_grouped_inputs_natively_or_says_why_it_repeats():
+    native = sorted(name for name in shipped() if not variants.variant_class(name).spec.repeats_kv)
+    assert {"full", "full_naive", "bilinear", "retention", "mamba2", "gla", "deltanet", "gated_deltanet"} <= set(native)
+    for name in shipped():
+        reason = variants.variant_class(name).spec.repeats_kv
+        assert reason == "" or len(reason.split()) >= 5, (name, reason)  # a reason a user can read
+    attn = variants.build("mamba2", num_heads=4, head_dim=8, feature_map="hedgehog")  # options can make a variant repeat
+    assert "per query head" in attn.repeats_kv_reason()
+
+
+def test_heads_that_do_not_divide_are_refused_naming_both():
+    with pytest.raises(ValueError, match=r"num_heads=9 is not a multiple of num_kv_heads=2"):
+        variants.build("full", num_heads=9, num_kv_heads=2)
+    attn = variants.build("mamba2", num_heads=6, head_dim=8)
+    with pytest.raises(ValueError, match=r"H=6 query heads is not a multiple of Hkv=4 K/V heads"):
+        attn.init_state(1, 6, 8, 8, kv_heads=4)
+    attn = variants.build("retention", num_heads=6, num_kv_heads=2, head_dim=8)
+    with pytest.raises(ValueError, match=r"built for num_kv_heads=2, got Hkv=3"):
+        attn(*(torch.randn(1, h, 4, 8) for h in (6, 3, 3)), causal=True)
+    attn = variants.build("mamba2", num_heads=6, head_dim=8)  # gates for 6 K/V heads: grouped inputs need the hint
+    with pytest.raises(ValueError, match=r"Hkv=2 heads are not supported: its gates are built for 6 K/V heads .* num_kv_heads=2"):
+        attn(*(torch.randn(1, h, 4, 8) for h in (6, 2, 2)), causal=True)
+
+
+NATIVE_MEMORY = ["full", "retention", "mamba2", "gated_deltanet"]  # (full_naive's N x N scores hide a K/V copy)
+
+
+@pytest.mark.parametrize("heads, kv_heads", [(9, 3), (8, 1)], ids=["H9-Hkv3", "H8-Hkv1"])
+@pytest.mark.parametrize("name", NATIVE_MEMORY)
+def test_native_grouping_costs_no_memory_beyond_the_query_heads_work(name, heads, kv_heads):
+    # the same queries on fewer K/V heads: a native variant's peak extra memory is no larger than with one K/V
+    # head per query head (a repeat would add 2 x N x H x D of copies)
+    n = 2048
+    grouped = peak_bytes(name, [n], False, causal=[True], num_heads=heads, num_kv_heads=kv_heads, head_dim=32, kv_heads=kv_heads)[0]
+    plain = peak_bytes(name, [n], False, causal=[True], num_heads=heads, num_kv_heads=heads, head_dim=32, kv_heads=heads)[0]
+    copies = 2 * n * heads * 32 * 4
+    assert grouped <= plain + copies // 4, (grouped, plain, copies)
