@@ -6,12 +6,24 @@ from __future__ import annotations
 import json
 import math
 import re
+from pathlib import Path
 
 SHAPE_HINTS = ("num_heads", "head_dim", "num_kv_heads")  # options every variant takes, set from the run's shape (not stored as its options)
 
 
 class ArgumentError(ValueError):
     """A command-line value that is not allowed; the message names the option, the value and what is allowed."""
+
+
+def read_text_file(path: str, option: str) -> str:
+    """The text of the file an option names; ArgumentError when there is no such file or it holds only blanks."""
+    file = Path(path)
+    if not file.is_file():
+        raise ArgumentError(f"{option} {path}: no such file")
+    content = file.read_text(errors="replace")
+    if not content.strip():
+        raise ArgumentError(f"{option} {path}: the file is empty")
+    return content
 
 
 def check_number(option: str, value: float, low: float, high: float, unit: str = "", low_inclusive: bool = True) -> None:

@@ -1,9 +1,9 @@
 """Fill the README's menu table (between its `menu` markers) with what the code and the committed runs say
 of each variant: the decoding state it keeps (from the variant's own `init_state`), its recall at the longest
-length the quality run trained it on, and its perplexity inside SmolLM2 (zero-shot, and after attention transfer where the run distilled
-it) at the lm run's longest context.
+length the quality run trained it on, and its perplexity inside SmolLM2 (zero-shot, after attention transfer where a run
+distilled it, after the linearization recipe where a run linearized it) at the longest context every lm run measured.
 
-    python scripts/menu_table.py results/quality-long results/lm-smollm2-menu
+    python scripts/menu_table.py results/quality-long results/lm-smollm2-menu results/lm-smollm2-linearized
 
 The first four columns (variant, method, time, extra memory) are kept as the README has them.
 """
@@ -55,17 +55,26 @@ def run_recipe(run: Path) -> str:
     return f"{config.preset} preset, {config.seeds} seed{'s' if config.seeds != 1 else ''}"
 
 
-def lm_column(run: Path) -> tuple[str, dict[str, str]]:
-    table = perplexity_table(lm_frame(run))
-    longest = int(table["length"].max())
-    at = table[table["length"] == longest]
+def lm_column(runs: list[Path]) -> tuple[str, dict[str, str]]:
+    """Each variant's perplexity in SmolLM2 at the longest context every lm run measured, from every run: zero-shot,
+    'distilled' after --distill, 'linearized' after --linearize (LoLCATs' recipe)."""
+    tables = [perplexity_table(lm_frame(run)) for run in runs]
+    length = max(set.intersection(*({int(n) for n in t["length"]} for t in tables)))
     cells: dict[str, list[str]] = {}
-    for r in at.to_dict("records"):
-        # labels: "full", "sliding_window(window=256, global_tokens=4)", "mamba2 + distill 100" (after attention transfer)
-        label, _, steps = r["setting"].partition(" + distill ")
-        name, _, options = label.partition("(")
-        cells.setdefault(name, []).append(f"{r['ppl']:,.1f}" + (f" ({options}" if options else "") + (" distilled" if steps else ""))
-    return f"SmolLM2 ppl, {longest} tokens", {name: "; ".join(texts) for name, texts in cells.items()}
+    for table in tables:
+        for r in table[table["length"] == length].to_dict("records"):
+            # labels: "full", "sliding_window(window=256, global_tokens=4)", "mamba2 + distill 100" (after attention
+            # transfer), "window_linear + linearized" (after the linearization recipe)
+            label, _, steps = r["setting"].partition(" + distill ")
+            linearized = label.endswith(" + linearized")
+            name, _, options = label.removesuffix(" + linearized").partition("(")
+            if name.startswith("sdpa"):  # (the model's own attention, and its LoRA control)
+                continue
+            text = f"{r['ppl']:,.1f}" + (f" ({options}" if options else "") + (" distilled" if steps else "") + (
+                " linearized" if linearized else "")
+            if text not in cells.setdefault(name, []):
+                cells[name].append(text)
+    return f"SmolLM2 ppl, {length} tokens", {name: "; ".join(texts) for name, texts in cells.items()}
 
 
 STEPS = (("export", "exports with `torch.export`"), ("compile", "compiles with `torch.compile`"), ("onnx", "exports to ONNX"))
@@ -86,12 +95,12 @@ def deploy_sentence() -> str:
     return "Deployment, as the specs say (`not_deployable`, tested): " + "; ".join(parts) + "."
 
 
-def main(quality_run: str, lm_run: str) -> None:
+def main(quality_run: str, *lm_runs: str) -> None:
     text = README.read_text()
     block = re.search(rf"<!-- {MARKER}:start -->\n(.*?)<!-- {MARKER}:end -->", text, re.S)
     lines = [line for line in block.group(1).splitlines() if line.startswith("|")]
     recall_head, recall = recall_column(Path(quality_run))
-    lm_head, lm = lm_column(Path(lm_run))
+    lm_head, lm = lm_column([Path(run) for run in lm_runs])
     rows = ["| variant | method | time | extra memory | decodes | " + recall_head + " | " + lm_head + " |",
             "|---|---|---|---|---|---|---|"]
     for line in lines[2:]:
@@ -102,12 +111,14 @@ def main(quality_run: str, lm_run: str) -> None:
         rows.append("| " + " | ".join([*cells, state_kind(name), kept, lm.get(name, "—")]) + " |")
     body = (f"Decodes: the state `init_state` keeps (kv grows with N, window and compressed are bounded or shortened, "
             f"recurrent is constant). Recall: held-out accuracy in [{quality_run}]({quality_run}/REPORT.md) ({run_recipe(Path(quality_run))}; mean over "
-            f"seeds). SmolLM2: perplexity with the attention swapped zero-shot, and 'distilled' after `--distill`'s attention transfer (for a variant with parameters), in [{lm_run}]({lm_run}/REPORT.md); — where "
-            f"not measured. Filled by `python scripts/menu_table.py {quality_run} {lm_run}`.\n\n" + "\n".join(rows) + "\n")
+            f"seeds). SmolLM2: perplexity with the attention swapped zero-shot, 'distilled' after `--distill`'s attention transfer "
+            f"(for a variant with parameters), 'linearized' after `--linearize`'s LoLCATs recipe, in "
+            + ", ".join(f"[{run}]({run}/REPORT.md)" for run in lm_runs) + "; — where "
+            f"not measured. Filled by `python scripts/menu_table.py {quality_run} {' '.join(lm_runs)}`.\n\n" + "\n".join(rows) + "\n")
     README.write_text(replace_block(text[:block.start(1)] + body + text[block.end(1):], DEPLOY, deploy_sentence()))
     page = DOCS_VARIANTS.read_text()
     DOCS_VARIANTS.write_text(replace_block(page, DEPLOY, deploy_sentence()))
 
 
 if __name__ == "__main__":
-    main(*sys.argv[1:3])
+    main(*sys.argv[1:])

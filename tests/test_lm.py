@@ -302,3 +302,24 @@ def test_linearize_refuses_what_it_cannot_train_before_anything_is_written(tiny,
     monkeypatch.setitem(__import__("sys").modules, "peft", None)  # peft not installed: the command that installs it
     result = bench("lm", "--model", str(tiny), "--lora", "2", "--train-length", "64", "--lengths", "320", "--out", str(tmp_path / "x"))
     assert result.exit_code == 2 and "LoRA needs the peft package: pip install -e '.[lm]'" in " ".join(result.output.split())
+
+
+def test_decode_times_a_token_after_each_context_and_keeps_the_models_own_cache_size(tiny, tmp_path):
+    out = tmp_path / "run"
+    result = bench("lm", "--model", str(tiny), "--variant", "sdpa", "--variant", "full", "--variant", "mamba2",
+                   "--variant", "sliding_window:window=16,global_tokens=2", "--tasks", "decode", "--lengths", "320,384",
+                   "--out", str(out))
+    assert result.exit_code == 0, result.output
+    rows = {(r["setting"], r["length"]): r for r in map(json.loads, (out / lm.RESULTS).read_text().splitlines())}
+    assert all(r["task"] == "decode" and r["steps"] == lm.DECODE_STEPS and 0 < r["token_min_s"] <= r["token_s"] for r in rows.values())
+    for n in (320, 384):  # full keeps the model's own KV cache (its 2 K/V heads), byte for byte
+        assert rows[("full", n)]["state_bytes"] == rows[("sdpa", n)]["state_bytes"] > 0
+        assert rows[("full", n)]["state_bytes_after"] > rows[("full", n)]["state_bytes"]  # (it grows as it decodes)
+    for setting in ("mamba2", "sliding_window(window=16, global_tokens=2)"):  # constant past the window
+        assert rows[(setting, 320)]["state_bytes"] == rows[(setting, 384)]["state_bytes"] == rows[(setting, 384)]["state_bytes_after"]
+    text = (out / "REPORT.md").read_text()
+    assert "## Decoding inside the model" in text and (out / "figures" / "lm_decode.png").is_file()
+    refused = bench("lm", "--model", str(tiny), "--variant", "performer:eps=0.1", "--tasks", "decode", "--lengths", "320",
+                    "--out", str(tmp_path / "x"))
+    assert refused.exit_code == 2 and "--tasks decode: --variant performer(eps=0.1)" in " ".join(refused.output.split())
+    assert not (tmp_path / "x").exists()

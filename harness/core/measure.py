@@ -52,14 +52,16 @@ def set_threads(threads: int = 0) -> int:
     return count
 
 
-def make_inputs(batch: int, heads: int, n: int, head_dim: int, dtype: str, device, requires_grad: bool, seed: int | None = None):
-    """q, k, v of shape (batch, heads, n, head_dim): standard normal, drawn on the CPU from a generator
-    seeded by `seed` (default: n), so every device and process gets the same numbers."""
+def make_inputs(batch: int, heads: int, n: int, head_dim: int, dtype: str, device, requires_grad: bool, seed: int | None = None,
+                kv_heads: int | None = None):
+    """q of shape (batch, heads, n, head_dim), k and v of (batch, kv_heads or heads, n, head_dim) (grouped-query):
+    standard normal, drawn on the CPU from a generator seeded by `seed` (default: n), so every device and process
+    gets the same numbers."""
     g = torch.Generator(device="cpu").manual_seed(n if seed is None else seed)
-    shape = (batch, heads, n, head_dim)
+    shapes = [(batch, h, n, head_dim) for h in (heads, kv_heads or heads, kv_heads or heads)]
     return tuple(
         torch.randn(shape, generator=g).to(device=device, dtype=getattr(torch, dtype)).requires_grad_(requires_grad)
-        for _ in range(3)
+        for shape in shapes
     )
 
 
@@ -88,13 +90,14 @@ def pass_call(attn, q, k, v, *, causal: bool, backward: bool, sync: bool = False
 DECODE_CHECK_STEPS = 3  # positions the gate decodes one at a time (after a prefill of the rest)
 
 
-def decode_call(attn, batch: int, heads: int, n: int, head_dim: int, dtype: str, device, sync: bool = False):
+def decode_call(attn, batch: int, heads: int, n: int, head_dim: int, dtype: str, device, sync: bool = False,
+                kv_heads: int | None = None):
     """(the call a decode cell times: one step of one new position after N, the state after N) — the state
     built by the variant's own prefill of N positions, not timed; every call steps from that same state."""
-    q, k, v = make_inputs(batch, heads, n + 1, head_dim, dtype, device, False)
+    q, k, v = make_inputs(batch, heads, n + 1, head_dim, dtype, device, False, kv_heads=kv_heads)
     with torch.no_grad():
         # max_len: a KV cache is one buffer of N + 1 positions the step writes into (no copy of the cache per step)
-        empty = attn.init_state(batch, heads, head_dim, head_dim, q.dtype, device, max_len=n + 1)
+        empty = attn.init_state(batch, heads, head_dim, head_dim, q.dtype, device, max_len=n + 1, kv_heads=kv_heads)
         state = attn.prefill(q[:, :, :n], k[:, :, :n], v[:, :, :n], empty)
     new = tuple(t[:, :, n:].contiguous() for t in (q, k, v))
     del q, k, v
@@ -118,7 +121,7 @@ def gate_length(attn, default: int, longest: int) -> int:
 
 
 def gate(attn, batch: int, heads: int, n: int, head_dim: int, dtype: str, device, *, causal: bool, backward: bool,
-         decode: bool = False) -> dict:
+         decode: bool = False, kv_heads: int | None = None) -> dict:
     """The variant (in `dtype`, on `device`) against its dense float64 definition, outputs and gradients
     (and, `decode`, the outputs of its last DECODE_CHECK_STEPS positions decoded one step at a time after a prefill).
 
@@ -130,7 +133,7 @@ def gate(attn, batch: int, heads: int, n: int, head_dim: int, dtype: str, device
 
     dev = torch.device(device)
     ref_attn = copy.deepcopy(attn).to(torch.float64)
-    q, k, v = make_inputs(batch, heads, n, head_dim, dtype, dev, backward)
+    q, k, v = make_inputs(batch, heads, n, head_dim, dtype, dev, backward, kv_heads=kv_heads)
     out = attn(q, k, v, causal=causal)
     q64, k64, v64 = (t.detach().double().requires_grad_(backward) for t in (q, k, v))
     ref = ref_attn.reference(q64, k64, v64, causal=causal)
@@ -148,7 +151,7 @@ def gate(attn, batch: int, heads: int, n: int, head_dim: int, dtype: str, device
             steps = min(DECODE_CHECK_STEPS, n - 1)
             start = n - steps
             state = attn.prefill(*(t.detach()[:, :, :start] for t in (q, k, v)),
-                                 attn.init_state(batch, heads, head_dim, head_dim, q.dtype, dev))
+                                 attn.init_state(batch, heads, head_dim, head_dim, q.dtype, dev, kv_heads=kv_heads))
             outs = []
             for i in range(start, n):
                 out_i, state = attn.step(*(t.detach()[:, :, i : i + 1] for t in (q, k, v)), state)
@@ -177,7 +180,10 @@ def gate(attn, batch: int, heads: int, n: int, head_dim: int, dtype: str, device
 
 
 def exact_softmax_attention(q, k, v, causal: bool, scale: float) -> torch.Tensor:
-    """softmax(q kᵀ · scale) v written here, independently of every variant's code."""
+    """softmax(q kᵀ · scale) v written here, independently of every variant's code (k, v of fewer heads than q
+    serve groups of query heads)."""
+    if k.shape[1] != q.shape[1]:
+        k, v = (t.repeat_interleave(q.shape[1] // k.shape[1], dim=1) for t in (k, v))
     scores = torch.matmul(q, k.transpose(-1, -2)).float() * scale if q.dtype in (torch.float16, torch.bfloat16) \
         else torch.matmul(q, k.transpose(-1, -2)) * scale
     if causal:

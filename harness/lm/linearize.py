@@ -39,7 +39,7 @@ import torch.nn.functional as F
 
 import variants.hf as vh
 from harness.lm import distill as transfer
-from harness.options import ArgumentError
+from harness.options import ArgumentError, read_text_file
 
 TARGETS = ("q_proj", "k_proj", "v_proj", "o_proj")  # the projections LoRA adapts (LoLCATs: all four)
 OVERLAP = 12  # words: a training text sharing a run this long with the scored text is refused (the default one is cleaned)
@@ -108,15 +108,7 @@ def _shared_run(text: str, seen: set) -> str | None:
 
 def training_text(path: str | None, scored: str) -> str:
     """The training text: the file, or the standard library's docstrings that share nothing with `scored`."""
-    if path is None:
-        return stdlib_docstrings(scored)
-    file = Path(path)
-    if not file.is_file():
-        raise ArgumentError(f"--train-text {path}: no such file")
-    content = file.read_text(errors="replace")
-    if not content.strip():
-        raise ArgumentError(f"--train-text {path}: the file is empty")
-    return content
+    return stdlib_docstrings(scored) if path is None else read_text_file(path, "--train-text")
 
 
 def training_sequences(tokenizer, recipe: Recipe, scored: str) -> tuple[torch.Tensor, torch.Tensor]:

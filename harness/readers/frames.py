@@ -35,7 +35,11 @@ def load_frame(run_dir: Path):
         except (KeyError, TypeError, ValueError):
             warn(f"{Path(run_dir) / RESULTS}: a row without a valid cell key was skipped: {str(row)[:120]}")
     columns = [("pass" if name == "pass_" else name) for name in Row.__dataclass_fields__ if name != "extra"]
-    return by_hardware(pd.DataFrame(typed)) if typed else pd.DataFrame(columns=columns)
+    if not typed:
+        return pd.DataFrame(columns=columns)
+    df = pd.DataFrame(typed)
+    df["kv_heads"] = df["kv_heads"].fillna(df["heads"])  # (one K/V head a query head: every row from before --kv-heads)
+    return by_hardware(df)
 
 
 def by_hardware(df):

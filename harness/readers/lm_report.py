@@ -83,6 +83,30 @@ def distill_table(df: pd.DataFrame) -> pd.DataFrame:
     return rows[columns].reset_index(drop=True) if not rows.empty else pd.DataFrame(columns=columns)
 
 
+def decode_table(df: pd.DataFrame) -> pd.DataFrame:
+    """Per (setting, length) of the decode rows: the median generated token's time, its ratio to the model's own
+    sdpa with its KV cache at that length, the state's bytes after the prompt and their ratio to sdpa's cache."""
+    rows = df[df["task"] == "decode"] if "task" in df else df.iloc[:0]
+    if rows.empty:
+        return pd.DataFrame(columns=["setting", "length", "token_s", "vs_sdpa", "state_bytes", "state_vs_sdpa"])
+    out = rows[["setting", "length", "token_s", "token_min_s", "prefill_s", "state_bytes"]].copy()
+    own = out[out["setting"] == OWN].set_index("length")
+    out["vs_sdpa"] = [t / own["token_s"][n] if n in own.index else None for n, t in zip(out["length"], out["token_s"])]
+    out["state_vs_sdpa"] = [b / own["state_bytes"][n] if n in own.index else None for n, b in zip(out["length"], out["state_bytes"])]
+    return out.reset_index(drop=True)
+
+
+def decode_exponent(table: pd.DataFrame, setting: str, low: int = 1024) -> float | None:
+    """The fitted exponent of a generated token's time against the context, from `low` to the longest length
+    (least squares on the logs): 0 for a constant cost, 1 for one linear in the context."""
+    mine = table[(table["setting"] == setting) & (table["length"] >= low)]
+    if len(mine) < 2:
+        return None
+    x, y = [math.log(n) for n in mine["length"]], [math.log(t) for t in mine["token_s"]]
+    mx, my = sum(x) / len(x), sum(y) / len(y)
+    return sum((a - mx) * (b - my) for a, b in zip(x, y)) / sum((a - mx) ** 2 for a in x)
+
+
 def linearize_table(df: pd.DataFrame) -> pd.DataFrame:
     """Per linearized attention: each stage's trained parameters, steps, tokens and seconds, stage 1's held-out
     attention error and stage 2's held-out next-token loss before and after, the seconds in all."""
@@ -136,6 +160,7 @@ def write_lm_report(run_dir: Path) -> tuple[Path, list[Path]]:
                                               [[str(n), *(mine.get((n, d), "") for d in depths)] for n in lengths]), ""]
     lines += _distill_section(df, cfg, settings, lengths, about.get("distill", {}).get("nothing_to_train"))
     lines += _linearize_section(df, cfg, lengths, about.get("linearize", {}))
+    lines += _decode_section(df, settings, lengths)
     cost = cost_table(df)
     if not cost.empty:
         rows = []
@@ -181,6 +206,37 @@ def _distill_section(df: pd.DataFrame, cfg: dict, settings: list[str], lengths: 
     return lines
 
 
+def _decode_section(df: pd.DataFrame, settings: list[str], lengths: list[int]) -> list[str]:
+    table = decode_table(df)
+    if table.empty:
+        return []
+    cell = {(r.setting, int(r.length)): r for r in table.itertuples()}
+    ok = lambda v: v is not None and v == v  # noqa: E731
+    rows = []
+    for s in settings:
+        mine = [cell.get((s, n)) for n in lengths]
+        if not any(mine):
+            continue
+        exponent = decode_exponent(table, s)
+        rows.append([f"`{s}`", *(f"{fmt_time(r.token_s)} ({r.vs_sdpa:.2f}×)" if r is not None and ok(r.vs_sdpa) else
+                                 fmt_time(r.token_s) if r is not None else "" for r in mine),
+                     "" if exponent is None else f"{exponent:.2f}"])
+    states = []
+    for s in settings:
+        mine = [cell.get((s, n)) for n in lengths]
+        if any(mine):
+            states.append([f"`{s}`", *(f"{fmt_bytes(r.state_bytes)} ({r.state_vs_sdpa:.2f}×)" if r is not None and ok(r.state_vs_sdpa)
+                                       else fmt_bytes(r.state_bytes) if r is not None else "" for r in mine)])
+    return ["## Decoding inside the model", "",
+            "A prompt of L tokens of the text, then 16 tokens fed one at a time with the cache: the model's own KV "
+            "cache for `sdpa`, each layer's decoding state otherwise (`variants.hf.state_cache`). Time: the median "
+            "of the 16 forwards of one token (× `sdpa` at the same L); exponent: the fitted slope of log time on "
+            f"log L from 1024 to {max(lengths)} (0: flat, 1: linear in the context).", "",
+            markdown_table(["attention", *map(str, lengths), "exponent"], rows), "",
+            "The cache's bytes after the prompt (× the model's own KV cache):", "",
+            markdown_table(["attention", *map(str, lengths)], states), ""]
+
+
 def _linearize_section(df: pd.DataFrame, cfg: dict, lengths: list[int], about: dict) -> list[str]:
     table = linearize_table(df)
     if table.empty:
@@ -223,7 +279,8 @@ def _linearize_section(df: pd.DataFrame, cfg: dict, lengths: list[int], about: d
 
 
 def draw_lm(run_dir: Path, df: pd.DataFrame, settings: list[str]) -> list[Path]:
-    """figures/lm_perplexity.png, lm_passkey.png, lm_cost.png (those the run has rows for)."""
+    """figures/lm_perplexity.png, lm_passkey.png, lm_decode.png, lm_linearize.png, lm_cost.png (those the run has
+    rows for)."""
     import matplotlib
 
     matplotlib.use("Agg")
@@ -276,6 +333,9 @@ def draw_lm(run_dir: Path, df: pd.DataFrame, settings: list[str]) -> list[Path]:
             row[0].set_ylabel("context length")
         fig.suptitle("passkey retrieval (exact match)")
         out.append(_save(fig, folder / "lm_passkey.png"))
+    decode = decode_table(df)
+    if not decode.empty:
+        out.append(_draw_decode(decode, _styles(settings), settings, folder / "lm_decode.png"))
     curves = df[df["task"] == "linearize"] if "task" in df else df.iloc[:0]
     if not curves.empty:
         out.append(_draw_training(curves, _styles(settings), folder / "lm_linearize.png"))
@@ -296,6 +356,28 @@ def draw_lm(run_dir: Path, df: pd.DataFrame, settings: list[str]) -> list[Path]:
         fig.suptitle("cost in the model")
         out.append(_save(fig, folder / "lm_cost.png"))
     return out
+
+
+def _draw_decode(table: pd.DataFrame, style: dict, settings: list[str], path: Path) -> Path:
+    """A generated token's time and the decoding state's bytes against the context, each attention a line."""
+    import matplotlib.pyplot as plt
+
+    many = len(settings) > LEGEND_INSIDE
+    fig, axes = plt.subplots(1, 2, figsize=(11 + (3 if many else 0), 4.2))
+    for s in settings:
+        mine = table[table["setting"] == s].sort_values("length")
+        if mine.empty:
+            continue
+        axes[0].plot(mine["length"], mine["token_s"] * 1e3, label=s, **style[s])
+        axes[1].plot(mine["length"], mine["state_bytes"] / 2**20, label=s, **style[s])
+    axes[0].set(xscale="log", yscale="log", xlabel="context length (tokens)", ylabel="time a generated token (ms)",
+                title="decoding: one token after the context")
+    axes[1].set(xscale="log", yscale="log", xlabel="context length (tokens)", ylabel="cache after the prompt (MiB)",
+                title="decoding state")
+    for ax in axes:
+        ax.grid(True, which="both", alpha=0.3)
+    _legend(axes[1] if many else axes[0], many, 7)
+    return _save(fig, path)
 
 
 def _draw_training(rows: pd.DataFrame, style: dict, path: Path) -> Path:

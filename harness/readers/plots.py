@@ -64,7 +64,8 @@ def caption(metadata: dict) -> str:
     if "d_model" in cfg:  # a quality run: the model's shape
         shape = f"d_model={cfg.get('d_model')} layers={cfg.get('layers')} heads={cfg.get('heads')} batch={cfg.get('batch')}"
     else:
-        shape = f"B={cfg.get('batch')} H={cfg.get('heads')} D={cfg.get('head_dim')}"
+        kv = f" on {cfg['kv_heads']} K/V" if cfg.get("kv_heads") else ""
+        shape = f"B={cfg.get('batch')} H={cfg.get('heads')}{kv} D={cfg.get('head_dim')}"
     return f"{machine} · {cfg.get('dtype', 'float32')} · {shape} · torch {env.get('versions', {}).get('torch')}"
 
 

@@ -183,7 +183,8 @@ def _speed_section(run_dir: Path, df: pd.DataFrame, cfg: dict, machine: dict, fi
     df["causal"] = df["causal"].astype(bool)
     peaks = ", ".join(f"{k}: {v:.0f} GFLOP/s" for k, v in (machine.get("matmul_peak_gflops") or {}).items() if v)
     lines = [
-        f"- Shape: B={cfg.get('batch')}, H={cfg.get('heads')}, D={cfg.get('head_dim')}, {cfg.get('dtype')}; "
+        f"- Shape: B={cfg.get('batch')}, H={cfg.get('heads')}"
+        + (f" on {cfg['kv_heads']} K/V heads" if cfg.get("kv_heads") else "") + f", D={cfg.get('head_dim')}, {cfg.get('dtype')}; "
         f"options {cfg.get('options') or 'defaults'}; memory budget per cell "
         + ", ".join(f"{d}: {fmt_bytes(b)}" for d, b in (cfg.get("memory_budget") or {}).items()),
         f"- Measured matmul peak: {peaks or 'not measured'}",

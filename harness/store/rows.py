@@ -15,7 +15,7 @@ from pathlib import Path
 
 from harness.store.storage import RESULTS, read_rows, warn
 
-IDENTITY = ("batch", "heads", "head_dim", "dtype", "options")  # beyond the cell key, what changes a measurement
+IDENTITY = ("batch", "heads", "kv_heads", "head_dim", "dtype", "options")  # beyond the cell key, what changes a measurement
 STATUSES = ("ok", "skipped", "incorrect", "oom", "timeout", "error")  # every row's status, and what each set of them means:
 STOPPING = ("oom", "timeout")  # a series that hits one of these does not try larger N (a skip is decided for each N: a budget
 # skip recurs at every larger N by its own prediction; a length a method refuses may be too short, not too long)
@@ -36,6 +36,7 @@ class Row:
     n: int
     batch: int = 1
     heads: int = 8
+    kv_heads: int | None = None  # heads of k and v (grouped-query attention); None: heads (and every row from before it)
     head_dim: int = 64
     dtype: str = "float32"
     options: dict = field(default_factory=dict)  # every option the variant ran with (defaults filled in)
@@ -112,11 +113,14 @@ def belongs(row: dict, config, device_names: dict | None = None) -> bool:
         device, variant, pass_, causal, n, name = cell_key(row)
     except (KeyError, TypeError, ValueError):
         return False
+    decoded = pass_ == "decode" and causal  # (decoding is causal, whatever modes the variant is measured in otherwise)
     if (device not in config.devices or variant not in config.variants or pass_ not in config.passes
-            or causal not in config.modes_of(variant) or n not in config.lengths):
+            or not (causal in config.modes_of(variant) or decoded) or n not in config.lengths):
         return False
     shape = {"batch": config.batch, "heads": config.heads, "head_dim": config.head_dim, "dtype": config.dtype}
     if any(row.get(key) != value for key, value in shape.items()):
+        return False
+    if (row.get("kv_heads") or row.get("heads")) != config.key_heads:
         return False
     options = row.get("options")
     expected = config.resolved(variant)

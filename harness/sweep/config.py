@@ -24,6 +24,7 @@ class RunConfig:
     causal: tuple[bool, ...]  # (False,), (True,) or (False, True): every mode the run measures
     batch: int = 1
     heads: int = 8
+    kv_heads: int | None = None  # heads of k and v (grouped-query attention: a divisor of heads); None: heads
     head_dim: int = 64
     dtype: str = "float32"
     options: tuple[tuple[str, object], ...] = ()  # variant options, passed to the variants that take them
@@ -66,7 +67,12 @@ class RunConfig:
 
     def variant_options(self, name: str) -> dict:
         """What the variant is built with: its options, plus the shape hints every variant takes."""
-        return {**self.options_of(name), "num_heads": self.heads, "head_dim": self.head_dim}
+        return {**self.options_of(name), "num_heads": self.heads, "head_dim": self.head_dim, "num_kv_heads": self.key_heads}
+
+    @property
+    def key_heads(self) -> int:
+        """The heads of k and v (grouped-query attention), the query heads unless --kv-heads said fewer."""
+        return self.heads if self.kv_heads is None else self.kv_heads
 
     def with_resolved_options(self) -> "RunConfig":
         """This configuration with every variant's options fixed (from the registry, defaults filled in)."""

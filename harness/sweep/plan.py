@@ -71,6 +71,10 @@ def build_run_config(*, variants: str, lengths: tuple[int, ...], devices: str, p
     if settings.get("min_repeats", 1) > settings.get("repeats", 10):
         raise ArgumentError(f"--min-repeats {settings['min_repeats']}: at most --repeats ({settings['repeats']}), "
                             "the most timed calls a cell makes")
+    heads, kv_heads = settings.get("heads", 8), settings.get("kv_heads")
+    if kv_heads is not None and heads % kv_heads:
+        raise ArgumentError(f"--kv-heads {kv_heads}: must divide --heads {heads} (grouped-query attention: each K/V head "
+                            f"serves H / Hkv query heads)")
     device_list = resolve_devices(devices, cluster)
     names = resolve_variants(variants, device_list, here=cluster is None)
     if not names:

@@ -125,10 +125,10 @@ def predicted_bytes(config: RunConfig, cell: Cell, attn) -> int:
     """Inputs (and their gradients) plus the variant's own estimate of its extra memory."""
     el = config.element_size
     if cell.pass_ == "decode":  # the prompt's q, k, v and its KV cache, at most, twice (a step's copy beside the state)
-        kv = 2 * config.batch * config.heads * cell.n * config.head_dim * el
+        kv = 2 * config.batch * config.key_heads * cell.n * config.head_dim * el
         return int(3 * kv / 2 + 2 * kv)
     backward = cell.pass_ == "fwdbwd"
-    inputs = 3 * config.batch * config.heads * cell.n * config.head_dim * el * (3 if backward else 1)
+    inputs = (config.heads + 2 * config.key_heads) * config.batch * cell.n * config.head_dim * el * (3 if backward else 1)
     params = sum(p.numel() for p in attn.parameters()) * el * (3 if backward else 1)  # (+ gradients)
     inputs += params
     extra = attn.memory_estimate(config.batch, config.heads, cell.n, cell.n, config.head_dim, config.head_dim, el, cell.causal, backward)
@@ -138,7 +138,8 @@ def predicted_bytes(config: RunConfig, cell: Cell, attn) -> int:
 def base_row(config: RunConfig, cell: Cell) -> Row:
     """The row of a cell before its fate is decided: its key and identity."""
     return Row(device=cell.device, variant=cell.variant, pass_=cell.pass_, causal=cell.causal, n=cell.n, batch=config.batch,
-               heads=config.heads, head_dim=config.head_dim, dtype=config.dtype, options=config.options_of(cell.variant))
+               heads=config.heads, kv_heads=config.kv_heads, head_dim=config.head_dim, dtype=config.dtype,
+               options=config.options_of(cell.variant))
 
 
 def useful_flops(config: RunConfig, cell: Cell, attn) -> float | None:

@@ -41,7 +41,7 @@ def check_variant(config: RunConfig, device: str, name: str, causal: bool) -> di
     decode = causal and "decode" in config.passes and attn.decode_unsupported_reason() is None
     n = gate_length(attn, config.check_len, max(config.lengths))
     return gate(attn, CHECK_BATCH, config.heads, n, config.head_dim, config.dtype, device,
-                causal=causal, backward=backward, decode=decode)
+                causal=causal, backward=backward, decode=decode, kv_heads=config.key_heads)
 
 
 def _limit_cpu_memory(budget: int | None) -> None:
@@ -69,10 +69,12 @@ def measure_cell(config: RunConfig, cell: Cell) -> dict:
     else:
         _limit_cuda_memory(config.budget(cell.device), dev)
     if cell.pass_ == "decode":
-        call, state = decode_call(attn, config.batch, config.heads, cell.n, config.head_dim, config.dtype, dev)
+        call, state = decode_call(attn, config.batch, config.heads, cell.n, config.head_dim, config.dtype, dev,
+                                  kv_heads=config.key_heads)
         facts = {"state_bytes": state.nbytes(), "state_kind": state.kind, "read_bytes": attn.step_read_bytes(state)}
     else:
-        q, k, v = make_inputs(config.batch, config.heads, cell.n, config.head_dim, config.dtype, dev, backward)
+        q, k, v = make_inputs(config.batch, config.heads, cell.n, config.head_dim, config.dtype, dev, backward,
+                              kv_heads=config.key_heads)
         call = pass_call(attn, q, k, v, causal=cell.causal, backward=backward)
         facts = {"kernel": _kernel_name(attn, q, k, v, cell.causal, backward)}
     timing = measure_time(call, dev, warmup=config.warmup, repeats=config.repeats, min_time=config.min_time,

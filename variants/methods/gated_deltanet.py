@@ -17,38 +17,29 @@ Causal by nature; `scale` (D^-½ by default) multiplies the normalised q.
 
 from __future__ import annotations
 
-from .._base import VariantSpec, register
-from ._recurrence import NO_ONNX_SOLVE, WHY_CAUSAL_ONLY, RecurrentAttention, SSDDecay, SigmoidGate
-from .deltanet import l2_normalised
+from dataclasses import replace
+
+from .._base import register
+from .deltanet import DeltaNet
+from ._recurrence import SSDDecay
 
 
 @register
-class GatedDeltaNet(RecurrentAttention):
-    spec = VariantSpec(
+class GatedDeltaNet(DeltaNet):
+    spec = replace(
+        DeltaNet.spec,
         name="gated_deltanet",
         summary="Gated DeltaNet: the delta rule with a scalar data-dependent decay (Qwen3-Next); chunked (WY), D x Dv state",
         style=("#ad494a", "d"),
         reference="Yang, Kautz & Hatamizadeh 2025, 'Gated Delta Networks: Improving Mamba2 with Delta Rule'",
-        time_complexity="O(N C D + N D Dv)",
-        memory_complexity="O(N Dv) + one group of chunks",
-        supports_non_causal=False,
-        why_not_non_causal=WHY_CAUSAL_ONLY,
-        subquadratic=True,
-        scale_is_query_factor=False,
-        not_deployable=(NO_ONNX_SOLVE,),  # q is L2-normalised first: scale multiplies the normalised q
         notes="causal only; needs num_heads and head_dim (gates per head from the keys); decodes with a constant D x Dv state",
-        function_options=("feature_map", "feature_dim"),
-        examples=((("chunk_size", 4),), (("chunk_size", 64),), (("chunk_size", 4), ("feature_map", "hedgehog"), ("feature_dim", 3))),
     )
 
-    delta_rule = True
-
     def __init__(self, **options):
-        super().__init__(**options)
+        super().__init__(**options)  # DeltaNet's β
         heads, key_dim = self._require_shape_hints()
-        self.beta = SigmoidGate(heads, key_dim)
-        self.decay = SSDDecay(heads, key_dim)
+        self.decay = SSDDecay(heads, key_dim)  # and Mamba-2's decay in front of the delta rule
 
     def _inputs(self, q, k, v):
         log_decay, _ = self.decay(k)
-        return {"q": l2_normalised(q), "k": l2_normalised(k), "v": v, "beta": self.beta(k), "log_decay": log_decay}
+        return {**super()._inputs(q, k, v), "log_decay": log_decay}
