@@ -52,6 +52,17 @@ def test_chunk_and_group_boundaries_change_nothing(name, monkeypatch):
             torch.testing.assert_close(a, b)
 
 
+@pytest.mark.parametrize("name", RECURRENT)
+def test_frozen_gates_still_pass_gradients_to_the_inputs(name, monkeypatch):
+    # LoRA's stage freezes the variant's parameters and trains the projections: q, k, v get the dense form's
+    # gradients through the recomputed groups, and no parameter asks for one
+    monkeypatch.setattr(_recurrence, "GROUP_POSITIONS", 32)
+    attn = build_case(name, {"chunk_size": 4, "feature_map": "hedgehog"})
+    attn.requires_grad_(False)
+    q, k, v = make_qkv(b=1, h=2, n_q=70, d=8)
+    assert_close_with_grads(attn(q, k, v, causal=True), attn.reference(q, k, v, causal=True), (q, k, v))
+
+
 def test_retention_decays_are_the_papers():
     attn = variants.build("retention")
     assert torch.allclose(attn.decay(4), torch.tensor([1 - 2**-5, 1 - 2**-6, 1 - 2**-7, 1 - 2**-8], dtype=torch.float64))

@@ -405,7 +405,7 @@ class RecurrentAttention(AttentionVariant):
         if keep is not None:
             keep = pad_to_multiple(keep, chunk, dim=-1)[0]
         size = max(chunk, GROUP_POSITIONS // chunk * chunk)
-        params = tuple(self.parameters())
+        params = tuple(p for p in self.parameters() if p.requires_grad)  # frozen ones (LoRA's stage) get none
         grad = torch.is_grad_enabled() and any(t.requires_grad for t in (q, k, v, state, *params))
         if not grad:
             out, state = _scan_groups(self, q, k, v, keep, state, chunk, size)
