@@ -172,10 +172,15 @@ def write_lm_report(run_dir: Path) -> tuple[Path, list[Path]]:
                          fmt_time(get("token_s")) if ok(get("token_s")) else "", fmt_bytes(get("state_bytes")) if ok(get("state_bytes")) else ""])
         sampled = "forward_samples" in df and df["forward_samples"].notna().any()  # (runs before it: the faster of two calls)
         timed = ("the median of 3-7 samples after a warm-up call, as `bench run` times a cell" if sampled else "the faster of two calls")
-        lines += ["## Cost", "", f"One forward of the whole context (time: {timed}; peak: extra resident memory of "
-                  "one call) against the model's own sdpa; one generated token after the passkey prompt (median) and the "
-                  "decoding state it keeps (the variant's state after `variants.hf.use`; sdpa: its KV cache).", "",
-                  markdown_table(["attention", "L", "forward", "× sdpa", "peak", "token", "state"], rows), ""]
+        header = ["attention", "L", "forward", "× sdpa", "peak", "token", "state"]
+        kept = [i for i in range(len(header)) if i < 2 or any(row[i] for row in rows)]  # (a run without forwards: no empty columns)
+        said = [f"one forward of the whole context (time: {timed}; peak: extra resident memory of one call) against the "
+                "model's own sdpa"] if 2 in kept else []
+        said += ["one generated token after the passkey prompt (median) and the decoding state it keeps (the variant's "
+                 "state after `variants.hf.use`; sdpa: its KV cache)"] if 5 in kept else []
+        said = "; ".join(said)
+        lines += ["## Cost", "", said[:1].upper() + said[1:] + ".", "",
+                  markdown_table([header[i] for i in kept], [[row[i] for i in kept] for row in rows]), ""]
     path = run_dir / "REPORT.md"
     path.write_text("\n".join(lines))
     return path, figures
