@@ -57,8 +57,8 @@ def test_grouped_decoding_equals_the_forward_and_keeps_kv_heads_where_native(nam
         out, state = attn.step(q[:, :, t : t + 3], k[:, :, t : t + 3], v[:, :, t : t + 3], state)
         outs.append(out)
     torch.testing.assert_close(torch.cat(outs, dim=2), want)
-    # what the state holds per head: one a K/V head where the variant is native, one a query head where it repeats
-    heads = 6 if attn.repeats_kv_reason() else 2
+    # what the state holds per head: one per K/V head where the state is native, one per query head where it repeats
+    heads = 6 if attn.state_repeats_kv_reason() else 2
     assert all(t.shape[1] == heads for t in state.tensors.values() if t.dim() >= 3), {n: t.shape for n, t in state.tensors.items()}
 
 
@@ -99,3 +99,46 @@ def test_native_grouping_costs_no_memory_beyond_the_query_heads_work(name, heads
     plain = peak_bytes(name, [n], False, causal=[True], num_heads=heads, num_kv_heads=heads, head_dim=32, kv_heads=heads)[0]
     copies = 2 * n * heads * 32 * 4
     assert grouped <= plain + copies // 4, (grouped, plain, copies)
+
+
+NATIVE_STATE = [name for name in CPU if variants.variant_class(name).decode_unsupported_reason() is None]
+
+
+@pytest.mark.parametrize("heads, kv_heads", [(9, 3), (8, 1)], ids=["H9-Hkv3", "H8-Hkv1"])
+@pytest.mark.parametrize("name", NATIVE_STATE)
+def test_a_state_kept_per_kv_head_does_not_grow_with_the_group_factor(name, heads, kv_heads):
+    # every option set: where the state says it keeps one head a K/V head, 20 grouped steps leave exactly the bytes
+    # of a model with Hkv query heads, and the outputs equal the forward's; where it repeats, H heads and a reason
+    cls = variants.variant_class(name)
+    dtype = torch.float64 if cls.dtype_unsupported_reason("cpu", "float64") is None else torch.float32
+    for options in cls.spec.example_options():
+        attn = variants.build(name, num_heads=heads, num_kv_heads=kv_heads, head_dim=8, **options).to(dtype)
+        reason = attn.state_repeats_kv_reason()
+        q, _, _ = make_qkv(b=2, h=heads, n_q=20, d=8, dtype=dtype, requires_grad=False)
+        _, k, v = make_qkv(b=2, h=kv_heads, n_q=20, d=8, dtype=dtype, seed=1, requires_grad=False)
+        kpm = make_padding(2, 20, seed=4, all_padded_row=False) if cls.spec.supports_key_padding_mask else None
+        cut = (lambda lo, hi: None) if kpm is None else (lambda lo, hi: kpm[:, lo:hi])  # noqa: E731
+        state = attn.prefill(q[:, :, :12], k[:, :, :12], v[:, :, :12], attn.init_state(2, heads, 8, 8, dtype, kv_heads=kv_heads),
+                             key_padding_mask=cut(0, 12))
+        outs = []
+        for t in range(12, 20):
+            out, state = attn.step(q[:, :, t : t + 1], k[:, :, t : t + 1], v[:, :, t : t + 1], state, key_padding_mask=cut(t, t + 1))
+            outs.append(out)
+        torch.testing.assert_close(torch.cat(outs, dim=2), attn(q, k, v, causal=True, key_padding_mask=kpm)[:, :, 12:])
+        if reason:
+            assert len(reason.split()) >= 5, (name, options, reason)
+            continue
+        alone = variants.build(name, num_heads=kv_heads, num_kv_heads=kv_heads, head_dim=8, **options).to(dtype)
+        plain = alone.prefill(q[:, :kv_heads], k, v, alone.init_state(2, kv_heads, 8, 8, dtype, kv_heads=kv_heads),
+                              key_padding_mask=kpm)
+        assert state.nbytes() == plain.nbytes(), (name, options, state.nbytes(), plain.nbytes())
+
+
+def test_the_window_and_the_fixed_feature_maps_decode_per_kv_head():
+    # their forward kernels repeat K/V (each spec says why), their decoding states need K and V only
+    for name, options in (("sliding_window", {}), ("sliding_window", {"global_tokens": 2}), ("linear", {}),
+                          ("linear", {"feature_map": "taylor"})):
+        attn = variants.build(name, num_heads=9, num_kv_heads=3, head_dim=8, **options)
+        assert attn.repeats_kv_reason() and attn.state_repeats_kv_reason() == "", (name, options)
+    hedgehog = variants.build("linear", num_heads=9, num_kv_heads=3, head_dim=8, feature_map="hedgehog")
+    assert "per query head" in hedgehog.state_repeats_kv_reason()

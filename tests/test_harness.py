@@ -406,7 +406,8 @@ def test_causal_auto_measures_each_variant_in_one_mode_once_the_menu_has_decoder
 
 def test_kv_heads_measures_grouped_query_shapes(tmp_path):
     # --kv-heads: k and v of fewer heads than q in every cell (the gate too); a native variant's decoding state
-    # holds Hkv heads, a repeating one's H; a number of K/V heads that does not divide --heads is refused
+    # holds Hkv heads (the window's too; a repeating one's H is tested in test_gqa); a number of K/V heads that does
+    # not divide --heads is refused
     out = tmp_path / "run"
     fast = [arg for arg in FAST if arg != "--no-report"]
     result = bench("run", "--variants", "full,retention,sliding_window", "--option", "window=8", "--lengths", "32",
@@ -416,7 +417,7 @@ def test_kv_heads_measures_grouped_query_shapes(tmp_path):
     assert all(r["status"] == "ok" and r["kv_heads"] == 2 and r["heads"] == 6 for r in rows.values()), rows
     full, window = rows[("full", "decode")], rows[("sliding_window", "decode")]
     assert full["state_bytes"] == 2 * 2 * 33 * 16 * 4  # k and v of 2 K/V heads, B=1, D=16, N + 1 positions
-    assert window["state_bytes"] == 2 * 6 * 8 * 16 * 4  # (it repeats K/V: its window per query head)
+    assert window["state_bytes"] == 2 * 2 * 8 * 16 * 4  # its window kept per K/V head, not per query head
     assert "H=6 on 2 K/V heads" in (out / "REPORT.md").read_text()
     refused = bench("run", "--heads", "6", "--kv-heads", "4", "--out", str(tmp_path / "x"))
     assert refused.exit_code == 2 and "--kv-heads 4: must divide --heads 6" in refused.output

@@ -55,6 +55,7 @@ class VariantSpec:
     style: tuple[str, str] | None = None  # (colour, marker) in every figure; None: a stable pick from the name
     examples: tuple[tuple[tuple[str, object], ...], ...] = ((),)  # option sets that exercise every path at a test's small N (N ~ 13)
     repeats_kv: str = ""  # grouped-query inputs (Hkv < H): "" computed natively (no K/V repeated in memory); else why K, V are repeated to the H query heads first
+    state_repeats_kv: str | None = None  # the decoding state's heads: None as `repeats_kv`; "" one per K/V head even where the forward repeats; else why per query head
 
     def example_options(self) -> list[dict]:
         """`examples` as dicts: what the shared contract tests build the variant with."""
@@ -117,9 +118,17 @@ class AttentionVariant(nn.Module):
         computes grouped-query inputs natively: its spec's `repeats_kv` unless its options change it."""
         return self.spec.repeats_kv
 
+    def state_repeats_kv_reason(self) -> str:
+        """Why the decoding state keeps its keys, values or sums per query head, or "" when it keeps one per K/V
+        head (and `step` takes K/V unrepeated): the spec's `state_repeats_kv`, else `repeats_kv_reason()`.
+        A window or a KV cache needs K and V only, whatever the forward's kernel takes."""
+        if self.spec.state_repeats_kv is None:
+            return self.repeats_kv_reason()
+        return self.spec.state_repeats_kv
+
     def kv_heads_stored(self, heads: int, kv_heads: int) -> int:
         """How many heads of keys, values or state the variant keeps for H query heads on Hkv K/V heads."""
-        return heads if self.repeats_kv_reason() else kv_heads
+        return heads if self.state_repeats_kv_reason() else kv_heads
 
     def _kv_parameter_heads(self) -> int | None:
         """The heads parameters acting on k (gates, projections) are sized by: K/V heads where the variant
@@ -291,7 +300,7 @@ class AttentionVariant(nn.Module):
         forward over the whole sequence at those positions, with the whole mask (tested for every variant)."""
         check_step(self.spec.name, state, q, k, v, key_padding_mask)
         keep = None if key_padding_mask is None or (bool(key_padding_mask.all()) and not padded(state)) else key_padding_mask
-        k, v = self._grouped_kv(q, k, v)
+        k, v = self._grouped_kv(q, k, v, self.state_repeats_kv_reason())
         if self.step_positions is None or q.shape[2] <= self.step_positions:
             return self._step(q, k, v, state, keep)
         outs = []
@@ -311,13 +320,13 @@ class AttentionVariant(nn.Module):
         `step`'s state, without computing what only the outputs need (a KV cache only appends)."""
         check_step(self.spec.name, state, q, k, v, key_padding_mask)
         keep = None if key_padding_mask is None or (bool(key_padding_mask.all()) and not padded(state)) else key_padding_mask
-        return self._prefill(q, *self._grouped_kv(q, k, v), state, keep)
+        return self._prefill(q, *self._grouped_kv(q, k, v, self.state_repeats_kv_reason()), state, keep)
 
-    def _grouped_kv(self, q: Tensor, k: Tensor, v: Tensor) -> tuple[Tensor, Tensor]:
-        """k and v as `_attend` and `_step` take them: repeated to q's heads where the variant says it repeats them
-        (`repeats_kv_reason`), else as given (Hkv heads, computed natively)."""
+    def _grouped_kv(self, q: Tensor, k: Tensor, v: Tensor, reason: str | None = None) -> tuple[Tensor, Tensor]:
+        """k and v as `_attend` (and, given the state's `reason`, `_step`) take them: repeated to q's heads where
+        the variant says it repeats them (`repeats_kv_reason`), else as given (Hkv heads, computed natively)."""
         groups = q.shape[1] // k.shape[1]
-        if groups == 1 or not self.repeats_kv_reason():
+        if groups == 1 or not (self.repeats_kv_reason() if reason is None else reason):
             return k, v
         return k.repeat_interleave(groups, dim=1), v.repeat_interleave(groups, dim=1)
 

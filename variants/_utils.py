@@ -71,8 +71,12 @@ def dense_attention(q: Tensor, k: Tensor, v: Tensor, allowed: Tensor | None, sca
     allowed: bool, broadcastable to (B, H, Nq, Nk), or None. Rows with nothing allowed give zeros. k and v of
     fewer heads than q (grouped-query) serve groups of H / Hkv query heads (query head h reads h // (H / Hkv)).
     """
-    if k.shape[1] != q.shape[1]:
-        groups = q.shape[1] // k.shape[1]
-        k, v = k.repeat_interleave(groups, dim=1), v.repeat_interleave(groups, dim=1)
+    heads, kv_heads = q.shape[1], k.shape[1]
+    if kv_heads != heads:  # (B, Hkv, G, Nq, ·) against (B, Hkv, 1, Nk, ·): no repeated K, V
+        q, k, v = q.unflatten(1, (kv_heads, heads // kv_heads)), k[:, :, None], v[:, :, None]
+        if allowed is not None and allowed.dim() >= 3:
+            allowed = allowed.reshape((1,) * (4 - allowed.dim()) + tuple(allowed.shape))
+            allowed = allowed.unflatten(1, (kv_heads, -1)) if allowed.shape[1] == heads else allowed[:, :, None]
     scores = torch.matmul(q, k.transpose(-1, -2)) * scale
-    return torch.matmul(masked_softmax(scores, allowed), v)
+    out = torch.matmul(masked_softmax(scores, allowed), v)
+    return out if kv_heads == heads else out.flatten(1, 2)

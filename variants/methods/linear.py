@@ -503,7 +503,9 @@ class FeatureMapAttention(AttentionVariant):
         return fmap.apply(q, state.length, consts, True), fmap.apply(k, state.length, consts, False), None, {}
 
     def _prefill(self, q, k, v, state, keep):
-        return self.step(q, k, v, state, keep)[1]  # (in steps of step_positions)
+        for sl in spans(q.shape[2], self.step_positions):  # step's state, in steps of step_positions
+            state = self._step(q[:, :, sl], k[:, :, sl], v[:, :, sl], state, None if keep is None else keep[:, sl])[1]
+        return state
 
     def _step(self, q, k, v, state, keep):
         """o_t = φ(q_t)ᵀ S_t / (φ(q_t)ᵀ z_t + eps) with S, z the sums over positions <= t: the t new positions
@@ -521,7 +523,13 @@ class FeatureMapAttention(AttentionVariant):
         if rescale is not None:
             sums = sums * rescale
         ve = _ones_column(v)
-        num = torch.matmul(torch.matmul(phi_q, phi_k.transpose(-1, -2)).tril_(), ve) + torch.matmul(phi_q, sums)
+        kv_heads = phi_k.shape[1]
+        if kv_heads == phi_q.shape[1]:
+            num = torch.matmul(torch.matmul(phi_q, phi_k.transpose(-1, -2)).tril_(), ve) + torch.matmul(phi_q, sums)
+        else:  # grouped-query: a K/V head's sums serve its G query heads, (B, Hkv, G, t, ·) against (B, Hkv, 1, ·, ·)
+            phi_g, k_g, ve_g = phi_q.unflatten(1, (kv_heads, -1)), phi_k[:, :, None], ve[:, :, None]
+            num = torch.matmul(torch.matmul(phi_g, k_g.transpose(-1, -2)).tril_(), ve_g) + torch.matmul(phi_g, sums[:, :, None])
+            num = num.flatten(1, 2)
         out = num[..., :-1] / (num[..., -1:] + self.eps).clamp_min(torch.finfo(num.dtype).tiny)
         sums = sums + torch.matmul(phi_k.transpose(-1, -2), ve)
         return out.to(dtype), state.advanced(q.shape[2], S=sums, **extra)
@@ -617,6 +625,10 @@ class LinearAttention(FeatureMapAttention):
         if self.feature_dim is not None and self.feature_dim > head_dim and not self._learned():
             raise ValueError(f"linear: feature_dim={self.feature_dim} > the state's head_dim={head_dim}")
         return super()._empty_state(batch, heads, head_dim, value_dim, dtype, device)
+
+    def state_repeats_kv_reason(self) -> str:
+        # the running sums Σ φ(k_j) [v_j, 1]ᵀ need k and v only: one per K/V head, unless φ is learned per query head
+        return "its key feature map is learned per query head, so its sums are too" if self._learned() else ""
 
     def _step(self, q, k, v, state, keep):
         reason = self.length_unsupported_reason(state.length + q.shape[2], state.length + q.shape[2])

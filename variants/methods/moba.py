@@ -37,10 +37,11 @@ from torch.utils.checkpoint import checkpoint
 
 from .._base import AttentionVariant, VariantSpec, register
 from .._decoding import appended
-from .._utils import dense_attention
+from .._utils import dense_attention, masked_softmax, spans
 from .full import CPU_FLASH_MIN_KEYS, full_attention_pairs
 
 TILE_QUERIES = 2048  # queries whose gating scores (x N/B) and partial outputs are held at once
+GROUPED_QUERIES = 32  # positions a grouped decoding step gathers blocks for at once ((top_k + 1) B keys a query head)
 
 
 def block_means(k: Tensor, keep: Tensor | None, block: int) -> tuple[Tensor, Tensor]:
@@ -63,12 +64,13 @@ def block_means(k: Tensor, keep: Tensor | None, block: int) -> tuple[Tensor, Ten
 def select_blocks(q: Tensor, means: Tensor, has_key: Tensor, start: int, block: int, top_k: int) -> tuple[Tensor, Tensor]:
     """Each query's chosen blocks: (indices (B, H, T, k'), valid (B, H, T, k')), k' = min(top_k, nb);
     queries at positions start .. start + T - 1 choose among the complete blocks before their own.
+    (Grouped: q (B, Hkv, G, T, D) against means (B, Hkv, 1, nb, D) and has_key (·, ·, 1, nb).)
 
     Equal gates choose the earlier block (a stable sort, not topk, whose choice among ties depends on how
     many blocks there are): the forward, the reference and every decoding step pick the same blocks for a
     query whose gates tie, e.g. an all-zero query (a pad token's zero embedding)."""
-    nb = means.shape[2]
-    pos = torch.arange(start, start + q.shape[2], device=q.device)
+    nb = means.shape[-2]
+    pos = torch.arange(start, start + q.shape[-2], device=q.device)
     scores = torch.matmul(q.detach(), means.detach().transpose(-1, -2))  # (B, H, T, nb)
     earlier = torch.arange(nb, device=q.device)[None, :] < (pos // block)[:, None]  # (T, nb)
     scores = scores.masked_fill_(~(earlier & has_key[:, :, None, :]), -math.inf)
@@ -235,6 +237,33 @@ def moba_tile(q: Tensor, k: Tensor, v: Tensor, keep: Tensor | None, means: Tenso
     return (out, (top + total.log()).squeeze(-1)) if with_lse else out
 
 
+def grouped_step(q: Tensor, k: Tensor, v: Tensor, keep: Tensor | None, means: Tensor, has_key: Tensor,
+                 start: int, block: int, top_k: int, scale: float) -> Tensor:
+    """`moba_tile` for decoding with grouped-query inputs: T queries (B, H, T, D) at positions start .. start + T - 1
+    over a cache k, v of Hkv heads (B, Hkv, Nk, ·), its block means (B, Hkv, nb, D). Each query head gathers its
+    own top_k blocks and its own block from its K/V head's cache: nothing of the cache is repeated."""
+    b, h, t, d = q.shape
+    kv_heads, n_k = k.shape[1], k.shape[2]
+    q = q.unflatten(1, (kv_heads, h // kv_heads))  # (B, Hkv, G, T, D)
+    idx, valid = select_blocks(q, means[:, :, None], has_key[:, :, None], start, block, top_k)  # (B, Hkv, G, T, k')
+    pos = torch.arange(start, start + t, device=q.device)
+    inner = torch.arange(block, device=q.device)
+    # the key positions each query reads: its chosen blocks, then its own block (B, Hkv, G, T, (k' + 1) B)
+    own = (pos // block * block)[:, None] + inner  # (T, B)
+    chosen = (idx * block)[..., None] + inner
+    at = torch.cat([chosen.flatten(-2), own.expand(*idx.shape[:-1], block)], dim=-1)
+    allowed = torch.cat([valid[..., None].expand(*valid.shape, block).flatten(-2),
+                         (own <= pos[:, None]).expand(*idx.shape[:-1], block)], dim=-1)
+    at = at.clamp_max(n_k - 1)  # (the own block's positions past the last key: not allowed)
+    if keep is not None:  # (B, 1, Nk) of the cache's positions
+        allowed = allowed & torch.gather(keep[:, :, None, None, :].bool().expand(*at.shape[:-1], n_k), -1, at)
+    rows = torch.arange(b, device=q.device)[:, None, None, None, None], torch.arange(kv_heads, device=q.device)[None, :, None, None, None]
+    keys, values = k[rows[0], rows[1], at], v[rows[0], rows[1], at]  # (B, Hkv, G, T, (k' + 1) B, ·): the blocks read
+    scores = torch.matmul(q[..., None, :], keys.transpose(-1, -2)).squeeze(-2) * scale
+    out = torch.matmul(masked_softmax(scores, allowed)[..., None, :], values).squeeze(-2)
+    return out.flatten(1, 2)
+
+
 class _FusedMoBA(torch.autograd.Function):
     """MoBA on the CPU without key padding: the forward by the flash kernel (no graph kept), the backward written
     out with the same kernel's backward, one call a block: given the final output O and log-sum-exp L of each
@@ -322,6 +351,7 @@ class MoBA(AttentionVariant):
     spec = VariantSpec(
         name="moba",
         repeats_kv='its block selection and its gathered blocks run per query head',
+        state_repeats_kv='',  # the cache and the block sums need K only: kept per K/V head, each query head gathers its blocks
         summary="MoBA: each query attends exactly to its own block and its top_k earlier key blocks, chosen by q · mean(k)",
         style=("#17becf", "*"),
         reference="Lu et al. 2025, 'MoBA: Mixture of Block Attention for Long-Context LLMs'",
@@ -442,15 +472,21 @@ class MoBA(AttentionVariant):
         else:  # the mean of a block's real keys, as block_means; a block of padding only is never chosen
             means, has_key = sums / counts.clamp_min(1)[..., None], counts > 0
         if means.shape[2] == 0:  # nothing to choose from yet: every query reads its own block
-            means = q.new_zeros(*q.shape[:2], 1, q.shape[-1])
+            means = q.new_zeros(*keys.shape[:2], 1, q.shape[-1])
             has_key = torch.zeros(1, 1, 1, dtype=torch.bool, device=q.device)
-        out = self._tiles(q, keys, values, None if mask is None else mask[:, None, :].to(k.dtype), means, has_key)
+        keep = None if mask is None else mask[:, None, :].to(k.dtype)
+        if keys.shape[1] == q.shape[1]:
+            return self._tiles(q, keys, values, keep, means, has_key), state.advanced(0, **blocks)
+        start, scale = keys.shape[2] - q.shape[2], float(self._scale(q))  # grouped: GROUPED_QUERIES queries at a time
+        out = torch.cat([grouped_step(q[:, :, sl], keys[:, :, : start + sl.stop], values[:, :, : start + sl.stop],
+                                      None if keep is None else keep[..., : start + sl.stop], means, has_key, start + sl.start,
+                                      self.block, self.top_k, scale) for sl in spans(q.shape[2], GROUPED_QUERIES)], dim=2)
         return out, state.advanced(0, **blocks)
 
     def step_read_bytes(self, state):
         # the block sums (the gating) and the keys and values of the top_k chosen blocks and the own one
         t = state.tensors
-        per_position = (t["k"].shape[-1] + t["v"].shape[-1]) * t["k"].element_size() * state.batch * state.heads
+        per_position = (t["k"].shape[-1] + t["v"].shape[-1]) * t["k"].element_size() * state.batch * t["k"].shape[1]
         blocks = min(self.top_k + 1, math.ceil(max(state.length, 1) / self.block))
         return t["block_sums"].numel() * t["block_sums"].element_size() + blocks * self.block * per_position
 

@@ -446,6 +446,7 @@ class SlidingWindowAttention(LongformerPattern):
     spec = VariantSpec(
         name="sliding_window",
         repeats_kv='its band kernel (forward and written-out backward) takes one K/V head per query head',
+        state_repeats_kv='',  # the window and the sinks need K and V only: kept per K/V head, decoded grouped
         summary="Longformer sliding window (|i-j| <= w) + global tokens, blocked in pure PyTorch",
         style=("#2ca02c", "s"),
         reference="Beltagy et al. 2020, 'Longformer: The Long-Document Transformer'",

@@ -104,6 +104,7 @@ class FlexSlidingWindowAttention(LongformerPattern):
     spec = VariantSpec(
         name="sliding_window_flex",
         repeats_kv="its block mask and its NaN propagation are built per query head (flex_attention's enable_gqa is not used)",
+        state_repeats_kv='',  # (sliding_window's decoding: the window kept per K/V head)
         summary="Longformer sliding window + global tokens via compiled FlexAttention and a block mask",
         style=("#98df8a", "^"),
         reference="Beltagy et al. 2020; torch.nn.attention.flex_attention (Dong et al. 2024)",
