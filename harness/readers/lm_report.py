@@ -130,14 +130,17 @@ def write_lm_report(run_dir: Path) -> tuple[Path, list[Path]]:
     cfg, about, env = meta.get("config", {}), meta.get("machine", {}), meta.get("environment", {})
     model, corpus = about.get("model", {}), about.get("corpus", {})
     settings = _order(df)
+    tasks = cfg.get("tasks") or ["perplexity", "passkey"]  # (runs made before --tasks ran both)
     lengths = sorted(int(n) for n in df[~df["task"].isin(["distill", "linearize"])]["length"].unique())
     figures = draw_lm(run_dir, df, settings)
     lines = [f"# attnbench lm: {run_dir.name}", "", f"Command: {code_span(env.get('command', '?'))}", "",
              f"- Model: {model.get('name')} from `{model.get('path')}` (sha256 {str(model.get('sha256'))[:16]}…), "
              f"{model.get('layers')} layers, context {model.get('context')}",
-             f"- Text: {corpus.get('source')} ({corpus.get('tokens')} tokens, sha256 {str(corpus.get('sha256'))[:16]}…); "
-             f"{cfg.get('windows')} windows a length from seed {cfg.get('seed')}, each scored on its last tokens (128, or half a short context)",
-             f"- Passkey: depths {', '.join(map(str, cfg.get('depths', [])))}%, {cfg.get('keys')} keys a cell, greedy, exact match",
+             f"- Text: {corpus.get('source')} ({corpus.get('tokens')} tokens, sha256 {str(corpus.get('sha256'))[:16]}…)" + (
+                 f"; {cfg.get('windows')} windows a length from seed {cfg.get('seed')}, each scored on its last tokens "
+                 "(128, or half a short context)" if "perplexity" in tasks else ""),
+             *([f"- Passkey: depths {', '.join(map(str, cfg.get('depths', [])))}%, {cfg.get('keys')} keys a cell, greedy, exact match"]
+               if "passkey" in tasks else []),
              f"- Attentions: {', '.join(f'`{s}`' for s in settings)} (`{OWN}`: the model's own); " + (
                  f"zero-shot, and `+ distill {cfg['distill']}` after attention transfer (below)" if cfg.get("distill") else
                  "zero-shot, and `+ linearized` after the linearization recipe (below)" if cfg.get("linearize") else
@@ -311,6 +314,7 @@ def draw_lm(run_dir: Path, df: pd.DataFrame, settings: list[str]) -> list[Path]:
                title=f"perplexity against context (zero-shot{trained})")
         _legend(ax, many, 8)
         ax.grid(True, which="both", alpha=0.3)
+        _length_axis(ax, ppl["length"])
         out.append(_save(fig, folder / "lm_perplexity.png"))
     keys = passkey_table(df)
     if not keys.empty:
@@ -375,14 +379,25 @@ def _draw_decode(table: pd.DataFrame, style: dict, settings: list[str], path: Pa
             continue
         axes[0].plot(mine["length"], mine["token_s"] * 1e3, label=s, **style[s])
         axes[1].plot(mine["length"], mine["state_bytes"] / 2**20, label=s, **style[s])
-    axes[0].set(xscale="log", yscale="log", xlabel="context length (tokens)", ylabel="time a generated token (ms)",
+    axes[0].set(xscale="log", xlabel="context length (tokens)", ylabel="time a generated token (ms)",
                 title="decoding: one token after the context")
     axes[1].set(xscale="log", yscale="log", xlabel="context length (tokens)", ylabel="cache after the prompt (MiB)",
                 title="decoding state")
     for ax in axes:
         ax.grid(True, which="both", alpha=0.3)
+        _length_axis(ax, table["length"])
+    axes[0].set_ylim(bottom=0)  # a linear time axis from 0: the ratios between the lines read as drawn
     _legend(axes[1] if many else axes[0], many, 7)
     return _save(fig, path)
+
+
+def _length_axis(ax, lengths) -> None:
+    """A log x axis labelled with the measured context lengths in plain numbers (512, 1024, … not 10^3.3)."""
+    from matplotlib.ticker import NullFormatter
+
+    shown = sorted(int(n) for n in set(lengths))
+    ax.set_xticks(shown, [str(n) for n in shown])
+    ax.xaxis.set_minor_formatter(NullFormatter())
 
 
 def _draw_training(rows: pd.DataFrame, style: dict, path: Path) -> Path:
