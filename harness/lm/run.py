@@ -298,16 +298,17 @@ def decode_cost(model, tokens: torch.Tensor, length: int, steps: int = DECODE_ST
 
     own = model.config._attn_implementation != vh.IMPLEMENTATION
     cache = transformers.DynamicCache() if own else vh.state_cache(model)
+    passed = {vh._cache_argument(model) or "past_key_values": cache}  # ("cache" in recent transformers)
     ids = tokens[: length + steps][None]
     times = []
     with torch.no_grad():
         began = time.perf_counter()
-        model(ids[:, :length], past_key_values=cache, use_cache=True, logits_to_keep=1)
+        model(ids[:, :length], **passed, use_cache=True, logits_to_keep=1)
         prefill = time.perf_counter() - began
         after_prompt = cache_bytes(cache)
         for i in range(length, length + steps):
             began = time.perf_counter()
-            model(ids[:, i : i + 1], past_key_values=cache, use_cache=True)
+            model(ids[:, i : i + 1], **passed, use_cache=True)
             times.append(time.perf_counter() - began)
     stats = timing_stats(times)
     return {"prefill_s": prefill, "token_s": stats["time_median_s"], "token_min_s": stats["time_min_s"],
