@@ -109,12 +109,13 @@ def main(quality_run: str, *lm_runs: str) -> None:
         same = variants.variant_class(name).spec.same_function_as  # not trained: its function's accuracy is another's
         kept = recall.get(name) or (f"{recall[same]} (= `{same}`)" if same in recall else "—")
         rows.append("| " + " | ".join([*cells, state_kind(name), kept, lm.get(name, "—")]) + " |")
-    body = (f"Decodes: the state `init_state` keeps (kv grows with N, window and compressed are bounded or shortened, "
-            f"recurrent is constant). Recall: held-out accuracy in [{quality_run}]({quality_run}/REPORT.md) ({run_recipe(Path(quality_run))}; mean over "
-            f"seeds). SmolLM2: perplexity with the attention swapped zero-shot, 'distilled' after `--distill`'s attention transfer "
+    body = (f"- Decodes: the state `init_state` keeps (kv grows with N, window and compressed are bounded or shortened, "
+            f"recurrent is constant).\n"
+            f"- Recall: held-out accuracy in [{quality_run}]({quality_run}/REPORT.md) ({run_recipe(Path(quality_run))}; mean over seeds).\n"
+            f"- SmolLM2: perplexity with the attention swapped zero-shot, 'distilled' after `--distill`'s attention transfer "
             f"(for a variant with parameters), 'linearized' after `--linearize`'s LoLCATs recipe, in "
-            + ", ".join(f"[{run}]({run}/REPORT.md)" for run in lm_runs) + "; — where "
-            f"not measured. Filled by `python scripts/menu_table.py {quality_run} {' '.join(lm_runs)}`.\n\n" + "\n".join(rows) + "\n")
+            + ", ".join(f"[{run}]({run}/REPORT.md)" for run in lm_runs) + "; — where not measured.\n"
+            f"- Filled by `python scripts/menu_table.py {quality_run} {' '.join(lm_runs)}`.\n\n" + "\n".join(rows) + "\n")
     README.write_text(replace_block(text[:block.start(1)] + body + text[block.end(1):], DEPLOY, deploy_sentence()))
     page = DOCS_VARIANTS.read_text()
     DOCS_VARIANTS.write_text(replace_block(page, DEPLOY, deploy_sentence()))

@@ -1,6 +1,5 @@
-"""Copy the tables of the committed reports into README.md (the sweep's summary, one line a variant) and
-docs/quality.md (the quality runs'), between their markers; docs/speed.md gets the sweep's whole summary table
-and the long sweep's (to N = 65536).
+"""Copy the tables of the committed reports into docs/speed.md (the sweep's summary, one line a variant, then
+whole, and the long sweep's to N = 65536) and docs/quality.md (the quality runs'), between their markers.
 
     python scripts/readme_summary.py results/cpu-reference/REPORT.md results/quality-reference/REPORT.md \
         results/quality-long/REPORT.md results/cpu-long/REPORT.md
@@ -65,13 +64,11 @@ def summary_table(report: str, ran_only: bool = False) -> str:
 speed_report, quality_report, long_report, sweep_long_report = (Path(p).read_text() for p in sys.argv[1:5])
 quality = quality_report.split("## Quality: copy and associative recall", 1)[1].split("\n#", 1)[0].split("![", 1)[0].strip()
 long_quality = long_report.split("## Quality: copy and associative recall", 1)[1].split("### Cost of a training step", 1)[0].strip()
-readme = Path("README.md").read_text()
-readme = replace_block(readme, "summary", (
-    f"From [`{sys.argv[1]}`]({sys.argv[1]}), one line a variant (\"@N\": the largest N it reached; \"—\": a mode it "
-    f"does not run; \"beats full from N\": the smallest N from which it is faster at every larger N; the whole summary "
-    f"with exponents is in [docs/speed.md](docs/speed.md)):\n\n{per_variant(Path(sys.argv[1]).parent)}"))
-Path("README.md").write_text(readme)
 speed = Path("docs/speed.md").read_text()
+speed = replace_block(speed, "per-variant", (
+    f"From [`{sys.argv[1]}`](../{sys.argv[1]}), one line a variant (\"@N\": the largest N it reached; \"—\": a mode "
+    f"it does not run; \"beats full from N\": the smallest N from which it is faster at every larger N):\n\n"
+    f"{per_variant(Path(sys.argv[1]).parent)}"))
 speed = replace_block(speed, "summary", (
     f"Summary from [`{sys.argv[1]}`](../{sys.argv[1]}) (exponents fitted on the upper half of the lengths; "
     f"\"beats full from N\": the smallest N from which the variant is faster at every larger N):\n\n{summary_table(speed_report)}"))

@@ -13,7 +13,7 @@ import typer
 from harness.cli import app
 
 ROOT = Path(__file__).resolve().parent.parent
-PAGES = [ROOT / "README.md", *sorted((ROOT / "docs").glob("*.md"))]
+PAGES = [ROOT / "README.md", *sorted((ROOT / "docs").glob("*.md")), ROOT / "CONTRIBUTING.md"]
 
 
 def _links(text: str) -> list[str]:
@@ -38,7 +38,7 @@ def _commands(text: str) -> list[str]:
 def test_the_pages_exist_and_link_to_each_other():
     assert len(PAGES) >= 8, PAGES
     readme = (ROOT / "README.md").read_text()
-    for page in PAGES[1:]:
+    for page in PAGES[1:-1]:
         assert f"(docs/{page.name})" in readme, f"the README does not link to docs/{page.name}"
 
 
@@ -95,3 +95,34 @@ def test_the_deployment_sentence_is_what_the_specs_say():
     for page in ("README.md", "docs/variants.md"):
         text = (ROOT / page).read_text()
         assert "<!-- deploy:start -->" in text and replace_block(text, "deploy", sentence) == text, page
+
+
+def _paragraphs(text: str) -> list[str]:
+    """The prose of a page: its blank-line-separated blocks, a list item each, without code, tables, images,
+    headings or markers."""
+    text = re.sub(r"```.*?```", "", text, flags=re.S)
+    blocks = []
+    for block in re.split(r"\n\s*\n", text):
+        lines = [line for line in block.splitlines() if not line.startswith(("|", "#", "![", "<!--"))]
+        item = []
+        for line in lines:
+            if re.match(r"\s*([-*]|\d+\.) ", line) and item:
+                blocks.append(" ".join(item))
+                item = []
+            item.append(line)
+        if item:
+            blocks.append(" ".join(item))
+    return blocks
+
+
+@pytest.mark.parametrize("page", ["README.md", "CONTRIBUTING.md"])
+def test_the_front_pages_keep_their_prose_budget(page):
+    # a paragraph (or list item) of at most 60 words; the README a front page of at most 120 lines whose first
+    # figure shows within its first 40
+    text = (ROOT / page).read_text()
+    long = [(len(p.split()), p[:60]) for p in _paragraphs(text) if len(p.split()) > 60]
+    assert not long, f"{page}: paragraphs over 60 words: {long}"
+    if page == "README.md":
+        lines = text.splitlines()
+        assert len(lines) <= 120, len(lines)
+        assert any(line.startswith("![") for line in lines[:40]), "the README's first figure is not in its first 40 lines"
