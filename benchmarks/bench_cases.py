@@ -25,9 +25,16 @@ class FlexDirect(LongformerPattern):
     """torch's compiled `flex_attention` with a band mask from torch's own `create_block_mask`: what a
     user would write without attnbench. Not registered; its dense definition is the Longformer band's."""
 
-    spec = VariantSpec(name=FLEX, summary="FlexAttention, called directly with create_block_mask",
-                       reference="torch.nn.attention.flex_attention", time_complexity="O(N w D)",
-                       memory_complexity="O(N D)", supports_cross_attention=False, backward_devices=("cuda",), subquadratic=True)
+    spec = VariantSpec(
+        name=FLEX,
+        summary="FlexAttention, called directly with create_block_mask",
+        reference="torch.nn.attention.flex_attention",
+        time_complexity="O(N w D)",
+        memory_complexity="O(N D)",
+        supports_cross_attention=False,
+        backward_devices=("cuda",),
+        subquadratic=True,
+    )
 
     def __init__(self, *, window: int = 256, **base):
         super().__init__(window=window, global_tokens=0, **base)
@@ -41,6 +48,7 @@ class FlexDirect(LongformerPattern):
         n, w = q.shape[-2], self.window
         key = (n, causal, str(q.device))
         if key not in self._masks:
+
             def band(b, h, i, j):
                 return ((i - j).abs() <= w) & (j <= i) if causal else (i - j).abs() <= w
 
@@ -88,10 +96,16 @@ def _settings(config) -> dict:
             "variants": resolve_variants(config.getoption("--bench-variants"), (config.getoption("--bench-device"),)),
             "passes": parse_list(config.getoption("--bench-passes"), "--bench-passes", ("fwd", "fwdbwd")),
             "causal": {"no": (False,), "yes": (True,), "both": (False, True)}[config.getoption("--bench-causal")],
-            "dtype": config.getoption("--bench-dtype"), "batch": b, "heads": h, "head_dim": d,
+            "dtype": config.getoption("--bench-dtype"),
+            "batch": b,
+            "heads": h,
+            "head_dim": d,
             "window": config.getoption("--bench-window"),
-            "options": merge_options(config.getoption("--bench-option") or [], window=config.getoption("--bench-window"),
-                                     compression=config.getoption("--bench-compression")),
+            "options": merge_options(
+                config.getoption("--bench-option") or [],
+                window=config.getoption("--bench-window"),
+                compression=config.getoption("--bench-compression"),
+            ),
             "also": dict(_also(text) for text in config.getoption("--bench-also") or []),
         }
     except (ArgumentError, ValueError) as err:
@@ -109,10 +123,22 @@ def _also(text: str) -> tuple[str, dict]:
 def cases(config) -> list[Case]:
     s = _settings(config)
     names = [name for name in s["variants"] if variants.variant_class(name).unavailable_reason(s["device"]) is None]
-    names += [label for label in s["also"] if variants.variant_class(registered(label)).unavailable_reason(s["device"]) is None]
-    if any(variants.variant_class(registered(name)).spec.reach_option for name in names):  # a windowed method: its yardstick too
+    names += [
+        label
+        for label in s["also"]
+        if variants.variant_class(registered(label)).unavailable_reason(s["device"]) is None
+    ]
+    if any(
+        variants.variant_class(registered(name)).spec.reach_option for name in names
+    ):  # a windowed method: its yardstick too
         names.append(FLEX)
-    return [Case(name, n, pass_, causal) for name in names for n in s["lengths"] for pass_ in s["passes"] for causal in s["causal"]]
+    return [
+        Case(name, n, pass_, causal)
+        for name in names
+        for n in s["lengths"]
+        for pass_ in s["passes"]
+        for causal in s["causal"]
+    ]
 
 
 class Suite:
@@ -136,11 +162,21 @@ class Suite:
             if name == FLEX:
                 attn = FlexDirect(window=self.s["window"])
             elif name in self.s["also"]:
-                attn = variants.build(registered(name), device=self.device, num_heads=self.s["heads"],
-                                      head_dim=self.s["head_dim"], **self.s["also"][name])
+                attn = variants.build(
+                    registered(name),
+                    device=self.device,
+                    num_heads=self.s["heads"],
+                    head_dim=self.s["head_dim"],
+                    **self.s["also"][name],
+                )
             else:
-                attn = variants.build(name, device=self.device, num_heads=self.s["heads"], head_dim=self.s["head_dim"],
-                                      **variants.options_taken(name, opts))
+                attn = variants.build(
+                    name,
+                    device=self.device,
+                    num_heads=self.s["heads"],
+                    head_dim=self.s["head_dim"],
+                    **variants.options_taken(name, opts),
+                )
             self._built[name] = attn.to(self.device, getattr(torch, self.s["dtype"]))
         return self._built[name]
 
@@ -173,8 +209,17 @@ class Suite:
             s = self.s
             backward = attn.backward_unsupported_reason(s["device"]) is None and "fwdbwd" in s["passes"]
             n = measure.gate_length(attn, 320, max(s["lengths"]))
-            self._gates[key] = measure.gate(attn, measure.CHECK_BATCH, s["heads"], n, s["head_dim"], s["dtype"], self.device,
-                                            causal=case.causal, backward=backward)
+            self._gates[key] = measure.gate(
+                attn,
+                measure.CHECK_BATCH,
+                s["heads"],
+                n,
+                s["head_dim"],
+                s["dtype"],
+                self.device,
+                causal=case.causal,
+                backward=backward,
+            )
         verdict = self._gates[key]
         if not verdict["ok"]:
             pytest.fail(f"{case.variant} failed the correctness gate, not timed: {verdict['message']}", pytrace=False)
@@ -183,8 +228,17 @@ class Suite:
     def _cell(self, case: Case) -> tuple[RunConfig, Cell]:
         """The case as bench run's planner sees it, so budgets and FLOPs come from the same code."""
         s = self.s
-        config = RunConfig(variants=(case.name,), lengths=(case.n,), devices=(s["device"],), passes=(case.pass_,),
-                           causal=(case.causal,), batch=s["batch"], heads=s["heads"], head_dim=s["head_dim"], dtype=s["dtype"])
+        config = RunConfig(
+            variants=(case.name,),
+            lengths=(case.n,),
+            devices=(s["device"],),
+            passes=(case.pass_,),
+            causal=(case.causal,),
+            batch=s["batch"],
+            heads=s["heads"],
+            head_dim=s["head_dim"],
+            dtype=s["dtype"],
+        )
         return config, Cell(s["device"], case.name, case.pass_, case.causal, case.n)
 
     def flops(self, case: Case, attn) -> float:
@@ -192,4 +246,6 @@ class Suite:
 
     def inputs(self, case: Case):
         s = self.s
-        return measure.make_inputs(s["batch"], s["heads"], case.n, s["head_dim"], s["dtype"], self.device, case.pass_ == "fwdbwd")
+        return measure.make_inputs(
+            s["batch"], s["heads"], case.n, s["head_dim"], s["dtype"], self.device, case.pass_ == "fwdbwd"
+        )

@@ -19,15 +19,22 @@ def ratios(report: dict) -> dict[str, list[dict]]:
     groups: dict[str, dict[str, dict]] = defaultdict(dict)
     for bench in report["benchmarks"]:
         info = bench.get("extra_info", {})
-        groups[bench["group"]][info["variant"]] = {"median_s": bench["stats"]["median"], "peak_bytes": info.get("peak_bytes")}
+        groups[bench["group"]][info["variant"]] = {
+            "median_s": bench["stats"]["median"],
+            "peak_bytes": info.get("peak_bytes"),
+        }
     table = {}
     for group, by_variant in groups.items():
         full = by_variant.get("full", {}).get("median_s")
         flex = by_variant.get(FLEX, {}).get("median_s")
         table[group] = [
-            {"variant": name, "median_s": row["median_s"],
-             "vs_full": row["median_s"] / full if full else None, "vs_flex": row["median_s"] / flex if flex else None,
-             "peak_mib": None if row["peak_bytes"] is None else row["peak_bytes"] / 2**20}
+            {
+                "variant": name,
+                "median_s": row["median_s"],
+                "vs_full": row["median_s"] / full if full else None,
+                "vs_flex": row["median_s"] / flex if flex else None,
+                "peak_mib": None if row["peak_bytes"] is None else row["peak_bytes"] / 2**20,
+            }
             for name, row in sorted(by_variant.items())
         ]
     return table
@@ -45,8 +52,10 @@ def main(path: str) -> None:
         print(f"\n{group}")
         print(f"  {'variant':24s} {'median':>10s} {'/ full':>8s} {'/ flex':>8s} {'peak MiB':>9s}")
         for row in table[group]:
-            print(f"  {row['variant']:24s} {row['median_s'] * 1e3:8.2f}ms {num(row['vs_full'], '8.3f')} "
-                  f"{num(row['vs_flex'], '8.3f')} {num(row['peak_mib'], '9.1f')}")
+            print(
+                f"  {row['variant']:24s} {row['median_s'] * 1e3:8.2f}ms {num(row['vs_full'], '8.3f')} "
+                f"{num(row['vs_flex'], '8.3f')} {num(row['peak_mib'], '9.1f')}"
+            )
 
 
 if __name__ == "__main__":

@@ -20,17 +20,28 @@ def test_attention(benchmark, suite, case):
     attn = suite.gated(case)
     q, k, v = suite.inputs(case)
     call = measure.pass_call(attn, q, k, v, causal=case.causal, backward=case.pass_ == "fwdbwd", sync=True)
-    measure.warmed(call, suite.device, warmup=1)  # as bench run: compilation (FlexAttention compiles per shape), steady allocator
+    measure.warmed(
+        call, suite.device, warmup=1
+    )  # as bench run: compilation (FlexAttention compiles per shape), steady allocator
     benchmark.group = case.group
     flops = suite.flops(case, attn)
-    benchmark.extra_info.update(variant=case.variant, n=case.n, pass_=case.pass_, causal=case.causal, flops=flops,
-                                threads=measure.torch.get_num_threads(), matmul_peak_gflops=suite.peak_gflops)
+    benchmark.extra_info.update(
+        variant=case.variant,
+        n=case.n,
+        pass_=case.pass_,
+        causal=case.causal,
+        flops=flops,
+        threads=measure.torch.get_num_threads(),
+        matmul_peak_gflops=suite.peak_gflops,
+    )
     benchmark(call)
     stats = getattr(benchmark, "stats", None)
     if stats is not None and not suite.disabled:
         median = stats.stats.median
         benchmark.extra_info["gflops"] = flops / median / 1e9
-        benchmark.extra_info["fraction_of_peak"] = flops / median / 1e9 / suite.peak_gflops if suite.peak_gflops else None
+        benchmark.extra_info["fraction_of_peak"] = (
+            flops / median / 1e9 / suite.peak_gflops if suite.peak_gflops else None
+        )
     if suite.memory:  # after timing, as bench run does: pinned to make allocations visible, then steady again
         from harness.core.memory import measure_peak, pin_mmap_threshold, steady_allocator
 

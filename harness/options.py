@@ -8,7 +8,11 @@ import math
 import re
 from pathlib import Path
 
-SHAPE_HINTS = ("num_heads", "head_dim", "num_kv_heads")  # options every variant takes, set from the run's shape (not stored as its options)
+SHAPE_HINTS = (
+    "num_heads",
+    "head_dim",
+    "num_kv_heads",
+)  # options every variant takes, set from the run's shape (not stored as its options)
 
 
 class ArgumentError(ValueError):
@@ -26,12 +30,21 @@ def read_text_file(path: str, option: str) -> str:
     return content
 
 
-def check_number(option: str, value: float, low: float, high: float, unit: str = "", low_inclusive: bool = True) -> None:
+def check_number(
+    option: str, value: float, low: float, high: float, unit: str = "", low_inclusive: bool = True
+) -> None:
     """ArgumentError unless `value` is a finite number within [low, high] (or (low, high])."""
-    ok = isinstance(value, (int, float)) and math.isfinite(value) and value <= high and (value >= low if low_inclusive else value > low)
+    ok = (
+        isinstance(value, (int, float))
+        and math.isfinite(value)
+        and value <= high
+        and (value >= low if low_inclusive else value > low)
+    )
     if not ok:
         lower = f">= {low:g}" if low_inclusive else f"> {low:g}"
-        raise ArgumentError(f"{option}: {value!r} is not allowed; use a finite number {lower} and <= {high:g}{' ' + unit if unit else ''}")
+        raise ArgumentError(
+            f"{option}: {value!r} is not allowed; use a finite number {lower} and <= {high:g}{' ' + unit if unit else ''}"
+        )
 
 
 _SIZE = re.compile(r"^\s*(\d+(?:\.\d+)?)\s*([kmgt]?)(i?b?)\s*$", re.IGNORECASE)
@@ -57,7 +70,9 @@ def parse_lengths(text: str) -> tuple[int, ...]:
     try:
         values = [int(part) for part in text.split(",") if part.strip()]
     except ValueError:
-        raise ArgumentError(f"--lengths: {text!r} is not a comma-separated list of integers (e.g. 1000,3000,10000)") from None
+        raise ArgumentError(
+            f"--lengths: {text!r} is not a comma-separated list of integers (e.g. 1000,3000,10000)"
+        ) from None
     if not values or any(not 1 <= v <= MAX_LENGTH for v in values):
         raise ArgumentError(f"--lengths: {text!r} must list integers from 1 to {MAX_LENGTH} (2^31)")
     return tuple(sorted(set(values)))
@@ -65,7 +80,9 @@ def parse_lengths(text: str) -> tuple[int, ...]:
 
 def powers_of_two(min_len: int, max_len: int) -> tuple[int, ...]:
     if min_len < 1 or max_len < min_len or max_len > MAX_LENGTH:
-        raise ArgumentError(f"--min-len {min_len} / --max-len {max_len}: need 1 <= min-len <= max-len <= {MAX_LENGTH} (2^31)")
+        raise ArgumentError(
+            f"--min-len {min_len} / --max-len {max_len}: need 1 <= min-len <= max-len <= {MAX_LENGTH} (2^31)"
+        )
     lengths, n = [], 1
     while n <= max_len:
         if n >= min_len:
@@ -83,8 +100,10 @@ def parse_option(text: str) -> tuple[str, object]:
     NaN and infinities are refused: no option takes them, and they cannot be stored as standard JSON."""
     name, sep, raw = text.partition("=")
     if not sep or not name.strip() or not re.fullmatch(r"([A-Za-z_]\w*\.)?[A-Za-z_]\w*", name.strip()):
-        raise ArgumentError(f"--option: {text!r} must look like name=value (e.g. window=128), or variant.name=value "
-                            "for one variant only (e.g. linformer.max_len=65536)")
+        raise ArgumentError(
+            f"--option: {text!r} must look like name=value (e.g. window=128), or variant.name=value "
+            "for one variant only (e.g. linformer.max_len=65536)"
+        )
     try:
         value = json.loads(raw)
     except json.JSONDecodeError:
@@ -113,8 +132,10 @@ def parse_resources(texts: list[str]) -> dict[str, float]:
         except ValueError:
             value = -1.0
         if not sep or not name.strip() or not (value > 0 and math.isfinite(value)):
-            raise ArgumentError(f"--ray-resources: {text!r} is not NAME=AMOUNT with a positive amount "
-                                f"(e.g. accelerator_type:H100=0.001, or a custom resource your nodes declare)")
+            raise ArgumentError(
+                f"--ray-resources: {text!r} is not NAME=AMOUNT with a positive amount "
+                f"(e.g. accelerator_type:H100=0.001, or a custom resource your nodes declare)"
+            )
         resources[name.strip()] = value
     return resources
 
@@ -124,4 +145,3 @@ def merge_options(option: list[str], **named) -> dict:
     options = dict(parse_option(text) for text in option)
     options.update({key: value for key, value in named.items() if value is not None})
     return options
-

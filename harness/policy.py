@@ -26,6 +26,7 @@ def resolve_variants(text: str, devices: tuple[str, ...], here: bool = True) -> 
     else, for a cluster, every variant whose spec lists one of them); else the named ones."""
     registered = variants.available()
     if text.strip() == "all":
+
         def runs(name: str, device: str) -> bool:
             cls = variants.variant_class(name)
             return cls.unavailable_reason(device) is None if here else device in cls.spec.devices
@@ -34,7 +35,9 @@ def resolve_variants(text: str, devices: tuple[str, ...], here: bool = True) -> 
     names = tuple(dict.fromkeys(part.strip() for part in text.split(",") if part.strip()))
     unknown = [name for name in names if name not in registered]
     if unknown or not names:
-        raise ArgumentError(f"--variants: unknown variant(s) {', '.join(unknown) or repr(text)}; available: all, {', '.join(registered)}")
+        raise ArgumentError(
+            f"--variants: unknown variant(s) {', '.join(unknown) or repr(text)}; available: all, {', '.join(registered)}"
+        )
     return names
 
 
@@ -66,16 +69,22 @@ def check_options(options: dict, names: tuple[str, ...]) -> None:
         target, scoped, option = key.rpartition(".")
         if scoped:
             if target not in names:
-                raise ArgumentError(f"option {key}={value!r} is for {target}, which is not among the selected variants "
-                                    f"({', '.join(names)})")
+                raise ArgumentError(
+                    f"option {key}={value!r} is for {target}, which is not among the selected variants "
+                    f"({', '.join(names)})"
+                )
             if option not in variants.option_names(target):
-                raise ArgumentError(f"option {key}={value!r}: {target} takes no option {option!r}; it takes: "
-                                    f"{', '.join(variants.option_names(target)) or 'none'}")
+                raise ArgumentError(
+                    f"option {key}={value!r}: {target} takes no option {option!r}; it takes: "
+                    f"{', '.join(variants.option_names(target)) or 'none'}"
+                )
             check_variant_options(target, {option: value}, f"option {key}={value!r}")
             continue
         takers = [name for name in names if key in variants.option_names(name)]
         if not takers:
-            raise ArgumentError(f"option {key}={value!r} is taken by none of the selected variants ({', '.join(names)})")
+            raise ArgumentError(
+                f"option {key}={value!r} is taken by none of the selected variants ({', '.join(names)})"
+            )
         for name in takers:
             check_variant_options(name, {key: value}, f"option {key}={value!r}")
 
@@ -98,7 +107,9 @@ def resolve_devices(text: str, cluster: tuple[str, ...] | None = None) -> tuple[
 def require_cuda(option: str) -> None:
     """ArgumentError naming `option` when CUDA was asked for and torch sees no CUDA device."""
     if not torch.cuda.is_available():
-        raise ArgumentError(f"{option}: cuda was asked for, but no CUDA device is available (torch.cuda.is_available() is False)")
+        raise ArgumentError(
+            f"{option}: cuda was asked for, but no CUDA device is available (torch.cuda.is_available() is False)"
+        )
 
 
 CPU_BUDGET_FRACTION = 0.6  # of the available RAM, for a CPU cell

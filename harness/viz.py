@@ -16,7 +16,9 @@ import variants
 from harness.readers.plots import matplotlib_rc, save_figure
 
 
-def attention_patterns(names: list[str], n: int, causal: bool, options: dict, head_dim: int = 16, seed: int = 0) -> dict:
+def attention_patterns(
+    names: list[str], n: int, causal: bool, options: dict, head_dim: int = 16, seed: int = 0
+) -> dict:
     """{variant: ((N, N) weights of head 0, the options shown in its title: those of `options` it takes that
     change its function, per its spec)} on one random (1, 1, N, head_dim) input; skips what cannot run here."""
     g = torch.Generator().manual_seed(seed)
@@ -37,7 +39,9 @@ def attention_patterns(names: list[str], n: int, causal: bool, options: dict, he
         if reason:
             skipped[name] = f"at N={n}: {reason}"
             continue
-        shown = {key: value for key, value in opts.items() if key in cls.spec.function_options}  # what changes the pattern
+        shown = {
+            key: value for key, value in opts.items() if key in cls.spec.function_options
+        }  # what changes the pattern
         patterns[name] = (attn.attention_matrix(q, k, causal=causal)[0, 0], shown)
     return {"patterns": patterns, "skipped": skipped}
 
@@ -58,12 +62,17 @@ def draw_patterns(result: dict, out: Path, n: int, causal: bool) -> Path:
         ax.set_visible(True)
         w = weights.float().numpy()
         # square-root colour scale: the few large weights (a query's first keys) would otherwise hide the pattern
-        ax.imshow(w, cmap="magma", norm=PowerNorm(0.5, vmin=0.0, vmax=max(float(w.max()), 1e-9)), interpolation="nearest")
+        ax.imshow(
+            w, cmap="magma", norm=PowerNorm(0.5, vmin=0.0, vmax=max(float(w.max()), 1e-9)), interpolation="nearest"
+        )
         ax.set_title(name + ("\n" + ", ".join(f"{k}={v}" for k, v in shown.items()) if shown else ""), fontsize=8)
         ax.set_xlabel("key position", fontsize=7)
         ax.set_ylabel("query position", fontsize=7)
         ax.tick_params(labelsize=6)
-    fig.suptitle(f"Attention weights each variant applies (N={n}, {'causal' if causal else 'non-causal'}, one random input)", fontsize=10)
+    fig.suptitle(
+        f"Attention weights each variant applies (N={n}, {'causal' if causal else 'non-causal'}, one random input)",
+        fontsize=10,
+    )
     out = Path(out)
     out.parent.mkdir(parents=True, exist_ok=True)
     return save_figure(fig, out)

@@ -56,8 +56,13 @@ def point(name: str, options: dict, q, k, v, exact, causal: bool, min_time: floa
     error = ((out.double() - exact).norm() / exact.norm()).item()
     call = measure.pass_call(attn, q, k, v, causal=causal, backward=False)
     timing = measure.measure_time(call, torch.device("cpu"), warmup=1, repeats=5, min_time=min_time)
-    return {"variant": name, "options": options, "error": error, "time_median_s": measure.timing_stats(timing.times)["time_median_s"],
-            "samples": len(timing.times)}
+    return {
+        "variant": name,
+        "options": options,
+        "error": error,
+        "time_median_s": measure.timing_stats(timing.times)["time_median_s"],
+        "samples": len(timing.times),
+    }
 
 
 def draw(points: list[dict], out: Path, n: int, causal: bool) -> Path:
@@ -79,12 +84,17 @@ def draw(points: list[dict], out: Path, n: int, causal: bool) -> Path:
         xs, ys = [p["time_median_s"] * 1e3 for p in mine], [p["error"] for p in mine]
         ax.plot(xs, ys, marker=marker, color=color, label=f"{name} ({option})", lw=1.2 if name != "linear" else 0)
         for p, x, y in zip(mine, xs, ys):
-            ax.annotate(str(p["options"][option]), (x, y), textcoords="offset points", xytext=(4, 3), fontsize=6, color=color)
+            ax.annotate(
+                str(p["options"][option]), (x, y), textcoords="offset points", xytext=(4, 3), fontsize=6, color=color
+            )
     ax.set_xscale("log")
     ax.set_yscale("log")
     ax.set_xlabel("forward time (ms, median)")
     ax.set_ylabel("relative error vs exact softmax (‖out − exact‖ / ‖exact‖)")
-    ax.set_title(f"Error against time, N={n}, B=1, H=8, D=64, {'causal' if causal else 'non-causal'}, standard-normal inputs", fontsize=9)
+    ax.set_title(
+        f"Error against time, N={n}, B=1, H=8, D=64, {'causal' if causal else 'non-causal'}, standard-normal inputs",
+        fontsize=9,
+    )
     ax.grid(True, which="both", alpha=0.3)
     ax.legend(fontsize=8)
     return save_figure(fig, out / "error_vs_time.png")
@@ -109,11 +119,21 @@ def main(argv: list[str]) -> None:
             continue
         points.append(point(name, options, q, k, v, exact, args.causal, args.min_time))
         p = points[-1]
-        print(f"[{index}/{len(todo)}] {name} {options}: error {p['error']:.4f}, {p['time_median_s'] * 1e3:.1f} ms", flush=True)
+        print(
+            f"[{index}/{len(todo)}] {name} {options}: error {p['error']:.4f}, {p['time_median_s'] * 1e3:.1f} ms",
+            flush=True,
+        )
     args.out.mkdir(parents=True, exist_ok=True)
-    record = {"command": "python scripts/error_vs_time.py " + " ".join(argv), "n": args.n, "causal": args.causal,
-              "shape": {"batch": 1, "heads": 8, "head_dim": 64}, "inputs": "standard normal (harness.core.measure.make_inputs)",
-              "seconds": round(time.time() - started, 1), "environment": environment(sys.argv), "points": points}
+    record = {
+        "command": "python scripts/error_vs_time.py " + " ".join(argv),
+        "n": args.n,
+        "causal": args.causal,
+        "shape": {"batch": 1, "heads": 8, "head_dim": 64},
+        "inputs": "standard normal (harness.core.measure.make_inputs)",
+        "seconds": round(time.time() - started, 1),
+        "environment": environment(sys.argv),
+        "points": points,
+    }
     (args.out / "tradeoff.json").write_text(json.dumps(record, indent=1) + "\n")
     print(f"wrote {args.out / 'tradeoff.json'} and {draw(points, args.out, args.n, args.causal)}")
 

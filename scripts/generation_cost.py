@@ -30,8 +30,16 @@ def _model(variant: str):
     import variants.hf as vh
 
     torch.manual_seed(0)
-    config = LlamaConfig(vocab_size=512, hidden_size=256, intermediate_size=512, num_hidden_layers=2, num_attention_heads=4,
-                         num_key_value_heads=2, max_position_embeddings=8192, attn_implementation="sdpa")
+    config = LlamaConfig(
+        vocab_size=512,
+        hidden_size=256,
+        intermediate_size=512,
+        num_hidden_layers=2,
+        num_attention_heads=4,
+        num_key_value_heads=2,
+        max_position_embeddings=8192,
+        attn_implementation="sdpa",
+    )
     return vh.use(LlamaForCausalLM(config).eval(), variant, **OPTIONS.get(variant, {}))
 
 
@@ -57,22 +65,36 @@ def one_generation(variant: str, tokens: int) -> dict:
 
     def generate():
         with torch.no_grad():
-            model.generate(ids, past_key_values=cache, max_new_tokens=tokens, min_new_tokens=tokens, do_sample=False,
-                           logits_processor=LogitsProcessorList([Clock()]), pad_token_id=0)
+            model.generate(
+                ids,
+                past_key_values=cache,
+                max_new_tokens=tokens,
+                min_new_tokens=tokens,
+                do_sample=False,
+                logits_processor=LogitsProcessorList([Clock()]),
+                pad_token_id=0,
+            )
 
     cache = vh.state_cache(model)
     generate()  # warm-up (and the timed stamps)
     per_token = [b - a for a, b in zip(stamps, stamps[1:])]
-    first, last = per_token[: len(per_token) // 8], per_token[-(len(per_token) // 8):]
+    first, last = per_token[: len(per_token) // 8], per_token[-(len(per_token) // 8) :]
     sizes_seen = list(sizes)
     stamps.clear()
     sizes.clear()
     cache = vh.state_cache(model)
     pin_mmap_threshold()
     peak = measure_peak(generate, torch.device("cpu"))["peak_bytes"]
-    return {"variant": variant, "tokens": tokens, "prompt": PROMPT, "ms_per_token_first_eighth": 1e3 * statistics.median(first),
-            "ms_per_token_last_eighth": 1e3 * statistics.median(last), "state_bytes_first": sizes_seen[0],
-            "state_bytes_last": sizes_seen[-1], "peak_bytes": peak}
+    return {
+        "variant": variant,
+        "tokens": tokens,
+        "prompt": PROMPT,
+        "ms_per_token_first_eighth": 1e3 * statistics.median(first),
+        "ms_per_token_last_eighth": 1e3 * statistics.median(last),
+        "state_bytes_first": sizes_seen[0],
+        "state_bytes_last": sizes_seen[-1],
+        "peak_bytes": peak,
+    }
 
 
 def main() -> None:
@@ -88,9 +110,12 @@ def main() -> None:
             with ctx.Pool(1) as pool:
                 record = pool.apply(one_generation, (variant, tokens))
             records.append(record)
-            print(f"{variant:18s} G={tokens:5d}  ms/token first 1/8 {record['ms_per_token_first_eighth']:6.2f}  "
-                  f"last 1/8 {record['ms_per_token_last_eighth']:6.2f}  state {record['state_bytes_first'] / 2**10:8.1f} -> "
-                  f"{record['state_bytes_last'] / 2**10:8.1f} KiB  peak {record['peak_bytes'] / 2**20:6.1f} MiB", flush=True)
+            print(
+                f"{variant:18s} G={tokens:5d}  ms/token first 1/8 {record['ms_per_token_first_eighth']:6.2f}  "
+                f"last 1/8 {record['ms_per_token_last_eighth']:6.2f}  state {record['state_bytes_first'] / 2**10:8.1f} -> "
+                f"{record['state_bytes_last'] / 2**10:8.1f} KiB  peak {record['peak_bytes'] / 2**20:6.1f} MiB",
+                flush=True,
+            )
     os.makedirs(os.path.dirname(args.out) or ".", exist_ok=True)
     with open(args.out, "w") as f:
         json.dump(records, f, indent=1)

@@ -24,11 +24,15 @@ PACKAGES = ("variants", "harness")
 # (wing, rank): a module imports only lower ranks, or its own wing
 WINGS = (
     ("variants", 0),
-    ("harness", 1), ("harness.options", 1), ("harness.fmt", 1),  # harness: the package's own (empty) module
+    ("harness", 1),
+    ("harness.options", 1),
+    ("harness.fmt", 1),  # harness: the package's own (empty) module
     ("harness.core", 2),
     ("harness.store", 3),
     ("harness.policy", 4),
-    ("harness.sweep", 5), ("harness.quality", 5), ("harness.lm", 5),
+    ("harness.sweep", 5),
+    ("harness.quality", 5),
+    ("harness.lm", 5),
     ("harness.readers", 6),
     ("harness.viz", 7),
     ("harness.cli", 8),
@@ -84,15 +88,25 @@ def imports(name: str, path: Path, known: dict) -> list[tuple[str, int, bool]]:
 def wing(name: str) -> tuple[str, int]:
     best = max((w for w in WINGS if name == w[0] or name.startswith(w[0] + ".")), key=lambda w: len(w[0]), default=None)
     if best is None:
-        raise SystemExit(f"{name}: in no wing of scripts/imports.py's WINGS; add its wing there (and to the README's Layout)")
+        raise SystemExit(
+            f"{name}: in no wing of scripts/imports.py's WINGS; add its wing there (and to the README's Layout)"
+        )
     return best
 
 
 def loads_torch(known: dict, graph: dict) -> set[str]:
     """The modules whose top-level imports (followed through the project) load torch."""
-    direct = {name for name, path in known.items()
-              if any(isinstance(n, (ast.Import, ast.ImportFrom)) and any((a.name if isinstance(n, ast.Import) else (n.module or "")).split(".")[0] == "torch" for a in n.names)
-                     for n in ast.parse(path.read_text()).body)}
+    direct = {
+        name
+        for name, path in known.items()
+        if any(
+            isinstance(n, (ast.Import, ast.ImportFrom))
+            and any(
+                (a.name if isinstance(n, ast.Import) else (n.module or "")).split(".")[0] == "torch" for a in n.names
+            )
+            for n in ast.parse(path.read_text()).body
+        )
+    }
     heavy, changed = set(direct), True
     while changed:
         changed = False
@@ -147,31 +161,46 @@ def problems(root: Path = ROOT) -> tuple[dict, list[str], dict]:
             where = f"{known[name].relative_to(root)}:{line}"
             their, their_rank = wing(target)
             if their != own and their_rank >= rank:
-                found.append(f"{where}: {name} imports {target}, a wing {'beside' if their_rank == rank else 'above'} its own")
+                found.append(
+                    f"{where}: {name} imports {target}, a wing {'beside' if their_rank == rank else 'above'} its own"
+                )
             if own == "harness.readers" and target.startswith(READER_FORBIDDEN) and target not in READER_SCHEMAS:
-                found.append(f"{where}: the reader {name} imports {target} (readers take only {', '.join(READER_SCHEMAS)})")
+                found.append(
+                    f"{where}: the reader {name} imports {target} (readers take only {', '.join(READER_SCHEMAS)})"
+                )
             if local and not (name not in heavy and target in heavy):
-                found.append(f"{where}: {name} imports {target} inside a function; import it at the top"
-                             + ("" if name not in heavy else f" ({name} loads torch anyway)"))
+                found.append(
+                    f"{where}: {name} imports {target} inside a function; import it at the top"
+                    + ("" if name not in heavy else f" ({name} loads torch anyway)")
+                )
     return graph, found, {"heavy": heavy, "known": known}
 
 
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("--check", action="store_true", help="exit 1 on a cycle, an upward import or a function-local import not allowed")
+    parser.add_argument(
+        "--check",
+        action="store_true",
+        help="exit 1 on a cycle, an upward import or a function-local import not allowed",
+    )
     args = parser.parse_args()
     graph, found, facts = problems()
     top = sum(1 for edges in graph.values() for _, _, local in edges if not local)
     local = [(name, target) for name, edges in graph.items() for target, _, is_local in edges if is_local]
-    print(f"{len(graph)} modules, {top} imports at the top of files, {len(local)} inside functions "
-          f"(a torch-free module reaching a wing that loads torch), {len(cycles(graph))} cycles, "
-          f"{sum('wing' in p for p in found)} imports against the wings' order")
+    print(
+        f"{len(graph)} modules, {top} imports at the top of files, {len(local)} inside functions "
+        f"(a torch-free module reaching a wing that loads torch), {len(cycles(graph))} cycles, "
+        f"{sum('wing' in p for p in found)} imports against the wings' order"
+    )
     if not args.check:
         for name in sorted(graph):
             tops = sorted({t for t, _, is_local in graph[name] if not is_local})
             lazy = sorted({t for t, _, is_local in graph[name] if is_local})
             torch = " [torch]" if name in facts["heavy"] else ""
-            print(f"  {name}{torch} -> {', '.join(tops) or '-'}" + (f"; inside functions: {', '.join(lazy)}" if lazy else ""))
+            print(
+                f"  {name}{torch} -> {', '.join(tops) or '-'}"
+                + (f"; inside functions: {', '.join(lazy)}" if lazy else "")
+            )
     for line in found:
         print(line)
     return 1 if (args.check and found) else 0

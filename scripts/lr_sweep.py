@@ -31,11 +31,16 @@ def sweep(runs: list[Path]) -> tuple[list[float], dict[str, dict]]:
         if df["length"].nunique() > 1 or df["seed"].nunique() > 1:
             raise ValueError(f"{run}: trains several lengths or seeds; a sweep table holds one of each")
         for row in df.to_dict("records"):
-            mine = {k: v for k, v in recipe(row).items() if k != "cfg_lr"} | {"length": row["length"], "seed": row["seed"]}
+            mine = {k: v for k, v in recipe(row).items() if k != "cfg_lr"} | {
+                "length": row["length"],
+                "seed": row["seed"],
+            }
             first, theirs = probes.setdefault(row["variant"], (run, mine))
             diff = [k for k in mine if mine[k] != theirs[k]]
             if diff:
-                raise ValueError(f"{run} and {first} differ in {', '.join(diff)} for {row['variant']}, not only in the learning rate")
+                raise ValueError(
+                    f"{run} and {first} differ in {', '.join(diff)} for {row['variant']}, not only in the learning rate"
+                )
             rate = float(row["cfg_lr"])
             if rates.setdefault(rate, run) != run:
                 raise ValueError(f"{run} and {rates[rate]} both trained at lr {rate:g}")
@@ -48,9 +53,14 @@ def table(rates: list[float], cells: dict[str, dict]) -> str:
     rows = []
     for variant, got in cells.items():
         best = max((r for r in rates if r in got), key=got.get)
-        rows.append([f"`{variant}`", fmt_bytes(got["state"]) if got["state"] else "—",
-                     *((f"**{got[r]:.1%}**" if r == best else f"{got[r]:.1%}") if r in got else "—" for r in rates),
-                     f"{got[best]:.1%} (lr {best:g})"])
+        rows.append(
+            [
+                f"`{variant}`",
+                fmt_bytes(got["state"]) if got["state"] else "—",
+                *((f"**{got[r]:.1%}**" if r == best else f"{got[r]:.1%}") if r in got else "—" for r in rates),
+                f"{got[best]:.1%} (lr {best:g})",
+            ]
+        )
     return markdown_table(header, rows)
 
 

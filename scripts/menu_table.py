@@ -70,23 +70,37 @@ def lm_column(runs: list[Path]) -> tuple[str, dict[str, str]]:
             name, _, options = label.removesuffix(" + linearized").partition("(")
             if name.startswith("sdpa"):  # (the model's own attention, and its LoRA control)
                 continue
-            text = f"{r['ppl']:,.1f}" + (f" ({options}" if options else "") + (" distilled" if steps else "") + (
-                " linearized" if linearized else "")
+            text = (
+                f"{r['ppl']:,.1f}"
+                + (f" ({options}" if options else "")
+                + (" distilled" if steps else "")
+                + (" linearized" if linearized else "")
+            )
             if text not in cells.setdefault(name, []):
                 cells[name].append(text)
     return f"SmolLM2 ppl, {length} tokens", {name: "; ".join(texts) for name, texts in cells.items()}
 
 
-STEPS = (("export", "exports with `torch.export`"), ("compile", "compiles with `torch.compile`"), ("onnx", "exports to ONNX"))
+STEPS = (
+    ("export", "exports with `torch.export`"),
+    ("compile", "compiles with `torch.compile`"),
+    ("onnx", "exports to ONNX"),
+)
 
 
 def deploy_sentence() -> str:
     """What the specs say of deployment (`not_deployable`), as the sentence the README and docs/variants.md give:
     which variants take each step, the others named."""
-    shipped = [name for name in variants.available() if variants.variant_class(name).__module__.startswith("variants.methods.")]
+    shipped = [
+        name for name in variants.available() if variants.variant_class(name).__module__.startswith("variants.methods.")
+    ]
     parts = []
     for step, words in STEPS:
-        refused = [f"`{name}`" for name in shipped if any(s == step for s, _ in variants.variant_class(name).spec.not_deployable)]
+        refused = [
+            f"`{name}`"
+            for name in shipped
+            if any(s == step for s, _ in variants.variant_class(name).spec.not_deployable)
+        ]
         if not refused:
             parts.append(f"every variant {words}")
         else:
@@ -101,22 +115,27 @@ def main(quality_run: str, *lm_runs: str) -> None:
     lines = [line for line in block.group(1).splitlines() if line.startswith("|")]
     recall_head, recall = recall_column(Path(quality_run))
     lm_head, lm = lm_column([Path(run) for run in lm_runs])
-    rows = ["| variant | method | time | extra memory | decodes | " + recall_head + " | " + lm_head + " |",
-            "|---|---|---|---|---|---|---|"]
+    rows = [
+        "| variant | method | time | extra memory | decodes | " + recall_head + " | " + lm_head + " |",
+        "|---|---|---|---|---|---|---|",
+    ]
     for line in lines[2:]:
         cells = [c.strip() for c in re.split(r"(?<!\\)\|", line.strip().strip("|"))][:4]
         name = cells[0].strip("`")
         same = variants.variant_class(name).spec.same_function_as  # not trained: its function's accuracy is another's
         kept = recall.get(name) or (f"{recall[same]} (= `{same}`)" if same in recall else "—")
         rows.append("| " + " | ".join([*cells, state_kind(name), kept, lm.get(name, "—")]) + " |")
-    body = (f"- Decodes: the state `init_state` keeps (kv grows with N, window and compressed are bounded or shortened, "
-            f"recurrent is constant).\n"
-            f"- Recall: held-out accuracy in [{quality_run}]({quality_run}/REPORT.md) ({run_recipe(Path(quality_run))}; mean over seeds).\n"
-            f"- SmolLM2: perplexity with the attention swapped zero-shot, 'distilled' after `--distill`'s attention transfer "
-            f"(for a variant with parameters), 'linearized' after `--linearize`'s LoLCATs recipe, in "
-            + ", ".join(f"[{run}]({run}/REPORT.md)" for run in lm_runs) + "; — where not measured.\n"
-            f"- Filled by `python scripts/menu_table.py {quality_run} {' '.join(lm_runs)}`.\n\n" + "\n".join(rows) + "\n")
-    README.write_text(replace_block(text[:block.start(1)] + body + text[block.end(1):], DEPLOY, deploy_sentence()))
+    body = (
+        f"- Decodes: the state `init_state` keeps (kv grows with N, window and compressed are bounded or shortened, "
+        f"recurrent is constant).\n"
+        f"- Recall: held-out accuracy in [{quality_run}]({quality_run}/REPORT.md) ({run_recipe(Path(quality_run))}; mean over seeds).\n"
+        f"- SmolLM2: perplexity with the attention swapped zero-shot, 'distilled' after `--distill`'s attention transfer "
+        f"(for a variant with parameters), 'linearized' after `--linearize`'s LoLCATs recipe, in "
+        + ", ".join(f"[{run}]({run}/REPORT.md)" for run in lm_runs)
+        + "; — where not measured.\n"
+        f"- Filled by `python scripts/menu_table.py {quality_run} {' '.join(lm_runs)}`.\n\n" + "\n".join(rows) + "\n"
+    )
+    README.write_text(replace_block(text[: block.start(1)] + body + text[block.end(1) :], DEPLOY, deploy_sentence()))
     page = DOCS_VARIANTS.read_text()
     DOCS_VARIANTS.write_text(replace_block(page, DEPLOY, deploy_sentence()))
 

@@ -44,9 +44,13 @@ from harness.core.machine import environment
 from harness.core.memory import measure_peak, pin_mmap_threshold, steady_allocator
 
 D_MODEL, HEADS, HEAD_DIM = 512, 8, 64
-PEER_NAMES = {"retention": "fla naive_chunk_simple_gla(g = log γ)", "mamba2": "fla naive_chunk_simple_gla(g = log a, v Δ)",
-              "gla": "fla naive_recurrent_gla", "deltanet": "fla delta_rule_chunkwise(chunk 32)",
-              "gated_deltanet": "fla naive_chunk_gated_delta_rule"}
+PEER_NAMES = {
+    "retention": "fla naive_chunk_simple_gla(g = log γ)",
+    "mamba2": "fla naive_chunk_simple_gla(g = log a, v Δ)",
+    "gla": "fla naive_recurrent_gla",
+    "deltanet": "fla delta_rule_chunkwise(chunk 32)",
+    "gated_deltanet": "fla naive_chunk_gated_delta_rule",
+}
 
 
 def layer_call(module, x, backward: bool):
@@ -109,7 +113,9 @@ def builders(n: int) -> dict:
     def peer_nystrom():
         from nystrom_attention import NystromAttention
 
-        module = NystromAttention(D_MODEL, dim_head=HEAD_DIM, heads=HEADS, num_landmarks=64, pinv_iterations=6, residual=False)
+        module = NystromAttention(
+            D_MODEL, dim_head=HEAD_DIM, heads=HEADS, num_landmarks=64, pinv_iterations=6, residual=False
+        )
         return lambda backward: layer_call(module, x, backward)
 
     def fla_naive(path: str, function: str):
@@ -119,7 +125,9 @@ def builders(n: int) -> dict:
         root = importlib.util.find_spec("fla")
         if root is None:
             raise ModuleNotFoundError("fla-core is not installed: pip install --no-deps fla-core==0.6.0")
-        spec = importlib.util.spec_from_file_location(f"fla_naive_{function}", Path(root.submodule_search_locations[0]) / path)
+        spec = importlib.util.spec_from_file_location(
+            f"fla_naive_{function}", Path(root.submodule_search_locations[0]) / path
+        )
         module = importlib.util.module_from_spec(spec)
         spec.loader.exec_module(module)
         return getattr(module, function)
@@ -171,19 +179,34 @@ def builders(n: int) -> dict:
             peer = peer.transpose(1, 2) if thd else peer
         return ((ours - peer).abs().max() / ours.abs().max()).item()
 
-    recurrent = {name: {"ours": (f"variants {name} (causal)", lambda name=name: ours_recurrent(name)),
-                        "peer": (PEER_NAMES[name], lambda name=name: peer_recurrent_call(name)),
-                        "check": lambda name=name: difference(name)}
-                 for name in PEER_NAMES}
+    recurrent = {
+        name: {
+            "ours": (f"variants {name} (causal)", lambda name=name: ours_recurrent(name)),
+            "peer": (PEER_NAMES[name], lambda name=name: peer_recurrent_call(name)),
+            "check": lambda name=name: difference(name),
+        }
+        for name in PEER_NAMES
+    }
     return {
         **recurrent,
-        "performer": {"ours": ("variants performer, features=256", ours_performer),
-                      "peer": ("performer_pytorch.FastAttention(dim_heads=64, nb_features=256)", peer_performer)},
-        "linformer": {"ours": ("MultiHeadAttention(512, 8, 'linformer', rank=256)", lambda: mha("linformer", rank=256, max_len=n)),
-                      "peer": ("linformer.LinformerSelfAttention(512, seq_len=N, k=256, heads=8)", peer_linformer)},
-        "nystrom": {"ours": ("MultiHeadAttention(512, 8, 'nystrom', landmarks=64)", lambda: mha("nystrom", landmarks=64)),
-                    "peer": ("nystrom_attention.NystromAttention(512, dim_head=64, heads=8, num_landmarks=64, residual=False)",
-                             peer_nystrom)},
+        "performer": {
+            "ours": ("variants performer, features=256", ours_performer),
+            "peer": ("performer_pytorch.FastAttention(dim_heads=64, nb_features=256)", peer_performer),
+        },
+        "linformer": {
+            "ours": (
+                "MultiHeadAttention(512, 8, 'linformer', rank=256)",
+                lambda: mha("linformer", rank=256, max_len=n),
+            ),
+            "peer": ("linformer.LinformerSelfAttention(512, seq_len=N, k=256, heads=8)", peer_linformer),
+        },
+        "nystrom": {
+            "ours": ("MultiHeadAttention(512, 8, 'nystrom', landmarks=64)", lambda: mha("nystrom", landmarks=64)),
+            "peer": (
+                "nystrom_attention.NystromAttention(512, dim_head=64, heads=8, num_landmarks=64, residual=False)",
+                peer_nystrom,
+            ),
+        },
     }
 
 
@@ -193,7 +216,11 @@ def measure_one(make_call, min_time: float) -> dict:
     pin_mmap_threshold()
     peak = measure_peak(call, torch.device("cpu"))["peak_bytes"]
     steady_allocator()
-    return {"time_median_s": measure.timing_stats(timing.times)["time_median_s"], "samples": len(timing.times), "peak_bytes": peak}
+    return {
+        "time_median_s": measure.timing_stats(timing.times)["time_median_s"],
+        "samples": len(timing.times),
+        "peak_bytes": peak,
+    }
 
 
 def main(argv: list[str]) -> None:
@@ -202,7 +229,11 @@ def main(argv: list[str]) -> None:
     parser.add_argument("--n", type=int, default=16384)
     parser.add_argument("--passes", default="fwd,fwdbwd")
     parser.add_argument("--min-time", type=float, default=1.0)
-    parser.add_argument("--methods", default="all", help="comma-separated: " + ", ".join(["all", *PEER_NAMES, "performer", "linformer", "nystrom"]))
+    parser.add_argument(
+        "--methods",
+        default="all",
+        help="comma-separated: " + ", ".join(["all", *PEER_NAMES, "performer", "linformer", "nystrom"]),
+    )
     args = parser.parse_args(argv)
     passes = args.passes.split(",")
     if not set(passes) <= {"fwd", "fwdbwd"}:
@@ -224,7 +255,10 @@ def main(argv: list[str]) -> None:
                     factory = build()
                     row[who] = measure_one(lambda: factory(pass_ == "fwdbwd"), args.min_time)
                 except Exception as err:  # noqa: BLE001 — a peer that cannot run a configuration: say why
-                    row[who] = {"error": f"{type(err).__name__}: {err}"[:300], "trace": traceback.format_exc(limit=2)[-600:]}
+                    row[who] = {
+                        "error": f"{type(err).__name__}: {err}"[:300],
+                        "trace": traceback.format_exc(limit=2)[-600:],
+                    }
             if "check" in pair and pass_ == passes[0]:
                 row["output_difference"] = pair["check"]()  # relative to max |ours|
             if "time_median_s" in row["ours"] and "time_median_s" in row["peer"]:
@@ -232,12 +266,25 @@ def main(argv: list[str]) -> None:
                 row["memory_ours_over_peer"] = row["ours"]["peak_bytes"] / max(row["peer"]["peak_bytes"], 1)
             results.append(row)
             ours, peer = row["ours"], row["peer"]
-            describe = lambda r: (f"{r['time_median_s'] * 1e3:9.1f} ms {r['peak_bytes'] / 2**20:8.1f} MiB" if "time_median_s" in r
-                                  else r["error"][:60])
+            describe = lambda r: (
+                f"{r['time_median_s'] * 1e3:9.1f} ms {r['peak_bytes'] / 2**20:8.1f} MiB"
+                if "time_median_s" in r
+                else r["error"][:60]
+            )
             print(f"{method:10s} {pass_:7s} ours {describe(ours)} | peer {describe(peer)}", flush=True)
     args.out.parent.mkdir(parents=True, exist_ok=True)
-    args.out.write_text(json.dumps({"command": "python scripts/peers.py " + " ".join(argv), "seconds": round(time.time() - started, 1),
-                                    "environment": environment(sys.argv), "results": results}, indent=1) + "\n")
+    args.out.write_text(
+        json.dumps(
+            {
+                "command": "python scripts/peers.py " + " ".join(argv),
+                "seconds": round(time.time() - started, 1),
+                "environment": environment(sys.argv),
+                "results": results,
+            },
+            indent=1,
+        )
+        + "\n"
+    )
     print(f"wrote {args.out}")
 
 

@@ -69,24 +69,43 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--lengths", default="", help="only these N (comma-separated)")
     parser.add_argument("--warmup", type=int, default=5, help="untimed calls first (default 5)")
     parser.add_argument("--calls", type=int, default=30, help="at most this many timed calls (default 30)")
-    parser.add_argument("--seconds", type=float, default=10.0, help="stop after 5 calls once this long was timed (default 10)")
-    parser.add_argument("--steady", action="store_true", help="glibc keeps freed memory, as bench run sets it while timing")
-    parser.add_argument("--rounds", type=int, default=0, help="measure each cell again this many times with the harness and the "
-                        "plain loop, alternating (default 0: compare with the run's own medians)")
+    parser.add_argument(
+        "--seconds", type=float, default=10.0, help="stop after 5 calls once this long was timed (default 10)"
+    )
+    parser.add_argument(
+        "--steady", action="store_true", help="glibc keeps freed memory, as bench run sets it while timing"
+    )
+    parser.add_argument(
+        "--rounds",
+        type=int,
+        default=0,
+        help="measure each cell again this many times with the harness and the "
+        "plain loop, alternating (default 0: compare with the run's own medians)",
+    )
     args = parser.parse_args(argv)
     rows = [json.loads(line) for line in (args.run_dir / "results.jsonl").read_text().splitlines() if line.strip()]
     wanted_variants = set(filter(None, args.variants.split(",")))
     wanted_lengths = {int(n) for n in filter(None, args.lengths.split(","))}
-    rows = [r for r in rows if r["status"] == "ok" and r["device"] == "cpu"
-            and (not wanted_variants or r["variant"] in wanted_variants) and (not wanted_lengths or r["n"] in wanted_lengths)]
+    rows = [
+        r
+        for r in rows
+        if r["status"] == "ok"
+        and r["device"] == "cpu"
+        and (not wanted_variants or r["variant"] in wanted_variants)
+        and (not wanted_lengths or r["n"] in wanted_lengths)
+    ]
     if not rows:
         sys.exit(f"no ok CPU cells in {args.run_dir} match --variants {args.variants!r} --lengths {args.lengths!r}")
     threads = set_threads()
     if args.steady:
         steady_allocator()
     torch.manual_seed(0)
-    print(f"{'variant':20s} {'pass':6s} {'causal':6s} {'N':>6s} {'harness':>10s} {'spread':>7s} {'plain':>10s} {'spread':>7s} {'ratio':>6s}")
-    print("(spread: the row's IQR/median; with --rounds, harness: (max - min) / median of its rounds, plain: the median IQR/median)")
+    print(
+        f"{'variant':20s} {'pass':6s} {'causal':6s} {'N':>6s} {'harness':>10s} {'spread':>7s} {'plain':>10s} {'spread':>7s} {'ratio':>6s}"
+    )
+    print(
+        "(spread: the row's IQR/median; with --rounds, harness: (max - min) / median of its rounds, plain: the median IQR/median)"
+    )
     config = RunConfig.from_json(read_metadata(args.run_dir)["config"]) if args.rounds else None
     ratios = []
     for row in rows:
@@ -100,14 +119,19 @@ def main(argv: list[str] | None = None) -> None:
             spreads.append(spread)
         got, want = statistics.median(harness), statistics.median(plain)
         ratios.append(got / want)
-        print(f"{row['variant']:20s} {row['pass']:6s} {str(row['causal']):6s} {row['n']:6d} {got * 1e3:8.3f}ms "
-              f"{row['spread'] if not args.rounds else (max(harness) - min(harness)) / got:7.1%} {want * 1e3:8.3f}ms "
-              f"{statistics.median(spreads):7.1%} {got / want:6.3f}", flush=True)
+        print(
+            f"{row['variant']:20s} {row['pass']:6s} {str(row['causal']):6s} {row['n']:6d} {got * 1e3:8.3f}ms "
+            f"{row['spread'] if not args.rounds else (max(harness) - min(harness)) / got:7.1%} {want * 1e3:8.3f}ms "
+            f"{statistics.median(spreads):7.1%} {got / want:6.3f}",
+            flush=True,
+        )
     within = sum(abs(r - 1) <= 0.05 for r in ratios)
     geomean = statistics.geometric_mean(ratios)
-    print(f"{len(ratios)} cells, {threads} threads{', steady allocator' if args.steady else ''}"
-          f"{f', {args.rounds} alternating rounds' if args.rounds else ''}: harness / plain "
-          f"geometric mean {geomean:.3f}, range {min(ratios):.3f}-{max(ratios):.3f}, {within} within 5%")
+    print(
+        f"{len(ratios)} cells, {threads} threads{', steady allocator' if args.steady else ''}"
+        f"{f', {args.rounds} alternating rounds' if args.rounds else ''}: harness / plain "
+        f"geometric mean {geomean:.3f}, range {min(ratios):.3f}-{max(ratios):.3f}, {within} within 5%"
+    )
 
 
 if __name__ == "__main__":

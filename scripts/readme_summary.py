@@ -4,6 +4,7 @@ whole, and the long sweep's to N = 65536) and docs/quality.md (the quality runs'
     python scripts/readme_summary.py results/cpu-reference/REPORT.md results/quality-reference/REPORT.md \
         results/quality-long/REPORT.md results/cpu-long/REPORT.md
 """
+
 import sys
 from pathlib import Path
 
@@ -35,19 +36,27 @@ def per_variant(run_dir: Path) -> str:
         if variant == "full":
             return "(baseline)"
         r = at.get((variant, "fwd", True))
-        bidir = r is None or r["max_n"] != r["max_n"] or r["max_n"] is None  # (an encoder method: its bidirectional forward)
+        bidir = (
+            r is None or r["max_n"] != r["max_n"] or r["max_n"] is None
+        )  # (an encoder method: its bidirectional forward)
         r = at.get((variant, "fwd", False)) if bidir else r
         if r is None:
             return "—"
-        note = r["crossover_note"] or (f"{int(r['crossover_n'])}" if r["crossover_n"] == r["crossover_n"] and r["crossover_n"] else "—")
+        note = r["crossover_note"] or (
+            f"{int(r['crossover_n'])}" if r["crossover_n"] == r["crossover_n"] and r["crossover_n"] else "—"
+        )
         return str(note) + (" (bidir)" if bidir else "")
 
-    lines = [f"| variant | fwd at N={largest}: bidir / causal | fwd+bwd: bidir / causal | fwd peak (causal) | causal fwd beats full from N |",
-             "|---|---|---|---|---|"]
+    lines = [
+        f"| variant | fwd at N={largest}: bidir / causal | fwd+bwd: bidir / causal | fwd peak (causal) | causal fwd beats full from N |",
+        "|---|---|---|---|---|",
+    ]
     for variant in dict.fromkeys(summary["variant"]):
-        lines.append(f"| `{variant}` | {cell(variant, 'fwd', False)} / {cell(variant, 'fwd', True)} | "
-                     f"{cell(variant, 'fwdbwd', False)} / {cell(variant, 'fwdbwd', True)} | "
-                     f"{peak(variant)} | {beats(variant)} |")
+        lines.append(
+            f"| `{variant}` | {cell(variant, 'fwd', False)} / {cell(variant, 'fwd', True)} | "
+            f"{cell(variant, 'fwdbwd', False)} / {cell(variant, 'fwdbwd', True)} | "
+            f"{peak(variant)} | {beats(variant)} |"
+        )
     return "\n".join(lines)
 
 
@@ -62,20 +71,41 @@ def summary_table(report: str, ran_only: bool = False) -> str:
 
 
 speed_report, quality_report, long_report, sweep_long_report = (Path(p).read_text() for p in sys.argv[1:5])
-quality = quality_report.split("## Quality: copy and associative recall", 1)[1].split("\n#", 1)[0].split("![", 1)[0].strip()
-long_quality = long_report.split("## Quality: copy and associative recall", 1)[1].split("### Cost of a training step", 1)[0].strip()
+quality = (
+    quality_report.split("## Quality: copy and associative recall", 1)[1].split("\n#", 1)[0].split("![", 1)[0].strip()
+)
+long_quality = (
+    long_report.split("## Quality: copy and associative recall", 1)[1]
+    .split("### Cost of a training step", 1)[0]
+    .strip()
+)
 speed = Path("docs/speed.md").read_text()
-speed = replace_block(speed, "per-variant", (
-    f"From [`{sys.argv[1]}`](../{sys.argv[1]}), one line a variant (\"@N\": the largest N it reached; \"—\": a mode "
-    f"it does not run; \"beats full from N\": the smallest N from which it is faster at every larger N):\n\n"
-    f"{per_variant(Path(sys.argv[1]).parent)}"))
-speed = replace_block(speed, "summary", (
-    f"Summary from [`{sys.argv[1]}`](../{sys.argv[1]}) (exponents fitted on the upper half of the lengths; "
-    f"\"beats full from N\": the smallest N from which the variant is faster at every larger N):\n\n{summary_table(speed_report)}"))
-speed = replace_block(speed, "long-summary", (
-    f"Summary from [`{sys.argv[4]}`](../{sys.argv[4]}) (exponents fitted on the upper half of the lengths; "
-    f"\"beats full from N\" within this run's lengths; the modes a variant does not run left out):\n\n"
-    f"{summary_table(sweep_long_report, ran_only=True)}"))
+speed = replace_block(
+    speed,
+    "per-variant",
+    (
+        f'From [`{sys.argv[1]}`](../{sys.argv[1]}), one line a variant ("@N": the largest N it reached; "—": a mode '
+        f'it does not run; "beats full from N": the smallest N from which it is faster at every larger N):\n\n'
+        f"{per_variant(Path(sys.argv[1]).parent)}"
+    ),
+)
+speed = replace_block(
+    speed,
+    "summary",
+    (
+        f"Summary from [`{sys.argv[1]}`](../{sys.argv[1]}) (exponents fitted on the upper half of the lengths; "
+        f'"beats full from N": the smallest N from which the variant is faster at every larger N):\n\n{summary_table(speed_report)}'
+    ),
+)
+speed = replace_block(
+    speed,
+    "long-summary",
+    (
+        f"Summary from [`{sys.argv[4]}`](../{sys.argv[4]}) (exponents fitted on the upper half of the lengths; "
+        f'"beats full from N" within this run\'s lengths; the modes a variant does not run left out):\n\n'
+        f"{summary_table(sweep_long_report, ran_only=True)}"
+    ),
+)
 Path("docs/speed.md").write_text(speed)
 page = Path("docs/quality.md").read_text()  # one folder down: its links go up first
 page = replace_block(page, "quality", f"From [`{sys.argv[2]}`](../{sys.argv[2]}): {quality}")

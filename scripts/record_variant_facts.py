@@ -27,18 +27,26 @@ def record(run_dir: Path) -> str:
     now = recorded_facts(tuple(names))
     if not metadata.get("variants"):
         metadata["variants"] = now
-        metadata["variants_recorded_by"] = "scripts/record_variant_facts.py, after the run: the facts of the variants as registered then"
+        metadata["variants_recorded_by"] = (
+            "scripts/record_variant_facts.py, after the run: the facts of the variants as registered then"
+        )
         write_metadata(run_dir, metadata)
-        return f"{run_dir}: recorded {', '.join(names)}" + (f" (not registered, left without facts: {', '.join(unknown)})" if unknown else "")
+        return f"{run_dir}: recorded {', '.join(names)}" + (
+            f" (not registered, left without facts: {', '.join(unknown)})" if unknown else ""
+        )
     # facts VariantSpec gained after the run started (its `style`, ...): added, the recorded ones left as they are
     recorded = metadata["variants"]
     added = sorted({key for name in now for key in now[name] if key not in recorded.get(name, {})})
     if not added:
         return f"{run_dir}: has its facts already"
     for name, facts in now.items():
-        recorded.setdefault(name, {}).update({key: value for key, value in facts.items() if key not in recorded.get(name, {})})
-    metadata["variants_completed_by"] = (f"scripts/record_variant_facts.py, after the run: {', '.join(added)} (facts added to "
-                                         f"VariantSpec later), as registered then")
+        recorded.setdefault(name, {}).update(
+            {key: value for key, value in facts.items() if key not in recorded.get(name, {})}
+        )
+    metadata["variants_completed_by"] = (
+        f"scripts/record_variant_facts.py, after the run: {', '.join(added)} (facts added to "
+        f"VariantSpec later), as registered then"
+    )
     write_metadata(run_dir, metadata)
     return f"{run_dir}: added {', '.join(added)}"
 

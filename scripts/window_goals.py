@@ -69,7 +69,9 @@ def build_call(name: str, n: int, pass_: str, causal: bool, window: int, compres
     return pass_call(attn, q, k, v, causal=causal, backward=backward)
 
 
-def peak_in_child(name: str, n: int, pass_: str, causal: bool, window: int, compression: int, imports: list[str]) -> int:
+def peak_in_child(
+    name: str, n: int, pass_: str, causal: bool, window: int, compression: int, imports: list[str]
+) -> int:
     """Peak extra bytes of one call, measured in a fresh process: glibc's mmap threshold pinned before anything
     is allocated, then one untimed call (FlexAttention compiles), then the measured one. (Pinned only after calls
     under glibc's default, as `bench run` does after its timing, the same call reads ±10 MiB from one process
@@ -89,8 +91,11 @@ def peak_in_child(name: str, n: int, pass_: str, causal: bool, window: int, comp
     return int(done.stdout.strip().splitlines()[-1])
 
 
-BEFORE_FILES = {"sliding_window": "sliding_window_before", "sliding_window_flex": "sliding_window_flex_before",
-                "memory_compressed": "memory_compressed_before"}
+BEFORE_FILES = {
+    "sliding_window": "sliding_window_before",
+    "sliding_window_flex": "sliding_window_flex_before",
+    "memory_compressed": "memory_compressed_before",
+}
 
 
 def load_before(rev: str) -> list[str]:
@@ -99,12 +104,16 @@ def load_before(rev: str) -> list[str]:
     children. Returns the variant names."""
     folder = tempfile.mkdtemp(prefix="window-goals-")
     for name, before in BEFORE_FILES.items():
-        text = subprocess.run(["git", "show", f"{rev}:variants/methods/{name}.py"], capture_output=True, text=True,
-                              check=True).stdout
+        text = subprocess.run(
+            ["git", "show", f"{rev}:variants/methods/{name}.py"], capture_output=True, text=True, check=True
+        ).stdout
         text = re.sub(r"from \.\.(\w+) import", r"from variants.\1 import", text)
-        text = re.sub(r"from \.(\w+) import", lambda m: f"from {BEFORE_FILES.get(m[1], 'variants.methods.' + m[1])} import", text)
-        text = text.replace(f'name="{name}",', f'name="{before}",').replace('same_function_as="sliding_window",',
-                                                                           'same_function_as="sliding_window_before",')
+        text = re.sub(
+            r"from \.(\w+) import", lambda m: f"from {BEFORE_FILES.get(m[1], 'variants.methods.' + m[1])} import", text
+        )
+        text = text.replace(f'name="{name}",', f'name="{before}",').replace(
+            'same_function_as="sliding_window",', 'same_function_as="sliding_window_before",'
+        )
         with open(os.path.join(folder, f"{before}.py"), "w") as f:
             f.write(text)
     sys.path.insert(0, folder)
@@ -119,9 +128,15 @@ def main() -> None:
     parser.add_argument("--compression", type=int, default=3)
     parser.add_argument("--rounds", type=int, default=7)
     parser.add_argument("--flat-lengths", default="4096,16384,65536")
-    parser.add_argument("--import", dest="imports", action="append", default=[], help="a module that registers --also variants")
-    parser.add_argument("--also", action="append", default=[], help="another registered variant timed and measured beside")
-    parser.add_argument("--before", metavar="REV", help="also the three methods' files at this git revision, as NAME_before")
+    parser.add_argument(
+        "--import", dest="imports", action="append", default=[], help="a module that registers --also variants"
+    )
+    parser.add_argument(
+        "--also", action="append", default=[], help="another registered variant timed and measured beside"
+    )
+    parser.add_argument(
+        "--before", metavar="REV", help="also the three methods' files at this git revision, as NAME_before"
+    )
     parser.add_argument("--out", help="write the figures as JSON here")
     args = parser.parse_args()
     if args.before:
@@ -151,21 +166,45 @@ def main() -> None:
     def ratio(a, b):
         return statistics.median(x / y for x, y in zip(times[a], times[b]))
 
-    result = {"command": " ".join(["python", "scripts/window_goals.py", *sys.argv[1:]]), "before": args.before,
-              "n": n, "window": w, "compression": c, "shape": [B, H, D], "rounds": args.rounds,
-              "threads": torch.get_num_threads(), "torch": torch.__version__,
-              "median_ms": {f"{k[0]} {k[1]} {'causal' if k[2] else 'bidir'}": statistics.median(v) * 1e3
-                            for k, v in times.items()},
-              "ratios": {}, "peak_mib": {}, "flat_beyond_io_mib": {}}
+    result = {
+        "command": " ".join(["python", "scripts/window_goals.py", *sys.argv[1:]]),
+        "before": args.before,
+        "n": n,
+        "window": w,
+        "compression": c,
+        "shape": [B, H, D],
+        "rounds": args.rounds,
+        "threads": torch.get_num_threads(),
+        "torch": torch.__version__,
+        "median_ms": {
+            f"{k[0]} {k[1]} {'causal' if k[2] else 'bidir'}": statistics.median(v) * 1e3 for k, v in times.items()
+        },
+        "ratios": {},
+        "peak_mib": {},
+        "flat_beyond_io_mib": {},
+    }
     for causal in (False, True):
         mode = "causal" if causal else "bidir"
         for name in windows:
             result["ratios"][f"{name} fwdbwd / fwd, {mode}"] = ratio((name, "fwdbwd", causal), (name, "fwd", causal))
-            result["ratios"][f"{name} fwd / flex_direct, {mode}"] = ratio((name, "fwd", causal), ("flex_direct", "fwd", causal))
+            result["ratios"][f"{name} fwd / flex_direct, {mode}"] = ratio(
+                (name, "fwd", causal), ("flex_direct", "fwd", causal)
+            )
         for name in flexes:
-            result["ratios"][f"{name} / flex_direct, {mode}"] = ratio((name, "fwd", causal), ("flex_direct", "fwd", causal))
-    measured = [(name, p, causal) for causal in (False, True) for p in ("fwd", "fwdbwd")
-                for name in ["full", *windows, "memory_compressed", *[a for a in args.also if a.startswith("memory_compressed")]]]
+            result["ratios"][f"{name} / flex_direct, {mode}"] = ratio(
+                (name, "fwd", causal), ("flex_direct", "fwd", causal)
+            )
+    measured = [
+        (name, p, causal)
+        for causal in (False, True)
+        for p in ("fwd", "fwdbwd")
+        for name in [
+            "full",
+            *windows,
+            "memory_compressed",
+            *[a for a in args.also if a.startswith("memory_compressed")],
+        ]
+    ]
     for name, p, causal in measured:
         label = f"{name} {p} {'causal' if causal else 'bidir'}"
         result["peak_mib"][label] = peak_in_child(name, n, p, causal, w, c, args.imports) / 2**20
@@ -175,7 +214,9 @@ def main() -> None:
         for name in windows:
             for causal in (False, True):
                 label = f"{name} N={length} {'causal' if causal else 'bidir'}"
-                result["flat_beyond_io_mib"][label] = (peak_in_child(name, length, "fwdbwd", causal, w, c, args.imports) - io) / 2**20
+                result["flat_beyond_io_mib"][label] = (
+                    peak_in_child(name, length, "fwdbwd", causal, w, c, args.imports) - io
+                ) / 2**20
                 print(f"{label}: {result['flat_beyond_io_mib'][label]:.1f} MiB beyond", file=sys.stderr, flush=True)
     text = json.dumps(result, indent=1)
     print(text)

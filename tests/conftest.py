@@ -138,7 +138,9 @@ def ref_memory_compressed(q, k, v, module, causal=False, kpm=None):
     def conv(x, weight, bias):
         x = F.pad(x, (0, 0, 0, pad))  # (B, H, N', D)
         bx, hx, nx, dx = x.shape
-        y = F.conv1d(x.permute(0, 1, 3, 2).reshape(bx, hx * dx, nx), weight.double(), bias.double(), stride=c, groups=hx)
+        y = F.conv1d(
+            x.permute(0, 1, 3, 2).reshape(bx, hx * dx, nx), weight.double(), bias.double(), stride=c, groups=hx
+        )
         return y.view(bx, hx, -1, y.shape[-1]).permute(0, 1, 3, 2)  # (B, H, M, Dout)
 
     kc, vc = conv(k, module.k_weight, module.k_bias), conv(v, module.v_weight, module.v_bias)
@@ -158,7 +160,9 @@ def ref_memory_compressed(q, k, v, module, causal=False, kpm=None):
     if kpm is not None:
         own_block = own_block & kpm[:, None, None, :]
     keys, values = torch.cat([kc, k], 2), torch.cat([vc, v], 2)
-    return ref_attention(q, keys, values, torch.cat([visible_slot.expand(b, 1, n_q, m), own_block.expand(b, 1, n_q, n)], -1))
+    return ref_attention(
+        q, keys, values, torch.cat([visible_slot.expand(b, 1, n_q, m), own_block.expand(b, 1, n_q, n)], -1)
+    )
 
 
 # each takes the variant as built (its options) and the scale it applies to q·k (`_scale`: its `scale` option, or D ** -0.5)
@@ -178,7 +182,9 @@ def ref_hedgehog(x, weight, bias):
 
 def _hedgehog_qk(attn, q, k):
     """q and k through the variant's learned maps (queries times the scale first, as the variants take them)."""
-    return ref_hedgehog(q, attn.q_features.weight, attn.q_features.bias), ref_hedgehog(k, attn.k_features.weight, attn.k_features.bias)
+    return ref_hedgehog(q, attn.q_features.weight, attn.q_features.bias), ref_hedgehog(
+        k, attn.k_features.weight, attn.k_features.bias
+    )
 
 
 def _ref_linear(attn, q, k, v, causal, kpm):
@@ -188,12 +194,22 @@ def _ref_linear(attn, q, k, v, causal, kpm):
         return (a @ v.double()) / (a.sum(-1, keepdim=True) + attn.eps)
     d = attn.feature_dim or q.shape[-1]  # the dims of q and k that enter φ
     q, k = q[..., :d], k[..., :d]
-    return ref_linear(q if attn.scale is None else q * attn.scale, k, v, causal, kpm, eps=attn.eps,
-                      feature_map=attn.feature_map, max_len=attn.max_len)
+    return ref_linear(
+        q if attn.scale is None else q * attn.scale,
+        k,
+        v,
+        causal,
+        kpm,
+        eps=attn.eps,
+        feature_map=attn.feature_map,
+        max_len=attn.max_len,
+    )
 
 
 def _ref_bilinear(attn, q, k, v, causal, kpm):
-    return ref_full(torch.einsum("bhid,hde->bhie", q.double(), attn.weight.double()), k, v, causal, kpm, scale=attn._scale(q))
+    return ref_full(
+        torch.einsum("bhid,hde->bhie", q.double(), attn.weight.double()), k, v, causal, kpm, scale=attn._scale(q)
+    )
 
 
 def _ref_linformer(attn, q, k, v, causal, kpm):
@@ -263,7 +279,9 @@ def _ref_additive(attn, q, k, v, causal, kpm):
     hk = torch.einsum("bhjd,hda->bhja", k, attn.w_k.double())
     scores = torch.einsum("bhija,ha->bhij", torch.tanh(hq[:, :, :, None] + hk[:, :, None]), attn.v.double())
     scale = 1.0 if attn.scale is None else attn.scale
-    p = torch.softmax((scores * scale).masked_fill(~causal_and_padding(q.shape[-2], k.shape[-2], causal, kpm), float("-inf")), -1)
+    p = torch.softmax(
+        (scores * scale).masked_fill(~causal_and_padding(q.shape[-2], k.shape[-2], causal, kpm), float("-inf")), -1
+    )
     return torch.nan_to_num(p, nan=0.0) @ v.double()
 
 
@@ -392,7 +410,9 @@ def ref_moba(q, k, v, block, top_k, kpm=None, scale=None):
                     if members:
                         gates[j] = float(q[bi, hi, i].detach() @ k[bi, hi, members].detach().mean(0))
                 chosen = sorted(gates, key=gates.get, reverse=True)[:top_k]
-                keys = [s for j in chosen for s in range(j * block, (j + 1) * block)] + list(range(own * block, pos + 1))
+                keys = [s for j in chosen for s in range(j * block, (j + 1) * block)] + list(
+                    range(own * block, pos + 1)
+                )
                 keys = [s for s in keys if real[bi, s]]
                 if keys:
                     w = torch.softmax(k[bi, hi, keys] @ q[bi, hi, i] * scale, dim=0)
@@ -462,8 +482,10 @@ def independent_reference(name, attn, q, k, v, causal=False, kpm=None):
     """The tests' own float64 definition of variant `name` (built as `attn`) on q, k, v."""
     key = reference_key(name)
     if key not in INDEPENDENT_REFERENCES:
-        pytest.fail(f"{name} has no independent reference in tests/conftest.py: write its dense definition there "
-                    f"(from the paper, not from the variant's code) and add it to INDEPENDENT_REFERENCES as {key!r}")
+        pytest.fail(
+            f"{name} has no independent reference in tests/conftest.py: write its dense definition there "
+            f"(from the paper, not from the variant's code) and add it to INDEPENDENT_REFERENCES as {key!r}"
+        )
     if attn.repeats_kv_reason():  # grouped-query inputs repeated to the query heads first, as the variant says it does
         k, v = per_query_head(q, k, v)
     return INDEPENDENT_REFERENCES[key](attn, q, k, v, causal, kpm)
@@ -471,11 +493,14 @@ def independent_reference(name, attn, q, k, v, causal=False, kpm=None):
 
 def shipped() -> list[str]:
     """The variants of the package (each a file of `variants/methods/`), not the test-only ones some tests register."""
-    return [name for name in variants.available() if variants.variant_class(name).__module__.startswith("variants.methods.")]
+    return [
+        name for name in variants.available() if variants.variant_class(name).__module__.startswith("variants.methods.")
+    ]
 
 
-def registry_cases(device: str = "cpu", backward: bool = True, shapes: bool = True, causal: bool = False,
-                   non_causal: bool = False) -> list:
+def registry_cases(
+    device: str = "cpu", backward: bool = True, shapes: bool = True, causal: bool = False, non_causal: bool = False
+) -> list:
     """pytest params (name, options) for every variant of the package (a file of `variants/methods/`; not
     the test-only variants some tests register) that runs on `device` (with a backward there when
     `backward`; causal when `causal`; non-causal when `non_causal`), one per option set of its spec's `examples`; id: the name and the options."""
@@ -523,7 +548,9 @@ def assert_close_with_grads(out, ref, inputs, atol=1e-9, rtol=1e-7, seed=3):
     for i, (a, b) in enumerate(zip(got, want)):
         a = torch.zeros_like(inputs[i]) if a is None else a
         b = torch.zeros_like(inputs[i]) if b is None else b
-        torch.testing.assert_close(a.double(), b.double(), atol=atol * 10, rtol=rtol * 10, msg=lambda m: f"grad of input {i}: {m}")
+        torch.testing.assert_close(
+            a.double(), b.double(), atol=atol * 10, rtol=rtol * 10, msg=lambda m: f"grad of input {i}: {m}"
+        )
 
 
 @pytest.fixture(autouse=True)

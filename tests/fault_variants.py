@@ -139,7 +139,9 @@ class RaisesMultiline(_Exact):
     spec = _spec("test_raises_multiline", "raises a multi-line error past N=64")
 
     def fault(self, q):
-        raise RuntimeError("backend='inductor' raised:\nLoweringException: the real reason is here\n  target: flex_attention")
+        raise RuntimeError(
+            "backend='inductor' raised:\nLoweringException: the real reason is here\n  target: flex_attention"
+        )
 
 
 @_register
@@ -177,9 +179,13 @@ class _FlexWrongOrder(variants.variant_class("sliding_window_flex")):
         touched, _ = tile_coverage(n, self.window, self.global_tokens, causal, device)
         touched = touched[None, None]
         order = torch.argsort(touched.to(torch.int8), dim=-1, stable=True).to(torch.int32)  # bug: untouched first
-        return BlockMask.from_kv_blocks(touched.sum(-1, dtype=torch.int32), order, BLOCK_SIZE=TILE,
-                                        mask_mod=sliding_window_mask_mod(self.window, self.global_tokens, causal, None),
-                                        seq_lengths=(n, n))
+        return BlockMask.from_kv_blocks(
+            touched.sum(-1, dtype=torch.int32),
+            order,
+            BLOCK_SIZE=TILE,
+            mask_mod=sliding_window_mask_mod(self.window, self.global_tokens, causal, None),
+            seq_lengths=(n, n),
+        )
 
 
 _register(_FlexWrongOrder)

@@ -22,8 +22,25 @@ from harness.store.rows import Row
 from harness.store.storage import RowWriter, read_rows, write_metadata
 
 TESTS = Path(__file__).resolve().parent
-FAST = ["--check-len", "32", "--repeats", "2", "--min-time", "0", "--warmup", "0", "--warmup-time", "0", "--heads", "2", "--head-dim", "16", "--no-report",
-        "--peak-time", "0.05"]
+FAST = [
+    "--check-len",
+    "32",
+    "--repeats",
+    "2",
+    "--min-time",
+    "0",
+    "--warmup",
+    "0",
+    "--warmup-time",
+    "0",
+    "--heads",
+    "2",
+    "--head-dim",
+    "16",
+    "--no-report",
+    "--peak-time",
+    "0.05",
+]
 
 
 def bench(*args: str, columns: int = 200):
@@ -43,8 +60,15 @@ def _default_sigint() -> None:
 
 def bench_process(*args: str) -> subprocess.Popen:
     env = {**os.environ, "PYTHONPATH": f"{TESTS}{os.pathsep}{os.environ.get('PYTHONPATH', '')}", "COLUMNS": "200"}
-    return subprocess.Popen([sys.executable, "-m", "harness.cli", *args], env=env, stdout=subprocess.PIPE,
-                            stderr=subprocess.STDOUT, text=True, start_new_session=True, preexec_fn=_default_sigint)
+    return subprocess.Popen(
+        [sys.executable, "-m", "harness.cli", *args],
+        env=env,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.STDOUT,
+        text=True,
+        start_new_session=True,
+        preexec_fn=_default_sigint,
+    )
 
 
 def wait_for_rows(path: Path, count: int, proc: subprocess.Popen, limit: float = 120) -> None:
@@ -58,8 +82,17 @@ def wait_for_rows(path: Path, count: int, proc: subprocess.Popen, limit: float =
     pytest.fail("no rows appeared")
 
 
-SLOW_RUN = ["--import", "fault_variants", "--variants", "test_slow,full", "--lengths", "65,66,67,68",
-            "--passes", "fwd", *FAST]
+SLOW_RUN = [
+    "--import",
+    "fault_variants",
+    "--variants",
+    "test_slow,full",
+    "--lengths",
+    "65,66,67,68",
+    "--passes",
+    "fwd",
+    *FAST,
+]
 
 
 NS = [256, 512, 1024, 2048, 4096]
@@ -68,14 +101,31 @@ NS = [256, 512, 1024, 2048, 4096]
 def make_run(path: Path, slow_factor: float = 1.0, partial: bool = False) -> Path:
     """A run dir: full ~ n^2, linear ~ n, full_naive stops with oom at 2048, flex skipped for fwdbwd."""
     path.mkdir(parents=True)
-    write_metadata(path, {
-        "config": {"dtype": "float32", "batch": 1, "heads": 8, "head_dim": 64, "options": {}, "memory_budget": {"cpu": 2**33}},
-        "environment": {"command": "bench run --test", "python": "3.11", "versions": {"torch": "2.13.0"},
-                        "cpu": {"model": "Test CPU", "usable_cores": 2, "memory_bytes": 2**34}, "git": {"commit": "abc", "dirty": False},
-                        "started": "2026-01-01T00:00:00+00:00"},
-        "machine": {"matmul_peak_gflops": {"cpu/float32": 100.0}, "gpu": None},
-        "variants": recorded_facts(("full", "linear", "full_naive", "sliding_window_flex")),  # as bench run records them
-    })
+    write_metadata(
+        path,
+        {
+            "config": {
+                "dtype": "float32",
+                "batch": 1,
+                "heads": 8,
+                "head_dim": 64,
+                "options": {},
+                "memory_budget": {"cpu": 2**33},
+            },
+            "environment": {
+                "command": "bench run --test",
+                "python": "3.11",
+                "versions": {"torch": "2.13.0"},
+                "cpu": {"model": "Test CPU", "usable_cores": 2, "memory_bytes": 2**34},
+                "git": {"commit": "abc", "dirty": False},
+                "started": "2026-01-01T00:00:00+00:00",
+            },
+            "machine": {"matmul_peak_gflops": {"cpu/float32": 100.0}, "gpu": None},
+            "variants": recorded_facts(
+                ("full", "linear", "full_naive", "sliding_window_flex")
+            ),  # as bench run records them
+        },
+    )
     rows = []
     for pass_ in ("fwd", "fwdbwd"):
         for n in NS:
@@ -84,12 +134,31 @@ def make_run(path: Path, slow_factor: float = 1.0, partial: bool = False) -> Pat
             if n < 2048:
                 rows.append(_row("full_naive", pass_, n, 3e-9 * n * n, 4 * n * n))
             else:
-                rows.append(_row("full_naive", pass_, n, None, None, "oom" if n == 2048 else "skipped",
-                                 "killed" if n == 2048 else "series stopped at N=2048 (oom)"))
+                rows.append(
+                    _row(
+                        "full_naive",
+                        pass_,
+                        n,
+                        None,
+                        None,
+                        "oom" if n == 2048 else "skipped",
+                        "killed" if n == 2048 else "series stopped at N=2048 (oom)",
+                    )
+                )
             if pass_ == "fwd":
                 rows.append(_row("sliding_window_flex", pass_, n, 1e-6 * n, 128 * n))
             else:
-                rows.append(_row("sliding_window_flex", pass_, n, None, None, "skipped", "sliding_window_flex has no backward on cpu"))
+                rows.append(
+                    _row(
+                        "sliding_window_flex",
+                        pass_,
+                        n,
+                        None,
+                        None,
+                        "skipped",
+                        "sliding_window_flex has no backward on cpu",
+                    )
+                )
     if partial:
         rows = rows[: len(rows) // 2]
     with RowWriter(path) as writer:
@@ -99,9 +168,22 @@ def make_run(path: Path, slow_factor: float = 1.0, partial: bool = False) -> Pat
 
 
 def _row(variant, pass_, n, t, mem, status="ok", message=""):
-    return Row(device="cpu", variant=variant, pass_=pass_, causal=False, n=n, status=status, message=message, time_median_s=t,
-               time_min_s=t, time_iqr_s=0.0 if t else None, peak_bytes=mem, flops=4.0 * n * n * 64 * 8 if t else None,
-               gflops=(4.0 * n * n * 64 * 8 / t / 1e9) if t else None, timed_calls=3 if t else 0)
+    return Row(
+        device="cpu",
+        variant=variant,
+        pass_=pass_,
+        causal=False,
+        n=n,
+        status=status,
+        message=message,
+        time_median_s=t,
+        time_min_s=t,
+        time_iqr_s=0.0 if t else None,
+        peak_bytes=mem,
+        flops=4.0 * n * n * 64 * 8 if t else None,
+        gflops=(4.0 * n * n * 64 * 8 / t / 1e9) if t else None,
+        timed_calls=3 if t else 0,
+    )
 
 
 # runs in a fresh process so nothing else's memory or allocator state is counted
@@ -133,7 +215,9 @@ print(json.dumps(peaks))
 """
 
 
-def peak_bytes(name: str, n: int | list[int], backward: bool, dv: int = 32, causal: bool | list[bool] = False, **options):
+def peak_bytes(
+    name: str, n: int | list[int], backward: bool, dv: int = 32, causal: bool | list[bool] = False, **options
+):
     """Peak extra bytes of one call at (B, H) = (1, 1) (or num_heads, with kv_heads K/V heads), D = 32 and the
     given Dv, in a fresh process: one figure, or one per (length, causal) pair when given lists (measured one
     after the other)."""
@@ -142,8 +226,19 @@ def peak_bytes(name: str, n: int | list[int], backward: bool, dv: int = 32, caus
     modes = causal if isinstance(causal, list) else [causal]
     cases = [[length, mode] for mode in modes for length in lengths]
     out = subprocess.run(
-        [sys.executable, "-c", MEASURE, name, json.dumps(cases), "1" if backward else "0", json.dumps(options), str(dv)],
-        capture_output=True, text=True, timeout=300,
+        [
+            sys.executable,
+            "-c",
+            MEASURE,
+            name,
+            json.dumps(cases),
+            "1" if backward else "0",
+            json.dumps(options),
+            str(dv),
+        ],
+        capture_output=True,
+        text=True,
+        timeout=300,
     )
     assert out.returncode == 0, out.stderr[-2000:]
     peaks = json.loads(out.stdout.strip().splitlines()[-1])

@@ -33,16 +33,21 @@ FORWARD_ONLY = {"sliding_window_flex": "test_flex_forward_keeps_below_one_score_
 def test_every_subquadratic_variant_is_measured():
     forward_only = {name for name, _, backward in subquadratic_cases() if not backward}
     missing = sorted(forward_only - set(FORWARD_ONLY))
-    assert not missing, (f"subquadratic variants without a CPU backward, measured by no test: {missing}; add each to "
-                         "FORWARD_ONLY in tests/test_complexity.py with a forward memory test of its own")
+    assert not missing, (
+        f"subquadratic variants without a CPU backward, measured by no test: {missing}; add each to "
+        "FORWARD_ONLY in tests/test_complexity.py with a forward memory test of its own"
+    )
     assert {name for name, _, _ in SUBQUADRATIC} | forward_only >= {"sliding_window", "linear", "memory_compressed"}
     assert all(name in globals() for name in FORWARD_ONLY.values())
+
+
 SHORT, LONG = 2048, 8192
 MIB = 2**20
 
 
 @pytest.mark.parametrize(
-    "name, options, backward", CASES,
+    "name, options, backward",
+    CASES,
     ids=[f"{n}{'-global' if o.get('global_tokens') else ''}-{'fwdbwd' if b else 'fwd'}" for n, o, b in CASES],
 )
 def test_subquadratic_memory_grows_at_most_linearly(name, options, backward):
@@ -57,15 +62,23 @@ def test_subquadratic_memory_grows_at_most_linearly(name, options, backward):
     peaks = peak_bytes(name, [SHORT, LONG], backward, causal=modes, **options)
     for causal, short, long in zip(modes, peaks[::2], peaks[1::2]):
         mode = "causal" if causal else "bidir"
-        assert long <= 5 * short + 4 * MIB, (f"{name} {mode}: peak {short / MIB:.1f} MiB at N={SHORT}, {long / MIB:.1f} MiB "
-                                             f"at N={LONG}: grows {long / max(short, 1):.1f}x for 4x N")
-        assert long < one_score_matrix / 4, f"{name} {mode}: peak {long / MIB:.0f} MiB at N={LONG} (one N x N matrix: {one_score_matrix / MIB:.0f} MiB)"
+        assert long <= 5 * short + 4 * MIB, (
+            f"{name} {mode}: peak {short / MIB:.1f} MiB at N={SHORT}, {long / MIB:.1f} MiB "
+            f"at N={LONG}: grows {long / max(short, 1):.1f}x for 4x N"
+        )
+        assert long < one_score_matrix / 4, (
+            f"{name} {mode}: peak {long / MIB:.0f} MiB at N={LONG} (one N x N matrix: {one_score_matrix / MIB:.0f} MiB)"
+        )
 
 
 def test_flex_forward_keeps_below_one_score_matrix():
     # compiled per shape (seconds each): one length, causal and not in one process, against the N x N bound
-    for causal, peak in zip((False, True), peak_bytes("sliding_window_flex", LONG, False, causal=[False, True], window=256)):
-        assert peak < LONG * LONG * 4 / 16, f"sliding_window_flex causal={causal}: peak {peak / MIB:.1f} MiB at N={LONG}"
+    for causal, peak in zip(
+        (False, True), peak_bytes("sliding_window_flex", LONG, False, causal=[False, True], window=256)
+    ):
+        assert peak < LONG * LONG * 4 / 16, (
+            f"sliding_window_flex causal={causal}: peak {peak / MIB:.1f} MiB at N={LONG}"
+        )
 
 
 def test_full_forward_keeps_below_one_score_matrix():
@@ -80,9 +93,14 @@ def test_measurement_sees_a_score_matrix():
 
 
 @pytest.mark.slow
-@pytest.mark.parametrize("name, options", [
-    ("sliding_window", {"window": 256, "global_tokens": 3}), ("linear", {}), ("memory_compressed", {"num_heads": 2, "head_dim": 32}),
-])
+@pytest.mark.parametrize(
+    "name, options",
+    [
+        ("sliding_window", {"window": 256, "global_tokens": 3}),
+        ("linear", {}),
+        ("memory_compressed", {"num_heads": 2, "head_dim": 32}),
+    ],
+)
 @pytest.mark.parametrize("causal", [False, True], ids=["bidir", "causal"])
 def test_long_sequences_match_definition(name, options, causal):
     """Opt-in (-m slow): N=4096, every group/chunk/block boundary of the defaults crossed many times."""

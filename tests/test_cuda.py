@@ -87,8 +87,22 @@ def test_cuda_sweep_runs_and_records_gpu(tmp_path):
     names = ["full", "sliding_window", "sliding_window_flex", "linear", "memory_compressed"]
     if variants.variant_class("full_xformers").unavailable_reason("cuda") is None:
         names.append("full_xformers")
-    result = _bench("--variants", ",".join(names), "--lengths", "256,1024", "--dtype", "bfloat16", "--out", str(out),
-                    "--check-len", "128", "--repeats", "3", "--causal", "both")
+    result = _bench(
+        "--variants",
+        ",".join(names),
+        "--lengths",
+        "256,1024",
+        "--dtype",
+        "bfloat16",
+        "--out",
+        str(out),
+        "--check-len",
+        "128",
+        "--repeats",
+        "3",
+        "--causal",
+        "both",
+    )
     assert result.exit_code == 0, result.output
     rows = pd.read_json(out / "results.jsonl", lines=True)
     assert set(rows["status"]) == {"ok"}, rows[rows["status"] != "ok"][["variant", "pass", "message"]].to_string()
@@ -110,8 +124,24 @@ def test_cuda_oom_is_recorded_as_oom(tmp_path):
     import pandas as pd
 
     out = tmp_path / "oom"
-    result = _bench("--import", "fault_variants", "--variants", "test_hog,full", "--lengths", "32,65536", "--passes", "fwd",
-                    "--memory-budget", "256MiB", "--out", str(out), "--check-len", "32", "--repeats", "2")
+    result = _bench(
+        "--import",
+        "fault_variants",
+        "--variants",
+        "test_hog,full",
+        "--lengths",
+        "32,65536",
+        "--passes",
+        "fwd",
+        "--memory-budget",
+        "256MiB",
+        "--out",
+        str(out),
+        "--check-len",
+        "32",
+        "--repeats",
+        "2",
+    )
     assert result.exit_code == 0, result.output
     rows = pd.read_json(out / "results.jsonl", lines=True).set_index(["variant", "n"])
     assert rows.loc[("test_hog", 32), "status"] == "ok"

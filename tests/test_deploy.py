@@ -14,8 +14,11 @@ D_MODEL, HEADS, N = 16, 2, 12
 
 def deploy_cases() -> list:
     """One pytest param per shipped variant that runs on the CPU, with the first option set of its spec's examples."""
-    return [pytest.param(name, variants.variant_class(name).spec.example_options()[0], id=name)
-            for name in shipped() if variants.variant_class(name).unavailable_reason("cpu") is None]
+    return [
+        pytest.param(name, variants.variant_class(name).spec.example_options()[0], id=name)
+        for name in shipped()
+        if variants.variant_class(name).unavailable_reason("cpu") is None
+    ]
 
 
 class Causal(torch.nn.Module):

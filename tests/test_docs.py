@@ -44,8 +44,7 @@ def test_the_pages_exist_and_link_to_each_other():
 
 @pytest.mark.parametrize("page", PAGES, ids=lambda p: p.name)
 def test_every_relative_link_and_image_exists(page):
-    missing = [target for target in _links(page.read_text())
-               if not (page.parent / target.split("#")[0]).exists()]
+    missing = [target for target in _links(page.read_text()) if not (page.parent / target.split("#")[0]).exists()]
     assert not missing, f"{page.relative_to(ROOT)} links to files that do not exist: {missing}"
 
 
@@ -78,7 +77,10 @@ def test_the_check_catches_a_bad_link_and_a_bad_option(tmp_path):
     assert _links(text) == ["../results/nowhere.png"]
     assert _commands(text) == ["bench run --max-length 16384", "bench rnu"]
     group = typer.main.get_command(app)
-    assert "--max-length" not in {opt for p in group.commands["run"].params for opt in p.opts} and "rnu" not in group.commands
+    assert (
+        "--max-length" not in {opt for p in group.commands["run"].params for opt in p.opts}
+        and "rnu" not in group.commands
+    )
 
 
 def test_the_deployment_sentence_is_what_the_specs_say():
@@ -125,4 +127,6 @@ def test_the_front_pages_keep_their_prose_budget(page):
     if page == "README.md":
         lines = text.splitlines()
         assert len(lines) <= 120, len(lines)
-        assert any(line.startswith("![") for line in lines[:40]), "the README's first figure is not in its first 40 lines"
+        assert any(line.startswith("![") for line in lines[:40]), (
+            "the README's first figure is not in its first 40 lines"
+        )

@@ -5,7 +5,6 @@ from __future__ import annotations
 import itertools
 
 import pytest
-import torch
 
 import variants
 from conftest import assert_close_with_grads, case_id, make_padding, make_qkv, ref_full
@@ -53,7 +52,9 @@ def test_full_keeps_to_fused_kernel_when_dv_differs():
 
     n = 4096
     dv_differs = peak_bytes("full", n, False, dv=16)
-    assert dv_differs < n * n * 4 / 4, f"full with Dv != D: peak {dv_differs / 2**20:.0f} MiB at N={n} (scores: {n * n * 4 / 2**20:.0f} MiB)"
+    assert dv_differs < n * n * 4 / 4, (
+        f"full with Dv != D: peak {dv_differs / 2**20:.0f} MiB at N={n} (scores: {n * n * 4 / 2**20:.0f} MiB)"
+    )
 
 
 def test_full_with_dv_differing_is_exact():

@@ -24,12 +24,16 @@ from helpers import FAST, bench, run_dir_rows
 
 TESTS = Path(__file__).resolve().parent
 
+
 def config(**kw) -> RunConfig:
-    base = dict(variants=("full",), lengths=(32, 64), devices=("cpu",), passes=("fwd",), causal=(False,), heads=2, head_dim=16)
+    base = dict(
+        variants=("full",), lengths=(32, 64), devices=("cpu",), passes=("fwd",), causal=(False,), heads=2, head_dim=16
+    )
     return RunConfig(**{**base, **kw})
 
 
 # -- the parent plans on the meta device ------------------------------------------------------------
+
 
 @pytest.mark.parametrize("name", variants.available())
 def test_parent_plans_every_variant_without_a_device(name):
@@ -52,12 +56,27 @@ def test_parent_planning_a_huge_option_allocates_nothing():
 
 def test_a_variant_without_flops_costs_its_cells_only(tmp_path):
     out = tmp_path / "noflops"
-    result = bench("run", "--import", "fault_variants", "--variants", "test_no_flops,full", "--lengths", "32",
-                   "--passes", "fwd", "--out", str(out), *FAST)
+    result = bench(
+        "run",
+        "--import",
+        "fault_variants",
+        "--variants",
+        "test_no_flops,full",
+        "--lengths",
+        "32",
+        "--passes",
+        "fwd",
+        "--out",
+        str(out),
+        *FAST,
+    )
     assert result.exit_code == 0, result.output
     rows = run_dir_rows(out).set_index("variant")
     assert rows.loc["test_no_flops", "status"] == "error"
-    assert "cannot plan the cell: NotImplementedError: test_no_flops has no FLOP count" in rows.loc["test_no_flops", "message"]
+    assert (
+        "cannot plan the cell: NotImplementedError: test_no_flops has no FLOP count"
+        in rows.loc["test_no_flops", "message"]
+    )
     assert rows.loc["full", "status"] == "ok"
 
 
@@ -85,34 +104,56 @@ def test_xformers_availability_does_not_import_it(tmp_path):
         assert "xformers.ops" not in sys.modules
         print("ok")
     """)
-    done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
-                          env={"PYTHONPATH": f"{tmp_path}:{TESTS.parent}", "PATH": "/usr/bin:/bin"})
+    done = subprocess.run(
+        [sys.executable, "-c", code],
+        capture_output=True,
+        text=True,
+        env={"PYTHONPATH": f"{tmp_path}:{TESTS.parent}", "PATH": "/usr/bin:/bin"},
+    )
     assert done.stdout.strip() == "ok", done.stderr
 
 
 # -- failures are readable -----------------------------------------------------------------------------
 
+
 def test_multiline_errors_keep_their_reason_and_log_a_traceback(tmp_path):
     out = tmp_path / "multi"
-    result = bench("run", "--import", "fault_variants", "--variants", "test_raises_multiline", "--lengths", "32,128",
-                   "--passes", "fwd", "--out", str(out), *FAST)
+    result = bench(
+        "run",
+        "--import",
+        "fault_variants",
+        "--variants",
+        "test_raises_multiline",
+        "--lengths",
+        "32,128",
+        "--passes",
+        "fwd",
+        "--out",
+        str(out),
+        *FAST,
+    )
     assert result.exit_code == 0, result.output
     rows = run_dir_rows(out).set_index("n")
     assert rows.loc[128, "status"] == "error"
     assert "LoweringException: the real reason is here" in rows.loc[128, "message"]
     log = (out / "worker.log").read_text()
-    assert "Traceback (most recent call last)" in log and "measure_cell(cpu test_raises_multiline fwd N=128) failed" in log
+    assert (
+        "Traceback (most recent call last)" in log and "measure_cell(cpu test_raises_multiline fwd N=128) failed" in log
+    )
 
 
 def test_alloc_failures_of_cuda_libraries_are_oom():
-    for text in ("CUDA error: CUBLAS_STATUS_ALLOC_FAILED when calling `cublasCreate(handle)`",
-                 "cuDNN error: CUDNN_STATUS_ALLOC_FAILED"):
+    for text in (
+        "CUDA error: CUBLAS_STATUS_ALLOC_FAILED when calling `cublasCreate(handle)`",
+        "cuDNN error: CUDNN_STATUS_ALLOC_FAILED",
+    ):
         assert is_oom(RuntimeError(text))
     assert is_oom(torch.cuda.OutOfMemoryError("CUDA out of memory.")) and is_oom(MemoryError())
     assert not is_oom(RuntimeError("CUBLAS_STATUS_EXECUTION_FAILED"))
 
 
 # -- 16-bit linear attention keeps its sums in float32 -----------------------------------------------------
+
 
 @pytest.mark.parametrize("causal", [False, True], ids=["bidir", "causal"])
 def test_linear_fp16_long_sequence_matches_reference(causal):
@@ -126,6 +167,7 @@ def test_linear_fp16_long_sequence_matches_reference(causal):
 
 
 # -- timing batches calls per sample ------------------------------------------------------------------------
+
 
 class FakeClock:
     """Each call advances time by `per_call` seconds, and each start/stop pair costs `overhead`."""
@@ -186,8 +228,9 @@ def test_last_warm_up_call_calibrates_samples_without_another_call():
     last = measure.warm_up(lambda: (calls.append(1), clock.call()), clock, calls=3, seconds=0.0)
     assert len(calls) == 3 and last == pytest.approx(60e-6)
     calls.clear()
-    times, per_sample = measure.time_calls(lambda: (calls.append(1), clock.call()), clock, repeats=5, min_time=1.0,
-                                           min_sample_s=1e-3, per_call=last)
+    times, per_sample = measure.time_calls(
+        lambda: (calls.append(1), clock.call()), clock, repeats=5, min_time=1.0, min_sample_s=1e-3, per_call=last
+    )
     assert per_sample == 17 and len(calls) == 5 * 17  # ceil(1 ms / 60 µs), and no calibrating call
     assert measure.warm_up(clock.call, clock, calls=0, seconds=0.0) is None
 
@@ -205,7 +248,20 @@ def test_warm_up_runs_by_count_and_by_time():
 def test_rows_record_kernel_memory_kind_and_calls_per_sample(tmp_path):
     out = tmp_path / "row"
     # warmed calls calibrate the samples (FAST's --warmup 0 would calibrate on the process's first, cold call)
-    result = bench("run", "--variants", "full,linear", "--lengths", "64", "--passes", "fwd", "--out", str(out), *FAST, "--warmup", "3")
+    result = bench(
+        "run",
+        "--variants",
+        "full,linear",
+        "--lengths",
+        "64",
+        "--passes",
+        "fwd",
+        "--out",
+        str(out),
+        *FAST,
+        "--warmup",
+        "3",
+    )
     assert result.exit_code == 0, result.output
     rows = run_dir_rows(out).set_index("variant")
     assert rows.loc["full", "kernel"] == "flash_attention"
@@ -222,16 +278,21 @@ def test_rows_record_kernel_memory_kind_and_calls_per_sample(tmp_path):
 
 # -- the gate --------------------------------------------------------------------------------------------
 
+
 def test_gate_catches_a_tile_skipping_bug_only_at_a_sparse_length():
     """Every tile pair touches the band at short N; the gate's length (>= 2w + 3 tiles) must make some skipped."""
     sys.path.insert(0, str(TESTS))
     import fault_variants  # noqa: F401 — registers test_flex_wrong_order
 
-    cfg = config(variants=("test_flex_wrong_order",), lengths=(128, 1024), options=(("window", 8),), check_len=32, head_dim=32)
+    cfg = config(
+        variants=("test_flex_wrong_order",), lengths=(128, 1024), options=(("window", 8),), check_len=32, head_dim=32
+    )
     verdict = worker.check_variant(cfg, "cpu", "test_flex_wrong_order", False)
     assert verdict["check_len"] == 2 * 8 + 3 * 128
     assert not verdict["ok"] and "FAILED" in verdict["message"]
-    short = config(variants=("test_flex_wrong_order",), lengths=(64, 128), options=(("window", 8),), check_len=32, head_dim=32)
+    short = config(
+        variants=("test_flex_wrong_order",), lengths=(64, 128), options=(("window", 8),), check_len=32, head_dim=32
+    )
     assert worker.check_variant(short, "cpu", "test_flex_wrong_order", False)["ok"]  # what the old N = 320 gate saw
 
 
@@ -271,18 +332,28 @@ def test_nvidia_smi_parser_picks_this_gpu():
     assert row["power.limit"] is None and row["mig.mode.current"] is None and row["clocks.max.sm"] == "1980"
 
 
-@pytest.mark.parametrize("stdout, code, uuid, error", [
-    ("NVIDIA-SMI has failed because it couldn't communicate with the NVIDIA driver.\n", 9, "x", "nvidia-smi exited with 9"),
-    ("Field \"foo\" is not a valid field to query.\n", 0, "x", "unexpected line"),
-    ("", 0, "x", "listed no GPU"),
-    (SMI_TWO_GPUS, 0, "cccc", "no GPU with uuid cccc"),
-], ids=["driver-down", "bad-field", "empty", "other-gpu"])
+@pytest.mark.parametrize(
+    "stdout, code, uuid, error",
+    [
+        (
+            "NVIDIA-SMI has failed because it couldn't communicate with the NVIDIA driver.\n",
+            9,
+            "x",
+            "nvidia-smi exited with 9",
+        ),
+        ('Field "foo" is not a valid field to query.\n', 0, "x", "unexpected line"),
+        ("", 0, "x", "listed no GPU"),
+        (SMI_TWO_GPUS, 0, "cccc", "no GPU with uuid cccc"),
+    ],
+    ids=["driver-down", "bad-field", "empty", "other-gpu"],
+)
 def test_nvidia_smi_parser_never_stores_error_text_as_values(stdout, code, uuid, error):
     row = worker.parse_nvidia_smi(stdout, code, uuid)
     assert set(row) == {"error"} and error in row["error"]
 
 
 # -- FlexAttention on CUDA -----------------------------------------------------------------------------
+
 
 def test_flex_has_no_float64_on_cuda_and_the_sweep_skips_it():
     cls = variants.variant_class("sliding_window_flex")
@@ -291,6 +362,8 @@ def test_flex_has_no_float64_on_cuda_and_the_sweep_skips_it():
     assert cls.dtype_unsupported_reason("cpu", "float32") is None
     from harness.sweep.runner import static_skip_reason
 
-    reason = static_skip_reason(config(variants=("sliding_window_flex",), dtype="float64"),
-                                Cell("cuda", "sliding_window_flex", "fwd", False, 64))
+    reason = static_skip_reason(
+        config(variants=("sliding_window_flex",), dtype="float64"),
+        Cell("cuda", "sliding_window_flex", "fwd", False, 64),
+    )
     assert reason and ("no float64 on cuda" in reason or "no CUDA device" in reason)

@@ -38,7 +38,9 @@ def test_grouped_inputs_match_the_independent_reference(name, kv_heads):
             if cls.backward_unsupported_reason("cpu"):
                 with torch.no_grad():
                     out = attn(q, k, v, causal=causal, key_padding_mask=kpm)
-                torch.testing.assert_close(out.double(), independent_reference(name, attn, q, k, v, causal, kpm), atol=2e-5, rtol=2e-5)
+                torch.testing.assert_close(
+                    out.double(), independent_reference(name, attn, q, k, v, causal, kpm), atol=2e-5, rtol=2e-5
+                )
                 continue
             out = attn(q, k, v, causal=causal, key_padding_mask=kpm)
             assert_close_with_grads(out, independent_reference(name, attn, q, k, v, causal, kpm), (q, k, v))
@@ -59,7 +61,9 @@ def test_grouped_decoding_equals_the_forward_and_keeps_kv_heads_where_native(nam
     torch.testing.assert_close(torch.cat(outs, dim=2), want)
     # what the state holds per head: one per K/V head where the state is native, one per query head where it repeats
     heads = 6 if attn.state_repeats_kv_reason() else 2
-    assert all(t.shape[1] == heads for t in state.tensors.values() if t.dim() >= 3), {n: t.shape for n, t in state.tensors.items()}
+    assert all(t.shape[1] == heads for t in state.tensors.values() if t.dim() >= 3), {
+        n: t.shape for n, t in state.tensors.items()
+    }
 
 
 def test_every_variant_computes_grouped_inputs_natively_or_says_why_it_repeats():
@@ -68,7 +72,9 @@ def test_every_variant_computes_grouped_inputs_natively_or_says_why_it_repeats()
     for name in shipped():
         reason = variants.variant_class(name).spec.repeats_kv
         assert reason == "" or len(reason.split()) >= 5, (name, reason)  # a reason a user can read
-    attn = variants.build("mamba2", num_heads=4, head_dim=8, feature_map="hedgehog")  # options can make a variant repeat
+    attn = variants.build(
+        "mamba2", num_heads=4, head_dim=8, feature_map="hedgehog"
+    )  # options can make a variant repeat
     assert "per query head" in attn.repeats_kv_reason()
 
 
@@ -82,7 +88,9 @@ def test_heads_that_do_not_divide_are_refused_naming_both():
     with pytest.raises(ValueError, match=r"built for num_kv_heads=2, got Hkv=3"):
         attn(*(torch.randn(1, h, 4, 8) for h in (6, 3, 3)), causal=True)
     attn = variants.build("mamba2", num_heads=6, head_dim=8)  # gates for 6 K/V heads: grouped inputs need the hint
-    with pytest.raises(ValueError, match=r"Hkv=2 heads are not supported: its gates are built for 6 K/V heads .* num_kv_heads=2"):
+    with pytest.raises(
+        ValueError, match=r"Hkv=2 heads are not supported: its gates are built for 6 K/V heads .* num_kv_heads=2"
+    ):
         attn(*(torch.randn(1, h, 4, 8) for h in (6, 2, 2)), causal=True)
 
 
@@ -95,8 +103,12 @@ def test_native_grouping_costs_no_memory_beyond_the_query_heads_work(name, heads
     # the same queries on fewer K/V heads: a native variant's peak extra memory is no larger than with one K/V
     # head per query head (a repeat would add 2 x N x H x D of copies)
     n = 2048
-    grouped = peak_bytes(name, [n], False, causal=[True], num_heads=heads, num_kv_heads=kv_heads, head_dim=32, kv_heads=kv_heads)[0]
-    plain = peak_bytes(name, [n], False, causal=[True], num_heads=heads, num_kv_heads=heads, head_dim=32, kv_heads=heads)[0]
+    grouped = peak_bytes(
+        name, [n], False, causal=[True], num_heads=heads, num_kv_heads=kv_heads, head_dim=32, kv_heads=kv_heads
+    )[0]
+    plain = peak_bytes(
+        name, [n], False, causal=[True], num_heads=heads, num_kv_heads=heads, head_dim=32, kv_heads=heads
+    )[0]
     copies = 2 * n * heads * 32 * 4
     assert grouped <= plain + copies // 4, (grouped, plain, copies)
 
@@ -118,26 +130,38 @@ def test_a_state_kept_per_kv_head_does_not_grow_with_the_group_factor(name, head
         _, k, v = make_qkv(b=2, h=kv_heads, n_q=20, d=8, dtype=dtype, seed=1, requires_grad=False)
         kpm = make_padding(2, 20, seed=4, all_padded_row=False) if cls.spec.supports_key_padding_mask else None
         cut = (lambda lo, hi: None) if kpm is None else (lambda lo, hi: kpm[:, lo:hi])  # noqa: E731
-        state = attn.prefill(q[:, :, :12], k[:, :, :12], v[:, :, :12], attn.init_state(2, heads, 8, 8, dtype, kv_heads=kv_heads),
-                             key_padding_mask=cut(0, 12))
+        state = attn.prefill(
+            q[:, :, :12],
+            k[:, :, :12],
+            v[:, :, :12],
+            attn.init_state(2, heads, 8, 8, dtype, kv_heads=kv_heads),
+            key_padding_mask=cut(0, 12),
+        )
         outs = []
         for t in range(12, 20):
-            out, state = attn.step(q[:, :, t : t + 1], k[:, :, t : t + 1], v[:, :, t : t + 1], state, key_padding_mask=cut(t, t + 1))
+            out, state = attn.step(
+                q[:, :, t : t + 1], k[:, :, t : t + 1], v[:, :, t : t + 1], state, key_padding_mask=cut(t, t + 1)
+            )
             outs.append(out)
         torch.testing.assert_close(torch.cat(outs, dim=2), attn(q, k, v, causal=True, key_padding_mask=kpm)[:, :, 12:])
         if reason:
             assert len(reason.split()) >= 5, (name, options, reason)
             continue
         alone = variants.build(name, num_heads=kv_heads, num_kv_heads=kv_heads, head_dim=8, **options).to(dtype)
-        plain = alone.prefill(q[:, :kv_heads], k, v, alone.init_state(2, kv_heads, 8, 8, dtype, kv_heads=kv_heads),
-                              key_padding_mask=kpm)
+        plain = alone.prefill(
+            q[:, :kv_heads], k, v, alone.init_state(2, kv_heads, 8, 8, dtype, kv_heads=kv_heads), key_padding_mask=kpm
+        )
         assert state.nbytes() == plain.nbytes(), (name, options, state.nbytes(), plain.nbytes())
 
 
 def test_the_window_and_the_fixed_feature_maps_decode_per_kv_head():
     # their forward kernels repeat K/V (each spec says why), their decoding states need K and V only
-    for name, options in (("sliding_window", {}), ("sliding_window", {"global_tokens": 2}), ("linear", {}),
-                          ("linear", {"feature_map": "taylor"})):
+    for name, options in (
+        ("sliding_window", {}),
+        ("sliding_window", {"global_tokens": 2}),
+        ("linear", {}),
+        ("linear", {"feature_map": "taylor"}),
+    ):
         attn = variants.build(name, num_heads=9, num_kv_heads=3, head_dim=8, **options)
         assert attn.repeats_kv_reason() and attn.state_repeats_kv_reason() == "", (name, options)
     hedgehog = variants.build("linear", num_heads=9, num_kv_heads=3, head_dim=8, feature_map="hedgehog")

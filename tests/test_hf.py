@@ -25,12 +25,20 @@ from transformers import (  # noqa: E402
 )
 
 VOCAB, N = 61, 14
-TINY = dict(vocab_size=VOCAB, hidden_size=32, intermediate_size=64, num_hidden_layers=2, num_attention_heads=4,
-            max_position_embeddings=128)
+TINY = dict(
+    vocab_size=VOCAB,
+    hidden_size=32,
+    intermediate_size=64,
+    num_hidden_layers=2,
+    num_attention_heads=4,
+    max_position_embeddings=128,
+)
 # every registered variant that runs on the CPU with a backward, with the first example of its spec
 # (options that exercise its method at N = 14); the layer gives the shape hints
 VARIANTS = {case.values[0]: case.values[1] for case in reversed(registry_cases())}
-CAUSAL = {case.values[0]: case.values[1] for case in reversed(registry_cases(causal=True))}  # the ones a decoder can use
+CAUSAL = {
+    case.values[0]: case.values[1] for case in reversed(registry_cases(causal=True))
+}  # the ones a decoder can use
 BIDIRECTIONAL = {case.values[0]: case.values[1] for case in reversed(registry_cases(non_causal=True))}  # an encoder's
 
 
@@ -61,6 +69,7 @@ def grads(model):
 
 
 # -- exact against transformers' sdpa ------------------------------------------------------------------
+
 
 def test_full_equals_sdpa_on_llama_with_gqa_and_left_padding():
     ids, mask = batch()
@@ -95,7 +104,9 @@ def test_sliding_window_takes_mistrals_window_and_equals_sdpa():
     torch.testing.assert_close(got[mask.bool()], want[mask.bool()], atol=1e-5, rtol=1e-5)
     with_cache = model.generate(ids, attention_mask=mask, max_new_tokens=8, do_sample=False, pad_token_id=0)
     model.set_attn_implementation("sdpa")
-    assert torch.equal(with_cache, model.generate(ids, attention_mask=mask, max_new_tokens=8, do_sample=False, pad_token_id=0))
+    assert torch.equal(
+        with_cache, model.generate(ids, attention_mask=mask, max_new_tokens=8, do_sample=False, pad_token_id=0)
+    )
 
 
 def test_full_generation_equals_sdpa_generation():
@@ -103,7 +114,9 @@ def test_full_generation_equals_sdpa_generation():
     ids, mask = batch()
     want = model.generate(ids, attention_mask=mask, max_new_tokens=8, do_sample=False, pad_token_id=0)
     vh.use(model, "full")
-    assert torch.equal(model.generate(ids, attention_mask=mask, max_new_tokens=8, do_sample=False, pad_token_id=0), want)
+    assert torch.equal(
+        model.generate(ids, attention_mask=mask, max_new_tokens=8, do_sample=False, pad_token_id=0), want
+    )
 
 
 FAMILIES = {  # family: (config class, model class, config fields beyond TINY)
@@ -121,8 +134,9 @@ FAMILIES = {  # family: (config class, model class, config fields beyond TINY)
 def test_other_families_full_equals_sdpa_and_a_window_generates_with_cache(family):
     config_class, model_class, extra = FAMILIES[family]
     torch.manual_seed(0)
-    config = getattr(transformers, config_class)(**{**TINY, "bos_token_id": 1, "eos_token_id": 2, **extra},
-                                                 attn_implementation="sdpa")
+    config = getattr(transformers, config_class)(
+        **{**TINY, "bos_token_id": 1, "eos_token_id": 2, **extra}, attn_implementation="sdpa"
+    )
     model = getattr(transformers, model_class)(config).double().eval()
     ids, mask = batch()
     want = model(ids, attention_mask=mask).logits
@@ -138,7 +152,9 @@ def mistral(window=4, seed=0):
     return MistralForCausalLM(MistralConfig(**TINY, num_key_value_heads=2, sliding_window=window)).double().eval()
 
 
-@pytest.mark.parametrize("name, options", [("linear", {}), ("full", {}), ("sliding_window", {"window": 2, "global_tokens": 1})])
+@pytest.mark.parametrize(
+    "name, options", [("linear", {}), ("full", {}), ("sliding_window", {"window": 2, "global_tokens": 1})]
+)
 def test_a_variant_reading_past_mistrals_window_gets_a_cache_that_keeps_it(name, options):
     # Mistral's own cache keeps only its window W (4); these variants read further back. Nothing in the config
     # changes (its layer types set RoPE in other families, and are saved), yet generation with the cache equals
@@ -155,8 +171,11 @@ def test_a_variant_reading_past_mistrals_window_gets_a_cache_that_keeps_it(name,
     # a cache of the model's own kind, passed by hand, would silently lose what the variant reads: refused
     own = transformers.DynamicCache(config=model.config)
     model(ids[:, :10], use_cache=True, **{vh._cache_argument(model): own})
-    with pytest.raises(ValueError, match=rf"cache kept only the last 4 positions of its sliding layers \(7 dropped\), "
-                                         rf"but {name} reads further back"):
+    with pytest.raises(
+        ValueError,
+        match=rf"cache kept only the last 4 positions of its sliding layers \(7 dropped\), "
+        rf"but {name} reads further back",
+    ):
         model(ids[:, 10:], use_cache=True, **{vh._cache_argument(model): own})
 
 
@@ -172,6 +191,7 @@ def test_a_window_within_mistrals_keeps_the_models_own_cache():
 
 # -- every variant, by behaviour --------------------------------------------------------------------------
 
+
 @pytest.mark.parametrize("name", sorted(CAUSAL))
 def test_variant_in_llama_trains_is_causal_and_ignores_padding(name):
     model = vh.use(llama(), name, **CAUSAL[name])
@@ -185,7 +205,9 @@ def test_variant_in_llama_trains_is_causal_and_ignores_padding(name):
         # causality: changing the last 5 tokens leaves the logits before them bit-identical
         later = ids.clone()
         later[:, -5:] = (later[:, -5:] + 7) % VOCAB
-        torch.testing.assert_close(model(later, attention_mask=mask).logits[:, :-5], logits[:, :-5].detach(), atol=0, rtol=0)
+        torch.testing.assert_close(
+            model(later, attention_mask=mask).logits[:, :-5], logits[:, :-5].detach(), atol=0, rtol=0
+        )
         # padding: changing the padded tokens changes nothing on the real ones
         padded = ids.clone()
         padded[~mask.bool()] = (padded[~mask.bool()] + 11) % VOCAB
@@ -236,8 +258,15 @@ def test_generation_logits_with_the_state_cache_equal_those_without(name):
     ids, mask = batch(left_pad=3)
     ids[~mask.bool()] = 0
     ids[:, 9] = 0
-    kwargs = dict(attention_mask=mask, max_new_tokens=10, min_new_tokens=10, do_sample=False, pad_token_id=0,
-                  return_dict_in_generate=True, output_logits=True)
+    kwargs = dict(
+        attention_mask=mask,
+        max_new_tokens=10,
+        min_new_tokens=10,
+        do_sample=False,
+        pad_token_id=0,
+        return_dict_in_generate=True,
+        output_logits=True,
+    )
     cached, plain = model.generate(ids, **kwargs), model.generate(ids, use_cache=False, **kwargs)
     assert torch.equal(cached.sequences, plain.sequences)
     torch.testing.assert_close(torch.stack(cached.logits), torch.stack(plain.logits), atol=1e-9, rtol=1e-7)
@@ -249,12 +278,16 @@ def test_fulls_state_is_the_models_own_kv_cache_byte_for_byte_with_grouped_query
     ids, mask = batch(left_pad=0)
     kwargs = dict(attention_mask=mask, max_new_tokens=5, do_sample=False, pad_token_id=0, return_dict_in_generate=True)
     own = llama().eval().generate(ids, **kwargs)
-    own_bytes = sum(t.numel() * t.element_size() for layer in own.past_key_values.layers for t in (layer.keys, layer.values))
+    own_bytes = sum(
+        t.numel() * t.element_size() for layer in own.past_key_values.layers for t in (layer.keys, layer.values)
+    )
     model = vh.use(llama().eval(), "full")
     out = model.generate(ids, **kwargs)
     assert torch.equal(out.sequences, own.sequences)
     states = [layer.state for layer in out.past_key_values.layers]
-    assert sum(state.nbytes() for state in states) == own_bytes and all(state.tensors["k"].shape[1] == 2 for state in states)
+    assert sum(state.nbytes() for state in states) == own_bytes and all(
+        state.tensors["k"].shape[1] == 2 for state in states
+    )
     recurrent = vh.use(llama().eval(), "mamba2").generate(ids, **kwargs).past_key_values.layers
     assert all(layer.state.tensors["S"].shape[1] == 2 for layer in recurrent)
 
@@ -291,14 +324,23 @@ def test_state_cache_refuses_what_it_cannot_keep():
 
 @pytest.mark.parametrize("name", sorted(set(VARIANTS) - set(CAUSAL)))
 def test_non_causal_variant_is_refused_in_a_decoder(name):
-    with pytest.raises(ValueError, match=rf"LlamaForCausalLM\.model\.layers\.0\.self_attn \(LlamaAttention\) is causal "
-                                         rf"\(a decoder\); {name} is not causal: "):
+    with pytest.raises(
+        ValueError,
+        match=rf"LlamaForCausalLM\.model\.layers\.0\.self_attn \(LlamaAttention\) is causal "
+        rf"\(a decoder\); {name} is not causal: ",
+    ):
         vh.use(llama(), name, **VARIANTS[name])
 
 
 def test_linformer_in_an_encoder_takes_the_models_longest_input():
-    config = transformers.BertConfig(vocab_size=VOCAB, hidden_size=32, num_hidden_layers=1, num_attention_heads=4,
-                                     intermediate_size=64, max_position_embeddings=96)
+    config = transformers.BertConfig(
+        vocab_size=VOCAB,
+        hidden_size=32,
+        num_hidden_layers=1,
+        num_attention_heads=4,
+        intermediate_size=64,
+        max_position_embeddings=96,
+    )
     model = vh.use(BertModel(config), "linformer", rank=8)
     attn = next(iter(vh.attention_layers(model).values())).attnbench_attention
     assert attn.max_len == 96 and attn.e.shape == (4, 8, 96)
@@ -325,6 +367,7 @@ def test_bfloat16_forward_and_backward():
 
 # -- parameters --------------------------------------------------------------------------------------------
 
+
 def test_memory_compressed_parameters_train_save_and_restore(tmp_path):
     model = vh.use(llama(), "memory_compressed", compression=3)
     own = [name for name, _ in model.named_parameters() if vh.ATTRIBUTE in name]
@@ -337,7 +380,9 @@ def test_memory_compressed_parameters_train_save_and_restore(tmp_path):
             if name in own:
                 p.add_(0.5)  # trained values differ from any fresh initialization
     model.save_pretrained(tmp_path)
-    loaded = vh.use(AutoModelForCausalLM.from_pretrained(tmp_path, dtype=torch.float64), "memory_compressed", compression=3)
+    loaded = vh.use(
+        AutoModelForCausalLM.from_pretrained(tmp_path, dtype=torch.float64), "memory_compressed", compression=3
+    )
     saved = dict(model.named_parameters())
     for name, p in loaded.named_parameters():
         assert torch.equal(p, saved[name]), name
@@ -365,19 +410,31 @@ def test_register_gives_a_name_for_from_config():
 
 # -- an encoder ------------------------------------------------------------------------------------------
 
+
 @pytest.mark.parametrize("name", sorted(set(VARIANTS) - set(BIDIRECTIONAL)))
 def test_causal_only_variants_are_refused_in_an_encoder(name):
-    config = BertConfig(vocab_size=VOCAB, hidden_size=32, num_hidden_layers=1, num_attention_heads=4, intermediate_size=64)
-    with pytest.raises(ValueError, match=rf"BertSelfAttention\) is not causal \(an encoder's bidirectional attention\); "
-                                         rf"{name} is causal only: .+ \(use it in a decoder\)"):
+    config = BertConfig(
+        vocab_size=VOCAB, hidden_size=32, num_hidden_layers=1, num_attention_heads=4, intermediate_size=64
+    )
+    with pytest.raises(
+        ValueError,
+        match=rf"BertSelfAttention\) is not causal \(an encoder's bidirectional attention\); "
+        rf"{name} is causal only: .+ \(use it in a decoder\)",
+    ):
         vh.use(BertModel(config), name, **VARIANTS[name])
 
 
 @pytest.mark.parametrize("name", sorted(BIDIRECTIONAL))
 def test_bert_encoder_is_bidirectional_with_padding(name):
     torch.manual_seed(0)
-    config = BertConfig(vocab_size=VOCAB, hidden_size=32, num_hidden_layers=2, num_attention_heads=4, intermediate_size=64,
-                        attn_implementation="sdpa")
+    config = BertConfig(
+        vocab_size=VOCAB,
+        hidden_size=32,
+        num_hidden_layers=2,
+        num_attention_heads=4,
+        intermediate_size=64,
+        attn_implementation="sdpa",
+    )
     model = BertModel(config).double().eval()
     ids, mask = batch(left_pad=0, right_pad=5)
     want = model(ids, attention_mask=mask).last_hidden_state
@@ -395,10 +452,22 @@ def test_bert_encoder_is_bidirectional_with_padding(name):
 
 def bart():
     torch.manual_seed(0)
-    config = transformers.BartConfig(vocab_size=VOCAB, d_model=32, encoder_layers=1, decoder_layers=1, encoder_attention_heads=4,
-                                     decoder_attention_heads=4, encoder_ffn_dim=64, decoder_ffn_dim=64, pad_token_id=0,
-                                     bos_token_id=1, eos_token_id=2, decoder_start_token_id=2, forced_eos_token_id=None,
-                                     attn_implementation="sdpa")
+    config = transformers.BartConfig(
+        vocab_size=VOCAB,
+        d_model=32,
+        encoder_layers=1,
+        decoder_layers=1,
+        encoder_attention_heads=4,
+        decoder_attention_heads=4,
+        encoder_ffn_dim=64,
+        decoder_ffn_dim=64,
+        pad_token_id=0,
+        bos_token_id=1,
+        eos_token_id=2,
+        decoder_start_token_id=2,
+        forced_eos_token_id=None,
+        attn_implementation="sdpa",
+    )
     return transformers.BartForConditionalGeneration(config).double().eval()
 
 
@@ -407,8 +476,11 @@ def test_encoder_decoder_with_cross_attention():
     ids, mask = batch(left_pad=0, right_pad=4)
     decoder_ids = ids[:, :6]
     want = model(ids, attention_mask=mask, decoder_input_ids=decoder_ids).logits
-    with pytest.raises(ValueError, match=r"BartForConditionalGeneration\.model\.decoder\.layers\.0\.encoder_attn \(BartAttention\) "
-                                         r"is a cross-attention layer .* sliding_window has no cross-attention"):
+    with pytest.raises(
+        ValueError,
+        match=r"BartForConditionalGeneration\.model\.decoder\.layers\.0\.encoder_attn \(BartAttention\) "
+        r"is a cross-attention layer .* sliding_window has no cross-attention",
+    ):
         vh.use(model, "sliding_window", window=3)
     got = vh.use(model, "full")(ids, attention_mask=mask, decoder_input_ids=decoder_ids).logits
     torch.testing.assert_close(got, want, atol=1e-5, rtol=1e-5)
@@ -419,17 +491,22 @@ def test_encoder_decoder_with_cross_attention():
 
 # -- bad input ---------------------------------------------------------------------------------------------
 
+
 def test_bad_input_is_a_clear_error():
     model = llama()
     with pytest.raises(ValueError, match=r"unknown variant 'flash'; available: .*full"):
         vh.use(model, "flash")
-    with pytest.raises(TypeError, match=r"sliding_window takes no option\(s\) \['compression'\]; allowed options: window"):
+    with pytest.raises(
+        TypeError, match=r"sliding_window takes no option\(s\) \['compression'\]; allowed options: window"
+    ):
         vh.use(model, "sliding_window", compression=3)
     with pytest.raises(TypeError, match=r"options \['num_heads'\] come from each attention layer"):
         vh.use(model, "memory_compressed", num_heads=4)
     with pytest.raises(TypeError, match=r"model must be a transformers PreTrainedModel, got Linear"):
         vh.use(torch.nn.Linear(2, 2), "full")
-    with pytest.raises(ValueError, match=r"memory_compressed has parameters .* use variants.hf.use\(model, 'memory_compressed'"):
+    with pytest.raises(
+        ValueError, match=r"memory_compressed has parameters .* use variants.hf.use\(model, 'memory_compressed'"
+    ):
         vh.register("memory_compressed")
     with pytest.raises(ValueError, match=r"sliding_window needs window=: the model's config has no sliding_window"):
         vh.use(model, "sliding_window")
@@ -437,16 +514,29 @@ def test_bad_input_is_a_clear_error():
 
 
 def test_variant_without_backward_refused_for_a_model_in_training_mode():
-    with pytest.raises(RuntimeError, match=r"LlamaForCausalLM\.model\.layers\.0\.self_attn \(LlamaAttention\): the model is in "
-                                           r"training mode, but sliding_window_flex has no backward on cpu"):
+    with pytest.raises(
+        RuntimeError,
+        match=r"LlamaForCausalLM\.model\.layers\.0\.self_attn \(LlamaAttention\): the model is in "
+        r"training mode, but sliding_window_flex has no backward on cpu",
+    ):
         vh.use(llama(), "sliding_window_flex", window=3)
 
 
 def test_cross_attention_layer_refused_at_use_time():
-    config = BertConfig(vocab_size=VOCAB, hidden_size=32, num_hidden_layers=1, num_attention_heads=4, intermediate_size=64,
-                        is_decoder=True, add_cross_attention=True)
-    with pytest.raises(ValueError, match=r"BertModel\.encoder\.layer\.0\.crossattention\.self .* is a cross-attention layer.*"
-                                         r"sliding_window has no cross-attention"):
+    config = BertConfig(
+        vocab_size=VOCAB,
+        hidden_size=32,
+        num_hidden_layers=1,
+        num_attention_heads=4,
+        intermediate_size=64,
+        is_decoder=True,
+        add_cross_attention=True,
+    )
+    with pytest.raises(
+        ValueError,
+        match=r"BertModel\.encoder\.layer\.0\.crossattention\.self .* is a cross-attention layer.*"
+        r"sliding_window has no cross-attention",
+    ):
         vh.use(BertModel(config), "sliding_window", window=3)
 
 
@@ -463,15 +553,24 @@ def test_model_without_attention_interface_refused():
 
 
 def test_position_bias_refused_at_use_time():
-    config = transformers.T5Config(vocab_size=VOCAB, d_model=32, d_kv=8, d_ff=64, num_layers=1, num_heads=4, decoder_start_token_id=0)
-    with pytest.raises(ValueError, match=r"T5ForConditionalGeneration\.encoder\.block\.0\.layer\.0\.SelfAttention \(T5Attention\) "
-                                         r"adds a learned position bias"):
+    config = transformers.T5Config(
+        vocab_size=VOCAB, d_model=32, d_kv=8, d_ff=64, num_layers=1, num_heads=4, decoder_start_token_id=0
+    )
+    with pytest.raises(
+        ValueError,
+        match=r"T5ForConditionalGeneration\.encoder\.block\.0\.layer\.0\.SelfAttention \(T5Attention\) "
+        r"adds a learned position bias",
+    ):
         vh.use(transformers.T5ForConditionalGeneration(config), "full")
 
 
 def test_softcapped_scores_refused():
-    config = transformers.Gemma2Config(**TINY, num_key_value_heads=1, head_dim=8, sliding_window=5, attn_implementation="eager")
-    with pytest.raises(ValueError, match=r"Gemma2ForCausalLM caps its attention scores \(attn_logit_softcapping=50.0\)"):
+    config = transformers.Gemma2Config(
+        **TINY, num_key_value_heads=1, head_dim=8, sliding_window=5, attn_implementation="eager"
+    )
+    with pytest.raises(
+        ValueError, match=r"Gemma2ForCausalLM caps its attention scores \(attn_logit_softcapping=50.0\)"
+    ):
         vh.use(transformers.Gemma2ForCausalLM(config), "full")
 
 
@@ -481,16 +580,34 @@ def test_attention_dropout_refused_only_where_it_would_apply():
     ids, mask = batch()
     model(ids, attention_mask=mask)  # eval: no dropout applies
     model.train()
-    with pytest.raises(ValueError, match=r"asks for attention dropout p=0.1 \(the model is training\); linear has none. "
-                                         r"Zero it on the built model with variants.hf.without_attention_dropout"):
+    with pytest.raises(
+        ValueError,
+        match=r"asks for attention dropout p=0.1 \(the model is training\); linear has none. "
+        r"Zero it on the built model with variants.hf.without_attention_dropout",
+    ):
         model(ids, attention_mask=mask)
     vh.without_attention_dropout(model)
     model(ids, attention_mask=mask).logits.sum().backward()  # trains now
-    for family, config in (("BERT", transformers.BertConfig(vocab_size=VOCAB, hidden_size=32, num_hidden_layers=1, num_attention_heads=4,
-                                                           intermediate_size=64, attention_probs_dropout_prob=0.1)),
-                           ("GPT-2", transformers.GPT2Config(vocab_size=VOCAB, n_embd=32, n_layer=1, n_head=4, attn_pdrop=0.1)),
-                           ("DistilBERT", transformers.DistilBertConfig(vocab_size=VOCAB, dim=32, n_layers=1, n_heads=4, hidden_dim=64,
-                                                                        attention_dropout=0.1))):
+    for family, config in (
+        (
+            "BERT",
+            transformers.BertConfig(
+                vocab_size=VOCAB,
+                hidden_size=32,
+                num_hidden_layers=1,
+                num_attention_heads=4,
+                intermediate_size=64,
+                attention_probs_dropout_prob=0.1,
+            ),
+        ),
+        ("GPT-2", transformers.GPT2Config(vocab_size=VOCAB, n_embd=32, n_layer=1, n_head=4, attn_pdrop=0.1)),
+        (
+            "DistilBERT",
+            transformers.DistilBertConfig(
+                vocab_size=VOCAB, dim=32, n_layers=1, n_heads=4, hidden_dim=64, attention_dropout=0.1
+            ),
+        ),
+    ):
         other = vh.use(transformers.AutoModel.from_config(config).eval(), "full")  # eval: accepted
         other(ids)
         with pytest.raises(ValueError, match=r"asks for attention dropout p=0.1"):
@@ -528,6 +645,7 @@ def test_flex_generates_with_one_compilation_for_every_decoding_step(monkeypatch
         def call(q, k, v, **kwargs):
             seen.add(tuple((tuple(t.shape), t.stride()) for t in (q, k, v)))
             return compiled(device_type)(q, k, v, **kwargs)
+
         return call
 
     monkeypatch.setattr(flex, "compiled_flex_attention", recording)

@@ -17,10 +17,33 @@ import variants.hf as vh  # noqa: E402
 from transformers.models.auto.configuration_auto import CONFIG_MAPPING  # noqa: E402
 from transformers.models.auto.modeling_auto import MODEL_FOR_CAUSAL_LM_MAPPING_NAMES  # noqa: E402
 
-TINY = dict(vocab_size=61, hidden_size=32, intermediate_size=64, num_hidden_layers=2, num_attention_heads=4, num_key_value_heads=2,
-            head_dim=8, max_position_embeddings=128, bos_token_id=1, eos_token_id=2, pad_token_id=0, n_embd=32, n_layer=2, n_head=4,
-            d_model=32, n_positions=128, num_layers=2, ffn_dim=64, n_inner=64, num_heads=4, d_ff=64, hidden_dim=64, n_heads=4,
-            dim=32, n_layers=2)
+TINY = dict(
+    vocab_size=61,
+    hidden_size=32,
+    intermediate_size=64,
+    num_hidden_layers=2,
+    num_attention_heads=4,
+    num_key_value_heads=2,
+    head_dim=8,
+    max_position_embeddings=128,
+    bos_token_id=1,
+    eos_token_id=2,
+    pad_token_id=0,
+    n_embd=32,
+    n_layer=2,
+    n_head=4,
+    d_model=32,
+    n_positions=128,
+    num_layers=2,
+    ffn_dim=64,
+    n_inner=64,
+    num_heads=4,
+    d_ff=64,
+    hidden_dim=64,
+    n_heads=4,
+    dim=32,
+    n_layers=2,
+)
 MOST_PARAMETERS = 3_000_000  # a config whose fields ignore these sizes is not tiny: skipped
 FAMILIES = sorted(MODEL_FOR_CAUSAL_LM_MAPPING_NAMES)
 

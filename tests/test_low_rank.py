@@ -25,7 +25,10 @@ def test_linformer_matches_its_definition(n_q, n_k, padded):
 def test_linformer_refuses_causal_and_long_inputs_clearly():
     attn = variants.build("linformer", rank=4, max_len=16, num_heads=2)
     q, k, v = make_qkv(n_q=8, dtype=torch.float32, requires_grad=False)
-    with pytest.raises(ValueError, match=r"linformer: causal=True is not supported by this variant: each projected key mixes all N positions"):
+    with pytest.raises(
+        ValueError,
+        match=r"linformer: causal=True is not supported by this variant: each projected key mixes all N positions",
+    ):
         attn(q, k, v, causal=True)
     q, k, v = make_qkv(n_q=17, dtype=torch.float32, requires_grad=False)
     with pytest.raises(ValueError, match=r"linformer: Nq=17, Nk=17 is not supported: Nk=17 > max_len=16"):
@@ -59,7 +62,9 @@ def test_nystrom_with_a_landmark_per_position_is_softmax_attention(padded):
     exact = ref_full(q, k, v, kpm=kpm)
     errors = {}
     for iterations in (6, 30):
-        out = variants.build("nystrom", landmarks=24, pinv_iterations=iterations).double()(q, k, v, key_padding_mask=kpm)
+        out = variants.build("nystrom", landmarks=24, pinv_iterations=iterations).double()(
+            q, k, v, key_padding_mask=kpm
+        )
         errors[iterations] = (out - exact).abs().max().item()
     assert errors[30] < 1e-8, errors
     assert errors[6] > errors[30]
@@ -68,7 +73,10 @@ def test_nystrom_with_a_landmark_per_position_is_softmax_attention(padded):
 def test_nystrom_refuses_causal_and_too_many_landmarks_clearly():
     attn = variants.build("nystrom", landmarks=8)
     q, k, v = make_qkv(n_q=6, dtype=torch.float32, requires_grad=False)
-    with pytest.raises(ValueError, match=r"nystrom: causal=True is not supported by this variant: each landmark averages a whole segment"):
+    with pytest.raises(
+        ValueError,
+        match=r"nystrom: causal=True is not supported by this variant: each landmark averages a whole segment",
+    ):
         attn(q, k, v, causal=True)
     with pytest.raises(ValueError, match=r"nystrom: Nq=6, Nk=6 is not supported: landmarks=8 > N=6"):
         attn(q, k, v)

@@ -27,14 +27,18 @@ def test_matches_conv_then_dense_reference(n, c, causal, padded):
     params = (q, k, v, attn.k_weight, attn.k_bias, attn.v_weight, attn.v_bias)
     assert_close_with_grads(out, ref, params, atol=1e-8)
     with torch.no_grad():  # the inference path (causal: one phase's pieces at a time) gives the same
-        torch.testing.assert_close(attn(q, k, v, causal=causal, key_padding_mask=kpm), ref.detach(), atol=1e-8, rtol=1e-7)
+        torch.testing.assert_close(
+            attn(q, k, v, causal=causal, key_padding_mask=kpm), ref.detach(), atol=1e-8, rtol=1e-7
+        )
 
 
 def test_cross_attention():
     q, k, v = make_qkv(n_q=11, n_k=31, d=8, dv=6)
     attn = build(3)
     kpm = make_padding(2, 31)
-    assert_close_with_grads(attn(q, k, v, key_padding_mask=kpm), ref_memory_compressed(q, k, v, attn, False, kpm), (q, k, v))
+    assert_close_with_grads(
+        attn(q, k, v, key_padding_mask=kpm), ref_memory_compressed(q, k, v, attn, False, kpm), (q, k, v)
+    )
 
 
 def test_parameters_are_registered_per_head():

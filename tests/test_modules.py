@@ -59,7 +59,9 @@ def test_mha_bad_arguments():
     with pytest.raises(ValueError, match=r"unknown variant 'fast'"):
         variants.MultiHeadAttention(32, 4, variant="fast")
     mha = variants.MultiHeadAttention(32, 4)
-    with pytest.raises(ValueError, match=r"query must be a float tensor of shape \(B, N, d_model=32\), got \(2, 5, 16\)"):
+    with pytest.raises(
+        ValueError, match=r"query must be a float tensor of shape \(B, N, d_model=32\), got \(2, 5, 16\)"
+    ):
         mha(torch.randn(2, 5, 16))
 
 
@@ -77,7 +79,9 @@ def test_sinusoidal_positional_encoding_formula():
 
 
 @pytest.mark.parametrize("norm", ["pre", "post"])
-@pytest.mark.parametrize("variant, options", [("full", {}), ("sliding_window", {"window": 2}), ("linear", {}), ("memory_compressed", {})])
+@pytest.mark.parametrize(
+    "variant, options", [("full", {}), ("sliding_window", {"window": 2}), ("linear", {}), ("memory_compressed", {})]
+)
 def test_transformer_block_runs_and_trains(variant, options, norm):
     torch.manual_seed(0)
     block = variants.TransformerBlock(16, 2, 32, variant=variant, norm=norm, **options)
@@ -99,6 +103,7 @@ def test_transformer_block_pre_norm_formula():
 
 
 # -- swap_attention ------------------------------------------------------------------------------
+
 
 def _encoder(batch_first=True):
     torch.manual_seed(0)
@@ -130,7 +135,9 @@ def test_swap_full_equals_original_encoder(batch_first, train):
         # real tokens agree; torch's eval fast path writes zeros at padded positions, whose outputs are meaningless
         torch.testing.assert_close(got_pad[~pad], want_pad[~pad], atol=1e-5, rtol=1e-5)
         torch.testing.assert_close(swapped(x, mask=causal, is_causal=True), want_causal, atol=1e-5, rtol=1e-5)
-        torch.testing.assert_close(swapped(x, mask=causal), want_causal, atol=1e-5, rtol=1e-5)  # mask recognized as causal
+        torch.testing.assert_close(
+            swapped(x, mask=causal), want_causal, atol=1e-5, rtol=1e-5
+        )  # mask recognized as causal
 
 
 def test_swap_reuses_weights_and_trains():

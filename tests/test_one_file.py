@@ -74,7 +74,7 @@ class TemperedWindow(AttentionVariant):
         return 2.0 * n_q * n_k * (d + dv)
 '''
 
-SCRIPT = r'''
+SCRIPT = r"""
 import json, sys
 from pathlib import Path
 from typer.testing import CliRunner
@@ -118,7 +118,7 @@ ids = torch.randint(1, 61, (1, 10), generator=torch.Generator().manual_seed(1))
 kwargs = dict(max_new_tokens=5, do_sample=False, pad_token_id=0)
 found["hf"] = model.generate(ids, use_cache=True, **kwargs).tolist() == model.generate(ids, use_cache=False, **kwargs).tolist()
 print(json.dumps(found))
-'''
+"""
 
 
 def test_a_method_is_one_file(tmp_path):
@@ -128,7 +128,9 @@ def test_a_method_is_one_file(tmp_path):
     env = {**os.environ, "PYTHONPATH": os.pathsep.join([str(tmp_path), str(ROOT)])}
     out = tmp_path / "out"
 
-    done = subprocess.run([sys.executable, "-c", SCRIPT, str(out)], capture_output=True, text=True, env=env, timeout=600, cwd=tmp_path)
+    done = subprocess.run(
+        [sys.executable, "-c", SCRIPT, str(out)], capture_output=True, text=True, env=env, timeout=600, cwd=tmp_path
+    )
     assert done.returncode == 0, done.stderr[-3000:]
     found = json.loads(done.stdout.strip().splitlines()[-1])
     assert found["registered"] and found["list"] and found["viz"] and found["hf"]
@@ -137,10 +139,28 @@ def test_a_method_is_one_file(tmp_path):
     assert "accuracy of sliding_window (the same function)" in found["advise"]
 
     # the micro-benchmarks and the shared contract tests collect it and pass
-    for args, at_least in (([ROOT / "benchmarks", "--benchmark-disable", "--bench-lengths", "64", "--bench-variants", "tempered_window"], 2),
-                           ([ROOT / "tests" / "test_interface.py", ROOT / "tests" / "test_bottom_right.py", "-k", "tempered_window"], 25)):
-        done = subprocess.run([sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider", *map(str, args)], capture_output=True,
-                              text=True, env=env, timeout=600, cwd=tmp_path)
+    for args, at_least in (
+        (
+            [
+                ROOT / "benchmarks",
+                "--benchmark-disable",
+                "--bench-lengths",
+                "64",
+                "--bench-variants",
+                "tempered_window",
+            ],
+            2,
+        ),
+        ([ROOT / "tests" / "test_interface.py", ROOT / "tests" / "test_bottom_right.py", "-k", "tempered_window"], 25),
+    ):
+        done = subprocess.run(
+            [sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider", *map(str, args)],
+            capture_output=True,
+            text=True,
+            env=env,
+            timeout=600,
+            cwd=tmp_path,
+        )
         assert done.returncode == 0, done.stdout[-3000:]
         passed = int(done.stdout.strip().splitlines()[-1].split(" passed")[0].split()[-1])
         assert passed >= at_least, done.stdout[-1000:]

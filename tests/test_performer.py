@@ -8,7 +8,9 @@ import torch
 import variants
 from conftest import assert_close_with_grads, case_id, make_padding, make_qkv, ref_full, ref_performer
 
-CASES = [(n, chunk, m) for n in (1, 7, 257) for chunk in (1, 64) for m in (3, 16)] + [(1100, 64, 256)]  # 1100: several groups
+CASES = [(n, chunk, m) for n in (1, 7, 257) for chunk in (1, 64) for m in (3, 16)] + [
+    (1100, 64, 256)
+]  # 1100: several groups
 
 
 @pytest.mark.parametrize("padded", [False, True], ids=["nopad", "pad"])

@@ -34,7 +34,9 @@ def test_recall_task_layout():
     for b in range(50):
         bound = dict(zip(keys[b].tolist(), values[b].tolist()))
         for t in mask[b].nonzero().flatten().tolist():
-            assert targets[b, t].item() == bound[inputs[b, t].item()]  # the answer is the value bound to the queried key
+            assert (
+                targets[b, t].item() == bound[inputs[b, t].item()]
+            )  # the answer is the value bound to the queried key
 
 
 def test_tasks_are_deterministic_and_validated():
@@ -76,9 +78,13 @@ def test_rows_record_every_option_and_the_sequence_length_and_readers_use_them()
     default = variants.effective_options("sliding_window")["window"]
     assert row["options"] == {} and row["resolved_options"]["window"] == default
     assert "num_heads" not in row["resolved_options"] and "head_dim" not in row["resolved_options"]
-    assert row["seq_len"] == make_task("recall", 16).seq_len and train_one("copy", 4, "full", {}, cfg)[-1]["seq_len"] == 8
+    assert (
+        row["seq_len"] == make_task("recall", 16).seq_len and train_one("copy", 4, "full", {}, cfg)[-1]["seq_len"] == 8
+    )
     assert trained_options(row)["window"] == default
-    assert trained_options({k: v for k, v in row.items() if k != "resolved_options"}) == {}  # a row from before issue 22
+    assert (
+        trained_options({k: v for k, v in row.items() if k != "resolved_options"}) == {}
+    )  # a row from before issue 22
     facts = {"sliding_window": variants.variant_class("sliding_window").spec.facts()}
     assert set(by_distance_frame([row], facts)["window"]) == {default}
 
@@ -108,7 +114,9 @@ def test_short_conv_mixes_only_earlier_positions_and_is_in_every_variants_model(
             bumped = h.clone()
             bumped[:, 5] += 1
             changed = (model.convs[0](bumped) - model.convs[0](h)).abs().sum(-1)[0]
-            assert changed[5:9].gt(0).all() and changed[:5].eq(0).all() and changed[9:].eq(0).all()  # positions 5..5+K-1
+            assert (
+                changed[5:9].gt(0).all() and changed[:5].eq(0).all() and changed[9:].eq(0).all()
+            )  # positions 5..5+K-1
     assert TinyDecoder(10, TrainConfig(d_model=16, heads=2), "full", max_len=20).convs is None  # the default: none
 
 
@@ -121,6 +129,7 @@ def test_trainable_variants_on_cpu():
 
 # -- the bench quality command ------------------------------------------------------------------
 
+
 def _quality(*args):
     return bench("quality", *args, "--no-cost")  # cost: test_quality_long
 
@@ -129,12 +138,28 @@ def test_quality_cli_writes_rows_and_report(tmp_path):
     import pandas as pd
 
     out = tmp_path / "q"
-    result = _quality("--variants", "full,linear", "--lengths", "8", "--steps", "20", "--d-model", "32", "--out", str(out))
+    result = _quality(
+        "--variants", "full,linear", "--lengths", "8", "--steps", "20", "--d-model", "32", "--out", str(out)
+    )
     assert result.exit_code == 0, result.output
     rows = pd.read_json(out / "quality.jsonl", lines=True)
-    assert sorted(zip(rows["task"], rows["variant"])) == [("copy", "full"), ("copy", "linear"), ("recall", "full"), ("recall", "linear")]
+    assert sorted(zip(rows["task"], rows["variant"])) == [
+        ("copy", "full"),
+        ("copy", "linear"),
+        ("recall", "full"),
+        ("recall", "linear"),
+    ]
     assert rows["final"].all() and (rows["step"] == 20).all()
-    for col in ("train_loss", "eval_accuracy", "eval_exact_match", "wall_s", "parameters", "cfg_lr", "cfg_short_conv", "options"):
+    for col in (
+        "train_loss",
+        "eval_accuracy",
+        "eval_exact_match",
+        "wall_s",
+        "parameters",
+        "cfg_lr",
+        "cfg_short_conv",
+        "options",
+    ):
         assert rows[col].notna().all(), col
     assert "held-out token accuracy" in result.output
     from harness.cli import app
@@ -148,7 +173,10 @@ def test_quality_cli_writes_rows_and_report(tmp_path):
     # recall against state size: full's KV cache of the recall sequence (2 layers x k, v x 4 heads x 8 dims x 4 bytes a
     # position) against linear's constant recurrent state
     recall = rows[rows["task"] == "recall"].set_index("variant")
-    assert recall.loc["full", "state_kind"] == "kv" and recall.loc["full", "state_bytes"] == 2 * 2 * 4 * 8 * 4 * recall.loc["full", "seq_len"]
+    assert (
+        recall.loc["full", "state_kind"] == "kv"
+        and recall.loc["full", "state_bytes"] == 2 * 2 * 4 * 8 * 4 * recall.loc["full", "seq_len"]
+    )
     assert recall.loc["linear", "state_kind"] == "recurrent"
     assert "### Recall against state size" in text and (out / "figures" / "recall_state.png").exists()
 
@@ -160,15 +188,26 @@ def test_decoding_state_is_each_layers_prefilled_state():
 
     cfg = TrainConfig(d_model=16, layers=3, heads=2)
     per_position = 3 * 2 * 2 * 8 * 4  # layers x (k, v) x heads x head dim x float32
-    for name, options, sizes in [("full", {}, (10 * per_position, 40 * per_position)),
-                                 ("sliding_window", {"window": 4}, (4 * per_position, 4 * per_position))]:
+    for name, options, sizes in [
+        ("full", {}, (10 * per_position, 40 * per_position)),
+        ("sliding_window", {"window": 4}, (4 * per_position, 4 * per_position)),
+    ]:
         model = TinyDecoder(8, cfg, name, max_len=64, **options)
         assert tuple(decoding_state(model, n, cfg)["state_bytes"] for n in (10, 40)) == sizes, name
     linear = TinyDecoder(8, cfg, "linear", max_len=64)
-    assert decoding_state(linear, 10, cfg) == decoding_state(linear, 40, cfg) and decoding_state(linear, 10, cfg)["state_kind"] == "recurrent"
-    assert decoding_state(TinyDecoder(8, cfg, "nystrom", max_len=64, landmarks=4), 10, cfg) == {"state_bytes": None, "state_kind": None}
+    assert (
+        decoding_state(linear, 10, cfg) == decoding_state(linear, 40, cfg)
+        and decoding_state(linear, 10, cfg)["state_kind"] == "recurrent"
+    )
+    assert decoding_state(TinyDecoder(8, cfg, "nystrom", max_len=64, landmarks=4), 10, cfg) == {
+        "state_bytes": None,
+        "state_kind": None,
+    }
     conv = TrainConfig(d_model=16, layers=3, heads=2, short_conv=4)  # + the last 3 inputs of each layer's convolution
-    assert decoding_state(TinyDecoder(8, conv, "full", max_len=64), 10, conv)["state_bytes"] == 10 * per_position + 3 * 3 * 16 * 4
+    assert (
+        decoding_state(TinyDecoder(8, conv, "full", max_len=64), 10, conv)["state_bytes"]
+        == 10 * per_position + 3 * 3 * 16 * 4
+    )
 
 
 def test_quality_resume_redoes_only_unfinished_trainings(tmp_path):
@@ -177,7 +216,12 @@ def test_quality_resume_redoes_only_unfinished_trainings(tmp_path):
     import pandas as pd
 
     out = tmp_path / "q"
-    assert _quality("--variants", "full", "--lengths", "8", "--steps", "10", "--d-model", "32", "--out", str(out)).exit_code == 0
+    assert (
+        _quality(
+            "--variants", "full", "--lengths", "8", "--steps", "10", "--d-model", "32", "--out", str(out)
+        ).exit_code
+        == 0
+    )
     lines = (out / "quality.jsonl").read_text().splitlines()
     assert len(lines) == 2  # copy and recall
     unfinished = json.loads(lines[1])
@@ -189,23 +233,29 @@ def test_quality_resume_redoes_only_unfinished_trainings(tmp_path):
     assert sorted(rows["task"]) == ["copy", "recall"] and rows["final"].all()  # no duplicate, no leftover partial row
 
 
-@pytest.mark.parametrize("args, message", [
-    (["--lengths", "2", "--task", "recall"], "pairs need a length of at least"),
-    (["--variants", "sliding_window_flex"], "cannot be trained on cpu: sliding_window_flex has no backward on cpu"),
-    (["--d-model", "30"], "--d-model 30 must be divisible by --heads 4"),
-    (["--variants", "nope"], "unknown variant(s) nope"),
-    (["--short-conv", "-1"], "--short-conv"),
-    # sizes the memory budget cannot hold are refused before anything is written (they crashed in the allocator,
-    # after metadata.json, whose --resume crashed again)
-    (["--vocab", "100000000", "--task", "recall"], "tokens, vocab 100000000) with --d-model 64"),
-    (["--d-model", "100000000", "--heads", "1"], "more than the memory budget"),
-    (["--batch", "100000000"], "--batch 100000000: training"),
-    (["--layers", "100000"], "--layers 100000"),
-    (["--lengths", "100000", "--task", "recall"], "recall at L=100000"),
-    (["--seeds", "100000000000000000000"], "--seeds 100000000000000000000 is not allowed; it must lie in 1..1000"),
-    (["--copy-lengths", "8", "--task", "recall"], "--copy-lengths 8: the copy task's lengths, but the run trains recall only"),
-    (["--pairs", "4", "--task", "copy"], "--pairs 4: a recall option, but the run trains copy only"),
-])
+@pytest.mark.parametrize(
+    "args, message",
+    [
+        (["--lengths", "2", "--task", "recall"], "pairs need a length of at least"),
+        (["--variants", "sliding_window_flex"], "cannot be trained on cpu: sliding_window_flex has no backward on cpu"),
+        (["--d-model", "30"], "--d-model 30 must be divisible by --heads 4"),
+        (["--variants", "nope"], "unknown variant(s) nope"),
+        (["--short-conv", "-1"], "--short-conv"),
+        # sizes the memory budget cannot hold are refused before anything is written (they crashed in the allocator,
+        # after metadata.json, whose --resume crashed again)
+        (["--vocab", "100000000", "--task", "recall"], "tokens, vocab 100000000) with --d-model 64"),
+        (["--d-model", "100000000", "--heads", "1"], "more than the memory budget"),
+        (["--batch", "100000000"], "--batch 100000000: training"),
+        (["--layers", "100000"], "--layers 100000"),
+        (["--lengths", "100000", "--task", "recall"], "recall at L=100000"),
+        (["--seeds", "100000000000000000000"], "--seeds 100000000000000000000 is not allowed; it must lie in 1..1000"),
+        (
+            ["--copy-lengths", "8", "--task", "recall"],
+            "--copy-lengths 8: the copy task's lengths, but the run trains recall only",
+        ),
+        (["--pairs", "4", "--task", "copy"], "--pairs 4: a recall option, but the run trains copy only"),
+    ],
+)
 def test_quality_bad_arguments(tmp_path, args, message):
     result = _quality(*args, "--out", str(tmp_path / "x"))
     assert result.exit_code == 2
@@ -222,8 +272,27 @@ def test_quality_scores_a_users_variant_with_its_options(tmp_path):
     import json
 
     out = tmp_path / "mine"
-    args = ["--import", "user_variant", "--variants", "test_tempered,full", "--option", "temperature=2", "--task", "copy",
-            "--lengths", "8", "--steps", "2", "--d-model", "16", "--heads", "2", "--layers", "1", "--no-report"]
+    args = [
+        "--import",
+        "user_variant",
+        "--variants",
+        "test_tempered,full",
+        "--option",
+        "temperature=2",
+        "--task",
+        "copy",
+        "--lengths",
+        "8",
+        "--steps",
+        "2",
+        "--d-model",
+        "16",
+        "--heads",
+        "2",
+        "--layers",
+        "1",
+        "--no-report",
+    ]
     result = _quality(*args, "--out", str(out))
     assert result.exit_code == 0, result.output
     rows = [json.loads(line) for line in (out / "quality.jsonl").read_text().splitlines()]

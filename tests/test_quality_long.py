@@ -64,7 +64,9 @@ def _brute_distance(inputs, targets, mask):
     return out
 
 
-@pytest.mark.parametrize("layout", [dict(length=64), dict(length=96, pairs=8, queries=8), dict(length=40, pairs=4, queries=2)])
+@pytest.mark.parametrize(
+    "layout", [dict(length=64), dict(length=96, pairs=8, queries=8), dict(length=40, pairs=4, queries=2)]
+)
 def test_recall_distances_match_a_brute_force_search(layout):
     s = RecallTask(**layout).sample(8, torch.Generator().manual_seed(1))
     assert torch.equal(s.distance, _brute_distance(s.inputs, s.targets, s.mask))
@@ -117,38 +119,106 @@ def test_the_curriculum_trains_one_model_through_the_lengths():
     cfg = TrainConfig(**{**TINY.__dict__, "curriculum": True, "pairs": 2, "queries": 2, "warm_start": 2})
     rows = train_one("recall", (16, 32), "sliding_window", {"window": 4}, cfg, seed=0)
     assert [(r["length"], r["stage"], r["step"], r["final"]) for r in rows] == [
-        (16, 0, 3, False), (16, 0, 6, True), (32, 1, 3, False), (32, 1, 6, True)]
+        (16, 0, 3, False),
+        (16, 0, 6, True),
+        (32, 1, 3, False),
+        (32, 1, 6, True),
+    ]
     assert rows[-1]["cfg_curriculum"] and rows[-1]["cfg_warm_start"] == 2
 
 
 def test_batch_tokens_caps_a_long_stages_batch_and_the_row_and_report_say_so(tmp_path):
-    assert [TrainConfig(batch=32, batch_tokens=8192).batch_at(n) for n in (63, 255, 511, 1023, 10**5)] == [32, 32, 16, 8, 1]
+    assert [TrainConfig(batch=32, batch_tokens=8192).batch_at(n) for n in (63, 255, 511, 1023, 10**5)] == [
+        32,
+        32,
+        16,
+        8,
+        1,
+    ]
     assert TrainConfig(batch=32).batch_at(10**5) == 32
     out = tmp_path / "q"
-    args = ["quality", "--task", "recall", "--variants", "full", "--lengths", "16,32", "--curriculum", "--batch", "4",
-            "--batch-tokens", "64", "--pairs", "2", "--queries", "2", "--steps", "2", "--d-model", "16", "--heads", "2",
-            "--layers", "1", "--no-cost", "--out", str(out)]
+    args = [
+        "quality",
+        "--task",
+        "recall",
+        "--variants",
+        "full",
+        "--lengths",
+        "16,32",
+        "--curriculum",
+        "--batch",
+        "4",
+        "--batch-tokens",
+        "64",
+        "--pairs",
+        "2",
+        "--queries",
+        "2",
+        "--steps",
+        "2",
+        "--d-model",
+        "16",
+        "--heads",
+        "2",
+        "--layers",
+        "1",
+        "--no-cost",
+        "--out",
+        str(out),
+    ]
     result = _invoke(*args)
     assert result.exit_code == 0, result.output
     rows = read_rows(out, QUALITY_RESULTS)
-    assert {(r["length"], r["batch"], r["cfg_batch"], r["cfg_batch_tokens"]) for r in rows} == {(16, 4, 4, 64), (32, 2, 4, 64)}
+    assert {(r["length"], r["batch"], r["cfg_batch"], r["cfg_batch_tokens"]) for r in rows} == {
+        (16, 4, 4, 64),
+        (32, 2, 4, 64),
+    }
     assert "batch=4 (at most 64 tokens a batch: 2 at 31 tokens)" in (out / "REPORT.md").read_text()
 
 
 def test_long_lengths_are_trained_by_the_long_variants_only_after_the_others(tmp_path):
     out = tmp_path / "q"
-    base = ["quality", "--task", "recall", "--variants", "full,linear", "--lengths", "16", "--curriculum", "--pairs", "2",
-            "--queries", "2", "--steps", "2", "--d-model", "16", "--heads", "2", "--layers", "1", "--batch", "4", "--no-cost"]
+    base = [
+        "quality",
+        "--task",
+        "recall",
+        "--variants",
+        "full,linear",
+        "--lengths",
+        "16",
+        "--curriculum",
+        "--pairs",
+        "2",
+        "--queries",
+        "2",
+        "--steps",
+        "2",
+        "--d-model",
+        "16",
+        "--heads",
+        "2",
+        "--layers",
+        "1",
+        "--batch",
+        "4",
+        "--no-cost",
+    ]
     result = _invoke(*base, "--long-lengths", "24", "--long-variants", "full", "--out", str(out))
     assert result.exit_code == 0, result.output
     rows = read_rows(out, QUALITY_RESULTS)
-    assert sorted({(r["variant"], r["length"], r["stage"]) for r in rows}) == [("full", 16, 0), ("full", 24, 1), ("linear", 16, 0)]
+    assert sorted({(r["variant"], r["length"], r["stage"]) for r in rows}) == [
+        ("full", 16, 0),
+        ("full", 24, 1),
+        ("linear", 16, 0),
+    ]
     assert "L = 24 trained by `full` only" in (out / "REPORT.md").read_text()
     again = _invoke("quality", "--resume", str(out), "--no-report")  # the stored configuration keeps them
     assert again.exit_code == 0 and len(read_rows(out, QUALITY_RESULTS)) == len(rows)
-    for extra, message in ((["--long-lengths", "16"], "each must be longer than the longest of --lengths (16)"),
-                           (["--long-lengths", "24", "--long-variants", "gla"], "gla not among the run's variants"),
-                           (["--long-variants", "full"], "but no long lengths are set")):
+    for extra, message in (
+        (["--long-lengths", "16"], "each must be longer than the longest of --lengths (16)"),
+        (["--long-lengths", "24", "--long-variants", "gla"], "gla not among the run's variants"),
+        (["--long-variants", "full"], "but no long lengths are set"),
+    ):
         bad = _invoke(*base, *extra, "--out", str(tmp_path / "bad"))
         assert bad.exit_code == 2 and message in " ".join(bad.output.replace("│", "").split()), bad.output
         assert not (tmp_path / "bad").exists()
@@ -159,19 +229,60 @@ def test_a_seed_trains_variant_by_variant_one_of_each_family_first():
     from harness.quality.config import QualityConfig
     from harness.quality.train import trainings
 
-    config = QualityConfig(tasks=("copy", "recall"), variants=("additive", "full", "linear"), lengths=(16,), seeds=2,
-                           train=TrainConfig(curriculum=True), long_lengths=(32,), long_variants=("linear", "full"))
+    config = QualityConfig(
+        tasks=("copy", "recall"),
+        variants=("additive", "full", "linear"),
+        lengths=(16,),
+        seeds=2,
+        train=TrainConfig(curriculum=True),
+        long_lengths=(32,),
+        long_variants=("linear", "full"),
+    )
     assert [(s, v, t) for t, v, s, _ in trainings(config)][:6] == [
-        (0, "linear", "copy"), (0, "linear", "recall"), (0, "full", "copy"), (0, "full", "recall"),
-        (0, "additive", "copy"), (0, "additive", "recall")]
-    assert len(trainings(config)) == 12 and dict(((v, t), chain) for t, v, s, chain in trainings(config))[("full", "recall")] == (16, 32)
+        (0, "linear", "copy"),
+        (0, "linear", "recall"),
+        (0, "full", "copy"),
+        (0, "full", "recall"),
+        (0, "additive", "copy"),
+        (0, "additive", "recall"),
+    ]
+    assert len(trainings(config)) == 12 and dict(((v, t), chain) for t, v, s, chain in trainings(config))[
+        ("full", "recall")
+    ] == (16, 32)
 
 
 def test_quality_with_seeds_resumes_exactly(tmp_path):
     out = tmp_path / "q"
-    args = ["quality", "--task", "recall", "--variants", "full", "--lengths", "16,24", "--curriculum", "--seeds", "2",
-            "--pairs", "2", "--queries", "2", "--steps", "4", "--d-model", "16", "--heads", "2", "--layers", "1",
-            "--batch", "4", "--no-cost", "--no-report", "--out", str(out)]
+    args = [
+        "quality",
+        "--task",
+        "recall",
+        "--variants",
+        "full",
+        "--lengths",
+        "16,24",
+        "--curriculum",
+        "--seeds",
+        "2",
+        "--pairs",
+        "2",
+        "--queries",
+        "2",
+        "--steps",
+        "4",
+        "--d-model",
+        "16",
+        "--heads",
+        "2",
+        "--layers",
+        "1",
+        "--batch",
+        "4",
+        "--no-cost",
+        "--no-report",
+        "--out",
+        str(out),
+    ]
     assert _invoke(*args).exit_code == 0
     whole = read_rows(out, QUALITY_RESULTS)
     assert sorted({(r["seed"], r["length"]) for r in whole}) == [(0, 16), (0, 24), (1, 16), (1, 24)]
@@ -192,27 +303,90 @@ def test_quality_with_seeds_resumes_exactly(tmp_path):
 def test_a_report_names_the_variants_a_stopped_run_has_not_trained(tmp_path):
     # the capacity layout: the queries fill every place after the bindings (no filler); a run stopped after its first variant
     out = tmp_path / "q"
-    args = ["quality", "--task", "recall", "--variants", "full,linear", "--lengths", "16", "--pairs", "4", "--queries", "4",
-            "--steps", "2", "--d-model", "16", "--heads", "2", "--layers", "1", "--batch", "4", "--no-cost", "--no-report", "--out", str(out)]
+    args = [
+        "quality",
+        "--task",
+        "recall",
+        "--variants",
+        "full,linear",
+        "--lengths",
+        "16",
+        "--pairs",
+        "4",
+        "--queries",
+        "4",
+        "--steps",
+        "2",
+        "--d-model",
+        "16",
+        "--heads",
+        "2",
+        "--layers",
+        "1",
+        "--batch",
+        "4",
+        "--no-cost",
+        "--no-report",
+        "--out",
+        str(out),
+    ]
     assert _invoke(*args).exit_code == 0
     kept = [line for line in (out / QUALITY_RESULTS).read_text().splitlines() if json.loads(line)["variant"] == "full"]
     (out / QUALITY_RESULTS).write_text("\n".join(kept) + "\n")
     assert _invoke("report", str(out)).exit_code == 0
     report = (out / "REPORT.md").read_text()
     assert "4 distinct keys asked once each, no filler" in report
-    assert "The run is unfinished" in report and "variants not trained yet: `linear`." in report and "fewer seeds" not in report
+    assert (
+        "The run is unfinished" in report
+        and "variants not trained yet: `linear`." in report
+        and "fewer seeds" not in report
+    )
 
 
 def test_quality_report_shows_seeds_distance_and_cost(tmp_path):
     out = tmp_path / "q"
-    result = _invoke("quality", "--preset", "long", "--variants", "full,sliding_window", "--lengths", "24,32", "--copy-lengths", "8",
-                     "--seeds", "2", "--steps", "3", "--warm-start", "2", "--pairs", "2", "--queries", "2", "--d-model", "16", "--heads", "2", "--layers", "1",
-                     "--batch", "4", "--window", "4", "--out", str(out))
+    result = _invoke(
+        "quality",
+        "--preset",
+        "long",
+        "--variants",
+        "full,sliding_window",
+        "--lengths",
+        "24,32",
+        "--copy-lengths",
+        "8",
+        "--seeds",
+        "2",
+        "--steps",
+        "3",
+        "--warm-start",
+        "2",
+        "--pairs",
+        "2",
+        "--queries",
+        "2",
+        "--d-model",
+        "16",
+        "--heads",
+        "2",
+        "--layers",
+        "1",
+        "--batch",
+        "4",
+        "--window",
+        "4",
+        "--out",
+        str(out),
+    )
     assert result.exit_code == 0, result.output
     costs = read_rows(out, "train_cost.jsonl")
     assert sorted((r["task"], r["variant"], r["length"]) for r in costs) == sorted(
-        [("copy", v, 8) for v in ("full", "sliding_window")] + [("recall", v, n) for v in ("full", "sliding_window") for n in (24, 32)])
-    assert all(r["status"] == "ok" and r["step_ms"] > 0 and r["tokens_per_s"] > 0 and r["train_peak_bytes"] >= 0 for r in costs)
+        [("copy", v, 8) for v in ("full", "sliding_window")]
+        + [("recall", v, n) for v in ("full", "sliding_window") for n in (24, 32)]
+    )
+    assert all(
+        r["status"] == "ok" and r["step_ms"] > 0 and r["tokens_per_s"] > 0 and r["train_peak_bytes"] >= 0 for r in costs
+    )
     text = (out / "REPORT.md").read_text()
     assert "### Accuracy by distance" in text and "### Cost of a training step" in text and "seeds 0-1" in text
     for name in ("quality_accuracy", "quality_distance", "training_cost", "quality_curves"):
@@ -227,18 +401,40 @@ def test_quality_report_shows_seeds_distance_and_cost(tmp_path):
 def make_quality_run(path, accuracy: dict, lengths=(256,), device="cpu", lr=3e-3):
     """A quality run whose final rows give `accuracy[variant]` (3 seeds spread +-2 points) at each length."""
     path.mkdir(parents=True)
-    write_metadata(path, {"config": {"tasks": ["recall"], "variants": list(accuracy), "lengths": list(lengths), "seeds": 3},
-                          "environment": {}, "machine": {}, "variants": recorded_facts(tuple(accuracy))})
+    write_metadata(
+        path,
+        {
+            "config": {"tasks": ["recall"], "variants": list(accuracy), "lengths": list(lengths), "seeds": 3},
+            "environment": {},
+            "machine": {},
+            "variants": recorded_facts(tuple(accuracy)),
+        },
+    )
     with RowWriter(path, QUALITY_RESULTS) as writer:
         for variant, acc in accuracy.items():
             for n in lengths:
                 for seed, delta in enumerate((-0.02, 0.0, 0.02)):
                     a = min(1.0, max(0.0, acc + delta))
-                    writer.append({"task": "recall", "variant": variant, "length": n, "seed": seed, "final": True, "step": 10,
-                                   "device": device, "options": {"window": 64} if variant == "sliding_window_flex" else {}, "cfg_lr": lr,
-                                   "eval_accuracy": a, "eval_exact_match": 0.0, "wall_s": 1.0,
-                                   "by_distance": [{"min": 1, "max": 127, "accuracy": a, "count": 10},
-                                                   {"min": 128, "max": 255, "accuracy": a / 2, "count": 10}]})
+                    writer.append(
+                        {
+                            "task": "recall",
+                            "variant": variant,
+                            "length": n,
+                            "seed": seed,
+                            "final": True,
+                            "step": 10,
+                            "device": device,
+                            "options": {"window": 64} if variant == "sliding_window_flex" else {},
+                            "cfg_lr": lr,
+                            "eval_accuracy": a,
+                            "eval_exact_match": 0.0,
+                            "wall_s": 1.0,
+                            "by_distance": [
+                                {"min": 1, "max": 127, "accuracy": a, "count": 10},
+                                {"min": 128, "max": 255, "accuracy": a / 2, "count": 10},
+                            ],
+                        }
+                    )
     return path
 
 
@@ -255,7 +451,9 @@ def test_advise_marks_measured_interpolated_and_extrapolated(tmp_path):
     assert next(a for a in between if a.variant == "full").how == "interpolated between N=1024 and N=2048"
     far, _ = advise([speed, quality], n=16384, causal=False)
     by = {a.variant: a for a in far}
-    assert by["full"].how.startswith("extrapolated from N=4096 (~N^2.00)") and by["full"].time_s == pytest.approx(1e-9 * 16384**2)
+    assert by["full"].how.startswith("extrapolated from N=4096 (~N^2.00)") and by["full"].time_s == pytest.approx(
+        1e-9 * 16384**2
+    )
     assert by["linear"].time_s == pytest.approx(2e-6 * 16384)
     assert by["full_naive"].excluded == "oom at N=2048" and by["full_naive"].rank is None
     assert "trained at L=256 < N" in "; ".join(by["full"].quality_note)
@@ -291,18 +489,38 @@ def test_advise_cli_and_its_bad_input(tmp_path):
         (["--len", "1024", str(quality)], "needs at least one speed run"),
         (["--len", "1024", "--device", "cuda", str(speed)], "--device cuda: the speed runs hold cpu only"),
         (["--len", "1024", str(speed)], "no fwdbwd causal rows on cpu"),
-        (["--len", "1024", "--no-causal", "--task", "copy", str(speed), str(quality)], "--task copy: the quality runs trained recall only"),
+        (
+            ["--len", "1024", "--no-causal", "--task", "copy", str(speed), str(quality)],
+            "--task copy: the quality runs trained recall only",
+        ),
         (["--len", "1024", "--no-causal", "--min-accuracy", "150%", str(speed)], "--min-accuracy"),
         (["--len", "0", str(speed)], "0 is not allowed"),
         (["--len", "1" + "0" * 300, str(speed)], "is not allowed; use 1 <= value <= 2147483648"),
         (["--len", "1024", "--no-causal", "--memory", "0", str(speed)], "--memory: '0' is no memory at all"),
         (["--len", "1024", "--no-causal", "--memory", "lots", str(speed)], "--memory"),
         (["--len", "1024", str(tmp_path / "nowhere")], "nowhere"),
-        (["--len", "1024", "--no-causal", str(speed), str(make_quality_run(tmp_path / "gpu", {"full": 0.9}, device="cuda"))],
-         "the runs share no device: the quality runs trained on cuda, the speed rows used are cpu"),
+        (
+            [
+                "--len",
+                "1024",
+                "--no-causal",
+                str(speed),
+                str(make_quality_run(tmp_path / "gpu", {"full": 0.9}, device="cuda")),
+            ],
+            "the runs share no device: the quality runs trained on cuda, the speed rows used are cpu",
+        ),
         # two recipes of one training are not seeds of one: never pooled
-        (["--len", "1024", "--no-causal", str(speed), str(quality), str(make_quality_run(tmp_path / "lr", {"full": 0.5}, lr=1e-2))],
-         f"recall of full at L=256 was trained with different recipes: lr 0.003 in {quality} but 0.01 in {tmp_path / 'lr'}"),
+        (
+            [
+                "--len",
+                "1024",
+                "--no-causal",
+                str(speed),
+                str(quality),
+                str(make_quality_run(tmp_path / "lr", {"full": 0.5}, lr=1e-2)),
+            ],
+            f"recall of full at L=256 was trained with different recipes: lr 0.003 in {quality} but 0.01 in {tmp_path / 'lr'}",
+        ),
     ]
     for args, message in bad:
         result = _invoke("advise", *args)
@@ -329,15 +547,24 @@ def test_advise_ranks_by_a_default_floor_and_reads_at_80_columns(tmp_path):
     assert result.exit_code == 0, result.output
     lines = result.output.splitlines()
     assert max(len(line) for line in lines) <= 80, result.output
-    rows = {line.split()[1]: line for line in lines if line.split()[:1] in (["1"], ["2"], ["3"], ["-"]) and len(line.split()) > 2}
+    rows = {
+        line.split()[1]: line
+        for line in lines
+        if line.split()[:1] in (["1"], ["2"], ["3"], ["-"]) and len(line.split()) > 2
+    }
     assert {"full", "full_naive", "linear"} <= set(rows), result.output  # names whole, one row each
     assert rows["full"].split()[0] == "1" and rows["linear"].split()[0] == "-"
-    assert any(line.strip().startswith("[1] ") for line in lines) and "ranked if within 10 points of full's accuracy" in result.output
+    assert (
+        any(line.strip().startswith("[1] ") for line in lines)
+        and "ranked if within 10 points of full's accuracy" in result.output
+    )
     assert "every variant with an accuracy: trained at L=256 < N" in result.output  # said once, not in each note
     assert "L=256" not in rows["full"]  # the trained length is the title's, when every accuracy shares it
     markdown = _invoke("advise", "--len", "8192", "--no-causal", "--format", "markdown", str(speed), str(quality))
     assert markdown.exit_code == 0 and markdown.output.startswith("| rank | variant |"), markdown.output
-    data = json.loads(_invoke("advise", "--len", "8192", "--no-causal", "--format", "json", str(speed), str(quality)).output)
+    data = json.loads(
+        _invoke("advise", "--len", "8192", "--no-causal", "--format", "json", str(speed), str(quality)).output
+    )
     assert data["context"]["min_accuracy"] == pytest.approx(0.85) and data["answers"][0]["variant"] == "full"
     assert data["recommendation"].startswith("Use full: the fastest that keeps >= 85% on recall")
 
@@ -375,7 +602,9 @@ def test_advise_never_pools_speed_rows_of_different_setups(tmp_path):
         assert result.exit_code == 2 and "the speed runs measured different setups" in _text(result), result.output
     from harness.options import ArgumentError
 
-    with pytest.raises(ArgumentError, match=rf"heads 8 in {speed}, 2 in {heads} \(give speed runs of one machine and shape\)"):
+    with pytest.raises(
+        ArgumentError, match=rf"heads 8 in {speed}, 2 in {heads} \(give speed runs of one machine and shape\)"
+    ):
         advise([speed, heads], n=1024, causal=False)
     with pytest.raises(ArgumentError, match=rf"device_name Test CPU in {speed}, Other CPU in {machine}"):
         advise([speed, machine], n=1024, causal=False)
@@ -399,7 +628,11 @@ def test_advise_at_a_trained_length_below_the_timed_ones_extrapolates_and_says_s
     short = make_quality_run(tmp_path / "short", {"full": 0.9}, lengths=(32, 64))
     answers, _ = advise([speed, short], n=64, causal=False)
     full = next(a for a in answers if a.variant == "full")
-    assert full.how.startswith("extrapolated down from N=256") and full.quality_length == 64 and full.accuracy == pytest.approx(0.9)
+    assert (
+        full.how.startswith("extrapolated down from N=256")
+        and full.quality_length == 64
+        and full.accuracy == pytest.approx(0.9)
+    )
 
 
 def test_advise_says_a_task_has_no_finished_training(tmp_path):
@@ -412,8 +645,11 @@ def test_advise_says_a_task_has_no_finished_training(tmp_path):
     copy = [{**row, "task": "copy"} for row in lines]  # copy finished; recall only begun
     begun = [{**row, "final": False} for row in lines]
     (quality / QUALITY_RESULTS).write_text("\n".join(json.dumps(r) for r in copy + begun) + "\n")
-    with pytest.raises(ArgumentError, match=r"--task recall: the quality runs hold no finished recall training yet \(only 3 "
-                                            r"evaluation rows of unfinished ones\); finished: copy"):
+    with pytest.raises(
+        ArgumentError,
+        match=r"--task recall: the quality runs hold no finished recall training yet \(only 3 "
+        r"evaluation rows of unfinished ones\); finished: copy",
+    ):
         advise([speed, quality], n=256, causal=False, task="recall")
 
 
@@ -453,8 +689,10 @@ def test_quality_trains_on_cuda_in_bfloat16():
     assert rows[-1]["device"] == "cuda" and rows[-1]["dtype"] == "bfloat16" and 0 <= rows[-1]["eval_accuracy"] <= 1
 
 
-@pytest.mark.parametrize("variant, options", [("full", {}), ("sliding_window", {"window": 4}), ("linear", {}),
-                                              ("memory_compressed", {"compression": 3})])
+@pytest.mark.parametrize(
+    "variant, options",
+    [("full", {}), ("sliding_window", {"window": 4}), ("linear", {}), ("memory_compressed", {"compression": 3})],
+)
 def test_every_variant_trains_under_bfloat16_autocast(variant, options):
     # the CUDA bf16 recipe's dtype mixing (autocast matmuls, float32 parameters), checked with CPU autocast
     rows = train_one("recall", 16, variant, options, TINY, seed=0, device="cpu", dtype="bfloat16")

@@ -44,9 +44,26 @@ def cluster_config(variants: str, repeats: int, warmup: int):
     import fault_variants  # noqa: F401 — registers test_slow
     from harness.sweep.plan import build_run_config
 
-    return build_run_config(variants=variants, lengths=(65, 66, 67, 68), devices="cpu", passes="fwd", causal=(False,),
-                                options={}, imports=["fault_variants"], min_time=0, cell_timeout=60, cluster=("cpu",), batch=1,
-                                heads=2, head_dim=16, dtype="float32", repeats=repeats, warmup=warmup, threads=0, check_len=32)
+    return build_run_config(
+        variants=variants,
+        lengths=(65, 66, 67, 68),
+        devices="cpu",
+        passes="fwd",
+        causal=(False,),
+        options={},
+        imports=["fault_variants"],
+        min_time=0,
+        cell_timeout=60,
+        cluster=("cpu",),
+        batch=1,
+        heads=2,
+        head_dim=16,
+        dtype="float32",
+        repeats=repeats,
+        warmup=warmup,
+        threads=0,
+        check_len=32,
+    )
 
 
 def ray_bench(*args: str):
@@ -60,7 +77,9 @@ def test_same_cells_and_statuses_as_local_split_over_both_nodes(tmp_path, cluste
     result = ray_bench(*sweep, "--out", str(remote))
     assert result.exit_code == 0, result.output
     a, b = run_dir_rows(local), run_dir_rows(remote)
-    assert sorted(map(tuple, a[KEY + ["status"]].values.tolist())) == sorted(map(tuple, b[KEY + ["status"]].values.tolist()))
+    assert sorted(map(tuple, a[KEY + ["status"]].values.tolist())) == sorted(
+        map(tuple, b[KEY + ["status"]].values.tolist())
+    )
     assert set(b["status"]) == {"ok"} and not b.duplicated(KEY).any()
     nodes = {row["node_id"] for row in b["node"]}
     assert len(nodes) == 2, "the series ran in parallel on both logical nodes"
@@ -77,13 +96,27 @@ def test_same_cells_and_statuses_as_local_split_over_both_nodes(tmp_path, cluste
         assert node["node_id"][:8] in report  # the report lists both nodes and what ran on each
 
 
-
-
 def test_faults_give_the_local_statuses_and_a_missing_device_is_skipped(tmp_path, cluster):
     out = tmp_path / "faults"
-    result = ray_bench("--import", "fault_variants", "--variants", "test_raises,test_hangs,test_kills_itself,test_segfaults,test_hog",
-                       "--lengths", "32,128,4096", "--passes", "fwd", "--cell-timeout", "8", "--memory-budget", "128MiB",
-                       "--devices", "cpu,cuda", "--out", str(out), *FAST)
+    result = ray_bench(
+        "--import",
+        "fault_variants",
+        "--variants",
+        "test_raises,test_hangs,test_kills_itself,test_segfaults,test_hog",
+        "--lengths",
+        "32,128,4096",
+        "--passes",
+        "fwd",
+        "--cell-timeout",
+        "8",
+        "--memory-budget",
+        "128MiB",
+        "--devices",
+        "cpu,cuda",
+        "--out",
+        str(out),
+        *FAST,
+    )
     assert result.exit_code == 0, result.output
     everything = run_dir_rows(out)
     cuda = everything[everything["device"] == "cuda"]  # the cluster has no GPU: skipped with the reason, not hung
@@ -103,7 +136,9 @@ def test_faults_give_the_local_statuses_and_a_missing_device_is_skipped(tmp_path
     assert "SIGKILL" in rows.loc[("test_kills_itself", 128), "message"]
     assert rows.loc[("test_segfaults", 128), "status"] == "error"
     assert "SIGSEGV" in rows.loc[("test_segfaults", 128), "message"]
-    assert rows.loc[("test_hog", 4096), "status"] == "oom", rows.loc["test_hog"][["status", "message"]].to_dict()  # 256 MiB asked for, 128 MiB allowed
+    assert rows.loc[("test_hog", 4096), "status"] == "oom", rows.loc["test_hog"][
+        ["status", "message"]
+    ].to_dict()  # 256 MiB asked for, 128 MiB allowed
     # (64 MiB allowed, as tests/test_harness.py gives the local executor, left test_hog's 8 MiB at N = 128 refused
     # in 2 of 3 whole-suite runs on a Ray node at one stop: the cell's limit counts from its size when it starts)
     for name in ("test_hangs", "test_kills_itself"):
@@ -114,8 +149,19 @@ def test_faults_give_the_local_statuses_and_a_missing_device_is_skipped(tmp_path
 
 def test_wrong_result_is_incorrect(tmp_path, cluster):
     out = tmp_path / "wrong"
-    result = ray_bench("--import", "fault_variants", "--variants", "test_wrong", "--lengths", "32", "--passes", "fwd",
-                       "--out", str(out), *FAST)
+    result = ray_bench(
+        "--import",
+        "fault_variants",
+        "--variants",
+        "test_wrong",
+        "--lengths",
+        "32",
+        "--passes",
+        "fwd",
+        "--out",
+        str(out),
+        *FAST,
+    )
     assert result.exit_code == 1, result.output  # no cell ran successfully
     assert set(run_dir_rows(out)["status"]) == {"incorrect"}
 
@@ -132,7 +178,9 @@ def test_killed_driver_then_resume_gives_exactly_the_plan(tmp_path, cluster):
     output, _ = resumed.communicate(timeout=300)
     assert resumed.returncode == 0, output
     rows = run_dir_rows(out)
-    assert sorted(zip(rows["variant"], rows["n"])) == sorted((v, n) for v in ("test_slow", "full") for n in range(65, 69))
+    assert sorted(zip(rows["variant"], rows["n"])) == sorted(
+        (v, n) for v in ("test_slow", "full") for n in range(65, 69)
+    )
     assert set(rows["status"]) == {"ok"}
 
 
@@ -162,14 +210,17 @@ def test_interrupt_cancels_outstanding_cells_and_keeps_finished_rows(tmp_path, c
     assert not [row for row in kept if row["status"] != "ok"]  # a cancelled cell leaves no row
     assert not executor._outstanding
     assert resume_hint(out, ("fault_variants",), True, "auto", ["GPU=1"]) == (
-        f"bench run --resume {out} --import fault_variants --executor ray --ray-address auto --ray-resources GPU=1")
+        f"bench run --resume {out} --import fault_variants --executor ray --ray-address auto --ray-resources GPU=1"
+    )
 
 
 def test_bad_executor_arguments_are_clear(tmp_path):
     result = bench("run", "--executor", "dask", "--out", str(tmp_path / "x"))
     assert result.exit_code == 2 and "'dask' is not one of 'local', 'ray'" in " ".join(result.output.split())
     result = bench("run", "--ray-address", "auto", "--out", str(tmp_path / "x"))
-    assert result.exit_code == 2 and "--ray-address and --ray-resources go with --executor ray" in " ".join(result.output.split())
+    assert result.exit_code == 2 and "--ray-address and --ray-resources go with --executor ray" in " ".join(
+        result.output.split()
+    )
     result = bench("run", "--executor", "ray", "--ray-resources", "GPU", "--out", str(tmp_path / "x"))
     assert result.exit_code == 2 and "'GPU' is not NAME=AMOUNT" in " ".join(result.output.split())
     assert not (tmp_path / "x").exists()
@@ -191,7 +242,9 @@ def test_ray_not_installed_names_the_extra(monkeypatch):
     from harness.sweep.ray_executor import ray_module
 
     monkeypatch.setitem(sys.modules, "ray", None)
-    with pytest.raises(RuntimeError, match=r"--executor ray needs the ray package, which is not installed: pip install -e '\.\[ray\]'"):
+    with pytest.raises(
+        RuntimeError, match=r"--executor ray needs the ray package, which is not installed: pip install -e '\.\[ray\]'"
+    ):
         ray_module()
 
 
@@ -225,8 +278,11 @@ def test_a_node_lost_mid_cell_costs_one_retry_on_another_node(tmp_path, cluster)
     out = tmp_path / "lost"
     out.mkdir()
     done = {}
-    sweep = threading.Thread(target=lambda: done.setdefault("rows", runner.sweep(
-        config, out, device_names={"cpu": sorted(executor.devices("cpu"))}, executor=executor)))
+    sweep = threading.Thread(
+        target=lambda: done.setdefault(
+            "rows", runner.sweep(config, out, device_names={"cpu": sorted(executor.devices("cpu"))}, executor=executor)
+        )
+    )
     sweep.start()
     deadline = time.time() + 120
     while time.time() < deadline and not any(job.node == victim for job in list(executor._outstanding)):
@@ -236,7 +292,9 @@ def test_a_node_lost_mid_cell_costs_one_retry_on_another_node(tmp_path, cluster)
     sweep.join(300)
     assert not sweep.is_alive()
     rows = read_rows(out)
-    assert sorted((r["variant"], r["n"]) for r in rows) == sorted((v, n) for v in ("test_slow", "full", "linear") for n in range(65, 69))
+    assert sorted((r["variant"], r["n"]) for r in rows) == sorted(
+        (v, n) for v in ("test_slow", "full", "linear") for n in range(65, 69)
+    )
     assert {r["status"] for r in rows} == {"ok"}, [r["message"] for r in rows if r["status"] != "ok"]
     assert executor._lost == {victim}
     assert executor.devices("cpu") == {rows[0]["device_name"]: 2}

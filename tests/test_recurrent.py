@@ -31,7 +31,7 @@ def test_output_is_the_textbook_recurrence_of_its_inputs(name, n_q):
     x = attn.recurrence_inputs(torch.nn.functional.pad(q, (0, 0, 13 - n_q, 0)), k, v, kpm)
     assert set(x) >= {"q", "k", "v", "scale"}
     assert ("beta" in x) == attn.delta_rule and ("log_decay" in x) == (name != "deltanet")
-    want = ref_recurrence(x["q"][:, :, 13 - n_q:], x["k"], x["v"], x["scale"], x.get("log_decay"), x.get("beta"), kpm)
+    want = ref_recurrence(x["q"][:, :, 13 - n_q :], x["k"], x["v"], x["scale"], x.get("log_decay"), x.get("beta"), kpm)
     assert_close_with_grads(attn(q, k, v, causal=True, key_padding_mask=kpm), want, (q, k, v))
 
 
@@ -65,7 +65,9 @@ def test_frozen_gates_still_pass_gradients_to_the_inputs(name, monkeypatch):
 
 def test_retention_decays_are_the_papers():
     attn = variants.build("retention")
-    assert torch.allclose(attn.decay(4), torch.tensor([1 - 2**-5, 1 - 2**-6, 1 - 2**-7, 1 - 2**-8], dtype=torch.float64))
+    assert torch.allclose(
+        attn.decay(4), torch.tensor([1 - 2**-5, 1 - 2**-6, 1 - 2**-7, 1 - 2**-8], dtype=torch.float64)
+    )
     q, k, v = make_qkv(b=1, h=3, n_q=6, d=4, requires_grad=False)
     d = attn.decay(3)[:, None, None] ** (torch.arange(6)[:, None] - torch.arange(6)[None, :]).clamp_min(0).double()
     want = torch.matmul((q @ k.transpose(-1, -2)) * 0.5 * d.tril(), v)  # (Q Kᵀ ⊙ D) V, D_ts = γ^(t−s)
@@ -101,7 +103,10 @@ def test_gla_floor_keeps_strong_gates_finite_in_float32():
 def test_strided_inputs_as_a_models_projections_give_them(name):
     # (B, N, H, D) projections transposed to (B, H, N, D): views, not contiguous (moba's backward once failed on them)
     attn = build_case(name, variants.variant_class(name).spec.example_options()[0])
-    q, k, v = (t.transpose(1, 2).contiguous().transpose(1, 2).detach().requires_grad_() for t in make_qkv(b=2, h=2, n_q=24, d=8))
+    q, k, v = (
+        t.transpose(1, 2).contiguous().transpose(1, 2).detach().requires_grad_()
+        for t in make_qkv(b=2, h=2, n_q=24, d=8)
+    )
     assert not q.is_contiguous()
     assert_close_with_grads(attn(q, k, v, causal=True), attn.reference(q, k, v, causal=True), (q, k, v))
 
@@ -146,6 +151,7 @@ def test_moba_breaks_tied_gates_one_way_in_the_forward_the_reference_and_every_s
         out, state = attn.step(q[:, :, t : t + 1], k[:, :, t : t + 1], v[:, :, t : t + 1], state)
         outs.append(out)
     torch.testing.assert_close(torch.cat(outs, dim=2), want)
+
 
 @pytest.mark.parametrize("padded", [False, True], ids=["dense", "padded"])
 def test_moba_without_a_gradient_takes_the_fused_kernel_and_the_same_function(padded):
@@ -209,8 +215,12 @@ def test_moba_tiles_change_nothing(tile, monkeypatch):
 
 # -- decoding ------------------------------------------------------------------------------------
 
-DECODABLE = [name for name in shipped() if variants.variant_class(name).decode_unsupported_reason() is None
-             and variants.variant_class(name).unavailable_reason("cpu") is None]
+DECODABLE = [
+    name
+    for name in shipped()
+    if variants.variant_class(name).decode_unsupported_reason() is None
+    and variants.variant_class(name).unavailable_reason("cpu") is None
+]
 
 
 @pytest.mark.parametrize("step", [1, 3])
@@ -232,8 +242,11 @@ def test_decoding_step_by_step_equals_the_causal_forward(name, step):
     assert state.length == 14 and state.kind == attn.state_kind
     # a prefill (no outputs) of the first 11 positions leaves the state the steps left: the last 3 equal the forward
     filled = attn.prefill(q[:, :, :11], k[:, :, :11], v[:, :, :11], attn.init_state(2, 2, 8, 8, dtype))
-    assert filled.length == 11 and filled.nbytes() == attn.step(q[:, :, :11], k[:, :, :11], v[:, :, :11],
-                                                                  attn.init_state(2, 2, 8, 8, dtype))[1].nbytes()
+    assert (
+        filled.length == 11
+        and filled.nbytes()
+        == attn.step(q[:, :, :11], k[:, :, :11], v[:, :, :11], attn.init_state(2, 2, 8, 8, dtype))[1].nbytes()
+    )
     torch.testing.assert_close(attn.step(q[:, :, 11:], k[:, :, 11:], v[:, :, 11:], filled)[0], want[:, :, 11:])
     if state.kind == "recurrent":  # a fixed size whatever N: what init_state made
         assert sizes == [attn.init_state(2, 2, 8, 8, dtype).nbytes()] * len(sizes) and sizes[0] > 0
@@ -277,7 +290,9 @@ def test_decoding_with_padding_equals_the_forward_with_its_mask(name, step, layo
         outs.append(out)
     torch.testing.assert_close(torch.cat(outs, dim=2), want)
     # a padded prompt by prefill, then steps
-    filled = attn.prefill(q[:, :, :11], k[:, :, :11], v[:, :, :11], attn.init_state(3, 2, 8, 8, dtype), key_padding_mask=mask[:, :11])
+    filled = attn.prefill(
+        q[:, :, :11], k[:, :, :11], v[:, :, :11], attn.init_state(3, 2, 8, 8, dtype), key_padding_mask=mask[:, :11]
+    )
     out, _ = attn.step(q[:, :, 11:], k[:, :, 11:], v[:, :, 11:], filled, key_padding_mask=mask[:, 11:])
     torch.testing.assert_close(out, want[:, :, 11:])
     if state.kind == "window":  # the masks kept are of the positions kept: still at most g + w of them
@@ -287,18 +302,31 @@ def test_decoding_with_padding_equals_the_forward_with_its_mask(name, step, layo
 def test_a_step_without_padding_keeps_no_mask():
     attn = build_case("full", {})
     q, k, v = make_qkv(b=2, h=2, n_q=4, d=8, requires_grad=False)
-    _, state = attn.step(q, k, v, attn.init_state(2, 2, 8, 8, torch.float64), key_padding_mask=torch.ones(2, 4, dtype=torch.bool))
+    _, state = attn.step(
+        q, k, v, attn.init_state(2, 2, 8, 8, torch.float64), key_padding_mask=torch.ones(2, 4, dtype=torch.bool)
+    )
     assert "mask" not in state.tensors
-    with pytest.raises(TypeError, match=r"step's key_padding_mask must be a bool tensor \(True = real token\), got torch.int64"):
+    with pytest.raises(
+        TypeError, match=r"step's key_padding_mask must be a bool tensor \(True = real token\), got torch.int64"
+    ):
         attn.step(q, k, v, state, key_padding_mask=torch.ones(2, 4, dtype=torch.long))
     with pytest.raises(ValueError, match=r"step's key_padding_mask must be \(B, t\) = \(2, 4\) on cpu .* got \(2, 3\)"):
         attn.step(q, k, v, state, key_padding_mask=torch.ones(2, 3, dtype=torch.bool))
 
 
-@pytest.mark.parametrize("name, options", [("linear", {}), ("linear", {"feature_map": "cosformer", "max_len": 4096}),
-                                           ("performer", {"features": 16}), ("retention", {}), ("gated_deltanet", {}),
-                                           ("sliding_window", {"window": 16, "global_tokens": 4}),
-                                           ("window_linear", {"window": 16}), ("mamba2", {"feature_map": "hedgehog"})])
+@pytest.mark.parametrize(
+    "name, options",
+    [
+        ("linear", {}),
+        ("linear", {"feature_map": "cosformer", "max_len": 4096}),
+        ("performer", {"features": 16}),
+        ("retention", {}),
+        ("gated_deltanet", {}),
+        ("sliding_window", {"window": 16, "global_tokens": 4}),
+        ("window_linear", {"window": 16}),
+        ("mamba2", {"feature_map": "hedgehog"}),
+    ],
+)
 def test_a_constant_state_does_not_grow_from_n_to_8n(name, options):
     # the prefix is never re-read: after N and after 8N positions the state has the same size, and a step
     # at 8N returns the forward's output there
@@ -332,7 +360,9 @@ def test_a_bounded_kv_cache_is_one_buffer_written_in_place():
     assert buffer.shape[2] == 12 and state.nbytes() == 2 * 2 * 12 * 8 * 8
     for i in range(9, 12):
         out, state = attn.step(q[:, :, i : i + 1], k[:, :, i : i + 1], v[:, :, i : i + 1], state)
-        torch.testing.assert_close(out, attn(q[:, :, : i + 1], k[:, :, : i + 1], v[:, :, : i + 1], causal=True)[:, :, -1:])
+        torch.testing.assert_close(
+            out, attn(q[:, :, : i + 1], k[:, :, : i + 1], v[:, :, : i + 1], causal=True)[:, :, -1:]
+        )
     assert state.tensors["k"] is buffer and torch.equal(buffer, k)  # no copy: the same buffer, every position written
     with pytest.raises(ValueError, match=r"12 \+ 1 positions pass the state's max_len=12"):
         attn.step(q[:, :, :1], k[:, :, :1], v[:, :, :1], state)
@@ -353,7 +383,9 @@ def test_decoding_refuses_what_its_state_cannot_equal():
 def test_methods_that_cannot_decode_say_why():
     for name in ("linformer", "nystrom"):
         attn = build_case(name, variants.variant_class(name).spec.example_options()[0])
-        with pytest.raises(ValueError, match=rf"{name} cannot decode: {name} does not support causal attention: .*decoding is causal"):
+        with pytest.raises(
+            ValueError, match=rf"{name} cannot decode: {name} does not support causal attention: .*decoding is causal"
+        ):
             attn.init_state(1, 2, 8, 8)
 
 
@@ -384,7 +416,9 @@ def test_step_refuses_what_does_not_fit_its_state():
         attn.step(x, x, x, other.init_state(1, 2, 8, 8, torch.float64))
     with pytest.raises(ValueError, match=r"step needs t >= 1 new positions, got t = 0"):
         attn.step(x[:, :, :0], x[:, :, :0], x[:, :, :0], state)
-    with pytest.raises(ValueError, match=r"step's k has shape \(1, 3, 1, 8\); the state is for \(B, H, t, ·\) = \(1, 2, 1, 8\)"):
+    with pytest.raises(
+        ValueError, match=r"step's k has shape \(1, 3, 1, 8\); the state is for \(B, H, t, ·\) = \(1, 2, 1, 8\)"
+    ):
         attn.step(x, torch.zeros(1, 3, 1, 8, dtype=torch.float64), x, state)
     with pytest.raises(ValueError, match=r"step's q is torch.float32 on cpu; the state holds torch.float64"):
         attn.step(x.float(), x, x, state)
@@ -398,11 +432,15 @@ def test_step_refuses_what_does_not_fit_its_state():
 
 # -- bad input ------------------------------------------------------------------------------------
 
+
 @pytest.mark.parametrize("name", CAUSAL_ONLY)
 def test_non_causal_calls_are_refused_with_the_reason(name):
     attn = build_case(name, variants.variant_class(name).spec.example_options()[0])
     q, k, v = make_qkv(b=1, h=2, n_q=6, d=8, requires_grad=False)
-    with pytest.raises(ValueError, match=rf"{name}: causal=False is not supported: the method is causal only \(.+\); call it with causal=True"):
+    with pytest.raises(
+        ValueError,
+        match=rf"{name}: causal=False is not supported: the method is causal only \(.+\); call it with causal=True",
+    ):
         attn(q, k, v)
     with pytest.raises(ValueError, match=rf"{name}: causal=False is not supported"):
         attn(q[:, :, :3], k, v)  # cross-attention is a non-causal call
@@ -410,15 +448,18 @@ def test_non_causal_calls_are_refused_with_the_reason(name):
     assert variants.variant_class(name).mode_unsupported_reason(True) is None
 
 
-@pytest.mark.parametrize("name, options, message", [
-    ("retention", {"chunk_size": 0}, r"option chunk_size=0 is invalid; expected an int >= 1"),
-    ("gla", {"chunk_size": 32}, r"option chunk_size=32 is invalid; expected an int in 1..16"),
-    ("mamba2", {"scale": math.inf}, r"option scale=inf is invalid; expected a positive finite number"),
-    ("deltanet", {"scale": math.nan}, r"option scale=nan is invalid"),
-    ("moba", {"block": 0}, r"option block=0 is invalid; expected an int >= 1"),
-    ("moba", {"top_k": 0}, r"option top_k=0 is invalid; expected an int >= 1"),
-    ("moba", {"top_k": 2.5}, r"option top_k=2.5 is invalid"),
-])
+@pytest.mark.parametrize(
+    "name, options, message",
+    [
+        ("retention", {"chunk_size": 0}, r"option chunk_size=0 is invalid; expected an int >= 1"),
+        ("gla", {"chunk_size": 32}, r"option chunk_size=32 is invalid; expected an int in 1..16"),
+        ("mamba2", {"scale": math.inf}, r"option scale=inf is invalid; expected a positive finite number"),
+        ("deltanet", {"scale": math.nan}, r"option scale=nan is invalid"),
+        ("moba", {"block": 0}, r"option block=0 is invalid; expected an int >= 1"),
+        ("moba", {"top_k": 0}, r"option top_k=0 is invalid; expected an int >= 1"),
+        ("moba", {"top_k": 2.5}, r"option top_k=2.5 is invalid"),
+    ],
+)
 def test_bad_options_are_named(name, options, message):
     with pytest.raises(ValueError, match=message):
         variants.build(name, num_heads=2, head_dim=8, **options)

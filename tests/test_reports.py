@@ -65,7 +65,10 @@ def test_report_has_tables_exponents_and_reasons(tmp_path):
     assert "| cpu | fwd | no | `full` | 4096 |" in text  # summary line of the baseline
     assert "| 2.00 |" in text and "| 1.00 |" in text  # fitted exponents of full and linear
     assert "`full_naive` cpu fwd, N = 2048: **oom** — killed" in text
-    assert "`sliding_window_flex` cpu fwdbwd, N = 256, 512, 1024, 2048, 4096: **skipped** — sliding_window_flex has no backward on cpu" in text
+    assert (
+        "`sliding_window_flex` cpu fwdbwd, N = 256, 512, 1024, 2048, 4096: **skipped** — sliding_window_flex has no backward on cpu"
+        in text
+    )
     assert "| `linear` |" in text and "N=4096" in text
 
 
@@ -110,12 +113,22 @@ def test_viz_draws_every_variant(tmp_path, causal):
     assert "skipped full_xformers" in result.output
 
 
-@pytest.mark.parametrize("name, options", [
-    ("full", {}), ("full_naive", {}), ("sliding_window", {"window": 3, "global_tokens": 2}),
-    ("sliding_window_flex", {"window": 3, "global_tokens": 2}), ("linear", {}),
-    ("memory_compressed", {"compression": 4}), ("linear", {"feature_map": "taylor"}), ("linear", {"feature_map": "cosformer"}),
-    ("performer", {"features": 32}), ("bilinear", {}), ("additive", {}),
-])
+@pytest.mark.parametrize(
+    "name, options",
+    [
+        ("full", {}),
+        ("full_naive", {}),
+        ("sliding_window", {"window": 3, "global_tokens": 2}),
+        ("sliding_window_flex", {"window": 3, "global_tokens": 2}),
+        ("linear", {}),
+        ("memory_compressed", {"compression": 4}),
+        ("linear", {"feature_map": "taylor"}),
+        ("linear", {"feature_map": "cosformer"}),
+        ("performer", {"features": 32}),
+        ("bilinear", {}),
+        ("additive", {}),
+    ],
+)
 @pytest.mark.parametrize("causal", [False, True], ids=["bidir", "causal"])
 def test_attention_matrix_is_what_the_variant_applies(name, options, causal):
     torch.manual_seed(0)
@@ -150,8 +163,13 @@ def test_reading_a_run_imports_no_torch(tmp_path, complete_config):
     run = make_run(tmp_path / "run")
     if complete_config:  # a sweep's whole configuration, as bench run stores it (before options were resolved)
         meta = json.loads((run / "metadata.json").read_text())
-        meta["config"].update(variants=["full", "linear", "full_naive", "sliding_window_flex"], lengths=NS, devices=["cpu"],
-                              passes=["fwd", "fwdbwd"], causal=[False])
+        meta["config"].update(
+            variants=["full", "linear", "full_naive", "sliding_window_flex"],
+            lengths=NS,
+            devices=["cpu"],
+            passes=["fwd", "fwdbwd"],
+            causal=[False],
+        )
         (run / "metadata.json").write_text(json.dumps(meta))
     code = f"""
 import sys
@@ -170,7 +188,9 @@ print(sorted(m for m in sys.modules if m == "torch" or m.startswith("variants"))
     assert out.stdout.strip().splitlines()[-1] == "[]"
 
 
-@pytest.mark.parametrize("run", ["cpu-reference", "cpu-main", "quality-long", "quality-reference", "lm-smollm2", "cpu-decode"])
+@pytest.mark.parametrize(
+    "run", ["cpu-reference", "cpu-main", "quality-long", "quality-reference", "lm-smollm2", "cpu-decode"]
+)
 def test_a_committed_run_redraws_byte_identical(tmp_path, monkeypatch, run):
     """Old run directories still read: a copy of a committed run (sweep, quality, lm, decode), at the same
     relative path, gets the same REPORT.md and figures, byte for byte, from today's readers."""
@@ -195,15 +215,30 @@ def test_the_lr_sweep_table_takes_each_variants_best_rate_and_refuses_runs_that_
     anything but the rate (here the pairs) are refused, naming the field, rather than put in one table."""
     import importlib.util
 
-    spec = importlib.util.spec_from_file_location("lr_sweep", Path(__file__).resolve().parent.parent / "scripts" / "lr_sweep.py")
+    spec = importlib.util.spec_from_file_location(
+        "lr_sweep", Path(__file__).resolve().parent.parent / "scripts" / "lr_sweep.py"
+    )
     lr_sweep = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(lr_sweep)
 
     def run(name, lr, accuracies, pairs=32):
         out = tmp_path / name
         out.mkdir()
-        rows = [{"task": "recall", "variant": v, "length": 128, "seed": 0, "final": True, "options": {}, "cfg_lr": lr,
-                 "cfg_pairs": pairs, "eval_accuracy": a, "state_bytes": 9728} for v, a in accuracies.items()]
+        rows = [
+            {
+                "task": "recall",
+                "variant": v,
+                "length": 128,
+                "seed": 0,
+                "final": True,
+                "options": {},
+                "cfg_lr": lr,
+                "cfg_pairs": pairs,
+                "eval_accuracy": a,
+                "state_bytes": 9728,
+            }
+            for v, a in accuracies.items()
+        ]
         (out / "quality.jsonl").write_text("".join(json.dumps(r) + "\n" for r in rows))
         return out
 

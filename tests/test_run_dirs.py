@@ -33,7 +33,19 @@ def tiny_run(path: Path, *extra: str) -> Path:
     if extra not in _TINY:
         template = Path(tempfile.mkdtemp(prefix="attnbench-tiny-")) / "run"
         atexit.register(shutil.rmtree, template.parent, True)
-        result = bench("run", "--variants", "full,linear", "--lengths", "32,64", "--passes", "fwd", "--out", str(template), *FAST, *extra)
+        result = bench(
+            "run",
+            "--variants",
+            "full,linear",
+            "--lengths",
+            "32,64",
+            "--passes",
+            "fwd",
+            "--out",
+            str(template),
+            *FAST,
+            *extra,
+        )
         assert result.exit_code == 0, result.output
         _TINY[extra] = template
     shutil.copytree(_TINY[extra], path)
@@ -41,6 +53,7 @@ def tiny_run(path: Path, *extra: str) -> Path:
 
 
 # -- one writer per run directory ---------------------------------------------------------------------
+
 
 def test_second_writer_is_refused_and_nothing_is_lost(tmp_path):
     out = tmp_path / "locked"
@@ -84,6 +97,7 @@ def test_resume_refuses_a_run_timed_by_another_measuring_core(tmp_path):
 
 # -- rows of another configuration do not count ------------------------------------------------------------
 
+
 def test_foreign_rows_are_ignored_with_a_warning_and_measured(tmp_path, capfd):
     out = tiny_run(tmp_path / "foreign")
     rows = read_rows(out)
@@ -101,13 +115,16 @@ def test_foreign_rows_are_ignored_with_a_warning_and_measured(tmp_path, capfd):
 
 # -- tolerant, loud readers ---------------------------------------------------------------------------------
 
+
 def test_bad_line_mid_file_is_skipped_named_and_remeasured(tmp_path, capfd):
     out = tiny_run(tmp_path / "bad")
     lines = (out / "results.jsonl").read_text().splitlines(keepends=True)
     (out / "results.jsonl").write_text(lines[0] + "\n" + "{not json\n" + "".join(lines[2:]))
     result = bench("report", str(out))
     assert result.exit_code == 0, result.output
-    assert f"{out / 'results.jsonl'}:3: not a JSON object; line skipped" in "".join((result.output + capfd.readouterr().err).split("\n"))
+    assert f"{out / 'results.jsonl'}:3: not a JSON object; line skipped" in "".join(
+        (result.output + capfd.readouterr().err).split("\n")
+    )
     assert bench("run", "--resume", str(out)).exit_code == 0
     assert len([r for r in read_rows(out, quiet=True)]) == 4  # the lost cell measured again
 
@@ -147,10 +164,25 @@ def test_corrupt_metadata_is_a_clear_error(tmp_path):
 
 # -- --retry-failed ------------------------------------------------------------------------------------------
 
+
 def test_retry_failed_remeasures_failed_cells_and_what_they_stopped(tmp_path):
     out = tmp_path / "retry"
-    args = ["run", "--import", "fault_variants", "--variants", "test_hangs", "--lengths", "32,128,256", "--passes", "fwd",
-            "--cell-timeout", "3", "--out", str(out), *FAST]
+    args = [
+        "run",
+        "--import",
+        "fault_variants",
+        "--variants",
+        "test_hangs",
+        "--lengths",
+        "32,128,256",
+        "--passes",
+        "fwd",
+        "--cell-timeout",
+        "3",
+        "--out",
+        str(out),
+        *FAST,
+    ]
     assert bench(*args).exit_code == 0
     before = run_dir_rows(out).set_index("n")["status"].to_dict()
     assert before == {32: "ok", 128: "timeout", 256: "skipped"}
@@ -166,6 +198,7 @@ def test_retry_failed_remeasures_failed_cells_and_what_they_stopped(tmp_path):
 
 
 # -- honest compare --------------------------------------------------------------------------------------
+
 
 def test_compare_fails_when_a_cell_stops_being_ok(tmp_path):
     a = tiny_run(tmp_path / "a")
@@ -189,10 +222,26 @@ def test_compare_thresholds_must_be_finite_and_positive(tmp_path, threshold):
 
 # -- no silent code execution -------------------------------------------------------------------------
 
+
 def test_resume_with_imports_requires_naming_them(tmp_path):
     out = tmp_path / "imp"
-    assert bench("run", "--import", "fault_variants", "--variants", "test_raises", "--lengths", "32", "--passes", "fwd",
-                 "--out", str(out), *FAST).exit_code == 0
+    assert (
+        bench(
+            "run",
+            "--import",
+            "fault_variants",
+            "--variants",
+            "test_raises",
+            "--lengths",
+            "32",
+            "--passes",
+            "fwd",
+            "--out",
+            str(out),
+            *FAST,
+        ).exit_code
+        == 0
+    )
     result = bench("run", "--resume", str(out))
     text = " ".join(result.output.split())
     assert result.exit_code == 2 and "was run with --import fault_variants" in text and "name it again" in text
@@ -218,15 +267,22 @@ def test_report_escapes_text_from_metadata(tmp_path):
     (out / "metadata.json").write_text(json.dumps(meta))
     assert bench("report", str(out)).exit_code == 0
     report = (out / "REPORT.md").read_text()
-    assert "<img" not in report.replace("\\<img", "") and "\n# injected" not in report and "`` bench run `rm -rf /` # injected ``" in report
+    assert (
+        "<img" not in report.replace("\\<img", "")
+        and "\n# injected" not in report
+        and "`` bench run `rm -rf /` # injected ``" in report
+    )
 
 
 # -- the gate cannot be fooled by a broken definition ---------------------------------------------------------
 
+
 @pytest.mark.parametrize("value", ["Infinity", "NaN", "-Infinity"])
 def test_non_finite_options_are_rejected_before_anything_exists(tmp_path, value):
     out = tmp_path / "eps"
-    result = bench("run", "--variants", "linear", "--option", f"eps={value}", "--lengths", "32", "--out", str(out), *FAST)
+    result = bench(
+        "run", "--variants", "linear", "--option", f"eps={value}", "--lengths", "32", "--out", str(out), *FAST
+    )
     assert result.exit_code == 2 and "must be finite" in result.output
     assert not out.exists()
     with pytest.raises(ValueError, match=r"eps=inf is invalid; expected a number in \[0, 1.0\]"):
@@ -249,8 +305,17 @@ def test_gate_checks_the_band_against_an_independent_softmax(tmp_path):
 
     import fault_variants  # noqa: F401
 
-    cfg = RunConfig(variants=("test_wrong_definition",), lengths=(64,), devices=("cpu",), passes=("fwd",), causal=(False,),
-                    heads=2, head_dim=16, options=(("window", 8),), check_len=32)
+    cfg = RunConfig(
+        variants=("test_wrong_definition",),
+        lengths=(64,),
+        devices=("cpu",),
+        passes=("fwd",),
+        causal=(False,),
+        heads=2,
+        head_dim=16,
+        options=(("window", 8),),
+        check_len=32,
+    )
     verdict = check_variant(cfg, "cpu", "test_wrong_definition", False)
     assert not verdict["ok"] and "exact softmax at N=9" in verdict["message"]
 
@@ -259,8 +324,20 @@ def test_rows_record_the_error_against_exact_softmax(tmp_path):
     # what an approximation loses, from the gate's inputs: ~0 for exact attention, clearly more for the
     # random-feature estimate of it, and the same value on every row of a (variant, causal) series
     run = tmp_path / "run"
-    result = bench("run", "--variants", "full,performer", "--option", "features=8", "--lengths", "32,64", "--passes", "fwd",
-                   "--out", str(run), *FAST)
+    result = bench(
+        "run",
+        "--variants",
+        "full,performer",
+        "--option",
+        "features=8",
+        "--lengths",
+        "32,64",
+        "--passes",
+        "fwd",
+        "--out",
+        str(run),
+        *FAST,
+    )
     assert result.exit_code == 0, result.output
     errors = {(r["variant"], r["n"]): r["softmax_error"] for r in read_rows(run)}
     assert max(errors[("full", 32)], errors[("full", 64)]) < 1e-5
@@ -269,13 +346,37 @@ def test_rows_record_the_error_against_exact_softmax(tmp_path):
 
 # -- noise is measured and shown ----------------------------------------------------------------------------
 
+
 def test_noisy_cells_are_flagged_and_the_start_warns(tmp_path):
     out = tmp_path / "noisy"
-    hog = subprocess.Popen([sys.executable, "-c", "import time\nend = time.time() + 120\nwhile time.time() < end: pass"])
+    hog = subprocess.Popen(
+        [sys.executable, "-c", "import time\nend = time.time() + 120\nwhile time.time() < end: pass"]
+    )
     try:
         time.sleep(0.5)
-        result = bench("run", "--variants", "full", "--lengths", "256", "--passes", "fwd", "--out", str(out), "--check-len", "32",
-                       "--repeats", "5", "--min-time", "0.3", "--warmup", "0", "--heads", "2", "--head-dim", "16")
+        result = bench(
+            "run",
+            "--variants",
+            "full",
+            "--lengths",
+            "256",
+            "--passes",
+            "fwd",
+            "--out",
+            str(out),
+            "--check-len",
+            "32",
+            "--repeats",
+            "5",
+            "--min-time",
+            "0.3",
+            "--warmup",
+            "0",
+            "--heads",
+            "2",
+            "--head-dim",
+            "16",
+        )
     finally:
         hog.kill()
         hog.wait()
@@ -296,10 +397,17 @@ def test_quiet_cells_record_their_noise_too(tmp_path):
 
 # -- nothing runs before it is validated -----------------------------------------------------------------
 
-@pytest.mark.parametrize("args, message", [
-    (["--cell-timeout", "nan"], "--cell-timeout"), (["--cell-timeout", "inf"], "--cell-timeout"),
-    (["--cell-timeout", "1e10"], "--cell-timeout"), (["--min-time", "nan"], "--min-time"),
-], ids=["timeout-nan", "timeout-inf", "timeout-huge", "min-time-nan"])
+
+@pytest.mark.parametrize(
+    "args, message",
+    [
+        (["--cell-timeout", "nan"], "--cell-timeout"),
+        (["--cell-timeout", "inf"], "--cell-timeout"),
+        (["--cell-timeout", "1e10"], "--cell-timeout"),
+        (["--min-time", "nan"], "--min-time"),
+    ],
+    ids=["timeout-nan", "timeout-inf", "timeout-huge", "min-time-nan"],
+)
 def test_poisoned_numbers_are_rejected_before_any_file_exists(tmp_path, args, message):
     out = tmp_path / "poison"
     result = bench("run", "--variants", "full", "--lengths", "32", "--out", str(out), *args)
@@ -330,30 +438,88 @@ def test_huge_compression_costs_no_parent_memory(tmp_path):
     out = tmp_path / "huge"
     base = rss_bytes()
     reset_peak_rss()
-    result = bench("run", "--variants", "memory_compressed", "--compression", "100000", "--lengths", "32", "--passes", "fwd",
-                   "--heads", "8", "--head-dim", "64", "--memory-budget", "1GiB", "--out", str(out), "--check-len", "32")
+    result = bench(
+        "run",
+        "--variants",
+        "memory_compressed",
+        "--compression",
+        "100000",
+        "--lengths",
+        "32",
+        "--passes",
+        "fwd",
+        "--heads",
+        "8",
+        "--head-dim",
+        "64",
+        "--memory-budget",
+        "1GiB",
+        "--out",
+        str(out),
+        "--check-len",
+        "32",
+    )
     assert peak_rss_bytes() - base < 512 * 2**20  # its conv weights would be 13 GB
     assert result.exit_code in (0, 1), result.output
     row = read_rows(out)[0]
     assert row["status"] in ("skipped", "oom", "error") and row["variant"] == "memory_compressed"
 
 
-@pytest.mark.parametrize("args, message", [
-    (["--window", "0"], "window=0 is invalid"), (["--compression", "0"], "compression=0 is invalid"),
-    (["--lr", "inf"], "--lr"), (["--lr", "0"], "--lr"), (["--label-smoothing", "1.5"], "--label-smoothing"),
-    (["--seeds", "0"], "Invalid value for '--seeds': 0 is not allowed; it must be >= 1"),
-    (["--device", "tpu"], "--device: 'tpu' is not a device; choose cpu, cuda or auto"),
-    pytest.param(["--device", "cuda"], "--device: cuda was asked for, but no CUDA device is available",
-                 marks=pytest.mark.skipif(torch.cuda.is_available(), reason="a CUDA device is present")),
-    (["--dtype", "bfloat16"], "--dtype bfloat16 trains with CUDA autocast; the device is cpu"),
-    (["--pairs", "5"], "--lengths 8: recall: 5 pairs need a length of at least 12"),
-    (["--pairs", "40", "--vocab", "64", "--lengths", "128"], "recall: 40 distinct keys need a vocabulary of at least 80, got 64"),
-    (["--pairs", "2", "--queries", "3", "--lengths", "32"], "recall: queries must be between 1 and the number of pairs (2), got 3"),
-], ids=["window", "compression", "lr-inf", "lr-zero", "smoothing", "seeds", "device", "no-cuda", "dtype", "pairs-length", "pairs-vocab", "queries"])
+@pytest.mark.parametrize(
+    "args, message",
+    [
+        (["--window", "0"], "window=0 is invalid"),
+        (["--compression", "0"], "compression=0 is invalid"),
+        (["--lr", "inf"], "--lr"),
+        (["--lr", "0"], "--lr"),
+        (["--label-smoothing", "1.5"], "--label-smoothing"),
+        (["--seeds", "0"], "Invalid value for '--seeds': 0 is not allowed; it must be >= 1"),
+        (["--device", "tpu"], "--device: 'tpu' is not a device; choose cpu, cuda or auto"),
+        pytest.param(
+            ["--device", "cuda"],
+            "--device: cuda was asked for, but no CUDA device is available",
+            marks=pytest.mark.skipif(torch.cuda.is_available(), reason="a CUDA device is present"),
+        ),
+        (["--dtype", "bfloat16"], "--dtype bfloat16 trains with CUDA autocast; the device is cpu"),
+        (["--pairs", "5"], "--lengths 8: recall: 5 pairs need a length of at least 12"),
+        (
+            ["--pairs", "40", "--vocab", "64", "--lengths", "128"],
+            "recall: 40 distinct keys need a vocabulary of at least 80, got 64",
+        ),
+        (
+            ["--pairs", "2", "--queries", "3", "--lengths", "32"],
+            "recall: queries must be between 1 and the number of pairs (2), got 3",
+        ),
+    ],
+    ids=[
+        "window",
+        "compression",
+        "lr-inf",
+        "lr-zero",
+        "smoothing",
+        "seeds",
+        "device",
+        "no-cuda",
+        "dtype",
+        "pairs-length",
+        "pairs-vocab",
+        "queries",
+    ],
+)
 def test_quality_validates_every_option_before_training(tmp_path, args, message):
     out = tmp_path / "q"
-    result = bench("quality", "--variants", "full,sliding_window,memory_compressed", "--lengths", "8", "--steps", "1",
-                   "--out", str(out), *args)
+    result = bench(
+        "quality",
+        "--variants",
+        "full,sliding_window,memory_compressed",
+        "--lengths",
+        "8",
+        "--steps",
+        "1",
+        "--out",
+        str(out),
+        *args,
+    )
     assert result.exit_code == 2 and message in " ".join(result.output.split())
     assert not out.exists()
 
@@ -366,13 +532,35 @@ def test_quality_diverging_loss_reports_no_accuracy(tmp_path, monkeypatch):
 
     monkeypatch.setattr(harness.quality.train.F, "cross_entropy", nan_loss)
     out = tmp_path / "div"
-    result = bench("quality", "--variants", "full", "--task", "copy", "--lengths", "8", "--steps", "3",
-                   "--d-model", "16", "--heads", "2", "--layers", "1", "--batch", "4", "--out", str(out))
-    assert result.exit_code == 1 and "training diverged" in result.output and "loss became nan at step 1" in result.output
+    result = bench(
+        "quality",
+        "--variants",
+        "full",
+        "--task",
+        "copy",
+        "--lengths",
+        "8",
+        "--steps",
+        "3",
+        "--d-model",
+        "16",
+        "--heads",
+        "2",
+        "--layers",
+        "1",
+        "--batch",
+        "4",
+        "--out",
+        str(out),
+    )
+    assert (
+        result.exit_code == 1 and "training diverged" in result.output and "loss became nan at step 1" in result.output
+    )
     assert not any(r.get("final") for r in read_rows(out, "quality.jsonl"))
 
 
 # -- library traps ------------------------------------------------------------------------------------------
+
 
 def _encoder():
     layer = nn.TransformerEncoderLayer(16, 2, 32, batch_first=True)
@@ -413,7 +601,9 @@ def test_full_naive_bf16_forms_scores_in_float32():
     assert ((out.double() - ref).abs().max() / ref.abs().max()).item() < 0.05
 
 
-@pytest.mark.parametrize("name", ["full", "full_naive", "sliding_window", "sliding_window_flex", "linear", "memory_compressed"])
+@pytest.mark.parametrize(
+    "name", ["full", "full_naive", "sliding_window", "sliding_window_flex", "linear", "memory_compressed"]
+)
 @pytest.mark.parametrize("where", ["q", "k"])
 @pytest.mark.parametrize("causal", [False, True], ids=["bidir", "causal"])
 def test_nan_inputs_propagate(name, where, causal):
@@ -423,7 +613,9 @@ def test_nan_inputs_propagate(name, where, causal):
     t[where][0, 0, 150] = float("nan")
     with torch.no_grad():
         out = attn(t["q"], t["k"], t["v"], causal=causal)
-    row = 150 if where == "q" else 153  # a poisoned key reaches the queries that attend it (153 is within every pattern here)
+    row = (
+        150 if where == "q" else 153
+    )  # a poisoned key reaches the queries that attend it (153 is within every pattern here)
     assert out[0, 0, row].isnan().any(), "a row that saw a poisoned input came out finite"
     assert torch.isfinite(out[0, 1]).all()  # the other head is untouched
 

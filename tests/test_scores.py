@@ -74,7 +74,10 @@ def test_additive_memory_grows_linearly_not_with_the_pairs():
     for backward in (False, True):
         peaks = peak_bytes("additive", [short, long], backward, causal=[False], num_heads=1, head_dim=32)
         assert peaks[1] <= 5 * peaks[0] + 4 * mib, (backward, [p / mib for p in peaks])
-        assert peaks[1] < long * long * 32 * 4 / 32, (backward, [p / mib for p in peaks])  # the naive form holds N x N x A
+        assert peaks[1] < long * long * 32 * 4 / 32, (
+            backward,
+            [p / mib for p in peaks],
+        )  # the naive form holds N x N x A
 
 
 def test_score_functions_need_their_shapes():

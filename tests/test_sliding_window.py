@@ -27,7 +27,9 @@ CASES = [  # (n, window, global_tokens, block_size)
 @pytest.mark.parametrize("dv", [6, 8], ids=["dv6-written", "dv8-flash"])  # the CPU flash kernels need Dv = D
 @pytest.mark.parametrize("padded", [False, True], ids=["nopad", "pad"])
 @pytest.mark.parametrize("causal", [False, True], ids=["bidir", "causal"])
-@pytest.mark.parametrize("n, window, g, block", CASES, ids=[case_id(N=n, w=w, g=g, b=b or "auto") for n, w, g, b in CASES])
+@pytest.mark.parametrize(
+    "n, window, g, block", CASES, ids=[case_id(N=n, w=w, g=g, b=b or "auto") for n, w, g, b in CASES]
+)
 def test_blocked_matches_reference(n, window, g, block, causal, padded, dv):
     from variants.methods.sliding_window import _flash_cpu
 
@@ -69,17 +71,31 @@ FLEX_CASES = [  # each distinct shape compiles once (seconds on CPU): keep this 
 
 
 @pytest.mark.parametrize(
-    "n, window, g, causal, padded", FLEX_CASES, ids=[case_id(N=n, w=w, g=g, causal=c, pad=p) for n, w, g, c, p in FLEX_CASES]
+    "n, window, g, causal, padded",
+    FLEX_CASES,
+    ids=[case_id(N=n, w=w, g=g, causal=c, pad=p) for n, w, g, c, p in FLEX_CASES],
 )
 def test_flex_matches_reference_forward(n, window, g, causal, padded):
     q, k, v = make_qkv(b=2, h=2, n_q=n, d=16, dtype=torch.float32, requires_grad=False)
     kpm = make_padding(2, n) if padded else None
-    out = variants.build("sliding_window_flex", window=window, global_tokens=g)(q, k, v, causal=causal, key_padding_mask=kpm)
+    out = variants.build("sliding_window_flex", window=window, global_tokens=g)(
+        q, k, v, causal=causal, key_padding_mask=kpm
+    )
     torch.testing.assert_close(out.double(), ref_sliding_window(q, k, v, window, g, causal, kpm), atol=2e-5, rtol=2e-5)
 
 
-@pytest.mark.parametrize("n, window, g, causal", [(5, 2, 0, False), (300, 3, 2, False), (1000, 300, 130, True), (1000, 129, 0, False),
-                                                 (1024, 255, 0, True), (1024, 383, 200, False), (129, 1000, 0, False)])
+@pytest.mark.parametrize(
+    "n, window, g, causal",
+    [
+        (5, 2, 0, False),
+        (300, 3, 2, False),
+        (1000, 300, 130, True),
+        (1000, 129, 0, False),
+        (1024, 255, 0, True),
+        (1024, 383, 200, False),
+        (129, 1000, 0, False),
+    ],
+)
 def test_flex_tile_coverage_is_the_pattern_per_tile(n, window, g, causal):
     """touched = some pair of the tile is in the pattern; full = all are (never on the ragged end)."""
     from variants.methods.sliding_window_flex import TILE, tile_coverage
@@ -143,8 +159,9 @@ def test_flex_non_finite_check_sees_through_sums():
     k, v, out = (torch.randn(1, 1, 64, 32, generator=g) for _ in range(3))
     huge = torch.full((1, 1, 64, 32), 3e38)  # finite; its sum is inf
     assert torch.equal(propagate_non_finite(out, huge, k, v, 4, 0, False, None), out)
-    assert torch.equal(propagate_non_finite(out.half(), huge.clamp_max(6e4).half(), k.half(), v.half(), 4, 0, False, None),
-                       out.half())  # a float16 sum of finite values is formed in float32
+    assert torch.equal(
+        propagate_non_finite(out.half(), huge.clamp_max(6e4).half(), k.half(), v.half(), 4, 0, False, None), out.half()
+    )  # a float16 sum of finite values is formed in float32
     both = k.clone()
     both[0, 0, 10, 0], both[0, 0, 40, 0] = float("inf"), float("-inf")
     poisoned = propagate_non_finite(out, k, both, v, 4, 0, False, None)[0, 0].isnan().any(-1)
@@ -173,6 +190,7 @@ def test_blocked_written_backward_with_equal_head_dims(monkeypatch):
     for causal, g, padded in ((False, 0, False), (True, 3, True)):
         q, k, v = make_qkv(b=2, h=2, n_q=257, d=8, dv=8)
         kpm = make_padding(2, 257) if padded else None
-        out = variants.build("sliding_window", window=31, global_tokens=g, block_size=16)(q, k, v, causal=causal,
-                                                                                          key_padding_mask=kpm)
+        out = variants.build("sliding_window", window=31, global_tokens=g, block_size=16)(
+            q, k, v, causal=causal, key_padding_mask=kpm
+        )
         assert_close_with_grads(out, ref_sliding_window(q, k, v, 31, g, causal, kpm), (q, k, v))

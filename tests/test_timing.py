@@ -77,5 +77,7 @@ def test_measure_time_warms_up_by_time_and_calibrates_samples():
     assert 2 <= out["per_sample"] <= 5
     assert out["samples"] == 4
     assert all(t >= 0.002 for t in out["times"])
-    warm_calls = out["calls"] - out["per_sample"] * out["samples"]  # no calibrating call: the last warm-up call calibrates
+    warm_calls = (
+        out["calls"] - out["per_sample"] * out["samples"]
+    )  # no calibrating call: the last warm-up call calibrates
     assert 20 <= warm_calls <= 50  # 0.1 s of warm-up at 2-2.5 ms a call, not the single call --warmup asks for

@@ -10,9 +10,14 @@ import variants
 
 @variants.register
 class TemperedAttention(AttentionVariant):
-    spec = VariantSpec(name="test_tempered", summary="exact softmax attention with the scores divided by a temperature",
-                       reference="tests/user_variant.py", time_complexity="O(N^2 D)", memory_complexity="O(N D)",
-                       supports_key_padding_mask=False)
+    spec = VariantSpec(
+        name="test_tempered",
+        summary="exact softmax attention with the scores divided by a temperature",
+        reference="tests/user_variant.py",
+        time_complexity="O(N^2 D)",
+        memory_complexity="O(N D)",
+        supports_key_padding_mask=False,
+    )
 
     def __init__(self, *, temperature: float = 1.0, **base):
         """

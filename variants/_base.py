@@ -39,23 +39,39 @@ class VariantSpec:
     why_not_causal: str = ""  # where supports_causal is False: the method's reason, for errors and skipped cells
     supports_non_causal: bool = True  # False: causal by nature (a recurrence over positions): causal=False is refused
     why_not_non_causal: str = ""  # where supports_non_causal is False: the method's reason
-    not_deployable: tuple[tuple[str, str], ...] = ()  # (step, why) for each of "export", "compile", "onnx" the variant cannot take (tested)
-    max_len_option: str | None = None  # the option bounding N (a learned projection's columns): variants.hf fills it from the model's max_position_embeddings
+    not_deployable: tuple[
+        tuple[str, str], ...
+    ] = ()  # (step, why) for each of "export", "compile", "onnx" the variant cannot take (tested)
+    max_len_option: str | None = (
+        None  # the option bounding N (a learned projection's columns): variants.hf fills it from the model's max_position_embeddings
+    )
     supports_cross_attention: bool = True  # Nq != Nk without causal (causal Nq <= Nk: every variant)
     supports_key_padding_mask: bool = True
     devices: tuple[str, ...] = ("cpu", "cuda")  # device types it runs on
     backward_devices: tuple[str, ...] = ("cpu", "cuda")  # device types where backward works
     dtypes: tuple[str, ...] = ("float32", "float64", "float16", "bfloat16")
-    subquadratic: bool = False  # memory (and, where the method is, time) below O(N^2); the complexity tests hold it to that
+    subquadratic: bool = (
+        False  # memory (and, where the method is, time) below O(N^2); the complexity tests hold it to that
+    )
     notes: str = ""  # anything a user must know (e.g. what causal means for this method)
     # facts the harness and the tests read instead of tables keyed by names:
-    same_function_as: str | None = None  # another variant computing the same function with the options they share and the same scale (tested): its quality stands for this one's
-    reach_option: str | None = None  # the option bounding how far back a position sees (a window): readers mark it, judge accuracy inside and beyond
-    function_options: tuple[str, ...] = ()  # options that change the function computed: a speed run and a quality run must agree on them
+    same_function_as: str | None = (
+        None  # another variant computing the same function with the options they share and the same scale (tested): its quality stands for this one's
+    )
+    reach_option: str | None = (
+        None  # the option bounding how far back a position sees (a window): readers mark it, judge accuracy inside and beyond
+    )
+    function_options: tuple[
+        str, ...
+    ] = ()  # options that change the function computed: a speed run and a quality run must agree on them
     style: tuple[str, str] | None = None  # (colour, marker) in every figure; None: a stable pick from the name
-    examples: tuple[tuple[tuple[str, object], ...], ...] = ((),)  # option sets that exercise every path at a test's small N (N ~ 13)
+    examples: tuple[tuple[tuple[str, object], ...], ...] = (
+        (),
+    )  # option sets that exercise every path at a test's small N (N ~ 13)
     repeats_kv: str = ""  # grouped-query inputs (Hkv < H): "" computed natively (no K/V repeated in memory); else why K, V are repeated to the H query heads first
-    state_repeats_kv: str | None = None  # the decoding state's heads: None as `repeats_kv`; "" one per K/V head even where the forward repeats; else why per query head
+    state_repeats_kv: str | None = (
+        None  # the decoding state's heads: None as `repeats_kv`; "" one per K/V head even where the forward repeats; else why per query head
+    )
 
     def example_options(self) -> list[dict]:
         """`examples` as dicts: what the shared contract tests build the variant with."""
@@ -63,9 +79,15 @@ class VariantSpec:
 
     def facts(self) -> dict:
         """What a run records of the variant in its metadata, so readers need no variant code."""
-        return {"name": self.name, "summary": self.summary, "same_function_as": self.same_function_as,
-                "reach_option": self.reach_option, "function_options": list(self.function_options),
-                "subquadratic": self.subquadratic, "style": list(self.style) if self.style else None}
+        return {
+            "name": self.name,
+            "summary": self.summary,
+            "same_function_as": self.same_function_as,
+            "reach_option": self.reach_option,
+            "function_options": list(self.function_options),
+            "subquadratic": self.subquadratic,
+            "style": list(self.style) if self.style else None,
+        }
 
 
 class AttentionVariant(nn.Module):
@@ -100,13 +122,17 @@ class AttentionVariant(nn.Module):
         """
         super().__init__()
         if scale is not None and not (isinstance(scale, (int, float)) and math.isfinite(scale) and scale > 0):
-            raise ValueError(f"{self.spec.name}: option scale={scale!r} is invalid; expected a positive finite number or None (= D ** -0.5)")
+            raise ValueError(
+                f"{self.spec.name}: option scale={scale!r} is invalid; expected a positive finite number or None (= D ** -0.5)"
+            )
         self._check_int("num_heads", num_heads, 1, allow_none=True)
         self._check_int("head_dim", head_dim, 1, allow_none=True)
         self._check_int("num_kv_heads", num_kv_heads, 1, allow_none=True)
         if num_heads is not None and num_kv_heads is not None and num_heads % num_kv_heads:
-            raise ValueError(f"{self.spec.name}: num_heads={num_heads} is not a multiple of num_kv_heads={num_kv_heads} "
-                             f"(grouped-query attention: each K/V head serves H / Hkv query heads)")
+            raise ValueError(
+                f"{self.spec.name}: num_heads={num_heads} is not a multiple of num_kv_heads={num_kv_heads} "
+                f"(grouped-query attention: each K/V head serves H / Hkv query heads)"
+            )
         self.scale = scale
         self.num_heads = num_heads
         self.head_dim = head_dim
@@ -145,7 +171,16 @@ class AttentionVariant(nn.Module):
     backward_flops_factor: float = 3.5  # fwd+bwd FLOPs = factor * forward FLOPs
 
     def memory_estimate(
-        self, batch: int, heads: int, n_q: int, n_k: int, d: int, dv: int, element_size: int, causal: bool, backward: bool
+        self,
+        batch: int,
+        heads: int,
+        n_q: int,
+        n_k: int,
+        d: int,
+        dv: int,
+        element_size: int,
+        causal: bool,
+        backward: bool,
     ) -> int:
         """Predicted peak extra bytes of one call (beyond q, k, v); used to skip cells that cannot fit."""
         out = batch * heads * n_q * dv * element_size
@@ -173,7 +208,9 @@ class AttentionVariant(nn.Module):
         """None when the variant computes causal attention, else why not (its spec's `why_not_causal`)."""
         if cls.spec.supports_causal:
             return None
-        return f"{cls.spec.name} does not support causal attention" + (f": {cls.spec.why_not_causal}" if cls.spec.why_not_causal else "")
+        return f"{cls.spec.name} does not support causal attention" + (
+            f": {cls.spec.why_not_causal}" if cls.spec.why_not_causal else ""
+        )
 
     @classmethod
     def non_causal_unsupported_reason(cls) -> str | None:
@@ -207,7 +244,9 @@ class AttentionVariant(nn.Module):
         records a cell it refuses as skipped with this reason."""
         return None
 
-    def kernel_name(self, q: Tensor, k: Tensor, v: Tensor, *, causal: bool = False, backward: bool = False) -> str | None:
+    def kernel_name(
+        self, q: Tensor, k: Tensor, v: Tensor, *, causal: bool = False, backward: bool = False
+    ) -> str | None:
         """The library kernel a call with these inputs dispatches to, where the variant can tell (else None)."""
         return None
 
@@ -227,15 +266,21 @@ class AttentionVariant(nn.Module):
         """
         return n
 
-    def reference(self, q: Tensor, k: Tensor, v: Tensor, *, causal: bool = False, key_padding_mask: Tensor | None = None) -> Tensor:
+    def reference(
+        self, q: Tensor, k: Tensor, v: Tensor, *, causal: bool = False, key_padding_mask: Tensor | None = None
+    ) -> Tensor:
         """The variant's definition computed densely (O(Nq·Nk) memory): what `forward` must equal.
 
         Used by the harness to check a variant on a device before timing it; only for small N.
         Default: exact softmax attention with the causal and padding masks.
         """
-        return dense_attention(q, k, v, dense_mask(q.shape[-2], k.shape[-2], causal, key_padding_mask, q.device), self._scale(q))
+        return dense_attention(
+            q, k, v, dense_mask(q.shape[-2], k.shape[-2], causal, key_padding_mask, q.device), self._scale(q)
+        )
 
-    def attention_matrix(self, q: Tensor, k: Tensor, *, causal: bool = False, key_padding_mask: Tensor | None = None) -> Tensor:
+    def attention_matrix(
+        self, q: Tensor, k: Tensor, *, causal: bool = False, key_padding_mask: Tensor | None = None
+    ) -> Tensor:
         """The (B, H, Nq, Nk) weights the variant applies to the values: out = weights @ v.
 
         Every variant here is linear in v, so calling it with v = identity (Dv = Nk) returns exactly
@@ -255,8 +300,17 @@ class AttentionVariant(nn.Module):
         reason = cls.causal_unsupported_reason()
         return f"{reason}, and decoding is causal" if reason else None
 
-    def init_state(self, batch: int, heads: int, head_dim: int, value_dim: int, dtype: torch.dtype = torch.float32,
-                   device: str | torch.device = "cpu", max_len: int | None = None, kv_heads: int | None = None) -> DecodingState:
+    def init_state(
+        self,
+        batch: int,
+        heads: int,
+        head_dim: int,
+        value_dim: int,
+        dtype: torch.dtype = torch.float32,
+        device: str | torch.device = "cpu",
+        max_len: int | None = None,
+        kv_heads: int | None = None,
+    ) -> DecodingState:
         """An empty decoding state for `step` (see variants/_decoding.py): by default a KV cache; the
         recurrent methods keep a fixed-size state instead. `heads`: the query heads H; `kv_heads`: the heads Hkv
         of the keys and values the steps will take (grouped-query attention; None: H): a variant that computes
@@ -273,8 +327,13 @@ class AttentionVariant(nn.Module):
         if reason:
             raise ValueError(f"{self.spec.name} cannot decode: {reason}")
         kv_heads = heads if kv_heads is None else kv_heads
-        for option, value in (("batch", batch), ("heads", heads), ("head_dim", head_dim), ("value_dim", value_dim),
-                              ("kv_heads", kv_heads)):
+        for option, value in (
+            ("batch", batch),
+            ("heads", heads),
+            ("head_dim", head_dim),
+            ("value_dim", value_dim),
+            ("kv_heads", kv_heads),
+        ):
             self._check_int(option, value, 1)
         check_shape_hints(self, heads, head_dim, kv_heads)  # (the forward's own checks and messages)
         reason = self.kv_heads_unsupported_reason(kv_heads)
@@ -287,24 +346,46 @@ class AttentionVariant(nn.Module):
         stored = self.kv_heads_stored(heads, kv_heads)
         tensors = self._empty_state(batch, stored, head_dim, value_dim, dtype, dev)
         if max_len is not None and self.state_kind == "kv":  # a KV cache, bounded: one buffer, written in place
-            tensors = {**tensors, **kv_cache(batch, stored, self.cached_key_dim(head_dim), value_dim, dtype, dev, capacity=max_len)}
-        return DecodingState(self.spec.name, self.state_kind, batch, heads, head_dim, value_dim, dtype, dev, 0, max_len, tensors,
-                             kv_heads=kv_heads)
+            tensors = {
+                **tensors,
+                **kv_cache(batch, stored, self.cached_key_dim(head_dim), value_dim, dtype, dev, capacity=max_len),
+            }
+        return DecodingState(
+            self.spec.name,
+            self.state_kind,
+            batch,
+            heads,
+            head_dim,
+            value_dim,
+            dtype,
+            dev,
+            0,
+            max_len,
+            tensors,
+            kv_heads=kv_heads,
+        )
 
-    def step(self, q: Tensor, k: Tensor, v: Tensor, state: DecodingState,
-             key_padding_mask: Tensor | None = None) -> tuple[Tensor, DecodingState]:
+    def step(
+        self, q: Tensor, k: Tensor, v: Tensor, state: DecodingState, key_padding_mask: Tensor | None = None
+    ) -> tuple[Tensor, DecodingState]:
         """The outputs (B, H, t, Dv) of t new positions given the state of everything before, and the new state.
 
         key_padding_mask: bool (B, t) for the new positions (True = a real token), as the forward takes for
         all of them: padded positions are never attended to (the recurrences skip them). Equals the causal
         forward over the whole sequence at those positions, with the whole mask (tested for every variant)."""
         check_step(self.spec.name, state, q, k, v, key_padding_mask)
-        keep = None if key_padding_mask is None or (bool(key_padding_mask.all()) and not padded(state)) else key_padding_mask
+        keep = (
+            None
+            if key_padding_mask is None or (bool(key_padding_mask.all()) and not padded(state))
+            else key_padding_mask
+        )
         k, v = self._grouped_kv(q, k, v, self.state_repeats_kv_reason())
         if self.step_positions is None or q.shape[2] <= self.step_positions:
             return self._step(q, k, v, state, keep)
         outs = []
-        for sl in spans(q.shape[2], self.step_positions):  # a long step as several: each _step's t x t work stays bounded
+        for sl in spans(
+            q.shape[2], self.step_positions
+        ):  # a long step as several: each _step's t x t work stays bounded
             out, state = self._step(q[:, :, sl], k[:, :, sl], v[:, :, sl], state, None if keep is None else keep[:, sl])
             outs.append(out)
         return torch.cat(outs, dim=2), state
@@ -314,12 +395,17 @@ class AttentionVariant(nn.Module):
         only part (moba: its block sums and the blocks it selects). What a decode cell's bandwidth counts."""
         return state.nbytes()
 
-    def prefill(self, q: Tensor, k: Tensor, v: Tensor, state: DecodingState,
-                key_padding_mask: Tensor | None = None) -> DecodingState:
+    def prefill(
+        self, q: Tensor, k: Tensor, v: Tensor, state: DecodingState, key_padding_mask: Tensor | None = None
+    ) -> DecodingState:
         """The state after these positions when their outputs are not needed (a prompt before decoding):
         `step`'s state, without computing what only the outputs need (a KV cache only appends)."""
         check_step(self.spec.name, state, q, k, v, key_padding_mask)
-        keep = None if key_padding_mask is None or (bool(key_padding_mask.all()) and not padded(state)) else key_padding_mask
+        keep = (
+            None
+            if key_padding_mask is None or (bool(key_padding_mask.all()) and not padded(state))
+            else key_padding_mask
+        )
         return self._prefill(q, *self._grouped_kv(q, k, v, self.state_repeats_kv_reason()), state, keep)
 
     def _grouped_kv(self, q: Tensor, k: Tensor, v: Tensor, reason: str | None = None) -> tuple[Tensor, Tensor]:
@@ -343,27 +429,35 @@ class AttentionVariant(nn.Module):
         position of the state (or of these) is padding."""
         return appended(state, k, v, keep)[3]
 
-    def _step(self, q: Tensor, k: Tensor, v: Tensor, state: DecodingState, keep: Tensor | None) -> tuple[Tensor, DecodingState]:
+    def _step(
+        self, q: Tensor, k: Tensor, v: Tensor, state: DecodingState, keep: Tensor | None
+    ) -> tuple[Tensor, DecodingState]:
         """KV cache: the new keys appended, then the variant's own causal call (bottom-right) over the cache."""
         keys, values, mask, state = appended(state, k, v, keep)
         return self(q, keys, values, causal=True, key_padding_mask=mask), state
 
     # -- the call -----------------------------------------------------------------------------
-    def forward(self, q: Tensor, k: Tensor, v: Tensor, *, causal: bool = False, key_padding_mask: Tensor | None = None) -> Tensor:
+    def forward(
+        self, q: Tensor, k: Tensor, v: Tensor, *, causal: bool = False, key_padding_mask: Tensor | None = None
+    ) -> Tensor:
         """Attention of q over (k, v). Shapes (B, H, Nq, D), (B, H, Nk, D), (B, H, Nk, Dv) -> (B, H, Nq, Dv).
 
         NaN or infinite inputs propagate to the rows they reach (never hidden as zeros). Padded key
         positions (key_padding_mask False) may hold any finite values: they are never attended to.
         """
         if not isinstance(causal, bool) and causal not in (0, 1):
-            raise TypeError(f"{self.spec.name}: causal must be a bool (or 0/1), got {causal!r} of type {type(causal).__name__}")
+            raise TypeError(
+                f"{self.spec.name}: causal must be a bool (or 0/1), got {causal!r} of type {type(causal).__name__}"
+            )
         check_inputs(self, q, k, v, causal, key_padding_mask)
         if q.requires_grad or k.requires_grad or v.requires_grad:
             reason = self.backward_unsupported_reason(q.device.type) if torch.is_grad_enabled() else None
             if reason:
-                raise RuntimeError(f"{reason}: it cannot be trained there. For inference, call it under torch.no_grad() "
-                                   f"(or with inputs that do not require grad); to train, use a variant with a backward "
-                                   f"on {q.device.type} (see bench list)")
+                raise RuntimeError(
+                    f"{reason}: it cannot be trained there. For inference, call it under torch.no_grad() "
+                    f"(or with inputs that do not require grad); to train, use a variant with a backward "
+                    f"on {q.device.type} (see bench list)"
+                )
         if q.shape[-2] == 0:
             return q.new_zeros(*q.shape[:-1], v.shape[-1])
         return self._attend(q, *self._grouped_kv(q, k, v), bool(causal), key_padding_mask)
@@ -408,7 +502,10 @@ def causal_mask(n_q: int, n_k: int, device) -> Tensor:
 
 # -- input checks ------------------------------------------------------------------------------
 
-def check_inputs(attn: AttentionVariant, q: Tensor, k: Tensor, v: Tensor, causal: bool, key_padding_mask: Tensor | None) -> None:
+
+def check_inputs(
+    attn: AttentionVariant, q: Tensor, k: Tensor, v: Tensor, causal: bool, key_padding_mask: Tensor | None
+) -> None:
     """Raise a ValueError/TypeError naming the argument, the value and what is allowed."""
     name = attn.spec.name
     for arg, t in (("q", q), ("k", k), ("v", v)):
@@ -423,42 +520,60 @@ def check_inputs(attn: AttentionVariant, q: Tensor, k: Tensor, v: Tensor, causal
     if not (q.device == k.device == v.device):
         raise ValueError(f"{name}: q, k, v must be on one device, got {q.device}, {k.device}, {v.device}")
     if q.device.type not in attn.spec.devices:
-        raise RuntimeError(f"{name}: inputs are on {q.device}, but this variant runs on {', '.join(attn.spec.devices)} only")
+        raise RuntimeError(
+            f"{name}: inputs are on {q.device}, but this variant runs on {', '.join(attn.spec.devices)} only"
+        )
     reason = attn.dtype_unsupported_reason(q.device.type, str(q.dtype).removeprefix("torch."))
     if reason:
         raise TypeError(f"{name}: {reason}")
     if not (q.shape[0] == k.shape[0] == v.shape[0]) or k.shape[1] != v.shape[1]:
-        raise ValueError(f"{name}: q, k, v must share the batch dim, and k, v their heads: q {tuple(q.shape)}, "
-                         f"k {tuple(k.shape)}, v {tuple(v.shape)}")
+        raise ValueError(
+            f"{name}: q, k, v must share the batch dim, and k, v their heads: q {tuple(q.shape)}, "
+            f"k {tuple(k.shape)}, v {tuple(v.shape)}"
+        )
     if q.shape[1] % k.shape[1]:
-        raise ValueError(f"{name}: q has H={q.shape[1]} heads, k and v Hkv={k.shape[1]}: grouped-query attention needs H "
-                         f"a multiple of Hkv (each K/V head serving H / Hkv query heads)")
+        raise ValueError(
+            f"{name}: q has H={q.shape[1]} heads, k and v Hkv={k.shape[1]}: grouped-query attention needs H "
+            f"a multiple of Hkv (each K/V head serving H / Hkv query heads)"
+        )
     if q.shape[-1] != k.shape[-1]:
         raise ValueError(f"{name}: q and k must share the head dim D, got q D={q.shape[-1]}, k D={k.shape[-1]}")
     if k.shape[-2] != v.shape[-2]:
         raise ValueError(f"{name}: k and v must share the key length Nk, got k Nk={k.shape[-2]}, v Nk={v.shape[-2]}")
     if q.shape[-1] == 0 or k.shape[-2] == 0:
-        raise ValueError(f"{name}: head dim D and key length Nk must be >= 1, got q {tuple(q.shape)}, k {tuple(k.shape)}")
+        raise ValueError(
+            f"{name}: head dim D and key length Nk must be >= 1, got q {tuple(q.shape)}, k {tuple(k.shape)}"
+        )
     check_shape_hints(attn, q.shape[1], q.shape[-1], k.shape[1])
     reason = attn.kv_heads_unsupported_reason(k.shape[1])
     if reason:
         raise ValueError(f"{name}: k and v with Hkv={k.shape[1]} heads are not supported: {reason}")
     n_q, n_k = q.shape[-2], k.shape[-2]
     if causal and not attn.spec.supports_causal:
-        raise ValueError(f"{name}: causal=True is not supported by this variant" + (f": {attn.spec.why_not_causal}" if attn.spec.why_not_causal else ""))
+        raise ValueError(
+            f"{name}: causal=True is not supported by this variant"
+            + (f": {attn.spec.why_not_causal}" if attn.spec.why_not_causal else "")
+        )
     if not causal and not attn.spec.supports_non_causal:
         why = attn.spec.why_not_non_causal
-        raise ValueError(f"{name}: causal=False is not supported: the method is causal only" + (f" ({why})" if why else "")
-                         + "; call it with causal=True")
+        raise ValueError(
+            f"{name}: causal=False is not supported: the method is causal only"
+            + (f" ({why})" if why else "")
+            + "; call it with causal=True"
+        )
     if causal and n_q > n_k:
-        raise ValueError(f"{name}: causal=True needs Nq <= Nk (the queries are the last Nq of the Nk positions), "
-                         f"got Nq={n_q}, Nk={n_k}")
+        raise ValueError(
+            f"{name}: causal=True needs Nq <= Nk (the queries are the last Nq of the Nk positions), "
+            f"got Nq={n_q}, Nk={n_k}"
+        )
     reason = attn.length_unsupported_reason(n_q, n_k)
     if reason:
         raise ValueError(f"{name}: Nq={n_q}, Nk={n_k} is not supported: {reason}")
     if n_q != n_k and not causal and not attn.spec.supports_cross_attention:
-        raise ValueError(f"{name}: cross-attention (Nq={n_q} != Nk={n_k}, causal=False) is not supported; this variant "
-                         f"needs Nq == Nk, or causal=True with Nq <= Nk (the queries are the last Nq positions)")
+        raise ValueError(
+            f"{name}: cross-attention (Nq={n_q} != Nk={n_k}, causal=False) is not supported; this variant "
+            f"needs Nq == Nk, or causal=True with Nq <= Nk (the queries are the last Nq positions)"
+        )
     if key_padding_mask is not None:
         if not attn.spec.supports_key_padding_mask:
             raise ValueError(f"{name}: key_padding_mask is not supported by this variant")
@@ -481,8 +596,10 @@ def check_shape_hints(attn: AttentionVariant, heads: int, head_dim: int, kv_head
     if attn.head_dim is not None and head_dim != attn.head_dim:
         raise ValueError(f"{attn.spec.name}: built for head_dim={attn.head_dim}, got D={head_dim}")
     if kv_heads is not None and heads % kv_heads:
-        raise ValueError(f"{attn.spec.name}: H={heads} query heads is not a multiple of Hkv={kv_heads} K/V heads "
-                         f"(grouped-query attention: each K/V head serves H / Hkv query heads)")
+        raise ValueError(
+            f"{attn.spec.name}: H={heads} query heads is not a multiple of Hkv={kv_heads} K/V heads "
+            f"(grouped-query attention: each K/V head serves H / Hkv query heads)"
+        )
     if kv_heads is not None and attn.num_kv_heads is not None and kv_heads != attn.num_kv_heads:
         raise ValueError(f"{attn.spec.name}: built for num_kv_heads={attn.num_kv_heads}, got Hkv={kv_heads}")
 
@@ -540,7 +657,9 @@ def build(name: str, *, device: str | torch.device | None = None, **options) -> 
         module = cls(**options)
     except TypeError as err:
         allowed = _option_names(cls)
-        raise TypeError(f"{name}: invalid options {sorted(options)}: {err}; allowed options: {', '.join(allowed)}") from None
+        raise TypeError(
+            f"{name}: invalid options {sorted(options)}: {err}; allowed options: {', '.join(allowed)}"
+        ) from None
     return module.to(dev) if dev is not None else module
 
 

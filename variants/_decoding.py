@@ -44,7 +44,9 @@ class DecodingState:
     length: int = 0  # positions decoded so far
     max_len: int | None = None  # the longest sequence this state may reach (None: no bound)
     tensors: dict[str, Tensor] = field(default_factory=dict)
-    kv_heads: int | None = None  # heads Hkv of the keys and values the steps take (grouped-query attention); None: heads
+    kv_heads: int | None = (
+        None  # heads Hkv of the keys and values the steps take (grouped-query attention); None: heads
+    )
 
     @property
     def key_heads(self) -> int:
@@ -59,12 +61,15 @@ class DecodingState:
         return replace(self, length=self.length + steps, tensors={**self.tensors, **tensors})
 
 
-def kv_cache(batch: int, heads: int, head_dim: int, value_dim: int, dtype: torch.dtype, device,
-             capacity: int = 0) -> dict[str, Tensor]:
+def kv_cache(
+    batch: int, heads: int, head_dim: int, value_dim: int, dtype: torch.dtype, device, capacity: int = 0
+) -> dict[str, Tensor]:
     """An empty KV cache: keys (B, H, capacity, D) and values (B, H, capacity, Dv). capacity 0: grown by
     concatenation at every step; > 0: one buffer the steps write into (see `appended`)."""
-    return {"k": torch.empty(batch, heads, capacity, head_dim, dtype=dtype, device=device),
-            "v": torch.empty(batch, heads, capacity, value_dim, dtype=dtype, device=device)}
+    return {
+        "k": torch.empty(batch, heads, capacity, head_dim, dtype=dtype, device=device),
+        "v": torch.empty(batch, heads, capacity, value_dim, dtype=dtype, device=device),
+    }
 
 
 def padded(state: DecodingState) -> bool:
@@ -81,8 +86,9 @@ def masks_appended(state: DecodingState, kept: Tensor | None, n: int, keep: Tens
     return torch.cat([kept if kept is not None else ones(n), keep if keep is not None else ones(t)], dim=1)
 
 
-def appended(state: DecodingState, k: Tensor, v: Tensor, keep: Tensor | None = None
-             ) -> tuple[Tensor, Tensor, Tensor | None, DecodingState]:
+def appended(
+    state: DecodingState, k: Tensor, v: Tensor, keep: Tensor | None = None
+) -> tuple[Tensor, Tensor, Tensor | None, DecodingState]:
     """(every key, every value, their padding mask or None, the state after them) of a KV cache given t new
     positions (`keep`: their mask, None where they are real).
 
@@ -104,11 +110,16 @@ def appended(state: DecodingState, k: Tensor, v: Tensor, keep: Tensor | None = N
 def check_step(name: str, state, q: Tensor, k: Tensor, v: Tensor, key_padding_mask: Tensor | None = None) -> None:
     """ValueError/TypeError naming what does not match between a state and the new positions."""
     if not isinstance(state, DecodingState):
-        raise TypeError(f"{name}: step needs the state init_state returned (or the last step's), got {type(state).__name__}")
+        raise TypeError(
+            f"{name}: step needs the state init_state returned (or the last step's), got {type(state).__name__}"
+        )
     if state.variant != name:
         raise ValueError(f"{name}: this state was made by {state.variant!r}, not {name!r}")
-    for arg, t, last, heads in (("q", q, state.head_dim, state.heads), ("k", k, state.head_dim, state.key_heads),
-                                ("v", v, state.value_dim, state.key_heads)):
+    for arg, t, last, heads in (
+        ("q", q, state.head_dim, state.heads),
+        ("k", k, state.head_dim, state.key_heads),
+        ("v", v, state.value_dim, state.key_heads),
+    ):
         if not isinstance(t, Tensor) or t.dim() != 4:
             got = tuple(t.shape) if isinstance(t, Tensor) else type(t).__name__
             raise ValueError(f"{name}: step's {arg} must be a tensor (B, H, t, D), got {got}")
@@ -116,9 +127,13 @@ def check_step(name: str, state, q: Tensor, k: Tensor, v: Tensor, key_padding_ma
         if tuple(t.shape) != want:
             raise ValueError(f"{name}: step's {arg} has shape {tuple(t.shape)}; the state is for (B, H, t, ·) = {want}")
         if t.dtype != state.dtype or t.device != state.device:
-            raise ValueError(f"{name}: step's {arg} is {t.dtype} on {t.device}; the state holds {state.dtype} on {state.device}")
+            raise ValueError(
+                f"{name}: step's {arg} is {t.dtype} on {t.device}; the state holds {state.dtype} on {state.device}"
+            )
     if not q.shape[2] == k.shape[2] == v.shape[2]:
-        raise ValueError(f"{name}: step's q, k, v must hold the same t new positions, got {q.shape[2]}, {k.shape[2]}, {v.shape[2]}")
+        raise ValueError(
+            f"{name}: step's q, k, v must hold the same t new positions, got {q.shape[2]}, {k.shape[2]}, {v.shape[2]}"
+        )
     if q.shape[2] == 0:
         raise ValueError(f"{name}: step needs t >= 1 new positions, got t = 0")
     if key_padding_mask is not None:
@@ -126,7 +141,9 @@ def check_step(name: str, state, q: Tensor, k: Tensor, v: Tensor, key_padding_ma
             got = key_padding_mask.dtype if isinstance(key_padding_mask, Tensor) else type(key_padding_mask).__name__
             raise TypeError(f"{name}: step's key_padding_mask must be a bool tensor (True = real token), got {got}")
         if tuple(key_padding_mask.shape) != (state.batch, q.shape[2]) or key_padding_mask.device != state.device:
-            raise ValueError(f"{name}: step's key_padding_mask must be (B, t) = {(state.batch, q.shape[2])} on "
-                             f"{state.device} (the new positions'), got {tuple(key_padding_mask.shape)} on {key_padding_mask.device}")
+            raise ValueError(
+                f"{name}: step's key_padding_mask must be (B, t) = {(state.batch, q.shape[2])} on "
+                f"{state.device} (the new positions'), got {tuple(key_padding_mask.shape)} on {key_padding_mask.device}"
+            )
     if state.max_len is not None and state.length + q.shape[2] > state.max_len:
         raise ValueError(f"{name}: {state.length} + {q.shape[2]} positions pass the state's max_len={state.max_len}")

@@ -55,6 +55,7 @@ def _transformers():
 
 # -- public API ------------------------------------------------------------------------------------
 
+
 def use(model, variant: str, *, reinit: bool = False, **options):
     """Switch every attention layer of a `transformers` model to `variant`, keeping the model's weights.
 
@@ -82,12 +83,18 @@ def use(model, variant: str, *, reinit: bool = False, **options):
     config = model.config
     softcap = getattr(config, "attn_logit_softcapping", None)
     if softcap:
-        raise ValueError(f"variants.hf.use: {type(model).__name__} caps its attention scores (attn_logit_softcapping="
-                         f"{softcap}); the attnbench variants compute plain scaled dot-product scores")
+        raise ValueError(
+            f"variants.hf.use: {type(model).__name__} caps its attention scores (attn_logit_softcapping="
+            f"{softcap}); the attnbench variants compute plain scaled dot-product scores"
+        )
     _check_model_fits(model, variant)
     record = {"variant": variant, "options": options}
-    again = (not reinit and config._attn_implementation == IMPLEMENTATION and getattr(config, "attnbench", None) == record
-             and all(ATTRIBUTE in layer._modules for layer in layers.values()))
+    again = (
+        not reinit
+        and config._attn_implementation == IMPLEMENTATION
+        and getattr(config, "attnbench", None) == record
+        and all(ATTRIBUTE in layer._modules for layer in layers.values())
+    )
     modules = {}
     like = next(model.parameters(), None)
     for path, layer in layers.items():
@@ -140,8 +147,10 @@ def register(variant: str, **options) -> str:
     _check_variant(variant, options)
     probe = build(variant, num_heads=1, head_dim=8, **options)
     if any(True for _ in probe.parameters()):
-        raise ValueError(f"variants.hf.register: {variant} has parameters (one set per layer), so it cannot be a shared "
-                         f"attention implementation; use variants.hf.use(model, {variant!r}, ...) to attach it to each layer")
+        raise ValueError(
+            f"variants.hf.register: {variant} has parameters (one set per layer), so it cannot be a shared "
+            f"attention implementation; use variants.hf.use(model, {variant!r}, ...) to attach it to each layer"
+        )
     name = "attnbench_" + variant + "".join(f"_{key}_{value}" for key, value in sorted(options.items()))
     _register_implementation(name, (variant, dict(options)))
     return name
@@ -183,8 +192,10 @@ def state_cache(model):
     _transformers()
     layers = {path: layer for path, layer in _check_model(model).items() if ATTRIBUTE in layer._modules}
     if not layers:
-        raise ValueError("variants.hf.state_cache: the model has no attnbench variant attached; call variants.hf.use(model, "
-                         "variant) first")
+        raise ValueError(
+            "variants.hf.state_cache: the model has no attnbench variant attached; call variants.hf.use(model, "
+            "variant) first"
+        )
     ordered = sorted(layers.values(), key=lambda layer: getattr(layer, "layer_idx", 0))
     for layer in ordered:
         reason = _decoding_refusal(layer._modules[ATTRIBUTE])
@@ -202,7 +213,9 @@ def _decoding_refusal(attn) -> str | None:
     d = getattr(attn, "head_dim", None) or 8
     try:
         heads = getattr(attn, "num_heads", None) or 1
-        attn.init_state(1, heads, d, getattr(attn, "value_dim", None) or d, kv_heads=getattr(attn, "num_kv_heads", None) or heads)
+        attn.init_state(
+            1, heads, d, getattr(attn, "value_dim", None) or d, kv_heads=getattr(attn, "num_kv_heads", None) or heads
+        )
     except (ValueError, TypeError) as err:
         return str(err)
     return None
@@ -261,12 +274,17 @@ def _state_layer_class():
                 from dataclasses import replace
 
                 index = index.to(self.device)
-                self.state = replace(self.state, batch=int(index.numel()),
-                                     tensors={k: t.index_select(0, index) for k, t in self.state.tensors.items()})
+                self.state = replace(
+                    self.state,
+                    batch=int(index.numel()),
+                    tensors={k: t.index_select(0, index) for k, t in self.state.tensors.items()},
+                )
 
         def crop(self, tokens_to_remove: int) -> None:
-            raise NotImplementedError("variants.hf.state_cache: a decoding state cannot drop positions (crop); "
-                                      "use the default cache for assisted generation")
+            raise NotImplementedError(
+                "variants.hf.state_cache: a decoding state cannot drop positions (crop); "
+                "use the default cache for assisted generation"
+            )
 
     return StateLayer
 
@@ -284,16 +302,22 @@ def _state_cache_class():
     return StateCache
 
 
-def _state_step(attn, layer, query: Tensor, key: Tensor, value: Tensor, key_padding_mask: Tensor | None, causal: bool) -> Tensor:
+def _state_step(
+    attn, layer, query: Tensor, key: Tensor, value: Tensor, key_padding_mask: Tensor | None, causal: bool
+) -> Tensor:
     """The layer's attention with its decoding state: every call, the prompt included, by the variant's `step` (one
     pass gives the outputs and the state; a long prompt is stepped in bounded pieces)."""
     layer.pending = None
     if not causal:
-        raise ValueError(f"variants.hf.state_cache: {type(attn).__name__} is called without causality; decoding is causal")
+        raise ValueError(
+            f"variants.hf.state_cache: {type(attn).__name__} is called without causality; decoding is causal"
+        )
     if layer.state is None:
         b, h, _, d = query.shape
         layer.state = attn.init_state(b, h, d, value.shape[-1], query.dtype, query.device, kv_heads=key.shape[1])
-    out, layer.state = attn.step(query, key, value, layer.state, key_padding_mask=key_padding_mask)  # the new positions'
+    out, layer.state = attn.step(
+        query, key, value, layer.state, key_padding_mask=key_padding_mask
+    )  # the new positions'
     return out
 
 
@@ -304,6 +328,7 @@ def attention_layers(model) -> dict[str, nn.Module]:
 
 # -- checks ----------------------------------------------------------------------------------------
 
+
 def _check_model(model) -> dict[str, nn.Module]:
     """The model's attention layers; TypeError/ValueError when it is not a model whose attention can switch."""
     transformers = _transformers()
@@ -311,9 +336,11 @@ def _check_model(model) -> dict[str, nn.Module]:
         raise TypeError(f"variants.hf.use: model must be a transformers PreTrainedModel, got {type(model).__name__}")
     layers = attention_layers(model) if model._can_set_attn_implementation() else {}
     if not layers:
-        raise ValueError(f"variants.hf.use: {type(model).__name__} does not route its attention through transformers' "
-                         f"AttentionInterface, so its attention cannot be switched (model families that do: Llama, "
-                         f"Mistral, Qwen2, GPT-NeoX, BERT, ...)")
+        raise ValueError(
+            f"variants.hf.use: {type(model).__name__} does not route its attention through transformers' "
+            f"AttentionInterface, so its attention cannot be switched (model families that do: Llama, "
+            f"Mistral, Qwen2, GPT-NeoX, BERT, ...)"
+        )
     return layers
 
 
@@ -347,52 +374,84 @@ CROSS_ATTENTION_NAMES = ("crossattention", "cross_attention", "cross_attn", "enc
 def _is_cross_attention(path: str, layer: nn.Module) -> bool:
     """Layers whose keys come from another sequence (an encoder's): by flag, class or the names families give them."""
     names = [type(layer).__name__.lower(), *path.lower().split(".")]
-    decoders_other = bool(getattr(layer, "is_decoder", False)) and getattr(layer, "is_causal", True) is False  # BART's encoder_attn
-    return (bool(getattr(layer, "is_cross_attention", False)) or decoders_other
-            or any(n in part for n in CROSS_ATTENTION_NAMES for part in names))
+    decoders_other = (
+        bool(getattr(layer, "is_decoder", False)) and getattr(layer, "is_causal", True) is False
+    )  # BART's encoder_attn
+    return (
+        bool(getattr(layer, "is_cross_attention", False))
+        or decoders_other
+        or any(n in part for n in CROSS_ATTENTION_NAMES for part in names)
+    )
 
 
 def _check_layer_fits(model, path: str, layer: nn.Module, variant: str) -> None:
     device = next((p.device.type for p in model.parameters()), "cpu")
-    _check_layer(f"{type(model).__name__}.{path} ({type(layer).__name__})", "variants.hf.use", path, layer, variant,
-                 device, model.training)
+    _check_layer(
+        f"{type(model).__name__}.{path} ({type(layer).__name__})",
+        "variants.hf.use",
+        path,
+        layer,
+        variant,
+        device,
+        model.training,
+    )
 
 
-def _check_layer(where: str, caller: str, path: str, layer: nn.Module, variant: str, device: str, training: bool) -> None:
+def _check_layer(
+    where: str, caller: str, path: str, layer: nn.Module, variant: str, device: str, training: bool
+) -> None:
     """ValueError/RuntimeError when `variant` cannot be this layer's attention (`where` names it in the message)."""
     spec = variant_class(variant).spec
     if callable(getattr(layer, "prepare_dynamic_mask", None)):
-        raise ValueError(f"{caller}: {where} adds an input-dependent mask to its scores (Doge's dynamic mask "
-                         f"attention, a 4-D mask made from the values); the attnbench variants take a padding mask only")
+        raise ValueError(
+            f"{caller}: {where} adds an input-dependent mask to its scores (Doge's dynamic mask "
+            f"attention, a 4-D mask made from the values); the attnbench variants take a padding mask only"
+        )
     if isinstance(getattr(layer, "sinks", None), Tensor):
-        raise ValueError(f"{caller}: {where} adds learned attention sinks to its softmax (GPT-OSS: a logit per head that "
-                         f"takes weight from every key); the attnbench variants compute plain softmax attention")
+        raise ValueError(
+            f"{caller}: {where} adds learned attention sinks to its softmax (GPT-OSS: a logit per head that "
+            f"takes weight from every key); the attnbench variants compute plain softmax attention"
+        )
     if getattr(layer, "has_relative_attention_bias", False) or hasattr(layer, "relative_attention_bias"):
-        raise ValueError(f"{caller}: {where} adds a learned position bias to its scores (T5-style); the attnbench "
-                         f"variants compute plain scaled dot-product scores")
+        raise ValueError(
+            f"{caller}: {where} adds a learned position bias to its scores (T5-style); the attnbench "
+            f"variants compute plain scaled dot-product scores"
+        )
     if not spec.supports_causal and getattr(layer, "is_causal", True):
-        raise ValueError(f"{caller}: {where} is causal (a decoder); {variant} is not causal: {spec.why_not_causal} "
-                         f"(use it in a bidirectional encoder such as BERT)")
+        raise ValueError(
+            f"{caller}: {where} is causal (a decoder); {variant} is not causal: {spec.why_not_causal} "
+            f"(use it in a bidirectional encoder such as BERT)"
+        )
     if not spec.supports_non_causal and not getattr(layer, "is_causal", True):
-        raise ValueError(f"{caller}: {where} is not causal (an encoder's bidirectional attention); {variant} is "
-                         f"causal only: {spec.why_not_non_causal} (use it in a decoder)")
+        raise ValueError(
+            f"{caller}: {where} is not causal (an encoder's bidirectional attention); {variant} is "
+            f"causal only: {spec.why_not_non_causal} (use it in a decoder)"
+        )
     if not spec.supports_non_causal and _is_cross_attention(path, layer):
-        raise ValueError(f"{caller}: {where} is a cross-attention layer (every query sees the whole encoder "
-                         f"sequence); {variant} is causal only: {spec.why_not_non_causal}")
+        raise ValueError(
+            f"{caller}: {where} is a cross-attention layer (every query sees the whole encoder "
+            f"sequence); {variant} is causal only: {spec.why_not_non_causal}"
+        )
     if _is_cross_attention(path, layer) and not spec.supports_cross_attention:
-        raise ValueError(f"{caller}: {where} is a cross-attention layer (queries and keys from different "
-                         f"sequences); {variant} has no cross-attention")
+        raise ValueError(
+            f"{caller}: {where} is a cross-attention layer (queries and keys from different "
+            f"sequences); {variant} has no cross-attention"
+        )
     reason = variant_class(variant).unavailable_reason(device)
     if reason:
         raise RuntimeError(f"{caller}: {where}: {variant} cannot run on the model's device: {reason}")
     if training:
         reason = variant_class(variant).backward_unsupported_reason(device)
         if reason:
-            raise RuntimeError(f"{caller}: {where}: the model is in training mode, but {reason}; call "
-                               f"model.eval() and run it under torch.no_grad(), or use a variant with a backward there")
+            raise RuntimeError(
+                f"{caller}: {where}: the model is in training mode, but {reason}; call "
+                f"model.eval() and run it under torch.no_grad(), or use a variant with a backward there"
+            )
 
 
-def _variant_for_layer(config, where: str, layer: nn.Module, variant: str, options: dict, like: Tensor | None) -> nn.Module:
+def _variant_for_layer(
+    config, where: str, layer: nn.Module, variant: str, options: dict, like: Tensor | None
+) -> nn.Module:
     """The variant module one layer runs: its heads, head dim, scale and (sliding windows) window; on the
     device of `like` (a parameter of the model), and in its dtype where the variant has parameters."""
     heads, head_dim, value_dim = _layer_shape(config, layer)
@@ -410,12 +469,16 @@ def _variant_for_layer(config, where: str, layer: nn.Module, variant: str, optio
         else:
             window = getattr(layer, "sliding_window", None) or getattr(config, "sliding_window", None)
             if window is None:
-                raise ValueError(f"variants.hf: {where}: {variant} needs window=: the model's config has no "
-                                 f"sliding_window to take it from")
+                raise ValueError(
+                    f"variants.hf: {where}: {variant} needs window=: the model's config has no "
+                    f"sliding_window to take it from"
+                )
             chosen[reach] = max(int(window) - 1, 1)  # transformers' W counts the query itself
     spec = variant_class(variant).spec
     if spec.max_len_option and spec.max_len_option not in chosen and getattr(config, "max_position_embeddings", None):
-        chosen[spec.max_len_option] = int(config.max_position_embeddings)  # parameters sized to the model's longest input
+        chosen[spec.max_len_option] = int(
+            config.max_position_embeddings
+        )  # parameters sized to the model's longest input
     if "scale" not in chosen and getattr(layer, "scaling", None) is not None and spec.scale_is_query_factor:
         chosen["scale"] = float(layer.scaling)
     module = build(variant, num_heads=heads, head_dim=head_dim, **chosen)
@@ -430,9 +493,16 @@ def _variant_for_layer(config, where: str, layer: nn.Module, variant: str, optio
 def _layer_shape(config, layer: nn.Module) -> tuple[int | None, int | None, int | None]:
     """(query heads, q/k head dim, value head dim) of one layer: its own where it keeps them (BART's decoder
     heads differ from its encoder's; DeepSeek-V3's q/k heads are 12 wide, its values 6), else the config's."""
-    heads = getattr(layer, "num_heads", None) or getattr(layer, "num_attention_heads", None) or getattr(config, "num_attention_heads", None)
-    head_dim = (getattr(layer, "qk_head_dim", None) or getattr(layer, "head_dim", None)
-                or getattr(layer, "attention_head_size", None))
+    heads = (
+        getattr(layer, "num_heads", None)
+        or getattr(layer, "num_attention_heads", None)
+        or getattr(config, "num_attention_heads", None)
+    )
+    head_dim = (
+        getattr(layer, "qk_head_dim", None)
+        or getattr(layer, "head_dim", None)
+        or getattr(layer, "attention_head_size", None)
+    )
     if head_dim is None and heads:
         head_dim = config.hidden_size // heads
     return heads, head_dim, getattr(layer, "v_head_dim", None) or head_dim
@@ -474,7 +544,9 @@ def _keep_what_the_variants_read(model) -> None:
     keeps every position. Installed once per model (instance attributes, never saved)."""
     if "_attnbench_hooks" in model.__dict__:
         return
-    if hasattr(type(model), "_prepare_cache_for_generation"):  # (an object holding the model: copies and pickles follow it)
+    if hasattr(
+        type(model), "_prepare_cache_for_generation"
+    ):  # (an object holding the model: copies and pickles follow it)
         model.__dict__["_prepare_cache_for_generation"] = _GenerationCache(model)
     model.__dict__["_attnbench_hooks"] = model.register_forward_pre_hook(_cache_of_every_position, with_kwargs=True)
 
@@ -487,7 +559,9 @@ class _GenerationCache:
 
     def __call__(self, generation_config, model_kwargs, generation_mode, *args, **kwargs):
         model = self.model
-        type(model)._prepare_cache_for_generation(model, generation_config, model_kwargs, generation_mode, *args, **kwargs)
+        type(model)._prepare_cache_for_generation(
+            model, generation_config, model_kwargs, generation_mode, *args, **kwargs
+        )
         _generation_cache(model, model_kwargs, generation_config, generation_mode)
 
 
@@ -513,8 +587,12 @@ def _cache_argument(model) -> str | None:
 def _cache_drops_what_is_read(model) -> bool:
     record = getattr(model.config, "attnbench", None)
     window = _own_cache_window(model.config)
-    return bool(record and window and model.config._attn_implementation == IMPLEMENTATION
-                and _reads_past(record["variant"], record["options"], window))
+    return bool(
+        record
+        and window
+        and model.config._attn_implementation == IMPLEMENTATION
+        and _reads_past(record["variant"], record["options"], window)
+    )
 
 
 def _generation_cache(model, model_kwargs: dict, generation_config, generation_mode) -> None:
@@ -527,7 +605,10 @@ def _generation_cache(model, model_kwargs: dict, generation_config, generation_m
     made = None if key is None else model_kwargs[key]
     if type(made) is not transformers.DynamicCache or getattr(made, "_is_user_defined", False):
         return
-    if model.config._attn_implementation != IMPLEMENTATION or generation_config.cache_implementation not in (None, "dynamic"):
+    if model.config._attn_implementation != IMPLEMENTATION or generation_config.cache_implementation not in (
+        None,
+        "dynamic",
+    ):
         return
     mode = getattr(generation_mode, "value", generation_mode)
     layers = [layer for layer in attention_layers(model).values() if ATTRIBUTE in layer._modules]
@@ -538,7 +619,12 @@ def _generation_cache(model, model_kwargs: dict, generation_config, generation_m
         model_kwargs[key] = transformers.DynamicCache()
 
 
-STATE_CACHE_MODES = ("greedy_search", "sample", "beam_search", "beam_sample")  # generate() modes the state cache follows
+STATE_CACHE_MODES = (
+    "greedy_search",
+    "sample",
+    "beam_search",
+    "beam_sample",
+)  # generate() modes the state cache follows
 
 
 def _check_model_fits(model, variant: str) -> None:
@@ -549,13 +635,17 @@ def _check_model_fits(model, variant: str) -> None:
     chunk = getattr(text, "attention_chunk_size", None)
     types = list(getattr(text, "layer_types", None) or [])
     if chunk or "chunked_attention" in types:
-        raise ValueError(f"variants.hf.use: {name} attends in chunks (attention_chunk_size={chunk}: each query sees only "
-                         f"its own chunk of positions, Llama 4's pattern); no attnbench variant expresses it")
+        raise ValueError(
+            f"variants.hf.use: {name} attends in chunks (attention_chunk_size={chunk}: each query sees only "
+            f"its own chunk of positions, Llama 4's pattern); no attnbench variant expresses it"
+        )
     other = sorted(set(types) - {"full_attention", "sliding_attention"})
     if other:
-        raise ValueError(f"variants.hf.use: {name} has layers of kind {', '.join(other)} (config.layer_types: a hybrid "
-                         f"model's non-attention or shared layers, with caches of their own); variants.hf switches "
-                         f"models whose layers are all full_attention or sliding_attention")
+        raise ValueError(
+            f"variants.hf.use: {name} has layers of kind {', '.join(other)} (config.layer_types: a hybrid "
+            f"model's non-attention or shared layers, with caches of their own); variants.hf switches "
+            f"models whose layers are all full_attention or sliding_attention"
+        )
 
 
 # -- what runs inside the model ---------------------------------------------------------------------
@@ -575,49 +665,77 @@ def _layer_variant(module: nn.Module, implementation: str) -> nn.Module:
     spec = _REGISTERED.get(implementation)
     if spec is None:  # `use`: the module attached to the layer
         if attn is None:
-            raise RuntimeError(f"variants.hf: {type(module).__name__} has no attnbench variant attached; call "
-                               f"variants.hf.use(model, variant) (or register a variant and pass its name)")
+            raise RuntimeError(
+                f"variants.hf: {type(module).__name__} has no attnbench variant attached; call "
+                f"variants.hf.use(model, variant) (or register a variant and pass its name)"
+            )
         return attn
     cache = module.__dict__.setdefault("_attnbench_registered", {})  # not a submodule: nothing to save
     if implementation not in cache:
         like = next(module.parameters(), None)
         # the checks `use` makes of each layer, made here at the layer's first call (a registered name knows no model)
-        _check_layer(type(module).__name__, f"variants.hf: {implementation}", "", module, spec[0],
-                     "cpu" if like is None else like.device.type, module.training)
-        cache[implementation] = _variant_for_layer(getattr(module, "config", None), type(module).__name__, module,
-                                                   spec[0], spec[1], like)
+        _check_layer(
+            type(module).__name__,
+            f"variants.hf: {implementation}",
+            "",
+            module,
+            spec[0],
+            "cpu" if like is None else like.device.type,
+            module.training,
+        )
+        cache[implementation] = _variant_for_layer(
+            getattr(module, "config", None), type(module).__name__, module, spec[0], spec[1], like
+        )
     return cache[implementation]
 
 
-def _attention_forward(module: nn.Module, query: Tensor, key: Tensor, value: Tensor, attention_mask, dropout: float = 0.0,
-                       scaling: float | None = None, is_causal: bool | None = None, **kwargs):
+def _attention_forward(
+    module: nn.Module,
+    query: Tensor,
+    key: Tensor,
+    value: Tensor,
+    attention_mask,
+    dropout: float = 0.0,
+    scaling: float | None = None,
+    is_causal: bool | None = None,
+    **kwargs,
+):
     """transformers' attention function signature: (B, H, Nq, D) q, (B, Hkv, Nk, D) k, v -> ((B, Nq, H, Dv), None)."""
     implementation = module.config._attn_implementation if hasattr(module, "config") else IMPLEMENTATION
     attn = _layer_variant(module, implementation)
     name = attn.spec.name
     for arg in UNSUPPORTED_KWARGS:
         if kwargs.get(arg) is not None:
-            raise ValueError(f"variants.hf: {type(module).__name__} passes {arg}; {name} (like every attnbench variant) "
-                             f"computes plain scaled dot-product scores and cannot apply it")
+            raise ValueError(
+                f"variants.hf: {type(module).__name__} passes {arg}; {name} (like every attnbench variant) "
+                f"computes plain scaled dot-product scores and cannot apply it"
+            )
     if kwargs.get("output_attentions"):  # as transformers' sdpa: no weights are returned, and it says so
         _transformers().utils.logging.get_logger(__name__).warning_once(
             f"variants.hf: {name} does not return attention weights (output_attentions=True gives none, as with sdpa); "
-            f"the variant's attention_matrix(q, k) gives the weights of its definition")
+            f"the variant's attention_matrix(q, k) gives the weights of its definition"
+        )
     if dropout:  # (layers pass their dropout in training only)
-        raise ValueError(f"variants.hf: {type(module).__name__} asks for attention dropout p={dropout} (the model is "
-                         f"training); {name} has none. Zero it on the built model with "
-                         f"variants.hf.without_attention_dropout(model) (a config change does not reach built layers), "
-                         f"or call model.eval()")
+        raise ValueError(
+            f"variants.hf: {type(module).__name__} asks for attention dropout p={dropout} (the model is "
+            f"training); {name} has none. Zero it on the built model with "
+            f"variants.hf.without_attention_dropout(model) (a config change does not reach built layers), "
+            f"or call model.eval()"
+        )
     if attention_mask is not None and (not isinstance(attention_mask, Tensor) or attention_mask.dim() != 2):
         shape = tuple(attention_mask.shape) if isinstance(attention_mask, Tensor) else type(attention_mask).__name__
-        raise ValueError(f"variants.hf: {type(module).__name__} got an attention mask of shape {shape}; attnbench "
-                         f"variants take a 2-D padding mask (a custom 4-D mask cannot be expressed by them)")
+        raise ValueError(
+            f"variants.hf: {type(module).__name__} got an attention mask of shape {shape}; attnbench "
+            f"variants take a 2-D padding mask (a custom 4-D mask cannot be expressed by them)"
+        )
     given_key = key  # (B, Hkv, Nk, D): grouped-query K/V as the model computes them, never repeated here
     causal = is_causal if is_causal is not None else getattr(module, "is_causal", True)
     n_q, n_k = query.shape[-2], key.shape[-2]
     if not causal and n_q != n_k and not attn.spec.supports_cross_attention:
-        raise ValueError(f"variants.hf: {type(module).__name__} attends {n_q} queries to {n_k} other keys "
-                         f"(cross-attention); {name} has no cross-attention")
+        raise ValueError(
+            f"variants.hf: {type(module).__name__} attends {n_q} queries to {n_k} other keys "
+            f"(cross-attention); {name} has no cross-attention"
+        )
     if scaling is not None and not attn._attnbench_fixed_scale and attn.spec.scale_is_query_factor:
         attn.scale = float(scaling)  # (a score of another form, additive's, keeps its own scale)
     key_padding_mask = None  # (_padding_mask gives None already where nothing is padded)
@@ -631,8 +749,17 @@ def _attention_forward(module: nn.Module, query: Tensor, key: Tensor, value: Ten
     return out.transpose(1, 2).contiguous(), None
 
 
-def _padding_mask(batch_size: int, q_length: int, kv_length: int, q_offset: int = 0, kv_offset: int = 0,
-                  mask_function=None, attention_mask: Tensor | None = None, config=None, **kwargs):
+def _padding_mask(
+    batch_size: int,
+    q_length: int,
+    kv_length: int,
+    q_offset: int = 0,
+    kv_offset: int = 0,
+    mask_function=None,
+    attention_mask: Tensor | None = None,
+    config=None,
+    **kwargs,
+):
     """AttentionMaskInterface function: the 2-D padding mask (B, Nk), or None without padding.
 
     Causality and sliding windows are applied by the variants themselves (from the layer's is_causal and
@@ -646,8 +773,10 @@ def _padding_mask(batch_size: int, q_length: int, kv_length: int, q_offset: int 
         return None
     attention_mask = attention_mask[:, -kv_length:]
     if attention_mask.shape[-1] != kv_length:
-        raise ValueError(f"variants.hf: padding mask of {attention_mask.shape[-1]} positions for {kv_length} keys "
-                         f"(a static cache?); attnbench variants need the keys to be exactly the positions seen so far")
+        raise ValueError(
+            f"variants.hf: padding mask of {attention_mask.shape[-1]} positions for {kv_length} keys "
+            f"(a static cache?); attnbench variants need the keys to be exactly the positions seen so far"
+        )
     if attention_mask.all():
         return None
     return attention_mask
@@ -663,11 +792,13 @@ def _check_cache_keeps_what_is_read(config, dropped: int) -> None:
     if record and window and not _reads_past(record["variant"], record["options"], window):
         return
     what = record["variant"] if record else "the attnbench variant"
-    raise ValueError(f"variants.hf: the model's cache kept only the last {window} positions of its sliding layers "
-                     f"({dropped} dropped), but {what} reads further back, so its outputs would differ from those "
-                     f"without a cache. After variants.hf.use, generate() and model(..., use_cache=True) make a cache "
-                     f"that keeps them; a cache you pass must too: variants.hf.state_cache(model) or "
-                     f"transformers.DynamicCache() (without config)")
+    raise ValueError(
+        f"variants.hf: the model's cache kept only the last {window} positions of its sliding layers "
+        f"({dropped} dropped), but {what} reads further back, so its outputs would differ from those "
+        f"without a cache. After variants.hf.use, generate() and model(..., use_cache=True) make a cache "
+        f"that keeps them; a cache you pass must too: variants.hf.state_cache(model) or "
+        f"transformers.DynamicCache() (without config)"
+    )
 
 
 def _check_pattern(mask_function, config) -> None:
@@ -684,18 +815,24 @@ def _check_pattern(mask_function, config) -> None:
         try:
             row = mask_function(torch.tensor(0), torch.tensor(0), torch.tensor(mid), torch.arange(size))
             d = mid - torch.arange(size)
-            bands = ((d >= 0) & (d < window), d.abs() <= window)  # (a model that builds a window-0 mask for no layer: empty)
+            bands = (
+                (d >= 0) & (d < window),
+                d.abs() <= window,
+            )  # (a model that builds a window-0 mask for no layer: empty)
             if isinstance(row, Tensor) and any(torch.equal(row.to(torch.bool).reshape(-1), band) for band in bands):
                 return
         except Exception:  # a pattern that cannot be probed by position alone: not one the variants express
             pass
     name = getattr(mask_function, "__qualname__", repr(mask_function))
-    raise ValueError(f"variants.hf: the model asks for an attention pattern attnbench variants cannot express "
-                     f"({name}: e.g. packed sequences, image-token or chunked overlays); supported: causal, "
-                     f"bidirectional, sliding-window causal or bidirectional, each with padding")
+    raise ValueError(
+        f"variants.hf: the model asks for an attention pattern attnbench variants cannot express "
+        f"({name}: e.g. packed sequences, image-token or chunked overlays); supported: causal, "
+        f"bidirectional, sliding-window causal or bidirectional, each with padding"
+    )
 
 
 # -- saved parameters ---------------------------------------------------------------------------------
+
 
 def _load_saved_variant_weights(model) -> None:
     """Load the attached variants' parameters from the checkpoint the model was loaded from, if it holds them.
@@ -725,12 +862,16 @@ def _load_saved_variant_weights(model) -> None:
         return
     mismatched = [key for key, tensor in found.items() if tuple(tensor.shape) != tuple(wanted[key].shape)]
     if mismatched:
-        raise ValueError(f"variants.hf.use: the checkpoint in {folder} holds attnbench parameters of other shapes "
-                         f"({mismatched[0]}: {tuple(found[mismatched[0]].shape)} vs {tuple(wanted[mismatched[0]].shape)}): "
-                         f"saved with another variant or options")
+        raise ValueError(
+            f"variants.hf.use: the checkpoint in {folder} holds attnbench parameters of other shapes "
+            f"({mismatched[0]}: {tuple(found[mismatched[0]].shape)} vs {tuple(wanted[mismatched[0]].shape)}): "
+            f"saved with another variant or options"
+        )
     missing = sorted(set(wanted) - set(found))
     if missing:
-        raise ValueError(f"variants.hf.use: the checkpoint in {folder} holds some attnbench parameters but not {missing[0]}")
+        raise ValueError(
+            f"variants.hf.use: the checkpoint in {folder} holds some attnbench parameters but not {missing[0]}"
+        )
     model.load_state_dict(found, strict=False)
 
 

@@ -68,7 +68,15 @@ class MultiHeadAttention(nn.Module):
         torch.Size([2, 10, 64])
     """
 
-    def __init__(self, d_model: int, num_heads: int, variant: str = "full", dropout: float = 0.0, bias: bool = True, **variant_options):
+    def __init__(
+        self,
+        d_model: int,
+        num_heads: int,
+        variant: str = "full",
+        dropout: float = 0.0,
+        bias: bool = True,
+        **variant_options,
+    ):
         super().__init__()
         _check_positive_int("MultiHeadAttention", "d_model", d_model)
         _check_positive_int("MultiHeadAttention", "num_heads", num_heads)
@@ -87,7 +95,13 @@ class MultiHeadAttention(nn.Module):
         self.attention = build(variant, **variant_options)
 
     def forward(
-        self, query: Tensor, key: Tensor | None = None, value: Tensor | None = None, *, causal: bool = False, key_padding_mask: Tensor | None = None
+        self,
+        query: Tensor,
+        key: Tensor | None = None,
+        value: Tensor | None = None,
+        *,
+        causal: bool = False,
+        key_padding_mask: Tensor | None = None,
     ) -> Tensor:
         """query: (B, Nq, d_model); key, value: (B, Nk, d_model), default query. Returns (B, Nq, d_model)."""
         key = query if key is None else key
@@ -96,7 +110,14 @@ class MultiHeadAttention(nn.Module):
             _check_model_input("MultiHeadAttention", name, x, self.d_model)
         projections = tuple((p.weight, p.bias) for p in (self.q_proj, self.k_proj, self.v_proj))
         out = multi_head_attend(
-            self.attention, query, key, value, projections, self.num_heads, causal=causal, key_padding_mask=key_padding_mask
+            self.attention,
+            query,
+            key,
+            value,
+            projections,
+            self.num_heads,
+            causal=causal,
+            key_padding_mask=key_padding_mask,
         )
         return self.out_proj(self.dropout(out))
 
@@ -116,7 +137,9 @@ class SinusoidalPositionalEncoding(nn.Module):
         _check_positive_int("SinusoidalPositionalEncoding", "max_len", max_len)
         self.d_model, self.max_len = d_model, max_len
         pos = torch.arange(max_len, dtype=torch.float64)[:, None]  # (max_len, 1)
-        inv_freq = torch.exp(-math.log(10000.0) * torch.arange(0, d_model, 2, dtype=torch.float64) / d_model)  # (ceil(d/2),)
+        inv_freq = torch.exp(
+            -math.log(10000.0) * torch.arange(0, d_model, 2, dtype=torch.float64) / d_model
+        )  # (ceil(d/2),)
         pe = torch.zeros(max_len, d_model, dtype=torch.float64)
         pe[:, 0::2] = torch.sin(pos * inv_freq)
         pe[:, 1::2] = torch.cos(pos * inv_freq[: d_model // 2])
@@ -140,7 +163,14 @@ class TransformerBlock(nn.Module):
     """
 
     def __init__(
-        self, d_model: int, num_heads: int, d_ff: int, variant: str = "full", norm: str = "pre", dropout: float = 0.0, **variant_options
+        self,
+        d_model: int,
+        num_heads: int,
+        d_ff: int,
+        variant: str = "full",
+        norm: str = "pre",
+        dropout: float = 0.0,
+        **variant_options,
     ):
         super().__init__()
         if norm not in ("pre", "post"):
@@ -154,6 +184,7 @@ class TransformerBlock(nn.Module):
 
     def forward(self, x: Tensor, *, causal: bool = False, key_padding_mask: Tensor | None = None) -> Tensor:
         """x: (B, N, d_model) -> (B, N, d_model)."""
+
         def attend(h: Tensor) -> Tensor:
             return self.dropout(self.attn(h, causal=causal, key_padding_mask=key_padding_mask))
 
@@ -168,6 +199,7 @@ class TransformerBlock(nn.Module):
 
 
 # -- swapping the attention of an existing model -----------------------------------------------
+
 
 class VariantMultiheadAttention(nn.Module):
     """Drop-in for a `torch.nn.MultiheadAttention`: same weights (shared, not copied), same call, a variant inside.
@@ -191,7 +223,9 @@ class VariantMultiheadAttention(nn.Module):
         else:
             self.in_proj_weight = None
             self.q_proj_weight, self.k_proj_weight, self.v_proj_weight = (
-                original.q_proj_weight, original.k_proj_weight, original.v_proj_weight
+                original.q_proj_weight,
+                original.k_proj_weight,
+                original.v_proj_weight,
             )
         self.in_proj_bias = original.in_proj_bias
         self.out_proj = original.out_proj
@@ -250,7 +284,9 @@ def _is_causal_mask(attn_mask: Tensor | None, n_q: int, n_k: int) -> bool:
     if attn_mask is None:
         return False
     if attn_mask.dim() != 2 or tuple(attn_mask.shape) != (n_q, n_k):
-        raise ValueError(f"swap_attention: attn_mask must be a causal ({n_q}, {n_k}) mask, got shape {tuple(attn_mask.shape)}")
+        raise ValueError(
+            f"swap_attention: attn_mask must be a causal ({n_q}, {n_k}) mask, got shape {tuple(attn_mask.shape)}"
+        )
     upper = torch.ones(n_q, n_k, dtype=torch.bool, device=attn_mask.device).triu(n_k - n_q + 1)
     if attn_mask.dtype == torch.bool:
         blocked, ok_values = attn_mask, True
@@ -259,7 +295,9 @@ def _is_causal_mask(attn_mask: Tensor | None, n_q: int, n_k: int) -> bool:
         ok_values = bool((attn_mask[~blocked] == 0).all())
     if ok_values and torch.equal(blocked, upper):
         return True
-    raise ValueError("swap_attention: attention variants accept only a causal attn_mask (or is_causal=True), not an arbitrary mask")
+    raise ValueError(
+        "swap_attention: attention variants accept only a causal attn_mask (or is_causal=True), not an arbitrary mask"
+    )
 
 
 def _keep_mask_from_torch_padding(key_padding_mask: Tensor | None) -> Tensor | None:
@@ -295,8 +333,12 @@ def swap_attention(model: nn.Module, variant: str, **options) -> nn.Module:
     if isinstance(model, VariantMultiheadAttention):
         model.switch(variant, **options)
         return model
-    targets = [(parent, child_name, child) for parent in model.modules()
-               for child_name, child in parent.named_children() if isinstance(child, nn.MultiheadAttention)]
+    targets = [
+        (parent, child_name, child)
+        for parent in model.modules()
+        for child_name, child in parent.named_children()
+        if isinstance(child, nn.MultiheadAttention)
+    ]
     swapped = [module for module in model.modules() if isinstance(module, VariantMultiheadAttention)]
     if not targets and not swapped:
         raise ValueError(f"swap_attention: {type(model).__name__} contains no torch.nn.MultiheadAttention to swap")

@@ -29,7 +29,11 @@ class Outcome:
 
     def describe(self) -> str:
         if self.kind == "killed":
-            name = signal.Signals(self.signal).name if self.signal in signal.Signals._value2member_map_ else str(self.signal)
+            name = (
+                signal.Signals(self.signal).name
+                if self.signal in signal.Signals._value2member_map_
+                else str(self.signal)
+            )
             return f"the cell's process was killed by {name}"
         if self.kind == "exited":
             return f"the cell's process exited with code {self.value} before reporting a result"
@@ -39,8 +43,15 @@ class Outcome:
         return self.kind
 
 
-OOM_MARKERS = ("out of memory", "not enough memory", "can't allocate memory", "cannot allocate memory",
-               "cublas_status_alloc_failed", "cudnn_status_alloc_failed", "cufft_internal_error: out of memory")
+OOM_MARKERS = (
+    "out of memory",
+    "not enough memory",
+    "can't allocate memory",
+    "cannot allocate memory",
+    "cublas_status_alloc_failed",
+    "cudnn_status_alloc_failed",
+    "cufft_internal_error: out of memory",
+)
 
 
 def is_oom(err: BaseException) -> bool:

@@ -25,7 +25,13 @@ def git_commit() -> dict:
     root = Path(__file__).resolve().parents[1]
     try:
         commit = subprocess.run(["git", "rev-parse", "HEAD"], cwd=root, capture_output=True, text=True, timeout=10)
-        dirty = subprocess.run(["git", "status", "--porcelain", "--untracked-files=no"], cwd=root, capture_output=True, text=True, timeout=10)
+        dirty = subprocess.run(
+            ["git", "status", "--porcelain", "--untracked-files=no"],
+            cwd=root,
+            capture_output=True,
+            text=True,
+            timeout=10,
+        )
     except (OSError, subprocess.SubprocessError):
         return {"commit": None, "dirty": None}
     if commit.returncode != 0:
@@ -50,7 +56,12 @@ def cpu_info() -> dict:
             mem_total = next(int(line.split()[1]) * 1024 for line in f if line.startswith("MemTotal:"))
     except (OSError, StopIteration):
         pass
-    return {"model": model or platform.processor() or None, "cores": os.cpu_count(), "usable_cores": usable, "memory_bytes": mem_total}
+    return {
+        "model": model or platform.processor() or None,
+        "cores": os.cpu_count(),
+        "usable_cores": usable,
+        "memory_bytes": mem_total,
+    }
 
 
 def available_memory_bytes() -> int | None:

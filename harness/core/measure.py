@@ -52,8 +52,17 @@ def set_threads(threads: int = 0) -> int:
     return count
 
 
-def make_inputs(batch: int, heads: int, n: int, head_dim: int, dtype: str, device, requires_grad: bool, seed: int | None = None,
-                kv_heads: int | None = None):
+def make_inputs(
+    batch: int,
+    heads: int,
+    n: int,
+    head_dim: int,
+    dtype: str,
+    device,
+    requires_grad: bool,
+    seed: int | None = None,
+    kv_heads: int | None = None,
+):
     """q of shape (batch, heads, n, head_dim), k and v of (batch, kv_heads or heads, n, head_dim) (grouped-query):
     standard normal, drawn on the CPU from a generator seeded by `seed` (default: n), so every device and process
     gets the same numbers."""
@@ -90,8 +99,17 @@ def pass_call(attn, q, k, v, *, causal: bool, backward: bool, sync: bool = False
 DECODE_CHECK_STEPS = 3  # positions the gate decodes one at a time (after a prefill of the rest)
 
 
-def decode_call(attn, batch: int, heads: int, n: int, head_dim: int, dtype: str, device, sync: bool = False,
-                kv_heads: int | None = None):
+def decode_call(
+    attn,
+    batch: int,
+    heads: int,
+    n: int,
+    head_dim: int,
+    dtype: str,
+    device,
+    sync: bool = False,
+    kv_heads: int | None = None,
+):
     """(the call a decode cell times: one step of one new position after N, the state after N) — the state
     built by the variant's own prefill of N positions, not timed; every call steps from that same state."""
     q, k, v = make_inputs(batch, heads, n + 1, head_dim, dtype, device, False, kv_heads=kv_heads)
@@ -120,8 +138,20 @@ def gate_length(attn, default: int, longest: int) -> int:
     return wanted if wanted < default else max(default, min(wanted, longest))
 
 
-def gate(attn, batch: int, heads: int, n: int, head_dim: int, dtype: str, device, *, causal: bool, backward: bool,
-         decode: bool = False, kv_heads: int | None = None) -> dict:
+def gate(
+    attn,
+    batch: int,
+    heads: int,
+    n: int,
+    head_dim: int,
+    dtype: str,
+    device,
+    *,
+    causal: bool,
+    backward: bool,
+    decode: bool = False,
+    kv_heads: int | None = None,
+) -> dict:
     """The variant (in `dtype`, on `device`) against its dense float64 definition, outputs and gradients
     (and, `decode`, the outputs of its last DECODE_CHECK_STEPS positions decoded one step at a time after a prefill).
 
@@ -150,8 +180,10 @@ def gate(attn, batch: int, heads: int, n: int, head_dim: int, dtype: str, device
         with torch.no_grad():
             steps = min(DECODE_CHECK_STEPS, n - 1)
             start = n - steps
-            state = attn.prefill(*(t.detach()[:, :, :start] for t in (q, k, v)),
-                                 attn.init_state(batch, heads, head_dim, head_dim, q.dtype, dev, kv_heads=kv_heads))
+            state = attn.prefill(
+                *(t.detach()[:, :, :start] for t in (q, k, v)),
+                attn.init_state(batch, heads, head_dim, head_dim, q.dtype, dev, kv_heads=kv_heads),
+            )
             outs = []
             for i in range(start, n):
                 out_i, state = attn.step(*(t.detach()[:, :, i : i + 1] for t in (q, k, v)), state)
@@ -175,8 +207,13 @@ def gate(attn, batch: int, heads: int, n: int, head_dim: int, dtype: str, device
     ok = all(v["ok"] for v in verdicts.values())
     worst = max(verdicts.values(), key=lambda v: v["error"] / v["bound"] if v["bound"] else math.inf)
     detail = "; ".join(f"{label} {v['describe']}" for label, v in verdicts.items())
-    return {"ok": ok, "max_error": worst["error"], "check_len": n, "softmax_error": softmax_error,
-            "message": f"relative error vs dense float64 at B={batch}, N={n}: {detail}"}
+    return {
+        "ok": ok,
+        "max_error": worst["error"],
+        "check_len": n,
+        "softmax_error": softmax_error,
+        "message": f"relative error vs dense float64 at B={batch}, N={n}: {detail}",
+    }
 
 
 def exact_softmax_attention(q, k, v, causal: bool, scale: float) -> torch.Tensor:
@@ -184,8 +221,11 @@ def exact_softmax_attention(q, k, v, causal: bool, scale: float) -> torch.Tensor
     serve groups of query heads)."""
     if k.shape[1] != q.shape[1]:
         k, v = (t.repeat_interleave(q.shape[1] // k.shape[1], dim=1) for t in (k, v))
-    scores = torch.matmul(q, k.transpose(-1, -2)).float() * scale if q.dtype in (torch.float16, torch.bfloat16) \
+    scores = (
+        torch.matmul(q, k.transpose(-1, -2)).float() * scale
+        if q.dtype in (torch.float16, torch.bfloat16)
         else torch.matmul(q, k.transpose(-1, -2)) * scale
+    )
     if causal:
         n_q, n_k = scores.shape[-2:]
         scores = scores.masked_fill(torch.ones(n_q, n_k, dtype=torch.bool, device=q.device).triu(1), float("-inf"))
@@ -222,6 +262,7 @@ def _relative_error(got: torch.Tensor, want: torch.Tensor) -> float:
 
 
 # -- timing ------------------------------------------------------------------------------------------
+
 
 class WallClock:
     """Host wall time: start(), then stop() -> seconds since start."""
@@ -264,16 +305,31 @@ class Timing:
     after: Snapshot
 
 
-def measure_time(call, device: torch.device, *, warmup: int, repeats: int, min_time: float,
-                 warmup_time: float = WARMUP_S, min_repeats: int = 3) -> Timing:
+def measure_time(
+    call,
+    device: torch.device,
+    *,
+    warmup: int,
+    repeats: int,
+    min_time: float,
+    warmup_time: float = WARMUP_S,
+    min_repeats: int = 3,
+) -> Timing:
     """Time `call` as `bench run`'s cells and the training-step cost do: `warmed` (steady allocator, at
     least `warmup` calls lasting at least `warmup_time` seconds; the micro-benchmarks call it before
     pytest-benchmark's own loop), then `time_calls` with calls per sample calibrated from the last warm-up
     call to a sample of CPU_MIN_SAMPLE_S (CUDA_MIN_SAMPLE_S)."""
     clock, last = warmed(call, device, warmup=warmup, seconds=warmup_time)
     before = Snapshot.now()
-    times, per_sample = time_calls(call, clock, repeats=repeats, min_time=min_time, per_call=last, min_repeats=min_repeats,
-                                   min_sample_s=CUDA_MIN_SAMPLE_S if device.type == "cuda" else CPU_MIN_SAMPLE_S)
+    times, per_sample = time_calls(
+        call,
+        clock,
+        repeats=repeats,
+        min_time=min_time,
+        per_call=last,
+        min_repeats=min_repeats,
+        min_sample_s=CUDA_MIN_SAMPLE_S if device.type == "cuda" else CPU_MIN_SAMPLE_S,
+    )
     return Timing(times, per_sample, before, before.after())
 
 
@@ -299,8 +355,16 @@ def warm_up(call, clock, *, calls: int, seconds: float) -> float | None:
     return last
 
 
-def time_calls(call, clock, *, repeats: int, min_time: float, min_sample_s: float = 0.0,
-               per_call: float | None = None, min_repeats: int = 3) -> tuple[list[float], int]:
+def time_calls(
+    call,
+    clock,
+    *,
+    repeats: int,
+    min_time: float,
+    min_sample_s: float = 0.0,
+    per_call: float | None = None,
+    min_repeats: int = 3,
+) -> tuple[list[float], int]:
     """(seconds per call of each sample, calls per sample).
 
     A sample times `per_sample` consecutive calls between one start and stop of the clock, with

@@ -26,7 +26,9 @@ import torch
 M_MMAP_THRESHOLD = -3  # mallopt parameter numbers from glibc's malloc.h
 M_TRIM_THRESHOLD = -1
 PINNED_MMAP_THRESHOLD = 64 * 1024
-STEADY_MMAP_THRESHOLD = 32 * 2**20  # glibc's largest (DEFAULT_MMAP_THRESHOLD_MAX on 64-bit), where its own adjustment stops
+STEADY_MMAP_THRESHOLD = (
+    32 * 2**20
+)  # glibc's largest (DEFAULT_MMAP_THRESHOLD_MAX on 64-bit), where its own adjustment stops
 STEADY_TRIM_THRESHOLD = 2**31 - 1  # mallopt takes an int: in effect, never trim the heap's free top
 
 

@@ -70,9 +70,14 @@ def noise_fields(before: Snapshot, after: Snapshot, median: float, iqr: float, s
         reasons.append(f"other processes used {others:.2f} cores")
     if spread is not None and spread > MAX_SPREAD:
         reasons.append(f"spread (IQR/median) {spread:.0%}")
-    return {"load_before": round(before.load, 2), "load_after": round(after.load, 2),
-            "others_cores": None if others is None else round(others, 3), "spread": None if spread is None else round(spread, 4),
-            "noisy": bool(reasons), "noise": "; ".join(reasons)}
+    return {
+        "load_before": round(before.load, 2),
+        "load_after": round(after.load, 2),
+        "others_cores": None if others is None else round(others, 3),
+        "spread": None if spread is None else round(spread, 4),
+        "noisy": bool(reasons),
+        "noise": "; ".join(reasons),
+    }
 
 
 def tree_cpu_seconds(roots: tuple[int, ...]) -> float:

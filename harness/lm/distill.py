@@ -27,11 +27,55 @@ import torch.nn.functional as F
 
 import variants.hf as vh
 
-DOC_MODULES = ("argparse", "asyncio", "bisect", "calendar", "codecs", "collections", "contextlib", "copy", "csv", "dataclasses",
-               "datetime", "decimal", "difflib", "doctest", "email", "enum", "fractions", "functools", "gettext", "heapq",
-               "http.client", "inspect", "io", "itertools", "json", "locale", "logging", "os", "pathlib", "pickle", "pprint",
-               "random", "re", "shutil", "socket", "sqlite3", "statistics", "string", "subprocess", "tarfile", "tempfile",
-               "textwrap", "threading", "typing", "unittest", "urllib.parse", "zipfile")
+DOC_MODULES = (
+    "argparse",
+    "asyncio",
+    "bisect",
+    "calendar",
+    "codecs",
+    "collections",
+    "contextlib",
+    "copy",
+    "csv",
+    "dataclasses",
+    "datetime",
+    "decimal",
+    "difflib",
+    "doctest",
+    "email",
+    "enum",
+    "fractions",
+    "functools",
+    "gettext",
+    "heapq",
+    "http.client",
+    "inspect",
+    "io",
+    "itertools",
+    "json",
+    "locale",
+    "logging",
+    "os",
+    "pathlib",
+    "pickle",
+    "pprint",
+    "random",
+    "re",
+    "shutil",
+    "socket",
+    "sqlite3",
+    "statistics",
+    "string",
+    "subprocess",
+    "tarfile",
+    "tempfile",
+    "textwrap",
+    "threading",
+    "typing",
+    "unittest",
+    "urllib.parse",
+    "zipfile",
+)
 SEQUENCES = 8  # sequences of text captured; the last one held out
 MAX_LENGTH = 512  # tokens a sequence (or the run's shortest length)
 
@@ -64,7 +108,11 @@ def trainable_parameters(model) -> int:
 
 
 def _attached(model) -> dict[str, torch.nn.Module]:
-    return {path: layer._modules[vh.ATTRIBUTE] for path, layer in vh.attention_layers(model).items() if vh.ATTRIBUTE in layer._modules}
+    return {
+        path: layer._modules[vh.ATTRIBUTE]
+        for path, layer in vh.attention_layers(model).items()
+        if vh.ATTRIBUTE in layer._modules
+    }
 
 
 @contextmanager
@@ -80,16 +128,21 @@ def softmax_teacher(model, on_layer=None):
         def hook(module, args, kwargs, output):
             q, k, v = (t.detach() for t in args[:3])
             causal = bool(kwargs.get("causal", True))
-            target = F.scaled_dot_product_attention(q, k, v, is_causal=causal, scale=scaling, enable_gqa=k.shape[1] != q.shape[1])
+            target = F.scaled_dot_product_attention(
+                q, k, v, is_causal=causal, scale=scaling, enable_gqa=k.shape[1] != q.shape[1]
+            )
             if on_layer is None:
                 kept[path].append((q, k, v, target))
             else:
                 on_layer(path, module, q, k, v, target, causal)
             return target  # the rest of the model sees the original attention's output
+
         return hook
 
-    handles = [module.register_forward_hook(teacher(path, getattr(layers[path], "scaling", None)), with_kwargs=True)
-               for path, module in _attached(model).items()]
+    handles = [
+        module.register_forward_hook(teacher(path, getattr(layers[path], "scaling", None)), with_kwargs=True)
+        for path, module in _attached(model).items()
+    ]
     try:
         yield kept
     finally:
@@ -108,7 +161,9 @@ def capture(model, sequences: torch.Tensor) -> dict[str, list[tuple]]:
 def _error(module, samples) -> float:
     """Mean over the samples of MSE(variant, softmax) / mean square of the softmax output."""
     with torch.no_grad():
-        return sum(float(F.mse_loss(module(q, k, v, causal=True), t) / t.pow(2).mean()) for q, k, v, t in samples) / len(samples)
+        return sum(
+            float(F.mse_loss(module(q, k, v, causal=True), t) / t.pow(2).mean()) for q, k, v, t in samples
+        ) / len(samples)
 
 
 def transfer(model, sequences: torch.Tensor, steps: int, lr: float, seed: int = 0) -> dict:
@@ -132,14 +187,25 @@ def transfer(model, sequences: torch.Tensor, steps: int, lr: float, seed: int = 
                 loss.backward()
                 optimizer.step()
         layers.append({"layer": path, "before": before, "after": _error(module, held_out)})
-    return {"steps": steps, "lr": lr, "sequences": len(sequences), "tokens": int(sequences.numel()), "parameters": trainable_parameters(model),
-            "layers": layers, "error_before": sum(r["before"] for r in layers) / len(layers),
-            "error_after": sum(r["after"] for r in layers) / len(layers), "distill_s": time.perf_counter() - began}
+    return {
+        "steps": steps,
+        "lr": lr,
+        "sequences": len(sequences),
+        "tokens": int(sequences.numel()),
+        "parameters": trainable_parameters(model),
+        "layers": layers,
+        "error_before": sum(r["before"] for r in layers) / len(layers),
+        "error_after": sum(r["after"] for r in layers) / len(layers),
+        "distill_s": time.perf_counter() - began,
+    }
 
 
 def attached_state(model) -> dict:
     """The attached variants' parameters and buffers (to put a distilled model back without training again)."""
-    return {path: {k: v.detach().clone() for k, v in module.state_dict().items()} for path, module in _attached(model).items()}
+    return {
+        path: {k: v.detach().clone() for k, v in module.state_dict().items()}
+        for path, module in _attached(model).items()
+    }
 
 
 def load_attached_state(model, state: dict) -> None:

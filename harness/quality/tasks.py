@@ -102,7 +102,9 @@ class RecallTask:
         needed = 2 * p + 2 * (self.queries if self.queries is not None else 1)
         if self.length < max(needed, 4):
             asked = "at least one query" if self.queries is None else f"{self.queries} queries"
-            raise ValueError(f"recall: {p} pairs need a length of at least {max(needed, 4)} (the pairs and {asked}), got {self.length}")
+            raise ValueError(
+                f"recall: {p} pairs need a length of at least {max(needed, 4)} (the pairs and {asked}), got {self.length}"
+            )
         if self.queries is not None and not 1 <= self.queries <= min(p, self.slots):
             raise ValueError(f"recall: queries must be between 1 and the number of pairs ({p}), got {self.queries}")
 
@@ -186,5 +188,12 @@ def distance_buckets(distance: Tensor, correct: Tensor, mask: Tensor) -> list[di
     out = []
     for e in exponent.unique().tolist():
         sel = exponent == e
-        out.append({"min": 2**e, "max": 2 ** (e + 1) - 1, "accuracy": right[sel].float().mean().item(), "count": int(sel.sum())})
+        out.append(
+            {
+                "min": 2**e,
+                "max": 2 ** (e + 1) - 1,
+                "accuracy": right[sel].float().mean().item(),
+                "count": int(sel.sum()),
+            }
+        )
     return out

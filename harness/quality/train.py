@@ -52,10 +52,14 @@ class TinyDecoder(nn.Module):
         self.embed = nn.Embedding(vocab_size, cfg.d_model)
         self.pos = variants.SinusoidalPositionalEncoding(cfg.d_model, max_len)
         self.blocks = nn.ModuleList(
-            variants.TransformerBlock(cfg.d_model, cfg.heads, 4 * cfg.d_model, variant=variant, norm="pre", **variant_options)
+            variants.TransformerBlock(
+                cfg.d_model, cfg.heads, 4 * cfg.d_model, variant=variant, norm="pre", **variant_options
+            )
             for _ in range(cfg.layers)
         )
-        self.convs = nn.ModuleList(ShortConv(cfg.d_model, cfg.short_conv) for _ in range(cfg.layers)) if cfg.short_conv else None
+        self.convs = (
+            nn.ModuleList(ShortConv(cfg.d_model, cfg.short_conv) for _ in range(cfg.layers)) if cfg.short_conv else None
+        )
         self.norm = nn.LayerNorm(cfg.d_model)
         self.head = nn.Linear(cfg.d_model, vocab_size)
 
@@ -80,7 +84,10 @@ def decoding_state(model: nn.Module, seq_len: int, cfg: TrainConfig) -> dict:
     total, kind = 0, None
     with torch.no_grad():
         for layer in layers:
-            q, k, v = (torch.randn(1, heads, seq_len, head_dim, generator=torch.Generator().manual_seed(0)).to(device) for _ in range(3))
+            q, k, v = (
+                torch.randn(1, heads, seq_len, head_dim, generator=torch.Generator().manual_seed(0)).to(device)
+                for _ in range(3)
+            )
             state = layer.prefill(q, k, v, layer.init_state(1, heads, head_dim, head_dim, torch.float32, device))
             total, kind = total + state.nbytes(), state.kind
     conv = cfg.layers * max(0, cfg.short_conv - 1) * cfg.d_model * 4  # float32 inputs a causal convolution still needs
@@ -145,8 +152,10 @@ def _steps(model, opt, task, cfg: TrainConfig, steps: int, g, dev, autocast, wha
         inputs, targets, mask = (t.to(dev) for t in task.batch(cfg.batch_at(task.seq_len), g))
         loss = _loss(model, inputs, targets, mask, autocast, cfg.label_smoothing)
         if not torch.isfinite(loss):  # an accuracy after this would describe a broken model
-            raise TrainingDiverged(f"{what}: the training loss became {loss.item()} at step {step} (lr={cfg.lr}); "
-                                   "no accuracy is reported for it")
+            raise TrainingDiverged(
+                f"{what}: the training loss became {loss.item()} at step {step} (lr={cfg.lr}); "
+                "no accuracy is reported for it"
+            )
         opt.zero_grad(set_to_none=True)
         loss.backward()
         torch.nn.utils.clip_grad_norm_(model.parameters(), 1.0)
@@ -154,8 +163,17 @@ def _steps(model, opt, task, cfg: TrainConfig, steps: int, g, dev, autocast, wha
         yield step, loss.item()
 
 
-def train_one(task_name: str, lengths, variant: str, options: dict, cfg: TrainConfig, seed: int = 0,
-              device: str = "cpu", dtype: str = "float32", on_eval=None) -> list[dict]:
+def train_one(
+    task_name: str,
+    lengths,
+    variant: str,
+    options: dict,
+    cfg: TrainConfig,
+    seed: int = 0,
+    device: str = "cpu",
+    dtype: str = "float32",
+    on_eval=None,
+) -> list[dict]:
     """Train one model at each length of `lengths` in turn and return its rows (one per evaluation);
     on_eval(row) is called as each exists. Without cfg.curriculum, `lengths` is one length; with it, the
     model trained at one length goes on to the next (cfg.steps steps each, the schedule restarting)."""
@@ -172,22 +190,44 @@ def train_one(task_name: str, lengths, variant: str, options: dict, cfg: TrainCo
     g = torch.Generator().manual_seed(seed)
     recipe = {f"cfg_{k}": v for k, v in asdict(cfg).items()}
     resolved = resolved_options(variant, options)
-    if cfg.warm_start and task_name == "recall" and cfg.queries is not None:  # not scored: a start, like the initialisation
+    if (
+        cfg.warm_start and task_name == "recall" and cfg.queries is not None
+    ):  # not scored: a start, like the initialisation
         dense = make_task(task_name, lengths[0], vocab=tasks[0].symbols, pairs=cfg.pairs)
-        for _ in _steps(model, opt, dense, cfg, cfg.warm_start, g, dev, autocast, f"{task_name} warm start {variant} seed {seed}"):
+        for _ in _steps(
+            model, opt, dense, cfg, cfg.warm_start, g, dev, autocast, f"{task_name} warm start {variant} seed {seed}"
+        ):
             pass
     rows = []
     for stage, (length, task) in enumerate(zip(lengths, tasks)):
         state = decoding_state(model, task.seq_len, cfg)
         start, loss_sum, loss_count = time.perf_counter(), 0.0, 0
-        for step, loss in _steps(model, opt, task, cfg, cfg.steps, g, dev, autocast, f"{task_name} L={length} {variant} seed {seed}"):
+        for step, loss in _steps(
+            model, opt, task, cfg, cfg.steps, g, dev, autocast, f"{task_name} L={length} {variant} seed {seed}"
+        ):
             loss_sum, loss_count = loss_sum + loss, loss_count + 1
             if step % cfg.eval_every == 0 or step == cfg.steps:
-                row = {"task": task_name, "variant": variant, "options": options, "resolved_options": resolved, "length": length,
-                       "seq_len": task.seq_len, "batch": cfg.batch_at(task.seq_len), **state, "seed": seed,
-                       "device": dev.type, "dtype": dtype, "stage": stage, "step": step, "final": step == cfg.steps,
-                       "train_loss": loss_sum / loss_count, **evaluate(model, task, seed, cfg, dev, autocast),
-                       "wall_s": round(time.perf_counter() - start, 2), "parameters": params, **recipe}
+                row = {
+                    "task": task_name,
+                    "variant": variant,
+                    "options": options,
+                    "resolved_options": resolved,
+                    "length": length,
+                    "seq_len": task.seq_len,
+                    "batch": cfg.batch_at(task.seq_len),
+                    **state,
+                    "seed": seed,
+                    "device": dev.type,
+                    "dtype": dtype,
+                    "stage": stage,
+                    "step": step,
+                    "final": step == cfg.steps,
+                    "train_loss": loss_sum / loss_count,
+                    **evaluate(model, task, seed, cfg, dev, autocast),
+                    "wall_s": round(time.perf_counter() - start, 2),
+                    "parameters": params,
+                    **recipe,
+                }
                 loss_sum, loss_count = 0.0, 0
                 rows.append(row)
                 if on_eval:
@@ -195,8 +235,16 @@ def train_one(task_name: str, lengths, variant: str, options: dict, cfg: TrainCo
     return rows
 
 
-def measure_training_step(task_name: str, length: int, variant: str, options: dict, cfg: TrainConfig,
-                          device: str = "cpu", dtype: str = "float32", repeats: int = 5) -> dict:
+def measure_training_step(
+    task_name: str,
+    length: int,
+    variant: str,
+    options: dict,
+    cfg: TrainConfig,
+    device: str = "cpu",
+    dtype: str = "float32",
+    repeats: int = 5,
+) -> dict:
     """Model-level cost of one training step (forward, backward, optimizer) at `length`: median time of
     `repeats` samples after at least two warm-up steps (the measuring core's `measure_time`), tokens per
     second, and the step's peak memory (the measuring core's: process RSS over the state before, CPU; the
@@ -225,11 +273,24 @@ def measure_training_step(task_name: str, length: int, variant: str, options: di
     opt.zero_grad(set_to_none=False)  # gradients and optimizer state exist before: the peak is the step's own
     memory = measure_peak(step, dev)
     seconds = statistics.median(times)
-    return {"task": task_name, "variant": variant, "options": options, "resolved_options": resolved_options(variant, options),
-            "length": length, "device": dev.type,
-            "dtype": dtype, "seq_len": task.seq_len, "batch": batch, "step_ms": seconds * 1e3,
-            "step_ms_min": min(times) * 1e3, "repeats": repeats, "tokens_per_s": batch * task.seq_len / seconds,
-            "train_peak_bytes": memory["peak_bytes"], "memory_kind": memory["kind"], "threads": threads}
+    return {
+        "task": task_name,
+        "variant": variant,
+        "options": options,
+        "resolved_options": resolved_options(variant, options),
+        "length": length,
+        "device": dev.type,
+        "dtype": dtype,
+        "seq_len": task.seq_len,
+        "batch": batch,
+        "step_ms": seconds * 1e3,
+        "step_ms_min": min(times) * 1e3,
+        "repeats": repeats,
+        "tokens_per_s": batch * task.seq_len / seconds,
+        "train_peak_bytes": memory["peak_bytes"],
+        "memory_kind": memory["kind"],
+        "threads": threads,
+    }
 
 
 def cannot_train_reason(name: str, device: str = "cpu") -> str | None:
@@ -246,7 +307,9 @@ def resolved_options(variant: str, options: dict) -> dict:
     return {k: v for k, v in variants.effective_options(variant, **options).items() if k not in SHAPE_HINTS}
 
 
-def training_memory_estimate(cfg: TrainConfig, seq_len: int, vocab_size: int, variant: str, options: dict) -> dict[str, int]:
+def training_memory_estimate(
+    cfg: TrainConfig, seq_len: int, vocab_size: int, variant: str, options: dict
+) -> dict[str, int]:
     """Predicted bytes of one training of TinyDecoder (float32), by part, before anything is allocated:
     parameters with their gradients and AdamW's two moments, the activations a backward keeps (per block:
     about 16 d_model numbers a position, its attention call's own estimate), the logits with their softmax and
@@ -259,17 +322,22 @@ def training_memory_estimate(cfg: TrainConfig, seq_len: int, vocab_size: int, va
     with torch.device("meta"):  # shapes only: a huge size costs nothing here
         attn = variants.build(variant, num_heads=h, head_dim=d // h, **variants.options_taken(variant, options))
     call = attn.memory_estimate(batch, h, seq_len, seq_len, d // h, d // h, 4, True, True)
-    return {"parameters": 4 * 4 * parameters,
-            "activations": 4 * batch * seq_len * d * 16 * layers + layers * int(call),
-            "logits": 4 * 3 * batch * seq_len * vocab_size,
-            "data": 8 * rows * (vocab_size + 2 * seq_len)}
+    return {
+        "parameters": 4 * 4 * parameters,
+        "activations": 4 * batch * seq_len * d * 16 * layers + layers * int(call),
+        "logits": 4 * 3 * batch * seq_len * vocab_size,
+        "data": 8 * rows * (vocab_size + 2 * seq_len),
+    }
 
 
 def trainable_variants(device: str = "cpu") -> list[str]:
     """Every registered variant that trains on `device` — one per attention function: a variant whose spec
     says another computes the same function (`same_function_as`) would only repeat that one's rows."""
-    return [name for name in variants.available()
-            if variants.variant_class(name).spec.same_function_as is None and cannot_train_reason(name, device) is None]
+    return [
+        name
+        for name in variants.available()
+        if variants.variant_class(name).spec.same_function_as is None and cannot_train_reason(name, device) is None
+    ]
 
 
 def run_key(row: dict) -> tuple:
@@ -286,10 +354,21 @@ def trainings(config: QualityConfig) -> list[tuple[str, str, int, tuple[int, ...
     if cfg.curriculum:
         first = tuple(v for v in config.long_variants if v in config.variants)
         ordered = first + tuple(v for v in config.variants if v not in first)
-        return [(t, v, s, tuple(sorted(config.lengths_of(t, v)))) for s in config.seeds_list for v in ordered for t in config.tasks]
+        return [
+            (t, v, s, tuple(sorted(config.lengths_of(t, v))))
+            for s in config.seeds_list
+            for v in ordered
+            for t in config.tasks
+        ]
     every = {t: tuple(dict.fromkeys(n for v in config.variants for n in config.lengths_of(t, v))) for t in config.tasks}
-    return [(t, v, s, (n,)) for s in config.seeds_list for t in config.tasks for n in every[t] for v in config.variants
-            if n in config.lengths_of(t, v)]
+    return [
+        (t, v, s, (n,))
+        for s in config.seeds_list
+        for t in config.tasks
+        for n in every[t]
+        for v in config.variants
+        if n in config.lengths_of(t, v)
+    ]
 
 
 def keep_finished_runs(run_dir: Path, config: QualityConfig | None = None) -> set[tuple]:
@@ -316,15 +395,30 @@ COST_TIMEOUT_S = 600  # for one cost measurement (model build, 7 steps, a measur
 
 def _measure_cost(run_dir: Path, config: QualityConfig, task: str, name: str, length: int, options: dict) -> dict:
     """One training step's cost in a process of its own; a failure (OOM, crash, timeout) is a row that says so."""
-    outcome = run_isolated(measure_training_step, (task, length, name, options, config.train, config.device, config.dtype),
-                           timeout=COST_TIMEOUT_S, imports=config.imports, log_path=str(run_dir / "cost.log"))
+    outcome = run_isolated(
+        measure_training_step,
+        (task, length, name, options, config.train, config.device, config.dtype),
+        timeout=COST_TIMEOUT_S,
+        imports=config.imports,
+        log_path=str(run_dir / "cost.log"),
+    )
     if outcome.kind == "result":
         return {**outcome.value, "status": "ok"}
-    return {"task": task, "variant": name, "options": options, "length": length, "device": config.device,
-            "dtype": config.dtype, "status": "error", "error": outcome.describe()}
+    return {
+        "task": task,
+        "variant": name,
+        "options": options,
+        "length": length,
+        "device": config.device,
+        "dtype": config.dtype,
+        "status": "error",
+        "error": outcome.describe(),
+    }
 
 
-def sweep_quality(run_dir: Path, config: QualityConfig, on_eval=None, on_start=None, finished: set[tuple] | None = None) -> list[dict]:
+def sweep_quality(
+    run_dir: Path, config: QualityConfig, on_eval=None, on_start=None, finished: set[tuple] | None = None
+) -> list[dict]:
     """Run every training not finished yet; rows are appended as they exist. With config.measure_cost,
     each (task, variant, length) first gets its training-step cost in RUN_DIR/train_cost.jsonl.
 
@@ -340,7 +434,9 @@ def sweep_quality(run_dir: Path, config: QualityConfig, on_eval=None, on_start=N
                 if (task, name, n) not in costed:
                     if on_start:
                         on_start(task, n, name, None, "cost")
-                    cost_writer.append(_measure_cost(run_dir, config, task, name, n, variants.options_taken(name, options)))
+                    cost_writer.append(
+                        _measure_cost(run_dir, config, task, name, n, variants.options_taken(name, options))
+                    )
     with RowWriter(run_dir, QUALITY_RESULTS) as writer:
         for task, name, seed, chain in trainings(config):
             if all((task, name, n, seed) in finished for n in chain):
@@ -353,6 +449,15 @@ def sweep_quality(run_dir: Path, config: QualityConfig, on_eval=None, on_start=N
                 if on_eval:
                     on_eval(row)
 
-            train_one(task, chain, name, variants.options_taken(name, options), cfg, seed=seed, device=config.device,
-                      dtype=config.dtype, on_eval=record)
+            train_one(
+                task,
+                chain,
+                name,
+                variants.options_taken(name, options),
+                cfg,
+                seed=seed,
+                device=config.device,
+                dtype=config.dtype,
+                on_eval=record,
+            )
     return read_rows(run_dir, QUALITY_RESULTS)

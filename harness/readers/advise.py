@@ -21,7 +21,13 @@ from harness.fmt import fmt_bytes, fmt_time
 from harness.options import ArgumentError
 from harness.quality.config import TOKENS_PER_L
 from harness.readers.frames import load_frame
-from harness.readers.quality_frames import accuracy_summary, by_distance_frame, mixed_recipe, quality_rows, trained_options
+from harness.readers.quality_frames import (
+    accuracy_summary,
+    by_distance_frame,
+    mixed_recipe,
+    quality_rows,
+    trained_options,
+)
 from harness.readers.summary import fit_exponent
 from harness.store.rows import NO_TIME
 from harness.sweep.config import BASELINE
@@ -57,12 +63,22 @@ def split_runs(run_dirs: list[Path]) -> tuple[list[Path], list[Path]]:
             raise ArgumentError(f"RUN_DIR {str(run_dir)!r} holds no rows of bench run or bench quality")
         (speed if has_speed else quality).append(run_dir)
     if not speed:
-        raise ArgumentError("bench advise needs at least one speed run (written by bench run) beside the quality runs; "
-                            f"got only quality runs: {', '.join(map(str, quality))}")
+        raise ArgumentError(
+            "bench advise needs at least one speed run (written by bench run) beside the quality runs; "
+            f"got only quality runs: {', '.join(map(str, quality))}"
+        )
     return speed, quality
 
 
-SETUP = ("device_name", "batch", "heads", "kv_heads", "head_dim", "dtype", "threads")  # what a speed row measured besides its cell
+SETUP = (
+    "device_name",
+    "batch",
+    "heads",
+    "kv_heads",
+    "head_dim",
+    "dtype",
+    "threads",
+)  # what a speed row measured besides its cell
 
 
 def speed_rows(speed_dirs: list[Path], device: str | None, pass_: str, causal: bool) -> tuple[str, pd.DataFrame]:
@@ -85,9 +101,13 @@ def speed_rows(speed_dirs: list[Path], device: str | None, pass_: str, causal: b
     sel = df[(df["device"] == device) & (df["pass"] == pass_) & (df["causal"] == causal)]
     if sel.empty:
         mine = df[df["device"] == device]
-        have = ", ".join(f"{p} {_causal_word(c)}" for p, c in sorted({(p, bool(c)) for p, c in zip(mine["pass"], mine["causal"])}))
-        raise ArgumentError(f"the speed runs have no {pass_} {_causal_word(causal)} rows on {device}; they hold {have} "
-                            "(--pass, --causal/--no-causal)")
+        have = ", ".join(
+            f"{p} {_causal_word(c)}" for p, c in sorted({(p, bool(c)) for p, c in zip(mine["pass"], mine["causal"])})
+        )
+        raise ArgumentError(
+            f"the speed runs have no {pass_} {_causal_word(causal)} rows on {device}; they hold {have} "
+            "(--pass, --causal/--no-causal)"
+        )
     _check_one_setup(sel)
     return device, _settings(sel)
 
@@ -103,13 +123,18 @@ def _check_one_setup(sel: pd.DataFrame) -> None:
     for name in SETUP:
         if name not in sel:
             continue
-        per_run = {run: sorted({str(v) for v in group[name] if _known(v)}) for run, group in sel.groupby("run", sort=False)}
+        per_run = {
+            run: sorted({str(v) for v in group[name] if _known(v)}) for run, group in sel.groupby("run", sort=False)
+        }
         values = {v for vs in per_run.values() for v in vs}
         if len(values) > 1:
             diffs.append(f"{name} " + ", ".join(f"{'/'.join(vs)} in {run}" for run, vs in per_run.items() if vs))
     if diffs:
-        raise ArgumentError("the speed runs measured different setups, whose rows cannot be pooled: " + "; ".join(diffs)
-                            + " (give speed runs of one machine and shape)")
+        raise ArgumentError(
+            "the speed runs measured different setups, whose rows cannot be pooled: "
+            + "; ".join(diffs)
+            + " (give speed runs of one machine and shape)"
+        )
 
 
 def _options_key(options) -> str:
@@ -131,7 +156,9 @@ def _settings(sel: pd.DataFrame) -> pd.DataFrame:
                 continue
             mine, others = json.loads(key), [json.loads(k) for k in keys if k != key]
             differ = {k: v for k, v in mine.items() if any(o.get(k) != v for o in others)}
-            labels[(variant, key)] = f"{variant} ({_options_text(differ)})" if differ else variant  # (the other sets add options)
+            labels[(variant, key)] = (
+                f"{variant} ({_options_text(differ)})" if differ else variant
+            )  # (the other sets add options)
     sel = sel.assign(setting=[labels[(v, k)] for v, k in zip(sel["variant"], sel["options_key"])])
     out = []
     for (_, n), group in sel.groupby(["setting", "n"], sort=False):
@@ -182,13 +209,24 @@ def _options_text(options: dict) -> str:
     return ", ".join(f"{k}={v}" for k, v in options.items() if v is not None)
 
 
-def advise(run_dirs: list[Path], *, n: int, device: str | None = None, pass_: str = "fwdbwd", causal: bool = True,
-           memory: int | None = None, task: str = "recall", min_accuracy: float | None = None) -> tuple[list[Answer], dict]:
+def advise(
+    run_dirs: list[Path],
+    *,
+    n: int,
+    device: str | None = None,
+    pass_: str = "fwdbwd",
+    causal: bool = True,
+    memory: int | None = None,
+    task: str = "recall",
+    min_accuracy: float | None = None,
+) -> tuple[list[Answer], dict]:
     """The answers per variant, ranked, and the context {"device", "pass", "causal", "n", "task", "quality_runs"}."""
     if n < 1:
         raise ArgumentError(f"--len {n} is not allowed; it must be >= 1")
     if min_accuracy is not None and not 0 <= min_accuracy <= 1:
-        raise ArgumentError(f"--min-accuracy {min_accuracy} is not allowed; give a fraction in [0, 1] (0.9) or a percentage (90%)")
+        raise ArgumentError(
+            f"--min-accuracy {min_accuracy} is not allowed; give a fraction in [0, 1] (0.9) or a percentage (90%)"
+        )
     speed_dirs, quality_dirs = split_runs(run_dirs)
     device, sel = speed_rows(speed_dirs, device, pass_, causal)
     by_run = {str(d): quality_rows(d) for d in quality_dirs}
@@ -206,12 +244,18 @@ def advise(run_dirs: list[Path], *, n: int, device: str | None = None, pass_: st
             finished = sorted({r["task"] for r in rows if r.get("final")})
             started = sum(1 for r in rows if r["task"] == task)
             if started:
-                raise ArgumentError(f"--task {task}: the quality runs hold no finished {task} training yet (only "
-                                    f"{started} evaluation rows of unfinished ones); finished: {', '.join(finished) or 'none'}")
-            raise ArgumentError(f"--task {task}: the quality runs trained {', '.join(finished) or 'nothing to the end'} only")
+                raise ArgumentError(
+                    f"--task {task}: the quality runs hold no finished {task} training yet (only "
+                    f"{started} evaluation rows of unfinished ones); finished: {', '.join(finished) or 'none'}"
+                )
+            raise ArgumentError(
+                f"--task {task}: the quality runs trained {', '.join(finished) or 'nothing to the end'} only"
+            )
         if device not in quality_devices:
-            raise ArgumentError(f"the runs share no device: the quality runs trained on {', '.join(sorted(quality_devices))}, "
-                                f"the speed rows used are {device} (--device, or runs of the same device)")
+            raise ArgumentError(
+                f"the runs share no device: the quality runs trained on {', '.join(sorted(quality_devices))}, "
+                f"the speed rows used are {device} (--device, or runs of the same device)"
+            )
     answers = []
     for setting, group in sel.groupby("setting", sort=False):
         answer = Answer(group["variant"].iloc[0], label=setting)
@@ -231,7 +275,9 @@ def advise(run_dirs: list[Path], *, n: int, device: str | None = None, pass_: st
             answer.peak_bytes = log_interp(mem, n)[0] if mem else None
         speed_options = group["options"].iloc[0] or {}
         if rows:
-            _attach_quality(answer, summary, distance, n, speed_options, facts, max(planned, int(summary["seeds"].max())))
+            _attach_quality(
+                answer, summary, distance, n, speed_options, facts, max(planned, int(summary["seeds"].max()))
+            )
         answers.append(answer)
     floor = ""
     if min_accuracy is None and rows:
@@ -239,8 +285,17 @@ def advise(run_dirs: list[Path], *, n: int, device: str | None = None, pass_: st
     elif min_accuracy is not None:
         floor = f"ranked if accuracy >= {_percent(min_accuracy)} (--min-accuracy)"
     _rank(answers, memory, min_accuracy, bool(rows))
-    return answers, {"device": device, "pass": pass_, "causal": causal, "n": n, "task": task, "quality_runs": bool(rows),
-                     "memory": memory, "min_accuracy": min_accuracy, "floor": floor}
+    return answers, {
+        "device": device,
+        "pass": pass_,
+        "causal": causal,
+        "n": n,
+        "task": task,
+        "quality_runs": bool(rows),
+        "memory": memory,
+        "min_accuracy": min_accuracy,
+        "floor": floor,
+    }
 
 
 FLOOR_POINTS = 0.10  # the default accuracy floor: this far below the baseline's accuracy at most
@@ -254,8 +309,10 @@ def default_floor(answers: list[Answer]) -> tuple[float | None, str]:
     if base is None:
         return None, f"no floor: {BASELINE} has no accuracy in the quality runs (give --min-accuracy)"
     floor = max(0.0, base.accuracy - FLOOR_POINTS)
-    return floor, (f"ranked if within {FLOOR_POINTS * 100:.0f} points of {BASELINE}'s accuracy ({base.accuracy:.1%}): "
-                   f">= {_percent(floor)}; --min-accuracy to change it (0 for none)")
+    return floor, (
+        f"ranked if within {FLOOR_POINTS * 100:.0f} points of {BASELINE}'s accuracy ({base.accuracy:.1%}): "
+        f">= {_percent(floor)}; --min-accuracy to change it (0 for none)"
+    )
 
 
 def _percent(fraction: float) -> str:
@@ -263,12 +320,23 @@ def _percent(fraction: float) -> str:
     return f"{fraction:.1%}".replace(".0%", "%")
 
 
-def _attach_quality(answer: Answer, summary: pd.DataFrame, distance: pd.DataFrame, n: int, speed_options: dict,
-                    facts: dict[str, dict], seeds: int) -> None:
+def _attach_quality(
+    answer: Answer,
+    summary: pd.DataFrame,
+    distance: pd.DataFrame,
+    n: int,
+    speed_options: dict,
+    facts: dict[str, dict],
+    seeds: int,
+) -> None:
     """The accuracy of the variant, or of the variant its spec says computes the same function (as the
     runs recorded it), at the trained length nearest N; notes where the options that change the
     function differ between the speed and the quality run."""
-    name = answer.variant if answer.variant in set(summary["variant"]) else facts.get(answer.variant, {}).get("same_function_as")
+    name = (
+        answer.variant
+        if answer.variant in set(summary["variant"])
+        else facts.get(answer.variant, {}).get("same_function_as")
+    )
     mine = summary[summary["variant"] == name] if name else summary.iloc[0:0]
     if mine.empty:
         answer.quality_note.append("not trained in the quality runs")
@@ -290,12 +358,16 @@ def _attach_quality(answer: Answer, summary: pd.DataFrame, distance: pd.DataFram
     compared = facts.get(name, {}).get("function_options") or ()
     differ = [k for k in compared if k in trained and trained[k] != speed_options.get(k, trained[k])]
     if differ:
-        answer.quality_note.append(f"trained with {_options_text({k: trained[k] for k in differ})}, "
-                                   f"timed with {_options_text({k: speed_options[k] for k in differ})}")
+        answer.quality_note.append(
+            f"trained with {_options_text({k: trained[k] for k in differ})}, "
+            f"timed with {_options_text({k: speed_options[k] for k in differ})}"
+        )
     far = distance[(distance["variant"] == name) & (distance["length"] == length) & (distance["task"] == row["task"])]
     if len(far) > 1:
         last = far.sort_values("min").iloc[-1]
-        answer.quality_note.append(f"{last['accuracy']:.0%} at the farthest distances ({int(last['min'])}-{int(last['max'])})")
+        answer.quality_note.append(
+            f"{last['accuracy']:.0%} at the farthest distances ({int(last['min'])}-{int(last['max'])})"
+        )
 
 
 def _rank(answers: list[Answer], memory: int | None, min_accuracy: float | None, have_quality: bool) -> None:
@@ -305,9 +377,18 @@ def _rank(answers: list[Answer], memory: int | None, min_accuracy: float | None,
         elif a.time_s is None or not math.isfinite(a.time_s):
             a.excluded = a.how
         elif memory is not None and (a.peak_bytes is None or a.peak_bytes > memory):
-            a.fits, a.excluded = False, f"needs {fmt_bytes(a.peak_bytes)} > budget {fmt_bytes(memory)}" if a.peak_bytes else "memory not measured"
+            a.fits, a.excluded = (
+                False,
+                f"needs {fmt_bytes(a.peak_bytes)} > budget {fmt_bytes(memory)}"
+                if a.peak_bytes
+                else "memory not measured",
+            )
         elif min_accuracy is not None and (a.accuracy is None or a.accuracy < min_accuracy):
-            a.excluded = "accuracy not measured" if a.accuracy is None else f"accuracy {a.accuracy:.1%} < {_percent(min_accuracy)}"
+            a.excluded = (
+                "accuracy not measured"
+                if a.accuracy is None
+                else f"accuracy {a.accuracy:.1%} < {_percent(min_accuracy)}"
+            )
     ranked = sorted((a for a in answers if not a.excluded), key=lambda a: a.time_s)
     for i, a in enumerate(ranked, 1):
         a.rank = i
@@ -323,8 +404,10 @@ def recommendation(answers: list[Answer], context: dict) -> str:
         need.append(f"keeps >= {_percent(context['min_accuracy'])} on {context['task']}")
     what = "fastest" + (" that " + " and ".join(need) if need else "")
     if not ranked:
-        return (f"No variant {' and '.join(need) if need else 'has a time'} at N={context['n']}: "
-                f"see the reasons in the table.")
+        return (
+            f"No variant {' and '.join(need) if need else 'has a time'} at N={context['n']}: "
+            f"see the reasons in the table."
+        )
     best = ranked[0]
     extra = f", {best.how}" if best.how != "measured" else ""
     acc = f", accuracy {best.accuracy:.1%} at L={best.quality_length}" if best.accuracy is not None else ""
@@ -342,11 +425,17 @@ def advise_table(answers: list[Answer]) -> pd.DataFrame:
             if low != high:  # the seeds' range, where it shows at this precision
                 acc += f" ({low}-{high})"
             acc += f" at L={a.quality_length}"
-        out.append({"rank": str(a.rank) if a.rank else "-", "variant": a.label or a.variant,
-                    "time": fmt_time(a.time_s) if a.time_s is not None and math.isfinite(a.time_s) else "",
-                    "memory": fmt_bytes(a.peak_bytes) if a.peak_bytes is not None and math.isfinite(a.peak_bytes) else "",
-                    "how": a.how, "accuracy": acc,
-                    "notes": "; ".join([*([a.excluded] if a.excluded and a.excluded != a.how else []), *a.quality_note])})
+        out.append(
+            {
+                "rank": str(a.rank) if a.rank else "-",
+                "variant": a.label or a.variant,
+                "time": fmt_time(a.time_s) if a.time_s is not None and math.isfinite(a.time_s) else "",
+                "memory": fmt_bytes(a.peak_bytes) if a.peak_bytes is not None and math.isfinite(a.peak_bytes) else "",
+                "how": a.how,
+                "accuracy": acc,
+                "notes": "; ".join([*([a.excluded] if a.excluded and a.excluded != a.how else []), *a.quality_note]),
+            }
+        )
     return pd.DataFrame(out)
 
 
@@ -370,8 +459,11 @@ def glance(answers: list[Answer], context: dict) -> tuple[str, pd.DataFrame, lis
 
     def said_of(a: Answer) -> list[str]:
         timed, estimated = timing(a)
-        return [*([a.excluded] if a.excluded and a.excluded != a.how else []), *([a.how] if estimated or not timed else []),
-                *a.quality_note]
+        return [
+            *([a.excluded] if a.excluded and a.excluded != a.how else []),
+            *([a.how] if estimated or not timed else []),
+            *a.quality_note,
+        ]
 
     said = {id(a): said_of(a) for a in ordered}
     scored = [a for a in ordered if a.accuracy is not None]  # what every variant with an accuracy shares is said once
@@ -393,18 +485,30 @@ def glance(answers: list[Answer], context: dict) -> tuple[str, pd.DataFrame, lis
         if own:
             notes.append(f"{a.label or a.variant}: {'; '.join(own)}")
             ref = f"[{len(notes)}]"
-        rows.append({"rank": str(a.rank) if a.rank else "-", "variant": a.label or a.variant,
-                     "time": (fmt_time(a.time_s) + ("~" if estimated else "")) if timed else "",
-                     "memory": fmt_bytes(a.peak_bytes) if a.peak_bytes is not None and math.isfinite(a.peak_bytes) else "",
-                     "accuracy": acc, "note": ref})
+        rows.append(
+            {
+                "rank": str(a.rank) if a.rank else "-",
+                "variant": a.label or a.variant,
+                "time": (fmt_time(a.time_s) + ("~" if estimated else "")) if timed else "",
+                "memory": fmt_bytes(a.peak_bytes) if a.peak_bytes is not None and math.isfinite(a.peak_bytes) else "",
+                "accuracy": acc,
+                "note": ref,
+            }
+        )
     return title, pd.DataFrame(rows, columns=["rank", "variant", "time", "memory", "accuracy", "note"]), notes, shared
 
 
 def answers_json(answers: list[Answer], context: dict) -> dict:
     """The answers and their context as plain JSON (`bench advise --format json`)."""
+
     def clean(value):
         return None if isinstance(value, float) and not math.isfinite(value) else value
 
-    return {"context": {k: clean(v) for k, v in context.items()},
-            "answers": [{k: clean(v) for k, v in asdict(a).items()} for a in sorted(answers, key=lambda a: (a.rank is None, a.rank or 0))],
-            "recommendation": recommendation(answers, context)}
+    return {
+        "context": {k: clean(v) for k, v in context.items()},
+        "answers": [
+            {k: clean(v) for k, v in asdict(a).items()}
+            for a in sorted(answers, key=lambda a: (a.rank is None, a.rank or 0))
+        ],
+        "recommendation": recommendation(answers, context),
+    }

@@ -50,5 +50,7 @@ def by_hardware(df):
     if several:
         df = df.copy()
         rows = df["device"].isin(several)
-        df.loc[rows, "device"] = [device_label(d, str(n)) for d, n in zip(df.loc[rows, "device"], df.loc[rows, "device_name"])]
+        df.loc[rows, "device"] = [
+            device_label(d, str(n)) for d, n in zip(df.loc[rows, "device"], df.loc[rows, "device_name"])
+        ]
     return df

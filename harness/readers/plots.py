@@ -60,9 +60,13 @@ def caption(metadata: dict) -> str:
     nodes = (metadata.get("machine") or {}).get("nodes")
     if nodes:  # a run on a cluster (--executor ray): the hardware of its nodes, not the driver's
         kinds = dict.fromkeys(n["gpu_name"] if n.get("gpus") else n["cpu_model"] for n in nodes)
-        machine = f"Ray cluster of {len(nodes)} node{'s' if len(nodes) > 1 else ''}: " + ", ".join(str(k) for k in kinds)
+        machine = f"Ray cluster of {len(nodes)} node{'s' if len(nodes) > 1 else ''}: " + ", ".join(
+            str(k) for k in kinds
+        )
     if "d_model" in cfg:  # a quality run: the model's shape
-        shape = f"d_model={cfg.get('d_model')} layers={cfg.get('layers')} heads={cfg.get('heads')} batch={cfg.get('batch')}"
+        shape = (
+            f"d_model={cfg.get('d_model')} layers={cfg.get('layers')} heads={cfg.get('heads')} batch={cfg.get('batch')}"
+        )
     else:
         kv = f" on {cfg['kv_heads']} K/V" if cfg.get("kv_heads") else ""
         shape = f"B={cfg.get('batch')} H={cfg.get('heads')}{kv} D={cfg.get('head_dim')}"
@@ -79,7 +83,9 @@ def _panels(df: pd.DataFrame) -> list[tuple]:
 
 def _panel_title(panel: tuple) -> str:
     device, pass_, causal = panel
-    what = {"fwd": "forward", "fwdbwd": "forward + backward", "decode": "decode step (1 token after N)"}.get(pass_, pass_)
+    what = {"fwd": "forward", "fwdbwd": "forward + backward", "decode": "decode step (1 token after N)"}.get(
+        pass_, pass_
+    )
     return f"{device} · {what} · {'causal' if causal else 'non-causal'}"
 
 
@@ -90,7 +96,9 @@ def _grid(n_panels: int, max_cols: int, panel_size: tuple[float, float]):
 
     cols = min(max_cols, n_panels)
     rows = math.ceil(n_panels / cols)
-    fig, axes = plt.subplots(rows, cols, figsize=(panel_size[0] * cols, panel_size[1] * rows), squeeze=False, layout="constrained")
+    fig, axes = plt.subplots(
+        rows, cols, figsize=(panel_size[0] * cols, panel_size[1] * rows), squeeze=False, layout="constrained"
+    )
     for ax in axes.flat[n_panels:]:
         ax.set_visible(False)
     return fig, list(axes.flat[:n_panels])
@@ -128,18 +136,32 @@ def _stop_marker(ax, group: pd.DataFrame, ycol: str, y_default: float, scale: fl
         return
     first = failed.iloc[0]
     ok = group[(group["status"] == "ok") & (group["n"] < first["n"])].sort_values("n")
-    y = float(ok.iloc[-1][ycol]) if not ok.empty and pd.notna(ok.iloc[-1][ycol]) and ok.iloc[-1][ycol] > 0 else y_default
+    y = (
+        float(ok.iloc[-1][ycol])
+        if not ok.empty and pd.notna(ok.iloc[-1][ycol]) and ok.iloc[-1][ycol] > 0
+        else y_default
+    )
     y *= scale
     color, _ = variant_style(first["variant"], facts)
     ax.scatter([first["n"]], [y], marker="X", s=60, color=color, edgecolor="black", linewidths=0.6, zorder=5)
-    ax.annotate(STOP_MARKER.get(first["status"], first["status"]), (first["n"], y), fontsize=7, color=color,
-                xytext=(4, -10), textcoords="offset points")
+    ax.annotate(
+        STOP_MARKER.get(first["status"], first["status"]),
+        (first["n"], y),
+        fontsize=7,
+        color=color,
+        xytext=(4, -10),
+        textcoords="offset points",
+    )
 
 
 def save_figure(fig, path: Path) -> Path:
     """Save without the timestamps and version strings that would make two saves differ."""
     fmt = path.suffix.lstrip(".") or "png"
-    metadata = {"png": {"Software": None}, "svg": {"Date": None, "Creator": None}, "pdf": {"CreationDate": None, "Creator": None, "Producer": None}}[fmt]
+    metadata = {
+        "png": {"Software": None},
+        "svg": {"Date": None, "Creator": None},
+        "pdf": {"CreationDate": None, "Creator": None, "Producer": None},
+    }[fmt]
     matplotlib_rc()
     fig.savefig(path, format=fmt, dpi=110, metadata=metadata, bbox_inches="tight")
     import matplotlib.pyplot as plt
@@ -161,7 +183,9 @@ def _scaling_figure(df, metadata, ycol, ylabel, title, scale, path) -> Path:
                 exponent = fit_exponent(ok["n"], ok[ycol].astype(float))
                 label = f"{variant}: n^{exponent:.2f}" if exponent is not None else variant
                 ax.plot(ok["n"], ok[ycol] * scale, color=color, marker=marker, ms=4, lw=1.4, label=label)
-            _stop_marker(ax, group, ycol, float(ok_all[ycol].min()) if not ok_all.empty else 1.0, scale, metadata.get("variants"))
+            _stop_marker(
+                ax, group, ycol, float(ok_all[ycol].min()) if not ok_all.empty else 1.0, scale, metadata.get("variants")
+            )
         if not ok_all.empty:
             _guides(ax, sub["n"].tolist(), float(ok_all.sort_values("n").iloc[0][ycol]) * scale)
         ax.set_yscale("log")
@@ -189,9 +213,23 @@ def _speedup_figure(df, metadata, path) -> Path:
             ax.plot(common, [base[n] / ok[n] for n in common], color=color, marker=marker, ms=4, lw=1.4, label=variant)
             cross_n, note = crossover(group, sub[sub["variant"] == BASELINE])
             if cross_n is not None and note != "always faster":
-                ax.scatter([cross_n], [base[cross_n] / ok[cross_n]], s=90, facecolors="none", edgecolors=color, linewidths=1.5, zorder=5)
-                ax.annotate(f"faster from {fmt_n(cross_n)}", (cross_n, base[cross_n] / ok[cross_n]), fontsize=7,
-                            color=color, xytext=(4, 6), textcoords="offset points")
+                ax.scatter(
+                    [cross_n],
+                    [base[cross_n] / ok[cross_n]],
+                    s=90,
+                    facecolors="none",
+                    edgecolors=color,
+                    linewidths=1.5,
+                    zorder=5,
+                )
+                ax.annotate(
+                    f"faster from {fmt_n(cross_n)}",
+                    (cross_n, base[cross_n] / ok[cross_n]),
+                    fontsize=7,
+                    color=color,
+                    xytext=(4, 6),
+                    textcoords="offset points",
+                )
         ax.axhline(1.0, color="black", lw=0.8, ls="--")
         ax.set_yscale("log")
         _n_axis(ax, sub["n"].tolist() or [1])
@@ -248,8 +286,24 @@ def plot_run(run_dir: Path, out_dir: Path | None = None, fmt: str = "png") -> li
     out_dir = Path(out_dir) if out_dir else run_dir / "figures"
     out_dir.mkdir(parents=True, exist_ok=True)
     return [
-        _scaling_figure(df, metadata, "time_median_s", "time per call (ms)", "Time per call vs sequence length", 1e3, out_dir / f"time.{fmt}"),
-        _scaling_figure(df, metadata, "peak_bytes", "peak extra memory (MiB)", "Peak extra memory vs sequence length", 1 / 2**20, out_dir / f"memory.{fmt}"),
+        _scaling_figure(
+            df,
+            metadata,
+            "time_median_s",
+            "time per call (ms)",
+            "Time per call vs sequence length",
+            1e3,
+            out_dir / f"time.{fmt}",
+        ),
+        _scaling_figure(
+            df,
+            metadata,
+            "peak_bytes",
+            "peak extra memory (MiB)",
+            "Peak extra memory vs sequence length",
+            1 / 2**20,
+            out_dir / f"memory.{fmt}",
+        ),
         _speedup_figure(df, metadata, out_dir / f"speedup.{fmt}"),
         _efficiency_figure(df, metadata, out_dir / f"efficiency.{fmt}"),
     ]
@@ -281,15 +335,20 @@ def plot_quality(run_dir: Path, out_dir: Path | None = None, fmt: str = "png") -
             group = group.sort_values("length")
             ax.plot(group["length"], group["accuracy"], color=color, marker=marker, lw=1.4, label=variant)
             if seeds > 1:
-                ax.fill_between(group["length"], group["accuracy_min"], group["accuracy_max"], color=color, alpha=0.15, lw=0)
+                ax.fill_between(
+                    group["length"], group["accuracy_min"], group["accuracy_max"], color=color, alpha=0.15, lw=0
+                )
         _length_axis(ax, sorted(df["length"].unique()))
         ax.set_ylim(-0.02, 1.02)
         ax.set_ylabel("held-out token accuracy" + (f" (mean of {seeds} seeds, band: min-max)" if seeds > 1 else ""))
         ax.set_title(f"{task}", fontsize=9)
         ax.legend(fontsize=7, loc="lower left")
-    fig.suptitle(f"Accuracy after training, same model and recipe for every variant\n"
-                 f"d_model={cfg.get('d_model')}, layers={cfg.get('layers')}, steps={cfg.get('steps')}"
-                 f"{', curriculum' if cfg.get('curriculum') else ''}, options {cfg.get('options')}", fontsize=10)
+    fig.suptitle(
+        f"Accuracy after training, same model and recipe for every variant\n"
+        f"d_model={cfg.get('d_model')}, layers={cfg.get('layers')}, steps={cfg.get('steps')}"
+        f"{', curriculum' if cfg.get('curriculum') else ''}, options {cfg.get('options')}",
+        fontsize=10,
+    )
     paths = [save_figure(fig, out_dir / f"quality_accuracy.{fmt}")]
 
     distance = by_distance_frame(rows, meta.get("variants"))
@@ -315,7 +374,13 @@ def _state_figure(states: pd.DataFrame, meta: dict, path: Path) -> Path:
         group = group.sort_values("state_bytes")
         ax.plot(group["state_bytes"], group["accuracy"], color=color, marker=marker, lw=1.2, label=variant)
         for _, r in group.iterrows():
-            ax.annotate(f"L={int(r['length'])}", (r["state_bytes"], r["accuracy"]), fontsize=6, xytext=(3, 3), textcoords="offset points")
+            ax.annotate(
+                f"L={int(r['length'])}",
+                (r["state_bytes"], r["accuracy"]),
+                fontsize=6,
+                xytext=(3, 3),
+                textcoords="offset points",
+            )
     ax.set_xscale("log", base=2)
     ax.set_xlabel("decoding state after the sequence (bytes, every layer, batch 1)")
     ax.set_ylabel("recall accuracy")
@@ -349,12 +414,24 @@ def _distance_figure(distance: pd.DataFrame, cfg: dict, path: Path, facts: dict 
                 ax.plot(mid, group["accuracy"], color=color, marker=marker, lw=1.3, ms=4, label=variant)
             else:  # a bucket [min, max]: a point at its geometric middle, a bar over its extent
                 mid = (group["min"] * (group["max"] + 1)) ** 0.5
-                ax.errorbar(mid, group["accuracy"], xerr=[mid - group["min"], group["max"] + 1 - mid], color=color, marker=marker,
-                            lw=1.3, ms=4, elinewidth=0.6, capsize=0, label=variant)
+                ax.errorbar(
+                    mid,
+                    group["accuracy"],
+                    xerr=[mid - group["min"], group["max"] + 1 - mid],
+                    color=color,
+                    marker=marker,
+                    lw=1.3,
+                    ms=4,
+                    elinewidth=0.6,
+                    capsize=0,
+                    label=variant,
+                )
             if (group["seeds"] > 1).any():
                 ax.fill_between(mid, group["accuracy_min"], group["accuracy_max"], color=color, alpha=0.12, lw=0)
         reached = sub.dropna(subset=["window"]).drop_duplicates("window")
-        windows = dict(zip(reached["window"].astype(int), reached["variant"]))  # each reach in the colour of its first variant
+        windows = dict(
+            zip(reached["window"].astype(int), reached["variant"])
+        )  # each reach in the colour of its first variant
         for w in sorted(windows):
             color = variant_style(windows[w], facts)[0]
             ax.axvline(w, color=color, ls="--", lw=1)
@@ -369,8 +446,11 @@ def _distance_figure(distance: pd.DataFrame, cfg: dict, path: Path, facts: dict 
         ax.set_title(f"{task}, L={length}" if length else f"{task}: every symbol is L back (a point per L)", fontsize=9)
         ax.grid(True, alpha=0.3)
         ax.legend(fontsize=6, loc="best")
-    fig.suptitle("Accuracy by distance: how far back the answer sits (dashed: the window w; dotted: 2w, "
-                 f"the reach of {cfg.get('layers', 2)} stacked windows)", fontsize=10)
+    fig.suptitle(
+        "Accuracy by distance: how far back the answer sits (dashed: the window w; dotted: 2w, "
+        f"the reach of {cfg.get('layers', 2)} stacked windows)",
+        fontsize=10,
+    )
     return save_figure(fig, path)
 
 
@@ -382,8 +462,9 @@ def _training_cost_figure(costs: pd.DataFrame, meta: dict, path: Path) -> Path:
     fig, axes = plt.subplots(2, len(tasks), figsize=(5.6 * len(tasks), 7.0), squeeze=False, layout="constrained")
     for col, task in enumerate(tasks):
         sub = costs[costs["task"] == task]
-        for row, (ycol, label, scale) in enumerate((("step_ms", "training step (ms)", 1.0),
-                                                    ("train_peak_bytes", "peak memory of a step (MiB)", 1 / 2**20))):
+        for row, (ycol, label, scale) in enumerate(
+            (("step_ms", "training step (ms)", 1.0), ("train_peak_bytes", "peak memory of a step (MiB)", 1 / 2**20))
+        ):
             ax = axes[row][col]
             for variant, group in sub.groupby("variant", sort=False):
                 color, marker = variant_style(variant, meta.get("variants"))
@@ -394,7 +475,9 @@ def _training_cost_figure(costs: pd.DataFrame, meta: dict, path: Path) -> Path:
             ax.set_ylabel(label)
             ax.set_title(f"{task} (batch {int(sub['batch'].iloc[0])})", fontsize=9)
             ax.legend(fontsize=7, loc="upper left")
-    fig.suptitle("Cost of a whole training step (model, loss, backward, AdamW) with each attention\n" + caption(meta), fontsize=9)
+    fig.suptitle(
+        "Cost of a whole training step (model, loss, backward, AdamW) with each attention\n" + caption(meta), fontsize=9
+    )
     return save_figure(fig, path)
 
 
@@ -407,7 +490,14 @@ def _curves_figure(df: pd.DataFrame, path: Path, facts: dict | None = None) -> P
         for (variant, seed), group in sub.groupby(["variant", "seed"], sort=False):
             color, marker = variant_style(variant, facts)
             group = group.sort_values("step")
-            ax.plot(group["step"], group["eval_accuracy"], color=color, lw=1.0, alpha=0.8, label=variant if seed == sub["seed"].min() else None)
+            ax.plot(
+                group["step"],
+                group["eval_accuracy"],
+                color=color,
+                lw=1.0,
+                alpha=0.8,
+                label=variant if seed == sub["seed"].min() else None,
+            )
         ax.set_ylim(-0.02, 1.02)
         ax.set_title(f"{task}, L={length}", fontsize=9)
         ax.set_xlabel("training step (at this length)", fontsize=8)
@@ -431,15 +521,35 @@ def tradeoff_figure(panels: list[tuple[str, int, list]], path: Path, subtitle: s
         for i, a in enumerate(sorted(drawn, key=lambda a: a.time_s)):
             color, marker = variant_style(a.variant, facts)
             lo, hi = a.accuracy_range or (a.accuracy, a.accuracy)
-            ax.errorbar([a.time_s * 1e3], [a.accuracy], yerr=[[a.accuracy - lo], [hi - a.accuracy]], color=color, marker=marker,
-                        ms=8, mfc=color if a.how == "measured" else "none", capsize=3, lw=1, label=a.variant)
-            ax.annotate(a.variant + ("" if a.quality_length == n else f" (L={a.quality_length})"), (a.time_s * 1e3, a.accuracy),
-                        textcoords="offset points", xytext=(6, 4 - 14 * (i % 2)), fontsize=7, color=color)  # neighbours alternate
+            ax.errorbar(
+                [a.time_s * 1e3],
+                [a.accuracy],
+                yerr=[[a.accuracy - lo], [hi - a.accuracy]],
+                color=color,
+                marker=marker,
+                ms=8,
+                mfc=color if a.how == "measured" else "none",
+                capsize=3,
+                lw=1,
+                label=a.variant,
+            )
+            ax.annotate(
+                a.variant + ("" if a.quality_length == n else f" (L={a.quality_length})"),
+                (a.time_s * 1e3, a.accuracy),
+                textcoords="offset points",
+                xytext=(6, 4 - 14 * (i % 2)),
+                fontsize=7,
+                color=color,
+            )  # neighbours alternate
         ax.set_xscale("log")
         ax.set_ylim(-0.02, 1.05)
         ax.set_xlabel(f"time per attention call at N={fmt_n(n)} (ms)")
         ax.set_ylabel(f"held-out accuracy, {task}")
         ax.set_title(f"{task}, N={fmt_n(n)}", fontsize=9)
         ax.grid(True, alpha=0.3)
-    fig.suptitle("What each variant costs and what it keeps (up and to the left is better; hollow: time not measured at N)\n" + subtitle, fontsize=9)
+    fig.suptitle(
+        "What each variant costs and what it keeps (up and to the left is better; hollow: time not measured at N)\n"
+        + subtitle,
+        fontsize=9,
+    )
     return save_figure(fig, path)

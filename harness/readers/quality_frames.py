@@ -18,8 +18,12 @@ def recipe(row: dict) -> dict:
     """What a row's accuracy depends on besides its seed: the training recipe (TrainConfig's fields, each
     at its default where the row predates it), the variant's options, the device and dtype."""
     fields = {f"cfg_{f.name}": row.get(f"cfg_{f.name}", f.default) for f in TrainConfig.__dataclass_fields__.values()}
-    return {**{k: v for k, v in fields.items() if k not in NOT_RECIPE}, "options": row.get("options") or {},
-            "device": row.get("device", "cpu"), "dtype": row.get("dtype", "float32")}
+    return {
+        **{k: v for k, v in fields.items() if k not in NOT_RECIPE},
+        "options": row.get("options") or {},
+        "device": row.get("device", "cpu"),
+        "dtype": row.get("dtype", "float32"),
+    }
 
 
 def trained_options(row: dict) -> dict:
@@ -42,8 +46,11 @@ def mixed_recipe(rows_by_run: dict[str, list[dict]]) -> str | None:
                 seen[key] = (run, mine)
                 continue
             other_run, other = seen[key]
-            diff = [f"{name.removeprefix('cfg_')} {other[name]!r} in {other_run} but {mine[name]!r} in {run}"
-                    for name in mine if mine[name] != other[name]]
+            diff = [
+                f"{name.removeprefix('cfg_')} {other[name]!r} in {other_run} but {mine[name]!r} in {run}"
+                for name in mine
+                if mine[name] != other[name]
+            ]
             if diff:
                 return f"{key[0]} of {key[1]} at L={key[2]} was trained with different recipes: {'; '.join(diff)}"
     return None
@@ -63,12 +70,22 @@ def accuracy_summary(rows: list[dict]) -> pd.DataFrame:
     the mean exact match, the number of seeds and the options."""
     df = final_frame(rows)
     if df.empty:
-        return pd.DataFrame(columns=[*KEY, "accuracy", "accuracy_min", "accuracy_max", "exact_match", "seeds", "options"])
-    out = df.groupby(KEY, sort=False).agg(
-        accuracy=("eval_accuracy", "mean"), accuracy_min=("eval_accuracy", "min"), accuracy_max=("eval_accuracy", "max"),
-        exact_match=("eval_exact_match", "mean"), seeds=("seed", "nunique"), options=("options", "first"),
-        **({"resolved_options": ("resolved_options", "first")} if "resolved_options" in df else {}),
-    ).reset_index()
+        return pd.DataFrame(
+            columns=[*KEY, "accuracy", "accuracy_min", "accuracy_max", "exact_match", "seeds", "options"]
+        )
+    out = (
+        df.groupby(KEY, sort=False)
+        .agg(
+            accuracy=("eval_accuracy", "mean"),
+            accuracy_min=("eval_accuracy", "min"),
+            accuracy_max=("eval_accuracy", "max"),
+            exact_match=("eval_exact_match", "mean"),
+            seeds=("seed", "nunique"),
+            options=("options", "first"),
+            **({"resolved_options": ("resolved_options", "first")} if "resolved_options" in df else {}),
+        )
+        .reset_index()
+    )
     return out
 
 
@@ -80,9 +97,16 @@ def state_frame(rows: list[dict], task: str = "recall") -> pd.DataFrame:
     df = final_frame([r for r in rows if r.get("task") == task and r.get("state_bytes") is not None])
     if df.empty:
         return pd.DataFrame(columns=columns)
-    out = df.groupby(["variant", "length"], sort=False).agg(
-        state_bytes=("state_bytes", "first"), state_kind=("state_kind", "first"), accuracy=("eval_accuracy", "mean"),
-        seeds=("seed", "nunique")).reset_index()
+    out = (
+        df.groupby(["variant", "length"], sort=False)
+        .agg(
+            state_bytes=("state_bytes", "first"),
+            state_kind=("state_kind", "first"),
+            accuracy=("eval_accuracy", "mean"),
+            seeds=("seed", "nunique"),
+        )
+        .reset_index()
+    )
     return out[columns].sort_values(["state_bytes", "variant"], kind="stable").reset_index(drop=True)
 
 
@@ -93,17 +117,39 @@ def by_distance_frame(rows: list[dict], facts: dict[str, dict] | None = None) ->
     records = []
     for r in final_frame(rows).to_dict("records"):
         for b in r.get("by_distance") or []:
-            records.append({"task": r["task"], "variant": r["variant"], "length": r["length"], "seed": r["seed"],
-                            "min": b["min"], "max": b["max"], "right": b["accuracy"] * b["count"], "count": b["count"],
-                            "seed_accuracy": b["accuracy"], "options": r.get("options") or {}, "resolved": trained_options(r)})
+            records.append(
+                {
+                    "task": r["task"],
+                    "variant": r["variant"],
+                    "length": r["length"],
+                    "seed": r["seed"],
+                    "min": b["min"],
+                    "max": b["max"],
+                    "right": b["accuracy"] * b["count"],
+                    "count": b["count"],
+                    "seed_accuracy": b["accuracy"],
+                    "options": r.get("options") or {},
+                    "resolved": trained_options(r),
+                }
+            )
     if not records:
-        return pd.DataFrame(columns=[*KEY, "min", "max", "accuracy", "accuracy_min", "accuracy_max", "count", "seeds", "window"])
+        return pd.DataFrame(
+            columns=[*KEY, "min", "max", "accuracy", "accuracy_min", "accuracy_max", "count", "seeds", "window"]
+        )
     df = pd.DataFrame(records)
-    out = df.groupby([*KEY, "min", "max"], sort=False).agg(
-        right=("right", "sum"), count=("count", "sum"), accuracy_min=("seed_accuracy", "min"),
-        accuracy_max=("seed_accuracy", "max"), seeds=("seed", "nunique"), options=("options", "first"),
-        resolved=("resolved", "first"),
-    ).reset_index()
+    out = (
+        df.groupby([*KEY, "min", "max"], sort=False)
+        .agg(
+            right=("right", "sum"),
+            count=("count", "sum"),
+            accuracy_min=("seed_accuracy", "min"),
+            accuracy_max=("seed_accuracy", "max"),
+            seeds=("seed", "nunique"),
+            options=("options", "first"),
+            resolved=("resolved", "first"),
+        )
+        .reset_index()
+    )
     out["accuracy"] = out["right"] / out["count"]
     reach = {name: fact.get("reach_option") for name, fact in (facts or {}).items()}
     out["window"] = [o.get(reach[v]) if reach.get(v) else None for v, o in zip(out["variant"], out["resolved"])]

@@ -15,7 +15,14 @@ from harness.readers.advise import advise, advise_table, log_interp, recommendat
 from harness.readers.frames import load_frame
 from harness.readers.lm_report import write_lm_report
 from harness.readers.plots import plot_quality, plot_run, tradeoff_figure
-from harness.readers.quality_frames import accuracy_summary, accuracy_within, by_distance_frame, cost_frame, quality_rows, state_frame
+from harness.readers.quality_frames import (
+    accuracy_summary,
+    accuracy_within,
+    by_distance_frame,
+    cost_frame,
+    quality_rows,
+    state_frame,
+)
 from harness.readers.summary import NOISE_NOTE, PANEL, crossover_text, noisy_mask, summarize
 from harness.readers.tables import code_span, markdown_table
 from harness.store.storage import read_metadata, read_rows, variant_facts
@@ -46,16 +53,39 @@ def panel_tables(df: pd.DataFrame) -> list[tuple[tuple, str]]:
 def _summary_table(summary: pd.DataFrame) -> str:
     rows = []
     for line in summary.to_dict("records"):
+
         def num(value, fmt):
             return "—" if value is None or (isinstance(value, float) and math.isnan(value)) else fmt(value)
 
-        rows.append([
-            line["device"], line["pass"], "yes" if line["causal"] else "no", f"`{line['variant']}`",
-            num(line["max_n"], lambda n: str(int(n))), num(line["time_s"], fmt_time),
-            num(line["peak_bytes"], fmt_bytes), num(line["time_exp"], lambda e: f"{e:.2f}"), num(line["mem_exp"], lambda e: f"{e:.2f}"),
-            "(baseline)" if line["variant"] == BASELINE else crossover_text(line),
-        ])
-    return markdown_table(["device", "pass", "causal", "variant", "largest N", "time", "peak memory", "time ~ N^", "memory ~ N^", "beats full from N"], rows)
+        rows.append(
+            [
+                line["device"],
+                line["pass"],
+                "yes" if line["causal"] else "no",
+                f"`{line['variant']}`",
+                num(line["max_n"], lambda n: str(int(n))),
+                num(line["time_s"], fmt_time),
+                num(line["peak_bytes"], fmt_bytes),
+                num(line["time_exp"], lambda e: f"{e:.2f}"),
+                num(line["mem_exp"], lambda e: f"{e:.2f}"),
+                "(baseline)" if line["variant"] == BASELINE else crossover_text(line),
+            ]
+        )
+    return markdown_table(
+        [
+            "device",
+            "pass",
+            "causal",
+            "variant",
+            "largest N",
+            "time",
+            "peak memory",
+            "time ~ N^",
+            "memory ~ N^",
+            "beats full from N",
+        ],
+        rows,
+    )
 
 
 def make_report(run_dir: Path) -> tuple[Path, list[Path]]:
@@ -83,7 +113,11 @@ def write_report(run_dir: Path, figures: list[Path], quality_figures: list[Path]
         f"Command: {code_span(env.get('command', '?'))}",
         "",
         f"- Machine: {md_text(cpu.get('model'))}, {cpu.get('usable_cores')} usable cores, {fmt_bytes(cpu.get('memory_bytes'))} RAM"
-        + (f"; GPU {md_text(machine['gpu'].get('name'))} (driver {md_text(machine['gpu'].get('driver'))})" if (machine.get("gpu") or {}).get("name") else ""),
+        + (
+            f"; GPU {md_text(machine['gpu'].get('name'))} (driver {md_text(machine['gpu'].get('driver'))})"
+            if (machine.get("gpu") or {}).get("name")
+            else ""
+        ),
         f"- Software: Python {env.get('python')}, torch {env.get('versions', {}).get('torch')}, "
         f"xformers {env.get('versions', {}).get('xformers') or 'not installed'}, attnbench {env.get('versions', {}).get('attnbench')} "
         f"(git {md_text(str(git.get('commit'))[:10])}{' + local changes' if git.get('dirty') else ''})",
@@ -107,12 +141,25 @@ def write_report(run_dir: Path, figures: list[Path], quality_figures: list[Path]
 def _nodes_section(nodes: list[dict], df: pd.DataFrame) -> list[str]:
     """A run on a cluster (--executor ray): every node of it, and how many cells each ran."""
     ran = Counter(node.get("node_id") for node in df.get("node", []) if isinstance(node, dict))  # (NaN: not run)
-    rows = [[md_text(n.get("host")), code_span(str(n.get("node_id"))[:8]), md_text(n.get("ip")), str(n.get("cpus")),
-             md_text(n.get("cpu_model")), f"{n.get('gpus')} x {md_text(n.get('gpu_name'))}" if n.get("gpus") else "-",
-             md_text(f"torch {n.get('torch')}" + (f", CUDA {n.get('cuda')}" if n.get("cuda") else "")),
-             str(ran.get(n.get("node_id"), 0))] for n in nodes]
-    return ["## Nodes (Ray cluster)", "",
-            markdown_table(["host", "node", "address", "CPUs", "CPU", "GPUs", "software", "cells run"], rows), ""]
+    rows = [
+        [
+            md_text(n.get("host")),
+            code_span(str(n.get("node_id"))[:8]),
+            md_text(n.get("ip")),
+            str(n.get("cpus")),
+            md_text(n.get("cpu_model")),
+            f"{n.get('gpus')} x {md_text(n.get('gpu_name'))}" if n.get("gpus") else "-",
+            md_text(f"torch {n.get('torch')}" + (f", CUDA {n.get('cuda')}" if n.get("cuda") else "")),
+            str(ran.get(n.get("node_id"), 0)),
+        ]
+        for n in nodes
+    ]
+    return [
+        "## Nodes (Ray cluster)",
+        "",
+        markdown_table(["host", "node", "address", "CPUs", "CPU", "GPUs", "software", "cells run"], rows),
+        "",
+    ]
 
 
 def md_text(value) -> str:
@@ -138,14 +185,23 @@ def _softmax_error_section(df: pd.DataFrame) -> list[str]:
     known = df[df["softmax_error"].notna()]
     errors = known.groupby(["device", "variant", "causal"])["softmax_error"].first()
     modes = sorted(known["causal"].unique())
-    body = [[f"`{variant}` ({device})", *(f"{errors[(device, variant, mode)]:.2e}" if (device, variant, mode) in errors else "—"
-                                          for mode in modes)]
-            for device, variant in dict.fromkeys(zip(known["device"], known["variant"]))]
-    return ["## Error against exact softmax", "",
-            "‖out − exact‖ / ‖exact‖ of each variant's output against exact softmax attention (float64, the variant's "
-            "scale or D^-½) on the correctness check's inputs (standard normal, N = the check length): what an "
-            "approximation loses before any training, not what a trained model loses.", "",
-            markdown_table(["variant", *("causal" if mode else "non-causal" for mode in modes)], body), ""]
+    body = [
+        [
+            f"`{variant}` ({device})",
+            *(f"{errors[(device, variant, mode)]:.2e}" if (device, variant, mode) in errors else "—" for mode in modes),
+        ]
+        for device, variant in dict.fromkeys(zip(known["device"], known["variant"]))
+    ]
+    return [
+        "## Error against exact softmax",
+        "",
+        "‖out − exact‖ / ‖exact‖ of each variant's output against exact softmax attention (float64, the variant's "
+        "scale or D^-½) on the correctness check's inputs (standard normal, N = the check length): what an "
+        "approximation loses before any training, not what a trained model loses.",
+        "",
+        markdown_table(["variant", *("causal" if mode else "non-causal" for mode in modes)], body),
+        "",
+    ]
 
 
 def _decode_section(df: pd.DataFrame, machine: dict) -> list[str]:
@@ -155,11 +211,15 @@ def _decode_section(df: pd.DataFrame, machine: dict) -> list[str]:
     if ok.empty:
         return []
     limits = machine.get("memory_bandwidth_gbs") or {}
-    lines = ["## Decoding: the state a step reads", "",
-             "State: the bytes of the decoding state after N positions (a KV cache grows with N; a window keeps at most "
-             "g + w positions; a recurrent state is fixed). Bandwidth: the bytes a step reads of it (all, or what the "
-             "method says it reads: moba its block sums and chosen blocks) / step time, as a share of the measured "
-             "copy bandwidth (" + (", ".join(f"{d}: {v:.1f} GB/s" for d, v in limits.items() if v) or "not measured") + ").", ""]
+    lines = [
+        "## Decoding: the state a step reads",
+        "",
+        "State: the bytes of the decoding state after N positions (a KV cache grows with N; a window keeps at most "
+        "g + w positions; a recurrent state is fixed). Bandwidth: the bytes a step reads of it (all, or what the "
+        "method says it reads: moba its block sums and chosen blocks) / step time, as a share of the measured "
+        "copy bandwidth (" + (", ".join(f"{d}: {v:.1f} GB/s" for d, v in limits.items() if v) or "not measured") + ").",
+        "",
+    ]
     for device, group in ok.groupby("device", sort=False):
         ns = sorted(int(n) for n in group["n"].unique())
         rows = []
@@ -171,11 +231,19 @@ def _decode_section(df: pd.DataFrame, machine: dict) -> list[str]:
                 if r is None:
                     cells.append("—")
                     continue
-                share = f" ({r['bandwidth_gbs'] / limits[device]:.0%})" if limits.get(device) and r.get("bandwidth_gbs") else ""
+                share = (
+                    f" ({r['bandwidth_gbs'] / limits[device]:.0%})"
+                    if limits.get(device) and r.get("bandwidth_gbs")
+                    else ""
+                )
                 cells.append(f"{fmt_bytes(r['state_bytes'])}, {r['bandwidth_gbs']:.2f} GB/s{share}")
             rows.append([f"`{variant}`", mine["state_kind"].iloc[0], *cells])
-        lines += [f"### {device}: state bytes, bandwidth (share of measured)", "",
-                  markdown_table(["variant", "state", *(f"N={n}" for n in ns)], rows), ""]
+        lines += [
+            f"### {device}: state bytes, bandwidth (share of measured)",
+            "",
+            markdown_table(["variant", "state", *(f"N={n}" for n in ns)], rows),
+            "",
+        ]
     return lines
 
 
@@ -184,7 +252,8 @@ def _speed_section(run_dir: Path, df: pd.DataFrame, cfg: dict, machine: dict, fi
     peaks = ", ".join(f"{k}: {v:.0f} GFLOP/s" for k, v in (machine.get("matmul_peak_gflops") or {}).items() if v)
     lines = [
         f"- Shape: B={cfg.get('batch')}, H={cfg.get('heads')}"
-        + (f" on {cfg['kv_heads']} K/V heads" if cfg.get("kv_heads") else "") + f", D={cfg.get('head_dim')}, {cfg.get('dtype')}; "
+        + (f" on {cfg['kv_heads']} K/V heads" if cfg.get("kv_heads") else "")
+        + f", D={cfg.get('head_dim')}, {cfg.get('dtype')}; "
         f"options {cfg.get('options') or 'defaults'}; memory budget per cell "
         + ", ".join(f"{d}: {fmt_bytes(b)}" for d, b in (cfg.get("memory_budget") or {}).items()),
         f"- Measured matmul peak: {peaks or 'not measured'}",
@@ -211,15 +280,18 @@ def _speed_section(run_dir: Path, df: pd.DataFrame, cfg: dict, machine: dict, fi
     noisy = df[(df["status"] == "ok") & noisy_mask(df)]
     if not noisy.empty:
         lines += ["## Noisy cells", "", f"{len(noisy)} {NOISE_NOTE}:", ""]
-        lines += [f"- `{r['variant']}` {r['device']} {r['pass']}{' causal' if r['causal'] else ''} N={int(r['n'])}: {md_text(r['noise'])}"
-                  for r in noisy.to_dict("records")]
+        lines += [
+            f"- `{r['variant']}` {r['device']} {r['pass']}{' causal' if r['causal'] else ''} N={int(r['n'])}: {md_text(r['noise'])}"
+            for r in noisy.to_dict("records")
+        ]
         lines.append("")
     missing = df[df["status"] != "ok"]
     lines += ["## Cells that did not run, and why", ""]
     if missing.empty:
         return lines + ["Every cell ran.", ""]
     grouped = missing.groupby(["device", "variant", "pass", "causal", "status", "message"], sort=False)["n"].apply(
-        lambda s: ", ".join(str(int(n)) for n in sorted(s)))
+        lambda s: ", ".join(str(int(n)) for n in sorted(s))
+    )
     for (device, variant, pass_, causal, status, message), ns in grouped.items():
         lines.append(f"- `{variant}` {device} {pass_}{' causal' if causal else ''}, N = {ns}: **{status}** — {message}")
     return lines + [""]
@@ -231,7 +303,9 @@ def final_accuracy_grid(rows: list[dict]) -> tuple[list[tuple[str, int]], list[t
     summary = accuracy_summary(rows)
     columns = list(dict.fromkeys(zip(summary["task"], summary["length"].astype(int))))
     by = {(r["variant"], r["task"], int(r["length"])): r for r in summary.to_dict("records")}
-    return columns, [(variant, [by.get((variant, t, n)) for t, n in columns]) for variant in dict.fromkeys(summary["variant"])]
+    return columns, [
+        (variant, [by.get((variant, t, n)) for t, n in columns]) for variant in dict.fromkeys(summary["variant"])
+    ]
 
 
 def accuracy_text(cell: dict, task: str, planned: int = 1) -> str:
@@ -250,8 +324,10 @@ def accuracy_text(cell: dict, task: str, planned: int = 1) -> str:
 def quality_table(columns: list[tuple[str, int]], grid: list[tuple[str, list[dict | None]]], planned: int = 1) -> str:
     """Final held-out accuracy per variant (rows) and task/length (columns) of `final_accuracy_grid`: mean over
     seeds (min-max), marked where fewer seeds than `planned` finished."""
-    body = [[f"`{variant}`"] + ["" if c is None else accuracy_text(c, t, planned) for c, (t, _) in zip(cells, columns)]
-            for variant, cells in grid]
+    body = [
+        [f"`{variant}`"] + ["" if c is None else accuracy_text(c, t, planned) for c, (t, _) in zip(cells, columns)]
+        for variant, cells in grid
+    ]
     return markdown_table(["variant"] + [f"{t} L={n}" for t, n in columns], body)
 
 
@@ -283,10 +359,16 @@ def _window_verdicts(distance: pd.DataFrame, task: str, length: int, cfg: dict) 
         if not (n_near or n_far):
             continue
         far_edges = group[group["min"] >= 2 * w]
-        text = (f"`{variant}` (w={w}) at L={length}: {near:.1%} on distances 1-{int(group[group['max'] <= w]['max'].max())} "
-                f"({n_near} scored)" if n_near else f"`{variant}` (w={w}) at L={length}: no scored distance within w")
+        text = (
+            f"`{variant}` (w={w}) at L={length}: {near:.1%} on distances 1-{int(group[group['max'] <= w]['max'].max())} "
+            f"({n_near} scored)"
+            if n_near
+            else f"`{variant}` (w={w}) at L={length}: no scored distance within w"
+        )
         if n_far:
-            text += f", {far:.1%} on distances {int(far_edges['min'].min())}-{int(far_edges['max'].max())} ({n_far} scored)"
+            text += (
+                f", {far:.1%} on distances {int(far_edges['min'].min())}-{int(far_edges['max'].max())} ({n_far} scored)"
+            )
         if task == "recall":
             values = (cfg.get("vocab") or max(64, 2 * (cfg.get("pairs") or length // 8))) // 2
             text += f"; chance is {1 / values:.1%} (1 of {values} values)"
@@ -299,10 +381,21 @@ def cost_table(costs: pd.DataFrame) -> str:
     body = []
     for r in costs.to_dict("records"):
         if r.get("status") != "ok":
-            body.append([r["task"], str(r["length"]), f"`{r['variant']}`", "", "", "", md_text(r.get("error", r.get("status")))])
+            body.append(
+                [r["task"], str(r["length"]), f"`{r['variant']}`", "", "", "", md_text(r.get("error", r.get("status")))]
+            )
             continue
-        body.append([r["task"], str(r["length"]), f"`{r['variant']}`", str(r["seq_len"]), fmt_time(r["step_ms"] / 1e3),
-                     f"{r['tokens_per_s']:,.0f}", fmt_bytes(r["train_peak_bytes"])])
+        body.append(
+            [
+                r["task"],
+                str(r["length"]),
+                f"`{r['variant']}`",
+                str(r["seq_len"]),
+                fmt_time(r["step_ms"] / 1e3),
+                f"{r['tokens_per_s']:,.0f}",
+                fmt_bytes(r["train_peak_bytes"]),
+            ]
+        )
     return markdown_table(["task", "L", "variant", "tokens/seq", "step", "tokens/s", "peak memory"], body)
 
 
@@ -310,7 +403,9 @@ def batch_cap(rows: list[dict], cfg: dict) -> str:
     """' (at most T tokens a batch: 16 at 512 tokens, 8 at 1024)' where --batch-tokens shrank a stage's batch, read from the rows."""
     if not cfg.get("batch_tokens"):
         return ""
-    smaller = sorted({(int(r["seq_len"]), int(r["batch"])) for r in rows if r.get("batch") and int(r["batch"]) < cfg["batch"]})
+    smaller = sorted(
+        {(int(r["seq_len"]), int(r["batch"])) for r in rows if r.get("batch") and int(r["batch"]) < cfg["batch"]}
+    )
     where = ", ".join(f"{b} at {n} tokens" for n, b in smaller)
     return f" (at most {cfg['batch_tokens']} tokens a batch{': ' + where if where else ''})"
 
@@ -331,19 +426,36 @@ def _quality_section(run_dir: Path, cfg: dict, figures) -> list[str]:
     columns, grid = final_accuracy_grid(rows)
     task_text = []
     if cfg.get("pairs") or cfg.get("queries"):
-        task_text.append(f"recall: {cfg.get('pairs') or 'L/8'} pairs" + (f", {cfg['queries']} distinct keys asked once each{_filler(cfg)}" if cfg.get("queries") else ""))
+        task_text.append(
+            f"recall: {cfg.get('pairs') or 'L/8'} pairs"
+            + (f", {cfg['queries']} distinct keys asked once each{_filler(cfg)}" if cfg.get("queries") else "")
+        )
     if cfg.get("vocab"):
         task_text.append(f"vocabulary {cfg['vocab']}")
-    recipe = (f"d_model={cfg.get('d_model')}, layers={cfg.get('layers')}, heads={cfg.get('heads')}, "
-              f"steps={cfg.get('steps')}{' per length, each length starting from the model of the one before (curriculum)' if cfg.get('curriculum') else ''}, "
-              + (f"recall first {cfg['warm_start']} steps on the dense layout at the first length, " if cfg.get("warm_start") else "")
-              + (f"a causal depthwise convolution of width {cfg['short_conv']} before each block's attention, " if cfg.get("short_conv") else "")
-              + f"batch={cfg.get('batch')}{batch_cap(rows, cfg)}, lr={cfg.get('lr')} (AdamW, warm-up then cosine), "
-              + (f"seeds 0-{seeds - 1}" if seeds > 1 else f"seed {cfg.get('seed', 0)}")
-              + f"; device {cfg.get('device', 'cpu')}, {cfg.get('dtype', 'float32')}; variant options {cfg.get('options')}"
-              + (f"; {'; '.join(task_text)}" if task_text else "")
-              + (f"; L = {', '.join(str(n) for n in cfg['long_lengths'])} trained by "
-                 f"{', '.join(f'`{v}`' for v in cfg.get('long_variants') or ())} only, after the other lengths" if cfg.get("long_lengths") else ""))
+    recipe = (
+        f"d_model={cfg.get('d_model')}, layers={cfg.get('layers')}, heads={cfg.get('heads')}, "
+        f"steps={cfg.get('steps')}{' per length, each length starting from the model of the one before (curriculum)' if cfg.get('curriculum') else ''}, "
+        + (
+            f"recall first {cfg['warm_start']} steps on the dense layout at the first length, "
+            if cfg.get("warm_start")
+            else ""
+        )
+        + (
+            f"a causal depthwise convolution of width {cfg['short_conv']} before each block's attention, "
+            if cfg.get("short_conv")
+            else ""
+        )
+        + f"batch={cfg.get('batch')}{batch_cap(rows, cfg)}, lr={cfg.get('lr')} (AdamW, warm-up then cosine), "
+        + (f"seeds 0-{seeds - 1}" if seeds > 1 else f"seed {cfg.get('seed', 0)}")
+        + f"; device {cfg.get('device', 'cpu')}, {cfg.get('dtype', 'float32')}; variant options {cfg.get('options')}"
+        + (f"; {'; '.join(task_text)}" if task_text else "")
+        + (
+            f"; L = {', '.join(str(n) for n in cfg['long_lengths'])} trained by "
+            f"{', '.join(f'`{v}`' for v in cfg.get('long_variants') or ())} only, after the other lengths"
+            if cfg.get("long_lengths")
+            else ""
+        )
+    )
     lines = [
         "## Quality: copy and associative recall",
         "",
@@ -357,17 +469,28 @@ def _quality_section(run_dir: Path, cfg: dict, figures) -> list[str]:
     untrained = [name for name in cfg.get("variants") or () if name not in {variant for variant, _ in grid}]
     fewer_seeds = any(c is not None and c["seeds"] < seeds for _, cells in grid for c in cells)
     if untrained or fewer_seeds:
-        lines += ["The run is unfinished (`bench quality --resume RUN_DIR` trains the rest): "
-                  + (f"a cell over fewer seeds than its {seeds} says so, and lengths with no finished training are not in "
-                     "the table yet" if fewer_seeds else "lengths with no finished training are not in the table yet")
-                  + (f"; variants not trained yet: {', '.join(f'`{name}`' for name in untrained)}." if untrained else "."), ""]
+        lines += [
+            "The run is unfinished (`bench quality --resume RUN_DIR` trains the rest): "
+            + (
+                f"a cell over fewer seeds than its {seeds} says so, and lengths with no finished training are not in "
+                "the table yet"
+                if fewer_seeds
+                else "lengths with no finished training are not in the table yet"
+            )
+            + (f"; variants not trained yet: {', '.join(f'`{name}`' for name in untrained)}." if untrained else "."),
+            "",
+        ]
     final = [r for r in rows if r.get("final") and r.get("by_distance")]
     if final:
         distance = by_distance_frame(rows, variant_facts(run_dir))
-        lines += ["### Accuracy by distance", "",
-                  "Distance: how many positions back the answer sits from the scored position (recall: the binding's value, "
-                  "or an earlier answer to the same key; copy: L for every symbol). A window w sees distances up to w in one "
-                  "layer, and up to layers x w through the stack.", ""]
+        lines += [
+            "### Accuracy by distance",
+            "",
+            "Distance: how many positions back the answer sits from the scored position (recall: the binding's value, "
+            "or an earlier answer to the same key; copy: L for every symbol). A window w sees distances up to w in one "
+            "layer, and up to layers x w through the stack.",
+            "",
+        ]
         for task in dict.fromkeys(r["task"] for r in final):
             longest = max(int(r["length"]) for r in final if r["task"] == task)
             if task == "copy":
@@ -376,19 +499,39 @@ def _quality_section(run_dir: Path, cfg: dict, figures) -> list[str]:
             lines += _window_verdicts(distance, task, longest, cfg)
     states = state_frame(rows)
     if not states.empty:
-        lines += ["### Recall against state size", "",
-                  "The decoding state each trained model holds after the recall sequence (every layer, batch 1: a KV cache "
-                  "grows with L, a window is bounded, a recurrence is constant) against its recall accuracy, smallest state "
-                  "first: at equal state size the methods compare fairly (Zoology's axis).", "",
-                  markdown_table(["variant", "L", "state", "kind", "recall accuracy"],
-                                 [[f"`{r['variant']}`", str(int(r["length"])), fmt_bytes(r["state_bytes"]), r["state_kind"],
-                                   f"{r['accuracy']:.1%}"] for r in states.to_dict("records")]), ""]
+        lines += [
+            "### Recall against state size",
+            "",
+            "The decoding state each trained model holds after the recall sequence (every layer, batch 1: a KV cache "
+            "grows with L, a window is bounded, a recurrence is constant) against its recall accuracy, smallest state "
+            "first: at equal state size the methods compare fairly (Zoology's axis).",
+            "",
+            markdown_table(
+                ["variant", "L", "state", "kind", "recall accuracy"],
+                [
+                    [
+                        f"`{r['variant']}`",
+                        str(int(r["length"])),
+                        fmt_bytes(r["state_bytes"]),
+                        r["state_kind"],
+                        f"{r['accuracy']:.1%}",
+                    ]
+                    for r in states.to_dict("records")
+                ],
+            ),
+            "",
+        ]
     costs = cost_frame(run_dir)
     if not costs.empty:
-        lines += ["### Cost of a training step", "",
-                  "One training step (forward, loss, backward, AdamW) of the same model, measured in a process of its own: "
-                  "median of 5 steps after 2 warm-up steps; peak memory over the state before the step.", "",
-                  cost_table(costs), ""]
+        lines += [
+            "### Cost of a training step",
+            "",
+            "One training step (forward, loss, backward, AdamW) of the same model, measured in a process of its own: "
+            "median of 5 steps after 2 warm-up steps; peak memory over the state before the step.",
+            "",
+            cost_table(costs),
+            "",
+        ]
     return lines + _figure_links(run_dir, figures)
 
 
@@ -404,10 +547,14 @@ def compare_runs(run_a: Path, run_b: Path) -> tuple[pd.DataFrame, pd.DataFrame, 
     cols = KEY + ["time_median_s", "peak_bytes", "noisy"]
     merged = a[cols].merge(b[cols], on=KEY, suffixes=("_a", "_b"))
     merged["time_ratio"] = merged["time_median_s_b"] / merged["time_median_s_a"]
-    merged["mem_ratio"] = merged["peak_bytes_b"].astype(float) / merged["peak_bytes_a"].astype(float).where(merged["peak_bytes_a"] > 0)
-    per_variant = merged.groupby(["device", "variant", "pass", "causal"], sort=False).agg(
-        cells=("n", "size"), time_geomean=("time_ratio", geomean), mem_geomean=("mem_ratio", geomean),
-    ).reset_index()
+    merged["mem_ratio"] = merged["peak_bytes_b"].astype(float) / merged["peak_bytes_a"].astype(float).where(
+        merged["peak_bytes_a"] > 0
+    )
+    per_variant = (
+        merged.groupby(["device", "variant", "pass", "causal"], sort=False)
+        .agg(cells=("n", "size"), time_geomean=("time_ratio", geomean), mem_geomean=("mem_ratio", geomean))
+        .reset_index()
+    )
     return merged, per_variant, broken
 
 
@@ -417,8 +564,14 @@ def geomean(values) -> float:
     return math.exp(sum(logs) / len(logs)) if logs else float("nan")
 
 
-def write_tradeoff_report(run_dirs: list[Path], out_dir: Path, n: int | None = None, pass_: str = "fwdbwd",
-                          causal: bool = True, device: str | None = None) -> tuple[Path, list[Path]]:
+def write_tradeoff_report(
+    run_dirs: list[Path],
+    out_dir: Path,
+    n: int | None = None,
+    pass_: str = "fwdbwd",
+    causal: bool = True,
+    device: str | None = None,
+) -> tuple[Path, list[Path]]:
     """OUT/REPORT.md from speed runs and quality runs together: per task, accuracy against time per call
     at N (default: the sequence length the model read at the task's largest trained L), the figure and the
     advise table. Returns (REPORT.md, figures)."""
@@ -435,26 +588,43 @@ def write_tradeoff_report(run_dirs: list[Path], out_dir: Path, n: int | None = N
         answers, context = advise(run_dirs, n=at, device=device, pass_=pass_, causal=causal, task=task)
         panels.append((task, at, answers))
         table = advise_table(answers)
-        sections += [f"### {task}, N={at}", "", markdown_table(list(table.columns), [[md_text(v) for v in row] for row in table.itertuples(index=False)]),
-                     "", md_text(recommendation(answers, context) + (f" ({context['floor']})" if context["floor"] else "")), ""]
+        sections += [
+            f"### {task}, N={at}",
+            "",
+            markdown_table(list(table.columns), [[md_text(v) for v in row] for row in table.itertuples(index=False)]),
+            "",
+            md_text(recommendation(answers, context) + (f" ({context['floor']})" if context["floor"] else "")),
+            "",
+        ]
     sections += _surviving_speedup(speed, quality, pass_, causal, device)
     kind = "causal" if causal else "non-causal"
-    figure = tradeoff_figure(panels, out_dir / "figures" / "tradeoff.png",
-                             f"time: {pass_} {kind} attention calls from {', '.join(d.name for d in speed)}; accuracy: {', '.join(d.name for d in quality)}",
-                             variant_facts(*run_dirs))
+    figure = tradeoff_figure(
+        panels,
+        out_dir / "figures" / "tradeoff.png",
+        f"time: {pass_} {kind} attention calls from {', '.join(d.name for d in speed)}; accuracy: {', '.join(d.name for d in quality)}",
+        variant_facts(*run_dirs),
+    )
     command = "bench report " + " ".join(str(d) for d in run_dirs) + f" --out {out_dir}" + (f" --len {n}" if n else "")
-    lines = [f"# attnbench trade-off: {', '.join(d.name for d in speed)} x {', '.join(d.name for d in quality)}", "",
-             f"Regenerate with `{command}`.", "",
-             f"Time and memory of one {pass_} {kind} attention call at N (from the speed runs: measured, or interpolated / "
-             "extrapolated on the fitted exponent and marked), against the held-out accuracy of the same attention in the "
-             "quality runs at the trained length nearest to N. Copy's N is the tokens its model read (2L).", "",
-             *_figure_links(out_dir, [figure]), *sections]
+    lines = [
+        f"# attnbench trade-off: {', '.join(d.name for d in speed)} x {', '.join(d.name for d in quality)}",
+        "",
+        f"Regenerate with `{command}`.",
+        "",
+        f"Time and memory of one {pass_} {kind} attention call at N (from the speed runs: measured, or interpolated / "
+        "extrapolated on the fitted exponent and marked), against the held-out accuracy of the same attention in the "
+        "quality runs at the trained length nearest to N. Copy's N is the tokens its model read (2L).",
+        "",
+        *_figure_links(out_dir, [figure]),
+        *sections,
+    ]
     path = out_dir / "REPORT.md"
     path.write_text("\n".join(lines))
     return path, [figure]
 
 
-def _surviving_speedup(speed: list[Path], quality: list[Path], pass_: str, causal: bool, device: str | None) -> list[str]:
+def _surviving_speedup(
+    speed: list[Path], quality: list[Path], pass_: str, causal: bool, device: str | None
+) -> list[str]:
     """How much of an attention call's speed-up over full survives in a whole training step: per (task, L)
     of the quality runs' measured steps, the op-level time ratio at the same tokens (speed runs) beside the
     training-step time ratio (quality runs), both against full."""
@@ -464,7 +634,9 @@ def _surviving_speedup(speed: list[Path], quality: list[Path], pass_: str, causa
     costs = costs[costs["status"] == "ok"]
     _, sel = speed_rows(speed, device, pass_, causal)
     ok = sel[sel["status"] == "ok"]
-    op = {v: list(zip(g["n"].astype(int), g["time_median_s"])) for v, g in ok.groupby("setting")}  # (one per option set)
+    op = {
+        v: list(zip(g["n"].astype(int), g["time_median_s"])) for v, g in ok.groupby("setting")
+    }  # (one per option set)
     if BASELINE not in op:
         return []
     body = []
@@ -479,12 +651,26 @@ def _surviving_speedup(speed: list[Path], quality: list[Path], pass_: str, causa
                 continue
             t, how_v = log_interp(op[variant], tokens)
             marks = "" if how == how_v == "measured" else " *"
-            body.append([task, str(length), str(tokens), f"`{variant}`", f"{base_op / t:.2f}x{marks}", f"{steps[BASELINE] / step_ms:.2f}x"])
+            body.append(
+                [
+                    task,
+                    str(length),
+                    str(tokens),
+                    f"`{variant}`",
+                    f"{base_op / t:.2f}x{marks}",
+                    f"{steps[BASELINE] / step_ms:.2f}x",
+                ]
+            )
     if not body:
         return []
-    return ["### How much of the attention speed-up survives in a training step", "",
-            f"Speed-up over `{BASELINE}` (above 1: faster) of one {pass_} {'causal' if causal else 'non-causal'} attention call at the "
-            "tokens the model reads (speed runs; * where that N is interpolated or extrapolated, not measured), beside the "
-            "speed-up of a whole training step of the quality model (embedding, MLPs, loss, AdamW; the quality runs' "
-            "train_cost.jsonl). The attention call's shape is the speed run's, not the small model's.", "",
-            markdown_table(["task", "L", "tokens", "variant", "attention call", "training step"], body), ""]
+    return [
+        "### How much of the attention speed-up survives in a training step",
+        "",
+        f"Speed-up over `{BASELINE}` (above 1: faster) of one {pass_} {'causal' if causal else 'non-causal'} attention call at the "
+        "tokens the model reads (speed runs; * where that N is interpolated or extrapolated, not measured), beside the "
+        "speed-up of a whole training step of the quality model (embedding, MLPs, loss, AdamW; the quality runs' "
+        "train_cost.jsonl). The attention call's shape is the speed run's, not the small model's.",
+        "",
+        markdown_table(["task", "L", "tokens", "variant", "attention call", "training step"], body),
+        "",
+    ]

@@ -68,14 +68,30 @@ def summarize(rows: list[dict] | pd.DataFrame, baseline: str = BASELINE) -> pd.D
     for (device, pass_, causal, variant), group in df.groupby(PANEL + ["variant"], sort=False):
         ok = group[group["status"] == "ok"].sort_values("n")
         stop = group[group["status"] != "ok"].sort_values("n")
-        line = {"device": device, "pass": pass_, "causal": bool(causal), "variant": variant,
-                "max_n": None, "time_s": None, "peak_bytes": None, "time_exp": None, "mem_exp": None,
-                "crossover_n": None, "crossover_note": "", "stopped": "", "noisy": noisy_count(ok)}
+        line = {
+            "device": device,
+            "pass": pass_,
+            "causal": bool(causal),
+            "variant": variant,
+            "max_n": None,
+            "time_s": None,
+            "peak_bytes": None,
+            "time_exp": None,
+            "mem_exp": None,
+            "crossover_n": None,
+            "crossover_note": "",
+            "stopped": "",
+            "noisy": noisy_count(ok),
+        }
         if not ok.empty:
             last = ok.iloc[-1]
-            line.update(max_n=int(last["n"]), time_s=float(last["time_median_s"]), peak_bytes=last["peak_bytes"],
-                        time_exp=fit_exponent(ok["n"], ok["time_median_s"]),
-                        mem_exp=fit_exponent(ok["n"], ok["peak_bytes"].astype(float)))
+            line.update(
+                max_n=int(last["n"]),
+                time_s=float(last["time_median_s"]),
+                peak_bytes=last["peak_bytes"],
+                time_exp=fit_exponent(ok["n"], ok["time_median_s"]),
+                mem_exp=fit_exponent(ok["n"], ok["peak_bytes"].astype(float)),
+            )
             if variant != baseline:
                 base = panel_rows(df, (device, pass_, causal), ok_only=True)
                 base = base[base["variant"] == baseline]
@@ -103,9 +119,11 @@ def noisy_count(rows: pd.DataFrame) -> int:
     return int(noisy_mask(rows).sum())
 
 
-NOISE_NOTE = (f"cells measured while other processes used > {BUSY_CORES:g} cores, or with IQR/median > {MAX_SPREAD:.0%}, "
-              "are flagged `noisy` (reason in their `noise` field): the benchmark result may be unstable; "
-              "re-measure them on a quiet machine")
+NOISE_NOTE = (
+    f"cells measured while other processes used > {BUSY_CORES:g} cores, or with IQR/median > {MAX_SPREAD:.0%}, "
+    "are flagged `noisy` (reason in their `noise` field): the benchmark result may be unstable; "
+    "re-measure them on a quiet machine"
+)
 
 
 def _fmt(value, fmt) -> str:
@@ -132,9 +150,16 @@ def render_summary(summary: pd.DataFrame, console, title: str = "Summary") -> No
         console.print("[yellow]no rows to summarize[/]")
         return
     for (device, pass_, causal), panel in summary.groupby(PANEL, sort=False):
-        table = Table(title=f"{title}: {device}, {pass_}, {'causal' if causal else 'non-causal'}", title_justify="left",
-                      box=box.SIMPLE_HEAD, pad_edge=False, padding=(0, 1), collapse_padding=True, caption_justify="left",
-                      caption=f"N^ t/m: fitted exponents of time and memory in N; beats {BASELINE}: faster from this N on")
+        table = Table(
+            title=f"{title}: {device}, {pass_}, {'causal' if causal else 'non-causal'}",
+            title_justify="left",
+            box=box.SIMPLE_HEAD,
+            pad_edge=False,
+            padding=(0, 1),
+            collapse_padding=True,
+            caption_justify="left",
+            caption=f"N^ t/m: fitted exponents of time and memory in N; beats {BASELINE}: faster from this N on",
+        )
         for col in ("variant", "max N", "time", "memory", "N^ t/m", f"beats {BASELINE}", "stop"):
             table.add_column(col, justify="left" if col in ("variant", "stop") else "right", no_wrap=True)
         notes = []

@@ -23,4 +23,3 @@ def replace_block(page: str, marker: str, body: str) -> str:
     (the scripts that fill README and docs tables from committed runs); unchanged where the markers are missing."""
     block = f"<!-- {marker}:start -->\n{body.strip()}\n<!-- {marker}:end -->"
     return re.sub(rf"<!-- {marker}:start -->.*<!-- {marker}:end -->", lambda m: block, page, flags=re.S)
-

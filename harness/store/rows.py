@@ -15,9 +15,26 @@ from pathlib import Path
 
 from harness.store.storage import RESULTS, read_rows, warn
 
-IDENTITY = ("batch", "heads", "kv_heads", "head_dim", "dtype", "options")  # beyond the cell key, what changes a measurement
-STATUSES = ("ok", "skipped", "incorrect", "oom", "timeout", "error")  # every row's status, and what each set of them means:
-STOPPING = ("oom", "timeout")  # a series that hits one of these does not try larger N (a skip is decided for each N: a budget
+IDENTITY = (
+    "batch",
+    "heads",
+    "kv_heads",
+    "head_dim",
+    "dtype",
+    "options",
+)  # beyond the cell key, what changes a measurement
+STATUSES = (
+    "ok",
+    "skipped",
+    "incorrect",
+    "oom",
+    "timeout",
+    "error",
+)  # every row's status, and what each set of them means:
+STOPPING = (
+    "oom",
+    "timeout",
+)  # a series that hits one of these does not try larger N (a skip is decided for each N: a budget
 # skip recurs at every larger N by its own prediction; a length a method refuses may be too short, not too long)
 FAILED = ("oom", "timeout", "error")  # what --retry-failed measures again
 NO_TIME = ("incorrect", *FAILED)  # tried and gave no time: bench advise excludes the variant from that N on
@@ -36,7 +53,9 @@ class Row:
     n: int
     batch: int = 1
     heads: int = 8
-    kv_heads: int | None = None  # heads of k and v (grouped-query attention); None: heads (and every row from before it)
+    kv_heads: int | None = (
+        None  # heads of k and v (grouped-query attention); None: heads (and every row from before it)
+    )
     head_dim: int = 64
     dtype: str = "float32"
     options: dict = field(default_factory=dict)  # every option the variant ran with (defaults filled in)
@@ -59,7 +78,9 @@ class Row:
     gflops: float | None = None  # flops / time_median_s
     threads: int | None = None
     kernel: str | None = None
-    softmax_error: float | None = None  # ‖out − exact softmax attention‖ / ‖exact‖ on the gate's inputs (float64 exact, same scale)
+    softmax_error: float | None = (
+        None  # ‖out − exact softmax attention‖ / ‖exact‖ on the gate's inputs (float64 exact, same scale)
+    )
     device_name: str | None = None  # the CPU model or GPU name
     load_before: float | None = None
     load_after: float | None = None
@@ -72,7 +93,11 @@ class Row:
     extra: dict = field(default_factory=dict)  # fields this version does not know, kept as they were
 
     def to_json(self) -> dict:
-        data = {("pass" if f.name == "pass_" else f.name): getattr(self, f.name) for f in dataclasses.fields(self) if f.name != "extra"}
+        data = {
+            ("pass" if f.name == "pass_" else f.name): getattr(self, f.name)
+            for f in dataclasses.fields(self)
+            if f.name != "extra"
+        }
         return {**self.extra, **data}
 
     @classmethod
@@ -114,8 +139,13 @@ def belongs(row: dict, config, device_names: dict | None = None) -> bool:
     except (KeyError, TypeError, ValueError):
         return False
     decoded = pass_ == "decode" and causal  # (decoding is causal, whatever modes the variant is measured in otherwise)
-    if (device not in config.devices or variant not in config.variants or pass_ not in config.passes
-            or not (causal in config.modes_of(variant) or decoded) or n not in config.lengths):
+    if (
+        device not in config.devices
+        or variant not in config.variants
+        or pass_ not in config.passes
+        or not (causal in config.modes_of(variant) or decoded)
+        or n not in config.lengths
+    ):
         return False
     shape = {"batch": config.batch, "heads": config.heads, "head_dim": config.head_dim, "dtype": config.dtype}
     if any(row.get(key) != value for key, value in shape.items()):
@@ -150,9 +180,13 @@ def run_rows(run_dir: Path, config, device_names: dict | None = None, quiet: boo
     mine = [_named(row, device_names) for row in rows if belongs(row, config, device_names)]
     latest = {cell_key(row): row for row in mine}
     if not quiet and len(mine) < len(rows):
-        warn(f"{Path(run_dir) / RESULTS}: {len(rows) - len(mine)} rows belong to another configuration "
-             "(shape, dtype, options, device or plan) and are ignored")
+        warn(
+            f"{Path(run_dir) / RESULTS}: {len(rows) - len(mine)} rows belong to another configuration "
+            "(shape, dtype, options, device or plan) and are ignored"
+        )
     if not quiet and len(latest) < len(mine):
-        warn(f"{Path(run_dir) / RESULTS}: {len(mine) - len(latest)} cells appear more than once; the latest row of each is used")
+        warn(
+            f"{Path(run_dir) / RESULTS}: {len(mine) - len(latest)} cells appear more than once; the latest row of each is used"
+        )
     kept = {id(row) for row in latest.values()}
     return [row for row in mine if id(row) in kept]

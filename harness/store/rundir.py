@@ -1,9 +1,9 @@
 """A run directory's life, the same for `bench run` and `bench quality`.
 
-    run_dir = new_run_dir(out, prefix)          # refuses a directory that exists: a run never overwrites one
-    start(run_dir, "sweep", config_json, ...)   # created complete (metadata.json) or not at all
-    metadata = open_to_resume(run_dir, "sweep", imports_given)
-    with RunLock(run_dir): ...                  # one writer at a time (storage.RunLock)
+run_dir = new_run_dir(out, prefix)          # refuses a directory that exists: a run never overwrites one
+start(run_dir, "sweep", config_json, ...)   # created complete (metadata.json) or not at all
+metadata = open_to_resume(run_dir, "sweep", imports_given)
+with RunLock(run_dir): ...                  # one writer at a time (storage.RunLock)
 """
 
 from __future__ import annotations
@@ -30,14 +30,22 @@ def new_run_dir(out: Path | None, prefix: str = "") -> Path:
     """Where a new run goes: `out`, or results/<prefix><timestamp>-<host>; ArgumentError if it exists."""
     run_dir = out or default_out_dir(prefix)
     if run_dir.exists():
-        raise ArgumentError(f"--out: {run_dir} already exists; a run never overwrites one (use --resume {run_dir} to finish it)")
+        raise ArgumentError(
+            f"--out: {run_dir} already exists; a run never overwrites one (use --resume {run_dir} to finish it)"
+        )
     return run_dir
 
 
 def start(run_dir: Path, kind: str, config: dict, machine: dict | None = None, variants: dict | None = None) -> None:
     """Create RUN_DIR with its metadata: the kind, the configuration, the environment, the command and
     `variants`, the facts of the run's variants (`config.recorded_facts`) that readers use."""
-    metadata = {"kind": kind, "config": config, "environment": environment(sys.argv), "argv": sys.argv, "timing_core": TIMING_CORE}
+    metadata = {
+        "kind": kind,
+        "config": config,
+        "environment": environment(sys.argv),
+        "argv": sys.argv,
+        "timing_core": TIMING_CORE,
+    }
     if variants is not None:
         metadata["variants"] = variants
     if machine is not None:
@@ -54,19 +62,25 @@ def open_to_resume(run_dir: Path, kind: str, imports_given: list[str]) -> dict:
     except (FileNotFoundError, ValueError) as err:
         raise ArgumentError(f"--resume: {err}") from None
     if metadata["kind"] != kind:
-        raise ArgumentError(f"--resume: {run_dir} is a {metadata['kind']} run; resume it with "
-                            f"{COMMANDS.get(metadata['kind'], 'the command that made it')} --resume {run_dir}")
+        raise ArgumentError(
+            f"--resume: {run_dir} is a {metadata['kind']} run; resume it with "
+            f"{COMMANDS.get(metadata['kind'], 'the command that made it')} --resume {run_dir}"
+        )
     core = metadata.get("timing_core", 1)
     if core != TIMING_CORE:
-        raise ArgumentError(f"--resume: {run_dir} was timed by measuring core {core}"
-                            + (" (it records none: made before runs recorded it)" if "timing_core" not in metadata else "")
-                            + f"; this version's is {TIMING_CORE} (harness.core.TIMING_CORE), so resuming would put rows "
-                            f"timed two ways into one run; start a new run with --out instead")
+        raise ArgumentError(
+            f"--resume: {run_dir} was timed by measuring core {core}"
+            + (" (it records none: made before runs recorded it)" if "timing_core" not in metadata else "")
+            + f"; this version's is {TIMING_CORE} (harness.core.TIMING_CORE), so resuming would put rows "
+            f"timed two ways into one run; start a new run with --out instead"
+        )
     stored = list(metadata["config"].get("imports") or [])
     missing = [module for module in stored if module not in imports_given]
     if missing:
-        raise ArgumentError(f"--resume: {run_dir} was run with --import {' --import '.join(stored)}; resuming would run that "
-                            f"code, so name it again to allow it: --import {' --import '.join(missing)}")
+        raise ArgumentError(
+            f"--resume: {run_dir} was run with --import {' --import '.join(stored)}; resuming would run that "
+            f"code, so name it again to allow it: --import {' --import '.join(missing)}"
+        )
     return metadata
 
 
@@ -78,5 +92,7 @@ def check_same_devices(stored: dict | None, current: dict, run_dir: Path) -> Non
     """ArgumentError when a device of the run is another model here (a resume would mix machines)."""
     for device, name in (stored or {}).items():
         if name and current.get(device) and current[device] != name:
-            raise ArgumentError(f"--resume: {run_dir} was measured on {device} '{name}', this machine's {device} is "
-                                f"'{current[device]}'; start a new run here (bench compare can put the two side by side)")
+            raise ArgumentError(
+                f"--resume: {run_dir} was measured on {device} '{name}', this machine's {device} is "
+                f"'{current[device]}'; start a new run here (bench compare can put the two side by side)"
+            )

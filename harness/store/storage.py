@@ -55,8 +55,10 @@ class RunLock:
         except BlockingIOError:
             holder = os.pread(fd, 64, 0).decode(errors="replace").strip() or "unknown"
             os.close(fd)
-            raise RunDirBusy(f"{self.path.parent} is being written by another process (PID {holder}); "
-                             "wait for it to finish or stop it, then resume") from None
+            raise RunDirBusy(
+                f"{self.path.parent} is being written by another process (PID {holder}); "
+                "wait for it to finish or stop it, then resume"
+            ) from None
         os.ftruncate(fd, 0)
         os.pwrite(fd, f"{os.getpid()}\n".encode(), 0)
         self._fd = fd

@@ -32,7 +32,9 @@ class RunConfig:
     warmup: int = 1  # untimed calls before timing
     warmup_time: float = 0.25  # ... lasting at least this many seconds (measure.WARMUP_S)
     min_time: float = 1.0  # stop timing after `min_repeats` calls once this many seconds were timed
-    min_repeats: int = 1  # 1: a call lasting min_time alone is timed once (runs from before timed >= 3: MIN_REPEATS_BEFORE)
+    min_repeats: int = (
+        1  # 1: a call lasting min_time alone is timed once (runs from before timed >= 3: MIN_REPEATS_BEFORE)
+    )
     cell_timeout: float = 60.0  # seconds a cell (warm-up, timing and memory) may take before it is killed
     memory_budget: tuple[tuple[str, int], ...] = ()  # per device: bytes a cell may use (predicted, and enforced on CPU)
     threads: int = 0  # CPU threads (0: all cores)
@@ -67,7 +69,12 @@ class RunConfig:
 
     def variant_options(self, name: str) -> dict:
         """What the variant is built with: its options, plus the shape hints every variant takes."""
-        return {**self.options_of(name), "num_heads": self.heads, "head_dim": self.head_dim, "num_kv_heads": self.key_heads}
+        return {
+            **self.options_of(name),
+            "num_heads": self.heads,
+            "head_dim": self.head_dim,
+            "num_kv_heads": self.key_heads,
+        }
 
     @property
     def key_heads(self) -> int:
@@ -106,8 +113,9 @@ class RunConfig:
         data = dict(data)
         data["options"] = tuple(sorted(data.get("options", {}).items()))
         data["memory_budget"] = tuple(sorted(data.get("memory_budget", {}).items()))
-        data["resolved_options"] = tuple(sorted((name, tuple(sorted(opts.items())))
-                                                for name, opts in (data.get("resolved_options") or {}).items()))
+        data["resolved_options"] = tuple(
+            sorted((name, tuple(sorted(opts.items()))) for name, opts in (data.get("resolved_options") or {}).items())
+        )
         data["modes"] = tuple((name, tuple(modes)) for name, modes in (data.get("modes") or {}).items())
         for key in ("variants", "lengths", "devices", "passes", "causal", "imports"):
             data[key] = tuple(data.get(key, ()))
@@ -140,5 +148,3 @@ class Cell:
     def label(self) -> str:
         where = device_label(self.device, self.device_name if self.device != "cpu" else None)
         return f"{where} {self.variant} {self.pass_}{' causal' if self.causal else ''} N={self.n}"
-
-

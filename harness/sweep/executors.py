@@ -46,8 +46,17 @@ class LocalExecutor:
     def devices(self, kind: str) -> dict:
         return {self.device_names.get(kind): 1}
 
-    def submit(self, fn, args: tuple, *, device: str, device_name: str | None, timeout: float, imports: tuple = (),
-               log_path: str | None = None) -> LocalJob:
+    def submit(
+        self,
+        fn,
+        args: tuple,
+        *,
+        device: str,
+        device_name: str | None,
+        timeout: float,
+        imports: tuple = (),
+        log_path: str | None = None,
+    ) -> LocalJob:
         return LocalJob(fn, args, timeout, tuple(imports), log_path)
 
     def outcome(self, job: LocalJob) -> tuple[Outcome, dict | None]:

@@ -58,9 +58,21 @@ def causal_modes(names: tuple[str, ...], passes: tuple[str, ...]) -> dict[str, t
     return modes
 
 
-def build_run_config(*, variants: str, lengths: tuple[int, ...], devices: str, passes: str, causal: tuple[bool, ...] | None,
-                     options: dict, imports: list[str], min_time: float, cell_timeout: float, warmup_time: float = 0.25,
-                     cluster: tuple[str, ...] | None = None, **settings) -> RunConfig:
+def build_run_config(
+    *,
+    variants: str,
+    lengths: tuple[int, ...],
+    devices: str,
+    passes: str,
+    causal: tuple[bool, ...] | None,
+    options: dict,
+    imports: list[str],
+    min_time: float,
+    cell_timeout: float,
+    warmup_time: float = 0.25,
+    cluster: tuple[str, ...] | None = None,
+    **settings,
+) -> RunConfig:
     """A sweep's configuration from checked command-line values (`settings`: batch, heads, head_dim,
     dtype, repeats, warmup, threads, check_len); every variant's options are checked and fixed. causal None:
     --causal auto (`causal_modes`).
@@ -69,12 +81,16 @@ def build_run_config(*, variants: str, lengths: tuple[int, ...], devices: str, p
     check_number("--warmup-time", warmup_time, 0, 3600, "seconds")
     check_number("--cell-timeout", cell_timeout, 1e-3, 86400, "seconds", low_inclusive=False)
     if settings.get("min_repeats", 1) > settings.get("repeats", 10):
-        raise ArgumentError(f"--min-repeats {settings['min_repeats']}: at most --repeats ({settings['repeats']}), "
-                            "the most timed calls a cell makes")
+        raise ArgumentError(
+            f"--min-repeats {settings['min_repeats']}: at most --repeats ({settings['repeats']}), "
+            "the most timed calls a cell makes"
+        )
     heads, kv_heads = settings.get("heads", 8), settings.get("kv_heads")
     if kv_heads is not None and heads % kv_heads:
-        raise ArgumentError(f"--kv-heads {kv_heads}: must divide --heads {heads} (grouped-query attention: each K/V head "
-                            f"serves H / Hkv query heads)")
+        raise ArgumentError(
+            f"--kv-heads {kv_heads}: must divide --heads {heads} (grouped-query attention: each K/V head "
+            f"serves H / Hkv query heads)"
+        )
     device_list = resolve_devices(devices, cluster)
     names = resolve_variants(variants, device_list, here=cluster is None)
     if not names:
@@ -86,14 +102,29 @@ def build_run_config(*, variants: str, lengths: tuple[int, ...], devices: str, p
         per_variant = causal_modes(names, pass_list)
         causal = tuple(mode for mode in (False, True) if any(mode in modes for modes in per_variant.values()))
     if "decode" in pass_list and True not in causal:
-        raise ArgumentError("--passes decode: decoding is causal (one new position against the ones before it); "
-                            "use --causal yes or both")
-    config = RunConfig(variants=names, lengths=lengths, devices=device_list, passes=pass_list, causal=causal,
-                       modes=_differing(per_variant, causal), options=tuple(sorted(options.items())), min_time=min_time,
-                       cell_timeout=cell_timeout, warmup_time=warmup_time, imports=tuple(imports), **settings)
+        raise ArgumentError(
+            "--passes decode: decoding is causal (one new position against the ones before it); "
+            "use --causal yes or both"
+        )
+    config = RunConfig(
+        variants=names,
+        lengths=lengths,
+        devices=device_list,
+        passes=pass_list,
+        causal=causal,
+        modes=_differing(per_variant, causal),
+        options=tuple(sorted(options.items())),
+        min_time=min_time,
+        cell_timeout=cell_timeout,
+        warmup_time=warmup_time,
+        imports=tuple(imports),
+        **settings,
+    )
     return config.with_resolved_options()
 
 
-def _differing(per_variant: dict[str, tuple[bool, ...]], causal: tuple[bool, ...]) -> tuple[tuple[str, tuple[bool, ...]], ...]:
+def _differing(
+    per_variant: dict[str, tuple[bool, ...]], causal: tuple[bool, ...]
+) -> tuple[tuple[str, tuple[bool, ...]], ...]:
     """The per-variant modes that differ from the run's `causal` (what RunConfig.modes stores)."""
     return tuple((name, modes) for name, modes in per_variant.items() if modes != causal)

@@ -46,6 +46,7 @@ def ray_module():
 
 # -- what runs on a node ----------------------------------------------------------------------------------
 
+
 def node_record() -> dict:
     """Where this process runs: host, Ray node, CPU model and cores, GPUs, torch and CUDA versions.
     (Read without importing torch here: the node's Ray workers stay light; the cells' children import it.)"""
@@ -60,10 +61,20 @@ def node_record() -> dict:
         outcome = run_isolated(_with_environment, (env, [], "harness.sweep.worker", "cuda_info"), timeout=120)
         gpu = outcome.value if outcome.kind == "result" else {}
     cpu = cpu_info()
-    return {"node_id": context.get_node_id(), "host": socket.gethostname(), "ip": ray.util.get_node_ip_address(),
-            "cpu_model": cpu["model"], "cpu_cores": cpu["cores"], "memory_available": available_memory_bytes(),
-            "gpu_name": gpu.get("name"), "gpu_free_bytes": gpu.get("free_bytes"), "gpus": len(gpus),
-            "torch": version("torch"), "cuda": gpu.get("cuda"), "python": sys.version.split()[0]}
+    return {
+        "node_id": context.get_node_id(),
+        "host": socket.gethostname(),
+        "ip": ray.util.get_node_ip_address(),
+        "cpu_model": cpu["model"],
+        "cpu_cores": cpu["cores"],
+        "memory_available": available_memory_bytes(),
+        "gpu_name": gpu.get("name"),
+        "gpu_free_bytes": gpu.get("free_bytes"),
+        "gpus": len(gpus),
+        "torch": version("torch"),
+        "cuda": gpu.get("cuda"),
+        "python": sys.version.split()[0],
+    }
 
 
 def _add_paths(paths: list) -> None:
@@ -89,13 +100,15 @@ def run_on_node(function: tuple, args: tuple, timeout: float, imports: tuple, pa
     _add_paths(paths)  # before the fork server starts, so its children import what the driver can
     env = {"CUDA_VISIBLE_DEVICES": os.environ.get("CUDA_VISIBLE_DEVICES", "")}
     with tempfile.NamedTemporaryFile("r", suffix=".log", prefix="attnbench-cell-") as log:
-        outcome = run_isolated(_with_environment, (env, paths, *function, *args), timeout=timeout, imports=imports,
-                               log_path=log.name)
+        outcome = run_isolated(
+            _with_environment, (env, paths, *function, *args), timeout=timeout, imports=imports, log_path=log.name
+        )
         text = log.read()[-LOG_TAIL:]
     return outcome, record, text
 
 
 # -- the driver's side ----------------------------------------------------------------------------------------
+
 
 class RayJob:
     def __init__(self, call: tuple, group: tuple, deadline_s: float):
@@ -143,8 +156,10 @@ class RayExecutor:
         try:
             ray.init(address=address, log_to_driver=False, configure_logging=False)
         except Exception as err:  # noqa: BLE001 — ConnectionError, RuntimeError, ... all mean: no cluster there
-            raise RuntimeError(f"--ray-address: cannot join a Ray cluster at {address!r}: {type(err).__name__}: "
-                               f"{str(err).splitlines()[0] if str(err) else ''}") from None
+            raise RuntimeError(
+                f"--ray-address: cannot join a Ray cluster at {address!r}: {type(err).__name__}: "
+                f"{str(err).splitlines()[0] if str(err) else ''}"
+            ) from None
 
     def _probe_nodes(self) -> list[dict]:
         """One record per alive node that has the cells' custom resources, read on that node."""
@@ -157,7 +172,9 @@ class RayExecutor:
             if not node.get("Alive") or any(have.get(key, 0) < value for key, value in self.resources.items()):
                 continue
             strategy = NodeAffinitySchedulingStrategy(node["NodeID"], soft=False)
-            refs.append((have, probe.options(num_cpus=0, num_gpus=have.get("GPU", 0), scheduling_strategy=strategy).remote()))
+            refs.append(
+                (have, probe.options(num_cpus=0, num_gpus=have.get("GPU", 0), scheduling_strategy=strategy).remote())
+            )
         nodes = []
         for have, ref in refs:
             record = self.ray.get(ref, timeout=300)
@@ -177,7 +194,9 @@ class RayExecutor:
 
     def devices(self, kind: str) -> dict:
         """{device name: slots} of the cluster for "cpu" or "cuda" (nodes without --ray-resources left out)."""
-        return {name: len([n for n in ids if n not in self._lost]) for (k, name), ids in self._slots_of.items() if k == kind}
+        return {
+            name: len([n for n in ids if n not in self._lost]) for (k, name), ids in self._slots_of.items() if k == kind
+        }
 
     def device_names(self, kinds) -> dict[str, list[str]]:
         """{kind: the cluster's hardware names for it, sorted}: what a run's plan measures each kind on
@@ -188,11 +207,22 @@ class RayExecutor:
         return list(self.nodes)
 
     # running cells
-    def submit(self, fn, args: tuple, *, device: str, device_name: str | None, timeout: float, imports: tuple = (),
-               log_path: str | None = None) -> RayJob:
+    def submit(
+        self,
+        fn,
+        args: tuple,
+        *,
+        device: str,
+        device_name: str | None,
+        timeout: float,
+        imports: tuple = (),
+        log_path: str | None = None,
+    ) -> RayJob:
         # the cell's own timeout is enforced on its node; this backstop is for a node that stops answering
         # (twice the timeout: a CUDA cell may wait for a CPU cell holding its node's CPUs)
-        job = RayJob((fn, args, timeout, tuple(imports), log_path, device), (device, device_name), 2 * timeout + START_GRACE_S)
+        job = RayJob(
+            (fn, args, timeout, tuple(imports), log_path, device), (device, device_name), 2 * timeout + START_GRACE_S
+        )
         self._start(job)
         return job
 
@@ -205,8 +235,15 @@ class RayExecutor:
                 if self._closing or job.cancelled:
                     raise CellCancelled()
                 if not [n for n in self._slots_of.get(job.group, []) if n not in self._lost]:
-                    job.failed = Outcome("exception", ("NodeDiedError", f"no node of the cluster with {job.group[0]} "
-                                                       f"{job.group[1]!r} is left (lost: {len(self._lost)})", False))
+                    job.failed = Outcome(
+                        "exception",
+                        (
+                            "NodeDiedError",
+                            f"no node of the cluster with {job.group[0]} "
+                            f"{job.group[1]!r} is left (lost: {len(self._lost)})",
+                            False,
+                        ),
+                    )
                     return
                 self._lock.wait(1.0)
             node_id = self._free[job.group].pop(0)
@@ -218,7 +255,9 @@ class RayExecutor:
             options = {"num_cpus": node["cpus"], "num_gpus": 0}
         job.node, job.started, job.attempts = node_id, time.monotonic(), job.attempts + 1
         job.ref = self._remote_task.options(
-            **options, resources=self.resources or None, max_retries=0,
+            **options,
+            resources=self.resources or None,
+            max_retries=0,
             scheduling_strategy=NodeAffinitySchedulingStrategy(node_id, soft=False),
         ).remote((fn.__module__, fn.__name__), args, timeout, imports, list(sys.path), record)
         with self._lock:
@@ -257,14 +296,24 @@ class RayExecutor:
                 outcome, record, log = ray.get(job.ref)
             except exceptions.OutOfMemoryError as err:
                 self._release(job)
-                return Outcome("exception", ("OutOfMemoryError", f"Ray's memory monitor killed the task: {_first_line(err)}", True)), None
-            except (exceptions.WorkerCrashedError, exceptions.NodeDiedError, exceptions.LocalRayletDiedError,
-                    exceptions.ObjectLostError, exceptions.RaySystemError) as err:
+                return Outcome(
+                    "exception", ("OutOfMemoryError", f"Ray's memory monitor killed the task: {_first_line(err)}", True)
+                ), None
+            except (
+                exceptions.WorkerCrashedError,
+                exceptions.NodeDiedError,
+                exceptions.LocalRayletDiedError,
+                exceptions.ObjectLostError,
+                exceptions.RaySystemError,
+            ) as err:
                 self._release(job, lost=True)
                 if job.attempts < 2:  # the node's failure, not the cell's: once more, on any node of the group
                     self._start(job)
                     continue
-                return Outcome("exception", (type(err).__name__, f"the node was lost twice running this cell: {_first_line(err)}", False)), None
+                return Outcome(
+                    "exception",
+                    (type(err).__name__, f"the node was lost twice running this cell: {_first_line(err)}", False),
+                ), None
             except exceptions.TaskCancelledError:
                 self._release(job)
                 if job.cancelled:
@@ -272,7 +321,9 @@ class RayExecutor:
                 return Outcome("exception", ("TaskCancelledError", "the task was cancelled on its node", False)), None
             except exceptions.RayTaskError as err:  # the task's own code failed on the node (not the cell's)
                 self._release(job)
-                return Outcome("exception", (type(err).__name__, f"the task failed on its node: {_first_line(err)}", False)), None
+                return Outcome(
+                    "exception", (type(err).__name__, f"the task failed on its node: {_first_line(err)}", False)
+                ), None
             self._release(job)
             log_path = job.call[4]
             if log and log_path:
@@ -312,11 +363,15 @@ def _check_reachable(address: str) -> None:
     target = address.removeprefix("ray://")
     host, _, port = target.rpartition(":")
     if not host or not port.isdigit():
-        raise RuntimeError(f"--ray-address: {address!r} is not an address; use host:port, ray://host:port, auto, or "
-                           f"leave it out to start a local Ray instance")
+        raise RuntimeError(
+            f"--ray-address: {address!r} is not an address; use host:port, ray://host:port, auto, or "
+            f"leave it out to start a local Ray instance"
+        )
     try:
         with socket.create_connection((host, int(port)), timeout=CONNECT_TIMEOUT_S):
             pass
     except OSError as err:
-        raise RuntimeError(f"--ray-address: nothing answers at {target} ({err.strerror or err}); is the cluster's head "
-                           f"node running there?") from None
+        raise RuntimeError(
+            f"--ray-address: nothing answers at {target} ({err.strerror or err}); is the cluster's head "
+            f"node running there?"
+        ) from None

@@ -41,8 +41,12 @@ class SweepState:
     done: set = field(default_factory=set)
     stopped: dict = field(default_factory=dict)  # series -> (n, status)
     times: dict = field(default_factory=dict)  # series -> {n: seconds a call} of its ok cells
-    checks: dict = field(default_factory=dict)  # (device, name, variant, causal) -> (status, message) or None when it passed
-    softmax_errors: dict = field(default_factory=dict)  # the same key -> the gate's relative error against exact softmax
+    checks: dict = field(
+        default_factory=dict
+    )  # (device, name, variant, causal) -> (status, message) or None when it passed
+    softmax_errors: dict = field(
+        default_factory=dict
+    )  # the same key -> the gate's relative error against exact softmax
     check_locks: dict = field(default_factory=dict)  # one per check key: series sharing a check wait for the first
     lock: object = field(default_factory=threading.RLock)  # cells of several series may finish at once (--executor ray)
 
@@ -128,18 +132,32 @@ def predicted_bytes(config: RunConfig, cell: Cell, attn) -> int:
         kv = 2 * config.batch * config.key_heads * cell.n * config.head_dim * el
         return int(3 * kv / 2 + 2 * kv)
     backward = cell.pass_ == "fwdbwd"
-    inputs = (config.heads + 2 * config.key_heads) * config.batch * cell.n * config.head_dim * el * (3 if backward else 1)
+    inputs = (
+        (config.heads + 2 * config.key_heads) * config.batch * cell.n * config.head_dim * el * (3 if backward else 1)
+    )
     params = sum(p.numel() for p in attn.parameters()) * el * (3 if backward else 1)  # (+ gradients)
     inputs += params
-    extra = attn.memory_estimate(config.batch, config.heads, cell.n, cell.n, config.head_dim, config.head_dim, el, cell.causal, backward)
+    extra = attn.memory_estimate(
+        config.batch, config.heads, cell.n, cell.n, config.head_dim, config.head_dim, el, cell.causal, backward
+    )
     return int(inputs + extra)
 
 
 def base_row(config: RunConfig, cell: Cell) -> Row:
     """The row of a cell before its fate is decided: its key and identity."""
-    return Row(device=cell.device, variant=cell.variant, pass_=cell.pass_, causal=cell.causal, n=cell.n, batch=config.batch,
-               heads=config.heads, kv_heads=config.kv_heads, head_dim=config.head_dim, dtype=config.dtype,
-               options=config.options_of(cell.variant))
+    return Row(
+        device=cell.device,
+        variant=cell.variant,
+        pass_=cell.pass_,
+        causal=cell.causal,
+        n=cell.n,
+        batch=config.batch,
+        heads=config.heads,
+        kv_heads=config.kv_heads,
+        head_dim=config.head_dim,
+        dtype=config.dtype,
+        options=config.options_of(cell.variant),
+    )
 
 
 def useful_flops(config: RunConfig, cell: Cell, attn) -> float | None:
@@ -172,8 +190,14 @@ def run_cell(config: RunConfig, cell: Cell, state: SweepState, log_path: str | N
     started = time.perf_counter()
     planned: dict = {}
     status, message, measured, node = decide(config, cell, state, planned, log_path, executor or LocalExecutor())
-    values = {**base_row(config, cell).to_json(), "device_name": cell.device_name, **planned, "status": status,
-              "message": message, **(measured or {})}
+    values = {
+        **base_row(config, cell).to_json(),
+        "device_name": cell.device_name,
+        **planned,
+        "status": status,
+        "message": message,
+        **(measured or {}),
+    }
     if node:  # where an executor ran it on a cluster (a node of the cell's hardware, device_name)
         values["node"] = node
     median = values.get("time_median_s")
@@ -214,16 +238,27 @@ def decide(config: RunConfig, cell: Cell, state: SweepState, planned: dict, log_
     guess = None if cell.variant == BASELINE else state.predicted_time(cell)
     if guess is not None and guess[0] * calls_per_cell(config) * PREDICTION_MARGIN > config.cell_timeout:
         seconds, exponent, n1, n2 = guess
-        return ("skipped", f"predicted {seconds:.3g} s a call (~N^{exponent:.2f} from N={n1} and {n2}): its "
-                           f"{calls_per_cell(config)} calls would pass {config.cell_timeout / PREDICTION_MARGIN:g} s, "
-                           f"1/{PREDICTION_MARGIN:g} of --cell-timeout {config.cell_timeout:g} s (the prediction's margin)",
-                None, None)
+        return (
+            "skipped",
+            f"predicted {seconds:.3g} s a call (~N^{exponent:.2f} from N={n1} and {n2}): its "
+            f"{calls_per_cell(config)} calls would pass {config.cell_timeout / PREDICTION_MARGIN:g} s, "
+            f"1/{PREDICTION_MARGIN:g} of --cell-timeout {config.cell_timeout:g} s (the prediction's margin)",
+            None,
+            None,
+        )
     check = ensure_checked(config, cell, state, log_path, executor)
     if check is not None:
         return check[0], check[1], None, None
     planned["softmax_error"] = state.softmax_errors.get((cell.device, cell.device_name, cell.variant, cell.causal))
-    job = executor.submit(worker.measure_cell, (config, cell), device=cell.device, device_name=cell.device_name,
-                          timeout=config.cell_timeout, imports=config.imports, log_path=log_path)
+    job = executor.submit(
+        worker.measure_cell,
+        (config, cell),
+        device=cell.device,
+        device_name=cell.device_name,
+        timeout=config.cell_timeout,
+        imports=config.imports,
+        log_path=log_path,
+    )
     outcome, node = executor.outcome(job)
     if outcome.kind == "result":
         return "ok", "", outcome.value, node
@@ -249,9 +284,15 @@ def ensure_checked(config: RunConfig, cell: Cell, state: SweepState, log_path: s
         lock = state.check_locks.setdefault(key, threading.Lock())
     with lock:
         if key not in state.checks:
-            job = executor.submit(worker.check_variant, (config, cell.device, cell.variant, cell.causal), device=cell.device,
-                                  device_name=cell.device_name, timeout=check_timeout(config), imports=config.imports,
-                                  log_path=log_path)
+            job = executor.submit(
+                worker.check_variant,
+                (config, cell.device, cell.variant, cell.causal),
+                device=cell.device,
+                device_name=cell.device_name,
+                timeout=check_timeout(config),
+                imports=config.imports,
+                log_path=log_path,
+            )
             outcome, _ = executor.outcome(job)
             if outcome.kind == "result":
                 result = outcome.value
@@ -277,8 +318,11 @@ def retry_failed(run_dir: Path, config: RunConfig, device_names: dict | None = N
 
     def retried(row: dict) -> bool:
         start = first_failure.get(series_key(row))
-        return (start is not None and int(row["n"]) >= start
-                and (row["status"] in FAILED or "series stopped" in row.get("message", "")))
+        return (
+            start is not None
+            and int(row["n"]) >= start
+            and (row["status"] in FAILED or "series stopped" in row.get("message", ""))
+        )
 
     moved = [row for row in rows if retried(row)]
     if moved:
@@ -290,8 +334,13 @@ def retry_failed(run_dir: Path, config: RunConfig, device_names: dict | None = N
     return len(moved)
 
 
-def sweep(config: RunConfig, run_dir: Path, on_row: Callable[[Cell, dict | None], None] | None = None,
-          device_names: dict | None = None, executor=None) -> list[dict]:
+def sweep(
+    config: RunConfig,
+    run_dir: Path,
+    on_row: Callable[[Cell, dict | None], None] | None = None,
+    device_names: dict | None = None,
+    executor=None,
+) -> list[dict]:
     """Run every cell of the plan that has no row yet; returns all rows of the run. Call under the run's lock.
 
     With the local executor the cells run one after the other. An executor that runs cells in parallel
@@ -346,7 +395,10 @@ def _in_parallel(todo: list[Cell], one: Callable[[Cell], None], executor) -> Non
     slots: dict[tuple, int] = {}
     for cell in todo:
         slots[(cell.device, cell.device_name)] = max(1, executor.devices(cell.device).get(cell.device_name, 1))
-    pools = {group: ThreadPoolExecutor(max_workers=count, thread_name_prefix=f"cells-{group[0]}") for group, count in slots.items()}
+    pools = {
+        group: ThreadPoolExecutor(max_workers=count, thread_name_prefix=f"cells-{group[0]}")
+        for group, count in slots.items()
+    }
     futures = [pools[(cells[0].device, cells[0].device_name)].submit(run_series, cells) for cells in series.values()]
     try:
         for future in futures:
@@ -390,7 +442,12 @@ def current_device_names(devices: tuple[str, ...], gpu: dict | None = None) -> d
 def measure_machine(config: RunConfig, peak_seconds: float = 1.0) -> dict:
     """Matmul peaks per device (run's dtype, and float32; each timed for `peak_seconds`) and GPU details,
     each measured in a child."""
-    info: dict = {"matmul_peak_gflops": {}, "matmul_peak_precision": {}, "matmul_peak_seconds": peak_seconds, "gpu": None}
+    info: dict = {
+        "matmul_peak_gflops": {},
+        "matmul_peak_precision": {},
+        "matmul_peak_seconds": peak_seconds,
+        "gpu": None,
+    }
     for device in config.devices:
         if device == "cuda":
             outcome = run_isolated(worker.cuda_info, (), timeout=120)
@@ -402,7 +459,9 @@ def measure_machine(config: RunConfig, peak_seconds: float = 1.0) -> dict:
             info["matmul_peak_precision"][f"{device}/{dtype}"] = value.get("precision")
         if "decode" in config.passes:  # a decoding step's limit: the bandwidth of reading its state
             outcome = run_isolated(worker.memory_bandwidth, (device, config.threads, peak_seconds), timeout=120)
-            info.setdefault("memory_bandwidth_gbs", {})[device] = outcome.value.get("gbs") if outcome.kind == "result" else None
+            info.setdefault("memory_bandwidth_gbs", {})[device] = (
+                outcome.value.get("gbs") if outcome.kind == "result" else None
+            )
     info["device_names"] = current_device_names(config.devices, info["gpu"] or {})
     return info
 
@@ -410,14 +469,25 @@ def measure_machine(config: RunConfig, peak_seconds: float = 1.0) -> dict:
 def measure_cluster(config: RunConfig, cluster, peak_seconds: float = 1.0) -> dict:
     """What `measure_machine` records, for a cluster: every node's record, and the matmul peak of each
     hardware (run's dtype and float32), measured on one of its nodes as a cell is."""
-    info: dict = {"executor": cluster.name, "nodes": cluster.node_records(), "matmul_peak_gflops": {},
-                  "matmul_peak_precision": {}, "matmul_peak_seconds": peak_seconds, "gpu": None,
-                  "device_names": cluster.device_names(config.devices)}
+    info: dict = {
+        "executor": cluster.name,
+        "nodes": cluster.node_records(),
+        "matmul_peak_gflops": {},
+        "matmul_peak_precision": {},
+        "matmul_peak_seconds": peak_seconds,
+        "gpu": None,
+        "device_names": cluster.device_names(config.devices),
+    }
     for device, names in info["device_names"].items():
         for index, name in enumerate(names):
             for dtype in dict.fromkeys((config.dtype, "float32")):
-                job = cluster.submit(worker.matmul_peak, (device, dtype, config.threads, peak_seconds), device=device,
-                                     device_name=name, timeout=120)
+                job = cluster.submit(
+                    worker.matmul_peak,
+                    (device, dtype, config.threads, peak_seconds),
+                    device=device,
+                    device_name=name,
+                    timeout=120,
+                )
                 outcome, _ = cluster.outcome(job)
                 value = outcome.value if outcome.kind == "result" else {}
                 for label in [device_label(device, name)] + ([device] if index == 0 else []):

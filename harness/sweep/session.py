@@ -29,8 +29,9 @@ from harness.sweep.plan import build_run_config
 from harness.sweep.ray_executor import RayExecutor
 
 
-def make_executor(name: str, *, device_names: dict | None = None, address: str | None = None,
-                  resources: dict | None = None):
+def make_executor(
+    name: str, *, device_names: dict | None = None, address: str | None = None, resources: dict | None = None
+):
     """The executor called `name`; ValueError naming the allowed ones otherwise."""
     if name == "local":
         return LocalExecutor(device_names)
@@ -46,7 +47,6 @@ def resume_hint(run_dir: Path, imports, on_ray: bool, address: str | None, resou
         again += " --executor ray" + (f" --ray-address {address}" if address else "")
         again += "".join(f" --ray-resources {text}" for text in resources)
     return again
-
 
 
 @dataclass(frozen=True)
@@ -89,7 +89,9 @@ class SweepSession:
     @property
     def resume_command(self) -> str:
         r = self.request
-        return resume_hint(self.run_dir, self.config.imports, self.cluster is not None, r.ray_address, list(r.ray_resources))
+        return resume_hint(
+            self.run_dir, self.config.imports, self.cluster is not None, r.ray_address, list(r.ray_resources)
+        )
 
     def kept(self) -> str:
         """What an interruption keeps: the finished cells and where they are."""
@@ -99,18 +101,25 @@ class SweepSession:
     def todo(self) -> list[Cell]:
         return runner.todo_cells(self.config, self.run_dir, self.device_names)
 
-    def run(self, on_row: Callable[[Cell, dict | None], None] | None = None,
-            before: Callable[[list[Cell]], None] | None = None) -> list[dict]:
+    def run(
+        self,
+        on_row: Callable[[Cell, dict | None], None] | None = None,
+        before: Callable[[list[Cell]], None] | None = None,
+    ) -> list[dict]:
         """Every cell without a row, under the run's lock (storage.RunDirBusy when another process holds
         it); with --retry-failed, the failed cells' rows set aside first. `before(todo)` is called with
         the cells left to run once the lock is held. Returns every row of the run."""
         with RunLock(self.run_dir):
             if self.request.retry_failed:
                 moved = runner.retry_failed(self.run_dir, self.config, self.device_names)
-                self.say(f"--retry-failed: {moved} rows of failed cells set aside in {self.run_dir / SUPERSEDED}; measuring them again")
+                self.say(
+                    f"--retry-failed: {moved} rows of failed cells set aside in {self.run_dir / SUPERSEDED}; measuring them again"
+                )
             if before is not None:
                 before(self.todo())
-            return runner.sweep(self.config, self.run_dir, on_row=on_row, device_names=self.device_names, executor=self.cluster)
+            return runner.sweep(
+                self.config, self.run_dir, on_row=on_row, device_names=self.device_names, executor=self.cluster
+            )
 
     def close(self) -> None:
         if self.cluster is not None:
@@ -138,7 +147,9 @@ def open_sweep(request: SweepRequest, say: Say = print, status: Status = lambda 
         isolation.start_fork_server()  # its imports overlap this process's own
     check_number("--peak-time", request.peak_time, 0, 60, "seconds", low_inclusive=False)
     resources = parse_resources(list(request.ray_resources))
-    metadata = rundir.open_to_resume(request.resume, "sweep", list(request.imports)) if request.resume is not None else None
+    metadata = (
+        rundir.open_to_resume(request.resume, "sweep", list(request.imports)) if request.resume is not None else None
+    )
     cluster = _start_cluster(request.ray_address, resources, say, status) if request.executor == "ray" else None
     try:
         if metadata is not None:
@@ -177,7 +188,11 @@ def _started(request: SweepRequest, cluster, say: Say, status: Status) -> tuple[
     _warn_if_busy(cluster, say)
     # nothing is written until every value is known: an interrupted start-up leaves no directory
     with status("measuring the matmul peak" + (" on each kind of node" if cluster else " of this machine")):
-        machine = runner.measure_machine(config, request.peak_time) if cluster is None else runner.measure_cluster(config, cluster, request.peak_time)
+        machine = (
+            runner.measure_machine(config, request.peak_time)
+            if cluster is None
+            else runner.measure_cluster(config, cluster, request.peak_time)
+        )
     budgets = policy.memory_budgets(request.memory_budget, config.devices, machine)
     config = RunConfig.from_json({**config.to_json(), "memory_budget": dict(budgets)})
     rundir.start(run_dir, "sweep", config.to_json(), machine, policy.recorded_facts(config.variants))
@@ -208,5 +223,7 @@ def _start_cluster(address: str | None, resources: dict, say: Say, status: Statu
         say(f"node {node['host']} ({node['ip']}): {node['cpus']} CPUs, {node['cpu_model']}{gpus}")
     if not cluster.node_records():
         cluster.close()
-        raise ArgumentError(f"--executor ray: {where} has no alive node" + (" with the --ray-resources asked for" if resources else ""))
+        raise ArgumentError(
+            f"--executor ray: {where} has no alive node" + (" with the --ray-resources asked for" if resources else "")
+        )
     return cluster

@@ -13,13 +13,31 @@ import resource
 import torch
 
 import variants
-from harness.core.measure import (CHECK_BATCH, decode_call, gate, gate_length, make_inputs, matmul_peak, measure_time,
-                                  memory_bandwidth, pass_call, set_threads, timing_stats)
+from harness.core.measure import (
+    CHECK_BATCH,
+    decode_call,
+    gate,
+    gate_length,
+    make_inputs,
+    matmul_peak,
+    measure_time,
+    memory_bandwidth,
+    pass_call,
+    set_threads,
+    timing_stats,
+)
 from harness.core.memory import measure_peak, pin_mmap_threshold
 from harness.core.noise import noise_fields
 from harness.sweep.config import Cell, RunConfig
 
-__all__ = ["check_variant", "measure_cell", "matmul_peak", "memory_bandwidth", "cuda_info"]  # what runs in a cell's process
+__all__ = [
+    "check_variant",
+    "measure_cell",
+    "matmul_peak",
+    "memory_bandwidth",
+    "cuda_info",
+]  # what runs in a cell's process
+
 
 def setup_process(config: RunConfig, device: str) -> None:
     """Per-child settings: thread count (recorded with each row), deterministic seeds."""
@@ -40,8 +58,19 @@ def check_variant(config: RunConfig, device: str, name: str, causal: bool) -> di
     backward = attn.backward_unsupported_reason(device) is None and "fwdbwd" in config.passes
     decode = causal and "decode" in config.passes and attn.decode_unsupported_reason() is None
     n = gate_length(attn, config.check_len, max(config.lengths))
-    return gate(attn, CHECK_BATCH, config.heads, n, config.head_dim, config.dtype, device,
-                causal=causal, backward=backward, decode=decode, kv_heads=config.key_heads)
+    return gate(
+        attn,
+        CHECK_BATCH,
+        config.heads,
+        n,
+        config.head_dim,
+        config.dtype,
+        device,
+        causal=causal,
+        backward=backward,
+        decode=decode,
+        kv_heads=config.key_heads,
+    )
 
 
 def _limit_cpu_memory(budget: int | None) -> None:
@@ -69,16 +98,25 @@ def measure_cell(config: RunConfig, cell: Cell) -> dict:
     else:
         _limit_cuda_memory(config.budget(cell.device), dev)
     if cell.pass_ == "decode":
-        call, state = decode_call(attn, config.batch, config.heads, cell.n, config.head_dim, config.dtype, dev,
-                                  kv_heads=config.key_heads)
+        call, state = decode_call(
+            attn, config.batch, config.heads, cell.n, config.head_dim, config.dtype, dev, kv_heads=config.key_heads
+        )
         facts = {"state_bytes": state.nbytes(), "state_kind": state.kind, "read_bytes": attn.step_read_bytes(state)}
     else:
-        q, k, v = make_inputs(config.batch, config.heads, cell.n, config.head_dim, config.dtype, dev, backward,
-                              kv_heads=config.key_heads)
+        q, k, v = make_inputs(
+            config.batch, config.heads, cell.n, config.head_dim, config.dtype, dev, backward, kv_heads=config.key_heads
+        )
         call = pass_call(attn, q, k, v, causal=cell.causal, backward=backward)
         facts = {"kernel": _kernel_name(attn, q, k, v, cell.causal, backward)}
-    timing = measure_time(call, dev, warmup=config.warmup, repeats=config.repeats, min_time=config.min_time,
-                          warmup_time=config.warmup_time, min_repeats=config.min_repeats)
+    timing = measure_time(
+        call,
+        dev,
+        warmup=config.warmup,
+        repeats=config.repeats,
+        min_time=config.min_time,
+        warmup_time=config.warmup_time,
+        min_repeats=config.min_repeats,
+    )
     pin_mmap_threshold()  # time first, in the allocator's steady state; then make memory visible
     memory = measure_peak(call, dev)
     stats = timing_stats(timing.times)
@@ -111,8 +149,16 @@ def _limit_cuda_memory(budget: int | None, dev: torch.device) -> None:
     torch.cuda.set_per_process_memory_fraction(min(1.0, budget / total), dev)
 
 
-NVIDIA_SMI_FIELDS = ("uuid", "driver_version", "clocks.max.sm", "clocks.max.memory", "power.limit", "mig.mode.current",
-                     "persistence_mode", "compute_mode")
+NVIDIA_SMI_FIELDS = (
+    "uuid",
+    "driver_version",
+    "clocks.max.sm",
+    "clocks.max.memory",
+    "power.limit",
+    "mig.mode.current",
+    "persistence_mode",
+    "compute_mode",
+)
 
 
 def parse_nvidia_smi(stdout: str, returncode: int, uuid: str | None) -> dict:
@@ -143,8 +189,12 @@ def _nvidia_smi(uuid: str | None) -> dict:
     import subprocess
 
     try:
-        done = subprocess.run(["nvidia-smi", f"--query-gpu={','.join(NVIDIA_SMI_FIELDS)}", "--format=csv,noheader,nounits"],
-                              capture_output=True, text=True, timeout=10)
+        done = subprocess.run(
+            ["nvidia-smi", f"--query-gpu={','.join(NVIDIA_SMI_FIELDS)}", "--format=csv,noheader,nounits"],
+            capture_output=True,
+            text=True,
+            timeout=10,
+        )
     except (OSError, subprocess.SubprocessError) as err:
         return {"error": f"nvidia-smi could not run: {err}"}
     return parse_nvidia_smi(done.stdout or done.stderr, done.returncode, uuid)
@@ -166,10 +216,18 @@ def cuda_info() -> dict:
     except Exception:  # noqa: BLE001 — not installed, or no metadata
         triton = None
     return {
-        "name": props.name, "total_bytes": total, "free_bytes": free, "cuda": torch.version.cuda,
-        "capability": f"{props.major}.{props.minor}", "sm_count": props.multi_processor_count, "uuid": uuid,
-        "driver": smi.get("driver_version"), "nvidia_smi": smi,
-        "cudnn": torch.backends.cudnn.version() if torch.backends.cudnn.is_available() else None, "triton": triton,
+        "name": props.name,
+        "total_bytes": total,
+        "free_bytes": free,
+        "cuda": torch.version.cuda,
+        "capability": f"{props.major}.{props.minor}",
+        "sm_count": props.multi_processor_count,
+        "uuid": uuid,
+        "driver": smi.get("driver_version"),
+        "nvidia_smi": smi,
+        "cudnn": torch.backends.cudnn.version() if torch.backends.cudnn.is_available() else None,
+        "triton": triton,
         "tf32": {"matmul": torch.backends.cuda.matmul.allow_tf32, "cudnn": torch.backends.cudnn.allow_tf32},
-        "cuda_visible_devices": os.environ.get("CUDA_VISIBLE_DEVICES"), "pid": os.getpid(),
+        "cuda_visible_devices": os.environ.get("CUDA_VISIBLE_DEVICES"),
+        "pid": os.getpid(),
     }

@@ -51,12 +51,17 @@ from .._base import AttentionVariant
 from .._utils import pad_to_multiple, spans
 from .linear import learned_feature_maps
 
-WHY_CAUSAL_ONLY = "a recurrence over positions: the state at t holds positions <= t only"  # each spec's why_not_non_causal
+WHY_CAUSAL_ONLY = (
+    "a recurrence over positions: the state at t holds positions <= t only"  # each spec's why_not_non_causal
+)
 NO_ONNX_SOLVE = ("onnx", "torch.onnx has no conversion for aten.linalg_solve_triangular, the chunks' triangular solve")
-GROUP_POSITIONS = 512  # positions computed at once (a multiple of the chunk); 1024: 12 MiB more forward memory at H = 8, D = 64
+GROUP_POSITIONS = (
+    512  # positions computed at once (a multiple of the chunk); 1024: 12 MiB more forward memory at H = 8, D = 64
+)
 
 
 # -- the parallel (dense) forms: the methods' definitions ------------------------------------------
+
 
 def decay_matrix(log_decay: Tensor) -> Tensor:
     """D_ts = exp(Σ_{s<r<=t} log a_r) for t >= s, 0 above the diagonal: (B, H, N, N), or (B, H, N, N, D) per key dim."""
@@ -88,6 +93,7 @@ def dense_delta(q: Tensor, k: Tensor, v: Tensor, beta: Tensor, log_decay: Tensor
 
 # -- the chunked forms ---------------------------------------------------------------------------
 
+
 def _chunked(*tensors: Tensor, chunk: int) -> list[Tensor]:
     return [t.unflatten(2, (-1, chunk)) for t in tensors]  # (B, H, L, ·) -> (B, H, c, C, ·)
 
@@ -103,7 +109,9 @@ def _earlier_weights(total: Tensor) -> tuple[Tensor, Tensor]:
     return diff.masked_fill(~earlier, -math.inf).exp(), before.exp()
 
 
-def gated_chunks(q: Tensor, k: Tensor, v: Tensor, log_decay: Tensor, state: Tensor, chunk: int) -> tuple[Tensor, Tensor]:
+def gated_chunks(
+    q: Tensor, k: Tensor, v: Tensor, log_decay: Tensor, state: Tensor, chunk: int
+) -> tuple[Tensor, Tensor]:
     """Gated recurrence over L positions (a multiple of `chunk`) from `state` (B, H, D, Dv).
 
     q, k: (B, H, L, D) (q already scaled); v: (B, H, L, Dv); log_decay: (B, H, L) or (B, H, L, D).
@@ -133,13 +141,16 @@ def gated_chunks(q: Tensor, k: Tensor, v: Tensor, log_decay: Tensor, state: Tens
             state = decay[:, :, i] * state + writes[:, :, i]
         return out.flatten(2, 3), state
     weights, before = _earlier_weights(total)
-    state_before = torch.matmul(weights, writes.flatten(3)).view_as(writes) + before[..., None, None] * state[:, :, None]
+    state_before = (
+        torch.matmul(weights, writes.flatten(3)).view_as(writes) + before[..., None, None] * state[:, :, None]
+    )
     out += torch.matmul(q_in, state_before)
     return out.flatten(2, 3), total[:, :, -1].exp()[..., None, None] * state_before[:, :, -1] + writes[:, :, -1]
 
 
-def delta_chunks(q: Tensor, k: Tensor, v: Tensor, beta: Tensor, log_decay: Tensor | None, state: Tensor,
-                 chunk: int) -> tuple[Tensor, Tensor]:
+def delta_chunks(
+    q: Tensor, k: Tensor, v: Tensor, beta: Tensor, log_decay: Tensor | None, state: Tensor, chunk: int
+) -> tuple[Tensor, Tensor]:
     """Delta-rule recurrence over L positions (a multiple of `chunk`) from `state` (B, H, D, Dv).
 
     q, k: (B, H, L, D) (q already scaled); v: (B, H, L, Dv); beta: (B, H, L); log_decay: (B, H, L) or None.
@@ -184,6 +195,7 @@ def delta_chunks(q: Tensor, k: Tensor, v: Tensor, beta: Tensor, log_decay: Tenso
 
 # -- gates the methods share ------------------------------------------------------------------------
 
+
 def inverse_softplus(x: Tensor) -> Tensor:
     """y with softplus(y) = x (x > 0)."""
     return x + torch.log(-torch.expm1(-x))
@@ -222,6 +234,7 @@ class SigmoidGate(nn.Module):
 
 # -- groups of chunks, and their backward -----------------------------------------------------------
 
+
 def _scan_groups(method, q, k, v, keep, state, chunk, size, states: list | None = None):
     """The recurrence over every group of `size` positions, the state carried; outputs written in place
     (no second N x Dv buffer). `states`: where to keep the state before each group (for the backward)."""
@@ -229,8 +242,9 @@ def _scan_groups(method, q, k, v, keep, state, chunk, size, states: list | None 
     for sl in spans(q.shape[-2], size):
         if states is not None:
             states.append(state)
-        out[:, :, sl], state = method._group(q[:, :, sl], k[:, :, sl], v[:, :, sl], None if keep is None else keep[..., sl],
-                                             state, chunk)
+        out[:, :, sl], state = method._group(
+            q[:, :, sl], k[:, :, sl], v[:, :, sl], None if keep is None else keep[..., sl], state, chunk
+        )
     return out, state
 
 
@@ -255,14 +269,17 @@ class _GroupedScan(torch.autograd.Function):
         dq, dk, dv = torch.empty_like(q), torch.empty_like(k), torch.empty_like(v)
         dparams = [torch.zeros_like(p) for p in params]
         d_state = torch.zeros_like(states[0]) if grad_state is None else grad_state
-        grad_out = torch.zeros(*q.shape[:-1], v.shape[-1], dtype=v.dtype, device=v.device) if grad_out is None else grad_out
+        grad_out = (
+            torch.zeros(*q.shape[:-1], v.shape[-1], dtype=v.dtype, device=v.device) if grad_out is None else grad_out
+        )
         for sl, before in reversed(list(zip(spans(q.shape[-2], ctx.size), states))):
             with torch.enable_grad():
                 inputs = [t[:, :, sl].detach().requires_grad_() for t in (q, k, v)]
                 s_in = before.detach().requires_grad_()
                 out, s_out = method._group(*inputs, None if keep is None else keep[..., sl], s_in, chunk)
-                grads = torch.autograd.grad((out, s_out), (*inputs, s_in, *params), (grad_out[:, :, sl], d_state),
-                                            allow_unused=True)
+                grads = torch.autograd.grad(
+                    (out, s_out), (*inputs, s_in, *params), (grad_out[:, :, sl], d_state), allow_unused=True
+                )
             for buffer, g in zip((dq, dk, dv), grads[:3]):
                 buffer[:, :, sl] = 0 if g is None else g
             d_state = grads[3] if grads[3] is not None else torch.zeros_like(d_state)
@@ -273,6 +290,7 @@ class _GroupedScan(torch.autograd.Function):
 
 
 # -- the variant ----------------------------------------------------------------------------------
+
 
 class RecurrentAttention(AttentionVariant):
     """A gated linear recurrence behind the one interface; subclasses give `spec` and `_inputs`.
@@ -299,15 +317,19 @@ class RecurrentAttention(AttentionVariant):
         super().__init__(**base)
         self._check_int("chunk_size", chunk_size, 1)
         if feature_dim is not None and feature_map is None:
-            raise ValueError(f"{self.spec.name}: option feature_dim={feature_dim!r} is for a feature_map; got feature_map=None")
+            raise ValueError(
+                f"{self.spec.name}: option feature_dim={feature_dim!r} is for a feature_map; got feature_map=None"
+            )
         self.feature_map, self.feature_dim = feature_map, feature_dim
         maps = learned_feature_maps(self.spec.name, feature_map, self.num_heads, self.head_dim, feature_dim)
         if maps is not None:
             self.q_features, self.k_features = maps
         if self.max_chunk is not None and chunk_size > self.max_chunk:
-            raise ValueError(f"{self.spec.name}: option chunk_size={chunk_size} is invalid; expected an int in "
-                             f"1..{self.max_chunk} ({self.spec.name}'s per-dimension decay is taken relative to the "
-                             f"chunk's middle: its factors exp(±C/2 · 5) stay inside float32 up to C = {self.max_chunk})")
+            raise ValueError(
+                f"{self.spec.name}: option chunk_size={chunk_size} is invalid; expected an int in "
+                f"1..{self.max_chunk} ({self.spec.name}'s per-dimension decay is taken relative to the "
+                f"chunk's middle: its factors exp(±C/2 · 5) stay inside float32 up to C = {self.max_chunk})"
+            )
         self.chunk_size = chunk_size
 
     def _require_shape_hints(self) -> tuple[int, int]:
@@ -315,8 +337,10 @@ class RecurrentAttention(AttentionVariant):
         map's 2 F'): the K/V heads where grouped-query inputs are computed natively (num_kv_heads), else the
         query heads; a ValueError naming the missing hint."""
         if self.num_heads is None or self.head_dim is None:
-            raise ValueError(f"{self.spec.name}: options num_heads and head_dim are required (its gates are parameters "
-                             f"per head over the key dims), got num_heads={self.num_heads}, head_dim={self.head_dim}")
+            raise ValueError(
+                f"{self.spec.name}: options num_heads and head_dim are required (its gates are parameters "
+                f"per head over the key dims), got num_heads={self.num_heads}, head_dim={self.head_dim}"
+            )
         return self._kv_parameter_heads(), self.key_dim(self.head_dim)
 
     def kv_heads_unsupported_reason(self, kv_heads: int) -> str | None:
@@ -324,13 +348,17 @@ class RecurrentAttention(AttentionVariant):
         want = self._kv_parameter_heads()
         if gates is None or self.repeats_kv_reason() or want is None or kv_heads == want:
             return None
-        return (f"its gates are built for {want} K/V heads (num_kv_heads={self.num_kv_heads}, num_heads={self.num_heads}); "
-                f"build it with num_kv_heads={kv_heads} for grouped-query inputs")
+        return (
+            f"its gates are built for {want} K/V heads (num_kv_heads={self.num_kv_heads}, num_heads={self.num_heads}); "
+            f"build it with num_kv_heads={kv_heads} for grouped-query inputs"
+        )
 
     def repeats_kv_reason(self) -> str:
         if self.feature_map is not None:
-            return ("its key feature map is learned per query head (LoLCATs applies it after repeating K), so the keys, "
-                    "the gates and the state are per query head")
+            return (
+                "its key feature map is learned per query head (LoLCATs applies it after repeating K), so the keys, "
+                "the gates and the state are per query head"
+            )
         return ""
 
     def key_dim(self, head_dim: int) -> int:
@@ -393,7 +421,7 @@ class RecurrentAttention(AttentionVariant):
             q = F.pad(q, (0, 0, n_k - n_q, 0))
         b, h, _, d = k.shape
         state = k.new_zeros(b, h, self.key_dim(d), v.shape[-1])
-        return self._scan(q, k, v, keep, state)[0][:, :, n_k - n_q:]
+        return self._scan(q, k, v, keep, state)[0][:, :, n_k - n_q :]
 
     def _scan(self, q: Tensor, k: Tensor, v: Tensor, keep: Tensor | None, state: Tensor) -> tuple[Tensor, Tensor]:
         """Outputs of every position of q, k, v (B, H, N, ·) from `state`, and the state after them."""
@@ -419,7 +447,9 @@ class RecurrentAttention(AttentionVariant):
         b, kv_heads = inputs["k"].shape[:2]
         groups = qs.shape[1] // kv_heads
         rest = {name: t for name, t in inputs.items() if name != "q"}
-        if groups > 1:  # grouped-query: (B, Hkv) as one batch axis, the group on the heads' (every K/V input has 1 there)
+        if (
+            groups > 1
+        ):  # grouped-query: (B, Hkv) as one batch axis, the group on the heads' (every K/V input has 1 there)
             qs = qs.reshape(b * kv_heads, groups, *qs.shape[2:])
             rest = {name: t.reshape(b * kv_heads, 1, *t.shape[2:]) for name, t in rest.items()}
             state = state.reshape(b * kv_heads, 1, *state.shape[2:])
@@ -437,19 +467,26 @@ class RecurrentAttention(AttentionVariant):
         q = F.pad(q, (0, 0, n_k - n_q, 0))
         x = self.recurrence_inputs(q, k, v, key_padding_mask)
         qs = x["q"] * x["scale"]
-        groups = qs.shape[1] // x["k"].shape[1]  # grouped-query: each K/V head's inputs read by its group of query heads
-        x = {name: t.repeat_interleave(groups, dim=1) if isinstance(t, Tensor) and name != "q" else t for name, t in x.items()}
+        groups = (
+            qs.shape[1] // x["k"].shape[1]
+        )  # grouped-query: each K/V head's inputs read by its group of query heads
+        x = {
+            name: t.repeat_interleave(groups, dim=1) if isinstance(t, Tensor) and name != "q" else t
+            for name, t in x.items()
+        }
         if self.delta_rule:
             out = dense_delta(qs, x["k"], x["v"], x["beta"], x.get("log_decay"))
         else:
             out = dense_gated(qs, x["k"], x["v"], x["log_decay"])
-        return out[:, :, n_k - n_q:]
+        return out[:, :, n_k - n_q :]
 
     # -- decoding: the one-step form -------------------------------------------------------------
     state_kind = "recurrent"
 
     def _empty_state(self, batch, heads, head_dim, value_dim, dtype, device):
-        return {"S": torch.zeros(batch, heads, self.key_dim(head_dim), value_dim, dtype=dtype, device=device)}  # K x Dv per head
+        return {
+            "S": torch.zeros(batch, heads, self.key_dim(head_dim), value_dim, dtype=dtype, device=device)
+        }  # K x Dv per head
 
     def _prefill(self, q, k, v, state, keep):
         return self._step(q, k, v, state, keep)[1]  # the state is what the scan computes anyway
@@ -479,8 +516,11 @@ class RecurrentAttention(AttentionVariant):
         d = self.key_dim(d)
         group = batch * heads * min(n_k, GROUP_POSITIONS) * (c + 4 * (d + dv) + (d if self.max_chunk else 0) * 4) * 4
         states = batch * heads * d * dv * 4 * (math.ceil(n_k / GROUP_POSITIONS) if backward else 2)
-        return int(group * (6 if backward else 3) + states
-                   + super().memory_estimate(batch, heads, n_q, n_k, d, dv, element_size, causal, backward))
+        return int(
+            group * (6 if backward else 3)
+            + states
+            + super().memory_estimate(batch, heads, n_q, n_k, d, dv, element_size, causal, backward)
+        )
 
     def extra_repr(self) -> str:
         mapped = "" if self.feature_map is None else f", feature_map={self.feature_map!r}"

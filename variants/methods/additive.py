@@ -83,7 +83,9 @@ class _TiledAdditive(torch.autograd.Function):
                 if allowed is not None:
                     s = s.masked_fill(~allowed, -math.inf)
                 new_max = torch.maximum(row_max, s.amax(-1, keepdim=True))
-                safe = torch.where(torch.isfinite(new_max), new_max, torch.zeros_like(new_max))  # rows seeing nothing yet
+                safe = torch.where(
+                    torch.isfinite(new_max), new_max, torch.zeros_like(new_max)
+                )  # rows seeing nothing yet
                 p = torch.exp(s - safe)
                 correction = torch.exp(row_max - safe)
                 row_sum = row_sum * correction + p.sum(-1, keepdim=True)
@@ -129,7 +131,7 @@ class _TiledAdditive(torch.autograd.Function):
 class AdditiveAttention(AttentionVariant):
     spec = VariantSpec(
         name="additive",
-        repeats_kv='W_k, the projection of the keys, is learned per query head',
+        repeats_kv="W_k, the projection of the keys, is learned per query head",
         summary="Bahdanau's concat score v·tanh(q W_q + k W_k) per head, tiled with an online softmax (no N x N x A)",
         style=("#17a589", "*"),
         reference="Bahdanau et al. 2015, 'Neural Machine Translation by Jointly Learning to Align and Translate'",
@@ -149,8 +151,10 @@ class AdditiveAttention(AttentionVariant):
         """
         super().__init__(**base)
         if self.num_heads is None or self.head_dim is None:
-            raise ValueError("additive: options num_heads and head_dim are required (W_q, W_k and v are parameters per "
-                             f"head), got num_heads={self.num_heads!r}, head_dim={self.head_dim!r}")
+            raise ValueError(
+                "additive: options num_heads and head_dim are required (W_q, W_k and v are parameters per "
+                f"head), got num_heads={self.num_heads!r}, head_dim={self.head_dim!r}"
+            )
         self._check_int("attn_dim", attn_dim, 1, allow_none=True)
         h, d = self.num_heads, self.head_dim
         a = d if attn_dim is None else attn_dim
@@ -162,7 +166,7 @@ class AdditiveAttention(AttentionVariant):
 
     def reset_parameters(self) -> None:
         for p, fan_in in ((self.w_q, self.head_dim), (self.w_k, self.head_dim), (self.v, self.attn_dim)):
-            nn.init.uniform_(p, -fan_in**-0.5, fan_in**-0.5)  # nn.Linear's default bound
+            nn.init.uniform_(p, -(fan_in**-0.5), fan_in**-0.5)  # nn.Linear's default bound
 
     def default_scale(self, d: int) -> float:
         return 1.0  # Bahdanau's score has no scale: v learns its size
@@ -180,7 +184,9 @@ class AdditiveAttention(AttentionVariant):
     def reference(self, q, k, v, *, causal=False, key_padding_mask=None):
         """The naive form: every score of the (B, H, Nq, Nk, A) tanh stored, one softmax."""
         qa, ka = self.hidden(q, k)
-        scores = torch.einsum("bhija,ha->bhij", torch.tanh(qa[:, :, :, None] + ka[:, :, None]), self.v.to(q.dtype)) * self._scale(q)
+        scores = torch.einsum(
+            "bhija,ha->bhij", torch.tanh(qa[:, :, :, None] + ka[:, :, None]), self.v.to(q.dtype)
+        ) * self._scale(q)
         allowed = dense_mask(q.shape[-2], k.shape[-2], causal, key_padding_mask, q.device)
         return torch.matmul(masked_softmax(scores, allowed), v)
 
@@ -206,8 +212,11 @@ class AdditiveAttention(AttentionVariant):
 
     def memory_estimate(self, batch, heads, n_q, n_k, d, dv, element_size, causal, backward):
         hidden = batch * heads * (n_q + n_k) * self.attn_dim * 4 * (3 if backward else 1)
-        return int(hidden + TILE_ELEMENTS * 4 * (6 if backward else 3)
-                   + super().memory_estimate(batch, heads, n_q, n_k, d, dv, element_size, causal, backward))
+        return int(
+            hidden
+            + TILE_ELEMENTS * 4 * (6 if backward else 3)
+            + super().memory_estimate(batch, heads, n_q, n_k, d, dv, element_size, causal, backward)
+        )
 
     def extra_repr(self) -> str:
         return f"attn_dim={self.attn_dim}, num_heads={self.num_heads}, head_dim={self.head_dim}"

@@ -40,8 +40,10 @@ class BilinearAttention(FullAttention):
         """
         super().__init__(**base)
         if self.num_heads is None or self.head_dim is None:
-            raise ValueError("bilinear: options num_heads and head_dim are required (W is a parameter of shape "
-                             f"(num_heads, head_dim, head_dim)), got num_heads={self.num_heads!r}, head_dim={self.head_dim!r}")
+            raise ValueError(
+                "bilinear: options num_heads and head_dim are required (W is a parameter of shape "
+                f"(num_heads, head_dim, head_dim)), got num_heads={self.num_heads!r}, head_dim={self.head_dim!r}"
+            )
         self.weight = nn.Parameter(torch.empty(self.num_heads, self.head_dim, self.head_dim))
         self.reset_parameters()
 

@@ -49,7 +49,11 @@ class DeltaNet(RecurrentAttention):
         not_deployable=(NO_ONNX_SOLVE,),  # q is L2-normalised first: scale multiplies the normalised q
         notes="causal only; needs num_heads and head_dim (β per head from the keys); decodes with a constant D x Dv state",
         function_options=("feature_map", "feature_dim"),
-        examples=((("chunk_size", 4),), (("chunk_size", 64),), (("chunk_size", 4), ("feature_map", "hedgehog"), ("feature_dim", 3))),
+        examples=(
+            (("chunk_size", 4),),
+            (("chunk_size", 64),),
+            (("chunk_size", 4), ("feature_map", "hedgehog"), ("feature_dim", 3)),
+        ),
     )
 
     delta_rule = True

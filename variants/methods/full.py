@@ -35,7 +35,9 @@ def padding_and_causal_mask(key_padding_mask: Tensor, n_q: int, causal: bool, de
     return mask
 
 
-CPU_FLASH_MIN_KEYS = 16  # below this many keys torch's CPU flash kernel (2.13) gives zeros, not NaN, for a NaN score row
+CPU_FLASH_MIN_KEYS = (
+    16  # below this many keys torch's CPU flash kernel (2.13) gives zeros, not NaN, for a NaN score row
+)
 
 
 def sdpa(q: Tensor, k: Tensor, v: Tensor, **kwargs) -> Tensor:
@@ -62,8 +64,14 @@ def sdpa(q: Tensor, k: Tensor, v: Tensor, **kwargs) -> Tensor:
     return F.scaled_dot_product_attention(q, k, v, **kwargs)[..., :dv]
 
 
-def written_out(q: Tensor, k: Tensor, v: Tensor, attn_mask: Tensor | None = None, is_causal: bool = False,
-                scale: float | None = None) -> Tensor:
+def written_out(
+    q: Tensor,
+    k: Tensor,
+    v: Tensor,
+    attn_mask: Tensor | None = None,
+    is_causal: bool = False,
+    scale: float | None = None,
+) -> Tensor:
     """`scaled_dot_product_attention`'s function with its scores stored (is_causal aligned top-left, as SDPA's; a
     bool mask True = may attend, a float mask added; k, v of Hkv heads serve groups of q's): for short key
     sequences only."""
@@ -109,12 +117,23 @@ class FullAttention(AttentionVariant):
     def flops(self, n_q: int, n_k: int, d: int, dv: int, causal: bool) -> float:
         return 2.0 * full_attention_pairs(n_q, n_k, causal) * (d + dv)
 
-    def kernel_name(self, q: Tensor, k: Tensor, v: Tensor, *, causal: bool = False, backward: bool = False) -> str | None:
+    def kernel_name(
+        self, q: Tensor, k: Tensor, v: Tensor, *, causal: bool = False, backward: bool = False
+    ) -> str | None:
         """The SDPA backend torch picks for this call without a mask (flash, efficient, cudnn, math...)."""
         from torch.nn.attention import SDPBackend
 
         with torch.set_grad_enabled(backward):
             choice = torch._fused_sdp_choice(q, k, v, is_causal=causal, scale=self._scale(q))
-        names = {int(b): b.name for b in (SDPBackend.ERROR, SDPBackend.MATH, SDPBackend.FLASH_ATTENTION,
-                                          SDPBackend.EFFICIENT_ATTENTION, SDPBackend.CUDNN_ATTENTION, SDPBackend.OVERRIDEABLE)}
+        names = {
+            int(b): b.name
+            for b in (
+                SDPBackend.ERROR,
+                SDPBackend.MATH,
+                SDPBackend.FLASH_ATTENTION,
+                SDPBackend.EFFICIENT_ATTENTION,
+                SDPBackend.CUDNN_ATTENTION,
+                SDPBackend.OVERRIDEABLE,
+            )
+        }
         return names.get(int(choice), str(choice)).lower()

@@ -51,4 +51,7 @@ class NaiveFullAttention(AttentionVariant):
     def memory_estimate(self, batch, heads, n_q, n_k, d, dv, element_size, causal, backward):
         # scores, exp and weights (+ their gradients in backward), each Nq x Nk per head
         scores = batch * heads * n_q * n_k * max(element_size, 4)
-        return int(scores * (6 if backward else 3) + super().memory_estimate(batch, heads, n_q, n_k, d, dv, element_size, causal, backward))
+        return int(
+            scores * (6 if backward else 3)
+            + super().memory_estimate(batch, heads, n_q, n_k, d, dv, element_size, causal, backward)
+        )

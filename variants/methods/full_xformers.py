@@ -74,7 +74,9 @@ class XformersFullAttention(AttentionVariant):
             return reason
         return _xformers_installed()
 
-    def kernel_name(self, q: Tensor, k: Tensor, v: Tensor, *, causal: bool = False, backward: bool = False) -> str | None:
+    def kernel_name(
+        self, q: Tensor, k: Tensor, v: Tensor, *, causal: bool = False, backward: bool = False
+    ) -> str | None:
         """The xformers operator its dispatcher picks for this call (e.g. fa2F, cutlassF-pt)."""
         xops = _xformers_ops()[0]
         if xops is None:
@@ -82,8 +84,13 @@ class XformersFullAttention(AttentionVariant):
         from xformers.ops import fmha
 
         bias = _causal_bias(xops, q, k) if causal else None
-        inp = fmha.Inputs(query=q.transpose(1, 2), key=k.transpose(1, 2), value=v.transpose(1, 2), attn_bias=bias,
-                          scale=self._scale(q))
+        inp = fmha.Inputs(
+            query=q.transpose(1, 2),
+            key=k.transpose(1, 2),
+            value=v.transpose(1, 2),
+            attn_bias=bias,
+            scale=self._scale(q),
+        )
         return fmha.dispatch._dispatch_fw(inp, backward).NAME
 
     def _attend(self, q: Tensor, k: Tensor, v: Tensor, causal: bool, key_padding_mask: Tensor | None) -> Tensor:

@@ -45,9 +45,13 @@ class GatedLinearAttention(RecurrentAttention):
         why_not_non_causal=WHY_CAUSAL_ONLY,
         subquadratic=True,
         notes="causal only; needs num_heads and head_dim (gates per head from the keys); chunk_size <= 16; "
-              "log α floored at −5; decodes with a constant D x Dv state",
+        "log α floored at −5; decodes with a constant D x Dv state",
         function_options=("feature_map", "feature_dim"),
-        examples=((("chunk_size", 4),), (("chunk_size", 16),), (("chunk_size", 4), ("feature_map", "hedgehog"), ("feature_dim", 3))),
+        examples=(
+            (("chunk_size", 4),),
+            (("chunk_size", 16),),
+            (("chunk_size", 4), ("feature_map", "hedgehog"), ("feature_dim", 3)),
+        ),
     )
 
     max_chunk = 16

@@ -49,6 +49,7 @@ GROUP_FEATURES = 512 * 256  # positions x features computed at once (512 positio
 
 # -- feature maps ------------------------------------------------------------------------------
 
+
 def elu_feature_map(x: Tensor) -> Tensor:
     """φ(x) = elu(x) + 1 = exp(min(x, 0)) + max(x, 0), positive everywhere.
 
@@ -202,26 +203,34 @@ class Hedgehog(nn.Module):
 LEARNED_MAPS = ("hedgehog",)  # feature maps with parameters (per head: they need num_heads and head_dim)
 
 
-def learned_feature_maps(owner: str, feature_map: str | None, heads: int | None, head_dim: int | None,
-                         feature_dim: int | None) -> tuple[nn.Module, nn.Module] | None:
+def learned_feature_maps(
+    owner: str, feature_map: str | None, heads: int | None, head_dim: int | None, feature_dim: int | None
+) -> tuple[nn.Module, nn.Module] | None:
     """(φ of the queries, φ of the keys) for a learned map, or None for feature_map=None; the ValueError names
     the option (every variant that takes a learned map on q and k builds it here)."""
     if feature_map is None:
         return None
     if feature_map not in LEARNED_MAPS:
-        raise ValueError(f"{owner}: option feature_map={feature_map!r} is invalid; allowed: None, "
-                         + ", ".join(repr(name) for name in LEARNED_MAPS))
+        raise ValueError(
+            f"{owner}: option feature_map={feature_map!r} is invalid; allowed: None, "
+            + ", ".join(repr(name) for name in LEARNED_MAPS)
+        )
     if heads is None or head_dim is None:
-        raise ValueError(f"{owner}: feature_map={feature_map!r} needs options num_heads and head_dim (its maps are "
-                         f"learned per head), got num_heads={heads}, head_dim={head_dim}")
+        raise ValueError(
+            f"{owner}: feature_map={feature_map!r} needs options num_heads and head_dim (its maps are "
+            f"learned per head), got num_heads={heads}, head_dim={head_dim}"
+        )
     features = head_dim if feature_dim is None else feature_dim
     if not isinstance(features, int) or isinstance(features, bool) or features < 1:
-        raise ValueError(f"{owner}: option feature_dim={feature_dim!r} is invalid; expected an int >= 1 (F' of "
-                         f"{feature_map}: 2F' features a row) or None (= head_dim)")
+        raise ValueError(
+            f"{owner}: option feature_dim={feature_dim!r} is invalid; expected an int >= 1 (F' of "
+            f"{feature_map}: 2F' features a row) or None (= head_dim)"
+        )
     return Hedgehog(heads, head_dim, features), Hedgehog(heads, head_dim, features)
 
 
 # -- the scan ----------------------------------------------------------------------------------
+
 
 def group_positions(features: int, chunk: int = 1) -> int:
     """Positions computed at once: about GROUP_FEATURES / F, a multiple of the chunk (at least one chunk)."""
@@ -314,7 +323,9 @@ class _NonCausalScan(torch.autograd.Function):
             qg = _query_group(q, sl, q_factor)
             d_num = _d_num_den(grad_out[:, :, sl], out[:, :, sl], den[:, :, sl])  # (L, Dv + 1)
             if dq is not None:
-                dq[:, :, sl] = fmap.vjp(qg, torch.matmul(d_num, state.transpose(-1, -2)), sl.start, consts, True).mul_(q_factor)
+                dq[:, :, sl] = fmap.vjp(qg, torch.matmul(d_num, state.transpose(-1, -2)), sl.start, consts, True).mul_(
+                    q_factor
+                )
             dstate += torch.matmul(fmap.apply(qg, sl.start, consts, True).transpose(-1, -2), d_num)
         dk = torch.empty_like(k) if ctx.needs_input_grad[1] else None
         dv = torch.empty_like(v) if ctx.needs_input_grad[2] else None
@@ -403,10 +414,14 @@ class FeatureMapAttention(AttentionVariant):
         """
         super().__init__(**base)
         self._check_int("chunk_size", chunk_size, 1)
-        if not (isinstance(eps, (int, float)) and not isinstance(eps, bool) and math.isfinite(eps) and 0 <= eps <= MAX_EPS):
-            raise ValueError(f"{self.spec.name}: option eps={eps!r} is invalid; expected a number in [0, {MAX_EPS}] (it is "
-                             f"added to the normalizer, about the number of visible keys: a large eps scales every output "
-                             f"towards 0)")
+        if not (
+            isinstance(eps, (int, float)) and not isinstance(eps, bool) and math.isfinite(eps) and 0 <= eps <= MAX_EPS
+        ):
+            raise ValueError(
+                f"{self.spec.name}: option eps={eps!r} is invalid; expected a number in [0, {MAX_EPS}] (it is "
+                f"added to the normalizer, about the number of visible keys: a large eps scales every output "
+                f"towards 0)"
+            )
         self.chunk_size, self.eps = chunk_size, float(eps)
 
     def feature_map_for(self, q: Tensor) -> FeatureMap:
@@ -491,10 +506,14 @@ class FeatureMapAttention(AttentionVariant):
 
     def _empty_state(self, batch, heads, head_dim, value_dim, dtype, device):
         f = self._features(head_dim)
-        sums = torch.float32 if dtype in (torch.float16, torch.bfloat16) else dtype  # (the forward's sums are float32 too)
+        sums = (
+            torch.float32 if dtype in (torch.float16, torch.bfloat16) else dtype
+        )  # (the forward's sums are float32 too)
         return {"S": torch.zeros(batch, heads, f, value_dim + 1, dtype=sums, device=device)}  # Σ_j φ(k_j) [v_j, 1]ᵀ
 
-    def _decode_features(self, q: Tensor, k: Tensor, state, keep: Tensor | None) -> tuple[Tensor, Tensor, Tensor | None, dict]:
+    def _decode_features(
+        self, q: Tensor, k: Tensor, state, keep: Tensor | None
+    ) -> tuple[Tensor, Tensor, Tensor | None, dict]:
         """(φ(q), φ(k)) of the new positions (q already multiplied by its factor), the factor the earlier
         sums take first (None: 1), and state tensors to replace (performer: its running stabilizer).
         keep: (B, 1, t, 1) of the new positions, None when none is padding."""
@@ -528,7 +547,9 @@ class FeatureMapAttention(AttentionVariant):
             num = torch.matmul(torch.matmul(phi_q, phi_k.transpose(-1, -2)).tril_(), ve) + torch.matmul(phi_q, sums)
         else:  # grouped-query: a K/V head's sums serve its G query heads, (B, Hkv, G, t, ·) against (B, Hkv, 1, ·, ·)
             phi_g, k_g, ve_g = phi_q.unflatten(1, (kv_heads, -1)), phi_k[:, :, None], ve[:, :, None]
-            num = torch.matmul(torch.matmul(phi_g, k_g.transpose(-1, -2)).tril_(), ve_g) + torch.matmul(phi_g, sums[:, :, None])
+            num = torch.matmul(torch.matmul(phi_g, k_g.transpose(-1, -2)).tril_(), ve_g) + torch.matmul(
+                phi_g, sums[:, :, None]
+            )
             num = num.flatten(1, 2)
         out = num[..., :-1] / (num[..., -1:] + self.eps).clamp_min(torch.finfo(num.dtype).tiny)
         sums = sums + torch.matmul(phi_k.transpose(-1, -2), ve)
@@ -544,14 +565,16 @@ class FeatureMapAttention(AttentionVariant):
         size = group_positions(f, self.chunk_size)
         group = batch * heads * size * (f + dv + 1) * 4 * (8 if causal else 4)  # a group's features and products
         states = batch * heads * math.ceil(n_k / size) * f * (dv + 1) * 4 if causal else 0  # kept for the backward
-        return int(group + states + super().memory_estimate(batch, heads, n_q, n_k, d, dv, element_size, causal, backward))
+        return int(
+            group + states + super().memory_estimate(batch, heads, n_q, n_k, d, dv, element_size, causal, backward)
+        )
 
 
 @register
 class LinearAttention(FeatureMapAttention):
     spec = VariantSpec(
         name="linear",
-        repeats_kv='its scans and their written-out backward run one K/V head per query head',
+        repeats_kv="its scans and their written-out backward run one K/V head per query head",
         summary="linear attention, phi(q)·phi(k) for softmax (elu+1, relu, taylor, cosformer, learned hedgehog); causal chunk-wise with a running F x Dv state",
         style=("#d62728", "v"),
         reference="Katharopoulos et al. 2020, 'Transformers are RNNs'; Arora et al. 2024 (Based: taylor); Qin et al. 2022 (cosFormer)",
@@ -559,12 +582,18 @@ class LinearAttention(FeatureMapAttention):
         memory_complexity="O(N Dv) + one group of chunks",
         subquadratic=True,
         notes="F features a row: D (elu, relu), 2D (cosformer), 1 + D + D^2 (taylor), 2 feature_dim (hedgehog, learned per head: "
-              "needs num_heads and head_dim); cosformer: M = max(Nq, Nk) unless "
-              "max_len is given (give it for decoding: a prefix's outputs then do not change with N)",
+        "needs num_heads and head_dim); cosformer: M = max(Nq, Nk) unless "
+        "max_len is given (give it for decoding: a prefix's outputs then do not change with N)",
         function_options=("feature_map", "max_len", "feature_dim"),
-        examples=((("chunk_size", 4),), (("feature_map", "relu"),), (("feature_map", "taylor"), ("chunk_size", 4)), (("feature_map", "taylor"), ("feature_dim", 3)),
-                  (("feature_map", "cosformer"), ("chunk_size", 4), ("max_len", 64)),
-                  (("feature_map", "hedgehog"), ("chunk_size", 4)), (("feature_map", "hedgehog"), ("feature_dim", 3))),
+        examples=(
+            (("chunk_size", 4),),
+            (("feature_map", "relu"),),
+            (("feature_map", "taylor"), ("chunk_size", 4)),
+            (("feature_map", "taylor"), ("feature_dim", 3)),
+            (("feature_map", "cosformer"), ("chunk_size", 4), ("max_len", 64)),
+            (("feature_map", "hedgehog"), ("chunk_size", 4)),
+            (("feature_map", "hedgehog"), ("feature_dim", 3)),
+        ),
     )
 
     def __init__(self, *, feature_map: str = "elu", max_len: int | None = None, feature_dim: int | None = None, **base):
@@ -583,18 +612,26 @@ class LinearAttention(FeatureMapAttention):
         """
         super().__init__(**base)
         if feature_map not in FEATURE_MAPS and feature_map not in LEARNED_MAPS:
-            raise ValueError(f"linear: option feature_map={feature_map!r} is invalid; allowed: "
-                             + ", ".join(repr(name) for name in (*FEATURE_MAPS, *LEARNED_MAPS)))
+            raise ValueError(
+                f"linear: option feature_map={feature_map!r} is invalid; allowed: "
+                + ", ".join(repr(name) for name in (*FEATURE_MAPS, *LEARNED_MAPS))
+            )
         self._check_int("max_len", max_len, 1, allow_none=True)
         if max_len is not None and feature_map != "cosformer":
-            raise ValueError(f"linear: option max_len={max_len!r} is for feature_map='cosformer' only, got feature_map={feature_map!r}")
+            raise ValueError(
+                f"linear: option max_len={max_len!r} is for feature_map='cosformer' only, got feature_map={feature_map!r}"
+            )
         self._check_int("feature_dim", feature_dim, 1, allow_none=True)
         learned = feature_map in LEARNED_MAPS
         if feature_dim is not None and self.head_dim is not None and feature_dim > self.head_dim and not learned:
-            raise ValueError(f"linear: option feature_dim={feature_dim} is invalid; expected an int <= head_dim={self.head_dim}")
+            raise ValueError(
+                f"linear: option feature_dim={feature_dim} is invalid; expected an int <= head_dim={self.head_dim}"
+            )
         self.feature_map, self.max_len, self.feature_dim = feature_map, max_len, feature_dim
         if learned:  # φ of q and of k, trained (attention transfer): computed before the scan, under autograd
-            self.q_features, self.k_features = learned_feature_maps("linear", feature_map, self.num_heads, self.head_dim, feature_dim)
+            self.q_features, self.k_features = learned_feature_maps(
+                "linear", feature_map, self.num_heads, self.head_dim, feature_dim
+            )
             self._map = GivenFeatures()
         else:
             self._map = CosformerFeatures(max_len) if feature_map == "cosformer" else FEATURE_MAPS[feature_map]()
@@ -620,8 +657,10 @@ class LinearAttention(FeatureMapAttention):
 
     def _empty_state(self, batch, heads, head_dim, value_dim, dtype, device):
         if self.feature_map == "cosformer" and self.max_len is None:
-            raise ValueError("linear: feature_map='cosformer' decodes only with max_len given (M of its re-weighting "
-                             "cos(π (i − j) / 2M); without it M is each call's length, which a decoder does not know yet)")
+            raise ValueError(
+                "linear: feature_map='cosformer' decodes only with max_len given (M of its re-weighting "
+                "cos(π (i − j) / 2M); without it M is each call's length, which a decoder does not know yet)"
+            )
         if self.feature_dim is not None and self.feature_dim > head_dim and not self._learned():
             raise ValueError(f"linear: feature_dim={self.feature_dim} > the state's head_dim={head_dim}")
         return super()._empty_state(batch, heads, head_dim, value_dim, dtype, device)

@@ -30,7 +30,7 @@ from .full import full_attention_pairs, sdpa
 class Linformer(AttentionVariant):
     spec = VariantSpec(
         name="linformer",
-        repeats_kv='E and F, its projections of K and V along N, are learned per query head',
+        repeats_kv="E and F, its projections of K and V along N, are learned per query head",
         summary="keys and values projected along N to `rank` rows by learned E, F per head; SDPA over them",
         style=("#8c564b", ">"),
         reference="Wang et al. 2020, 'Linformer: Self-Attention with Linear Complexity'",
@@ -56,8 +56,10 @@ class Linformer(AttentionVariant):
         self._check_int("rank", rank, 1)
         self._check_int("max_len", max_len, 1)
         if self.num_heads is None:
-            raise ValueError("linformer: option num_heads is required (E and F are parameters of shape "
-                             "(num_heads, rank, max_len)), got num_heads=None")
+            raise ValueError(
+                "linformer: option num_heads is required (E and F are parameters of shape "
+                "(num_heads, rank, max_len)), got num_heads=None"
+            )
         self.rank, self.max_len = rank, max_len
         self.e = nn.Parameter(torch.empty(self.num_heads, rank, max_len))
         self.f = nn.Parameter(torch.empty(self.num_heads, rank, max_len))

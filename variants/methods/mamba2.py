@@ -36,7 +36,11 @@ class Mamba2(RecurrentAttention):
         subquadratic=True,
         notes="causal only; needs num_heads and head_dim (gates per head from the keys); decodes with a constant D x Dv state",
         function_options=("feature_map", "feature_dim"),
-        examples=((("chunk_size", 4),), (("chunk_size", 64),), (("chunk_size", 4), ("feature_map", "hedgehog"), ("feature_dim", 3))),
+        examples=(
+            (("chunk_size", 4),),
+            (("chunk_size", 64),),
+            (("chunk_size", 4), ("feature_map", "hedgehog"), ("feature_dim", 3)),
+        ),
     )
 
     def __init__(self, **options):

@@ -91,7 +91,9 @@ class _BlockMatmul(torch.autograd.Function):
         if ctx.needs_input_grad[1]:
             dw = w.new_zeros(w.shape)
             if whole:
-                dw += torch.matmul(x[:, :, :whole].unflatten(2, (-1, c)).flatten(-2).transpose(-1, -2), d_slots[:, :, : whole // c]).sum(0)
+                dw += torch.matmul(
+                    x[:, :, :whole].unflatten(2, (-1, c)).flatten(-2).transpose(-1, -2), d_slots[:, :, : whole // c]
+                ).sum(0)
             if whole < n:
                 dw += torch.matmul(_last_block(x, c).transpose(-1, -2), d_slots[:, :, -1:]).sum(0)
         return dx, dw, None
@@ -184,8 +186,11 @@ class _Phases(torch.autograd.Function):
             keys = [k[:, :, r::c][:, :, :count] for r in range(a)]
             values = [v[:, :, r::c][:, :, :count] for r in range(a)]
             # d(loss)/d(s_r) = p_r (dp_r - sum_r' p_r' dp_r' + g_lse) where the log-sum-exp is live; p_r dp_r elsewhere
-            dp = (torch.stack([(g_out * v_r).sum(-1, dtype=acc) for v_r in values], -1) if g_out is not None
-                  else p_raw.new_zeros(p_raw.shape))
+            dp = (
+                torch.stack([(g_out * v_r).sum(-1, dtype=acc) for v_r in values], -1)
+                if g_out is not None
+                else p_raw.new_zeros(p_raw.shape)
+            )
             shared = (p_raw * dp).sum(-1, keepdim=True)
             if g_aug is not None:
                 shared = shared - g_aug[..., d : d + 1].to(acc)
@@ -206,7 +211,7 @@ class _Phases(torch.autograd.Function):
 class MemoryCompressedAttention(AttentionVariant):
     spec = VariantSpec(
         name="memory_compressed",
-        repeats_kv='the strided convolution compressing K and V is learned per query head',
+        repeats_kv="the strided convolution compressing K and V is learned per query head",
         summary="keys/values compressed by a strided conv (kernel = stride = c) per head; fused SDPA over the N/c slots",
         style=("#9467bd", "P"),
         reference="Liu et al. 2018, 'Generating Wikipedia by Summarizing Long Sequences'",
@@ -285,7 +290,6 @@ class MemoryCompressedAttention(AttentionVariant):
         SDPA call over the slots (no key copied per phase), its queries and raw keys strided views of q, k, v."""
         b, h, n, d = q.shape
         c, dv, scale = self.compression, v.shape[-1], self._scale(q)
-        acc = torch.promote_types(q.dtype, torch.float32)
         # keys [sink, slot_0, slot_1, ..] in one head dim E (the fused kernel needs q, k, v to share it):
         #   q_aug = [q, lse_raw, 1/scale, 0..]   slot key = [k_c, 0, mask_score, 0..]   sink key = [0, 1/scale, 0, 0..]
         #   slot value = [v_c, 1, 0..]   sink value = 0
@@ -298,17 +302,36 @@ class MemoryCompressedAttention(AttentionVariant):
         pen = kc.new_zeros(b, slots) if slot_valid is None else (~slot_valid[:, :slots]).to(kc.dtype) * MASKED
         sink_k = kc.new_zeros(b, h, 1, e)
         sink_k[..., d] = 1.0 / scale
-        k_aug = torch.cat([sink_k, torch.cat([kc[:, :, :slots], kc.new_zeros(b, h, slots, 1),
-                                              pen[:, None, :, None].expand(b, h, slots, 1),
-                                              kc.new_zeros(b, h, slots, e - d - 2)], -1)], 2)  # (B, H, 1 + slots, E)
+        k_aug = torch.cat(
+            [
+                sink_k,
+                torch.cat(
+                    [
+                        kc[:, :, :slots],
+                        kc.new_zeros(b, h, slots, 1),
+                        pen[:, None, :, None].expand(b, h, slots, 1),
+                        kc.new_zeros(b, h, slots, e - d - 2),
+                    ],
+                    -1,
+                ),
+            ],
+            2,
+        )  # (B, H, 1 + slots, E)
         del kc  # (one of the two compressed tensors at a time)
         vc, _ = compress(v, self.v_weight, self.v_bias, c, key_padding_mask)
-        v_aug = torch.cat([vc.new_zeros(b, h, 1, e), torch.cat([vc[:, :, :slots], vc.new_ones(b, h, slots, 1),
-                                                                 vc.new_zeros(b, h, slots, e - dv - 1)], -1)], 2)
+        v_aug = torch.cat(
+            [
+                vc.new_zeros(b, h, 1, e),
+                torch.cat([vc[:, :, :slots], vc.new_ones(b, h, slots, 1), vc.new_zeros(b, h, slots, e - dv - 1)], -1),
+            ],
+            2,
+        )
         del vc
         phases = _phases(n, c)
         if torch.is_grad_enabled() and (q.requires_grad or k.requires_grad or v.requires_grad):
-            pieces = _Phases.apply(q, k, v, c, e, scale, key_padding_mask)  # each phase's q_aug, then raw parts (a >= 1)
+            pieces = _Phases.apply(
+                q, k, v, c, e, scale, key_padding_mask
+            )  # each phase's q_aug, then raw parts (a >= 1)
             raws = iter(pieces[len(phases) :])
             inputs = ((a, q_aug, next(raws) if a else None) for a, q_aug in zip(phases, pieces[: len(phases)]))
         else:  # inference: one phase's pieces at a time
@@ -342,7 +365,9 @@ class MemoryCompressedAttention(AttentionVariant):
         j = torch.arange(n_k, device=q.device)[None, :]
         recent = (j >= (i + 1) // c * c) & (j <= i)  # raw keys of the unfinished block
         raw_ok = torch.ones(1, n_k, dtype=torch.bool, device=q.device) if key_padding_mask is None else key_padding_mask
-        allowed = torch.cat([complete[None, None] & slot_ok[:, None, None, :], recent[None, None] & raw_ok[:, None, None, :]], -1)
+        allowed = torch.cat(
+            [complete[None, None] & slot_ok[:, None, None, :], recent[None, None] & raw_ok[:, None, None, :]], -1
+        )
         return dense_attention(q, torch.cat([kc, k], 2), values, allowed, self._scale(q))
 
     def attention_matrix(self, q, k, *, causal=False, key_padding_mask=None):
@@ -378,23 +403,31 @@ class MemoryCompressedAttention(AttentionVariant):
         raw_k, raw_v = torch.cat([state.tensors["k"], k], dim=2), torch.cat([state.tensors["v"], v], dim=2)
         raw_mask = masks_appended(state, state.tensors.get("mask"), state.tensors["k"].shape[2], keep, k.shape[2])
         whole = raw_k.shape[2] // c * c
-        slot_k, slot_v = state.tensors["slot_k"], state.tensors["slot_v"]  # buffers: the first L // c rows are the slots
+        slot_k, slot_v = (
+            state.tensors["slot_k"],
+            state.tensors["slot_v"],
+        )  # buffers: the first L // c rows are the slots
         have = state.length // c
         slot_valid = state.tensors.get("slot_valid")
         if raw_mask is not None and slot_valid is None:
             slot_valid = torch.ones(state.batch, have, dtype=torch.bool, device=state.device)
         if whole:
-            new_k, new_v, valid = self.compressed_kv(raw_k[:, :, :whole], raw_v[:, :, :whole],
-                                                     None if raw_mask is None else raw_mask[:, :whole])
+            new_k, new_v, valid = self.compressed_kv(
+                raw_k[:, :, :whole], raw_v[:, :, :whole], None if raw_mask is None else raw_mask[:, :whole]
+            )
             need = have + new_k.shape[2]
             if need > slot_k.shape[2]:  # grown to twice what is needed: a block's slot is written in place, not the
-                grow = lambda buf: torch.cat([buf[:, :, :have], buf.new_empty(*buf.shape[:2], 2 * need - have, buf.shape[-1])], 2)  # noqa: E731
+                grow = lambda buf: torch.cat(
+                    [buf[:, :, :have], buf.new_empty(*buf.shape[:2], 2 * need - have, buf.shape[-1])], 2
+                )  # noqa: E731
                 slot_k, slot_v = grow(slot_k), grow(slot_v)  # whole cache copied at every block
             slot_k[:, :, have:need], slot_v[:, :, have:need] = new_k, new_v
             if valid is not None:
                 slot_valid = torch.cat([slot_valid, valid], dim=1)
         masks = {} if raw_mask is None else {"mask": raw_mask[:, whole:], "slot_valid": slot_valid}
-        after = state.advanced(k.shape[2], slot_k=slot_k, slot_v=slot_v, k=raw_k[:, :, whole:], v=raw_v[:, :, whole:], **masks)
+        after = state.advanced(
+            k.shape[2], slot_k=slot_k, slot_v=slot_v, k=raw_k[:, :, whole:], v=raw_v[:, :, whole:], **masks
+        )
         return raw_k, raw_v, raw_mask, after
 
     def _slots(self, state) -> tuple[Tensor, Tensor]:
@@ -426,7 +459,9 @@ class MemoryCompressedAttention(AttentionVariant):
             allowed = allowed & torch.cat([after.tensors["slot_valid"], raw_mask], 1)[:, None, None, :]
         # one softmax over [slots, raw keys], the two score blocks side by side (no copy of the slots)
         scale = self._scale(q)
-        scores = torch.cat([torch.matmul(q, slot_k.transpose(-1, -2)), torch.matmul(q, raw_k.transpose(-1, -2))], -1) * scale
+        scores = (
+            torch.cat([torch.matmul(q, slot_k.transpose(-1, -2)), torch.matmul(q, raw_k.transpose(-1, -2))], -1) * scale
+        )
         p = masked_softmax(scores, allowed)
         m = slot_k.shape[2]
         return torch.matmul(p[..., :m], slot_v) + torch.matmul(p[..., m:], raw_v), after

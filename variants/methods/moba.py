@@ -61,7 +61,9 @@ def block_means(k: Tensor, keep: Tensor | None, block: int) -> tuple[Tensor, Ten
     return sums / counts.clamp_min(1)[..., None], counts > 0
 
 
-def select_blocks(q: Tensor, means: Tensor, has_key: Tensor, start: int, block: int, top_k: int) -> tuple[Tensor, Tensor]:
+def select_blocks(
+    q: Tensor, means: Tensor, has_key: Tensor, start: int, block: int, top_k: int
+) -> tuple[Tensor, Tensor]:
     """Each query's chosen blocks: (indices (B, H, T, k'), valid (B, H, T, k')), k' = min(top_k, nb);
     queries at positions start .. start + T - 1 choose among the complete blocks before their own.
     (Grouped: q (B, Hkv, G, T, D) against means (B, Hkv, 1, nb, D) and has_key (·, ·, 1, nb).)
@@ -92,11 +94,16 @@ def _partial(s: Tensor, v: Tensor) -> tuple[Tensor, Tensor]:
 def _fused(q: Tensor) -> bool:
     """Whether the CPU flash kernel, which returns the log-sum-exp beside the output, may run: the forward
     without a gradient (its backward ignores a gradient of the log-sum-exp, which the merge needs)."""
-    return q.device.type == "cpu" and not (torch.is_grad_enabled() and q.requires_grad) and not torch.compiler.is_compiling()
+    return (
+        q.device.type == "cpu"
+        and not (torch.is_grad_enabled() and q.requires_grad)
+        and not torch.compiler.is_compiling()
+    )
 
 
-def attend_block(q: Tensor, k: Tensor, v: Tensor, allowed: Tensor | None, scale: float,
-                 square_causal: bool = False) -> tuple[Tensor, Tensor]:
+def attend_block(
+    q: Tensor, k: Tensor, v: Tensor, allowed: Tensor | None, scale: float, square_causal: bool = False
+) -> tuple[Tensor, Tensor]:
     """(softmax(q kᵀ · scale) v, logsumexp(q kᵀ · scale)) over keys k; `allowed` a bool mask broadcastable to the
     scores, or `square_causal` for Nq == Nk causal; without a gradient on the CPU, by the fused flash kernel."""
     if allowed is None and _fused(q) and q.shape[-1] == v.shape[-1] and k.shape[-2] >= CPU_FLASH_MIN_KEYS:
@@ -171,14 +178,22 @@ def from_block_batch(x: Tensor, batch: int) -> Tensor:
     return x.unflatten(0, (batch, -1)).transpose(1, 2).flatten(2, 3)
 
 
-def own_blocks(q: Tensor, k: Tensor, v: Tensor, keep: Tensor | None, start: int, block: int, scale: float) -> tuple[Tensor, Tensor]:
+def own_blocks(
+    q: Tensor, k: Tensor, v: Tensor, keep: Tensor | None, start: int, block: int, scale: float
+) -> tuple[Tensor, Tensor]:
     """(outputs (B, H, T, Dv), log-sum-exp (B, H, T)) of T queries at positions start .. start + T - 1 over the
     keys of their own block up to themselves. Whole blocks without padding: one square causal call for all."""
     b, h, t, d = q.shape
     dv = v.shape[-1]
     if keep is None and start % block == 0 and t % block == 0:
-        o, lse = attend_block(as_block_batch(q, 0, t, block), as_block_batch(k, start, t, block),
-                              as_block_batch(v, start, t, block), None, scale, square_causal=True)
+        o, lse = attend_block(
+            as_block_batch(q, 0, t, block),
+            as_block_batch(k, start, t, block),
+            as_block_batch(v, start, t, block),
+            None,
+            scale,
+            square_causal=True,
+        )
         return from_block_batch(o, b), from_block_batch(lse, b)
     own_out, own_lse = q.new_empty(b, h, t, dv), q.new_empty(b, h, t)
     for first in range(start // block, (start + t - 1) // block + 1):
@@ -187,7 +202,10 @@ def own_blocks(q: Tensor, k: Tensor, v: Tensor, keep: Tensor | None, start: int,
         if keep is None and lo == first * block:  # a square causal block
             o, lse = attend_block(q[:, :, lo - start : hi - start], ks, vs, None, scale, square_causal=True)
         else:
-            allowed = torch.arange(first * block, hi, device=q.device)[None, :] <= torch.arange(lo, hi, device=q.device)[:, None]
+            allowed = (
+                torch.arange(first * block, hi, device=q.device)[None, :]
+                <= torch.arange(lo, hi, device=q.device)[:, None]
+            )
             if keep is not None:
                 allowed = allowed & keep[:, :, None, first * block : hi].bool()
             o, lse = attend_block(q[:, :, lo - start : hi - start], ks, vs, allowed, scale)
@@ -195,8 +213,19 @@ def own_blocks(q: Tensor, k: Tensor, v: Tensor, keep: Tensor | None, start: int,
     return own_out, own_lse
 
 
-def moba_tile(q: Tensor, k: Tensor, v: Tensor, keep: Tensor | None, means: Tensor, has_key: Tensor,
-              start: int, block: int, top_k: int, scale: float, with_lse: bool = False):
+def moba_tile(
+    q: Tensor,
+    k: Tensor,
+    v: Tensor,
+    keep: Tensor | None,
+    means: Tensor,
+    has_key: Tensor,
+    start: int,
+    block: int,
+    top_k: int,
+    scale: float,
+    with_lse: bool = False,
+):
     """Outputs (B, H, T, Dv) of T queries at positions start .. start + T - 1 over keys k, v (B, H, Nk, ·)
     (and, `with_lse`, each query's log-sum-exp over every key it attends to, (B, H, T))."""
     b, h, t, d = q.shape
@@ -220,8 +249,9 @@ def moba_tile(q: Tensor, k: Tensor, v: Tensor, keep: Tensor | None, means: Tenso
         order, _, rows = chosen
         qg = q_rows.index_select(0, (first_row + order).flatten()).view(b * h, -1, d)  # (BH, most, D)
         allowed = None if keepf is None else keepf[:, None, j * block : (j + 1) * block].bool()
-        outs[:, rows], lses[:, rows] = attend_block(qg, kf[:, j * block : (j + 1) * block], vf[:, j * block : (j + 1) * block],
-                                                    allowed, scale)
+        outs[:, rows], lses[:, rows] = attend_block(
+            qg, kf[:, j * block : (j + 1) * block], vf[:, j * block : (j + 1) * block], allowed, scale
+        )
     del q_rows  # (a copy where the tile's q is a strided slice)
     chosen_lse = torch.stack([found.read(lses, s) for s in range(slots)], dim=-1).view(b, h, t, slots)
     lse = torch.cat([own_lse[..., None], chosen_lse], dim=3)  # (B, H, T, 1 + slots)
@@ -237,8 +267,18 @@ def moba_tile(q: Tensor, k: Tensor, v: Tensor, keep: Tensor | None, means: Tenso
     return (out, (top + total.log()).squeeze(-1)) if with_lse else out
 
 
-def grouped_step(q: Tensor, k: Tensor, v: Tensor, keep: Tensor | None, means: Tensor, has_key: Tensor,
-                 start: int, block: int, top_k: int, scale: float) -> Tensor:
+def grouped_step(
+    q: Tensor,
+    k: Tensor,
+    v: Tensor,
+    keep: Tensor | None,
+    means: Tensor,
+    has_key: Tensor,
+    start: int,
+    block: int,
+    top_k: int,
+    scale: float,
+) -> Tensor:
     """`moba_tile` for decoding with grouped-query inputs: T queries (B, H, T, D) at positions start .. start + T - 1
     over a cache k, v of Hkv heads (B, Hkv, Nk, ·), its block means (B, Hkv, nb, D). Each query head gathers its
     own top_k blocks and its own block from its K/V head's cache: nothing of the cache is repeated."""
@@ -252,12 +292,20 @@ def grouped_step(q: Tensor, k: Tensor, v: Tensor, keep: Tensor | None, means: Te
     own = (pos // block * block)[:, None] + inner  # (T, B)
     chosen = (idx * block)[..., None] + inner
     at = torch.cat([chosen.flatten(-2), own.expand(*idx.shape[:-1], block)], dim=-1)
-    allowed = torch.cat([valid[..., None].expand(*valid.shape, block).flatten(-2),
-                         (own <= pos[:, None]).expand(*idx.shape[:-1], block)], dim=-1)
+    allowed = torch.cat(
+        [
+            valid[..., None].expand(*valid.shape, block).flatten(-2),
+            (own <= pos[:, None]).expand(*idx.shape[:-1], block),
+        ],
+        dim=-1,
+    )
     at = at.clamp_max(n_k - 1)  # (the own block's positions past the last key: not allowed)
     if keep is not None:  # (B, 1, Nk) of the cache's positions
         allowed = allowed & torch.gather(keep[:, :, None, None, :].bool().expand(*at.shape[:-1], n_k), -1, at)
-    rows = torch.arange(b, device=q.device)[:, None, None, None, None], torch.arange(kv_heads, device=q.device)[None, :, None, None, None]
+    rows = (
+        torch.arange(b, device=q.device)[:, None, None, None, None],
+        torch.arange(kv_heads, device=q.device)[None, :, None, None, None],
+    )
     keys, values = k[rows[0], rows[1], at], v[rows[0], rows[1], at]  # (B, Hkv, G, T, (k' + 1) B, ·): the blocks read
     scores = torch.matmul(q[..., None, :], keys.transpose(-1, -2)).squeeze(-2) * scale
     out = torch.matmul(masked_softmax(scores, allowed)[..., None, :], values).squeeze(-2)
@@ -278,8 +326,19 @@ class _FusedMoBA(torch.autograd.Function):
         lse = q.new_empty(q.shape[:-1])
         for lo in range(0, q.shape[2], size):
             hi = min(lo + size, q.shape[2])
-            out[:, :, lo:hi], lse[:, :, lo:hi] = moba_tile(q[:, :, lo:hi], k[:, :, : start + hi], v[:, :, : start + hi], None,
-                                                         means, has_key, start + lo, block, top_k, scale, with_lse=True)
+            out[:, :, lo:hi], lse[:, :, lo:hi] = moba_tile(
+                q[:, :, lo:hi],
+                k[:, :, : start + hi],
+                v[:, :, : start + hi],
+                None,
+                means,
+                has_key,
+                start + lo,
+                block,
+                top_k,
+                scale,
+                with_lse=True,
+            )
         ctx.save_for_backward(q, k, v, means, has_key, out, lse)
         ctx.settings = (block, top_k, scale, size)
         return out
@@ -302,9 +361,14 @@ class _FusedMoBA(torch.autograd.Function):
             t = hi - lo
             # own blocks (square: tiles start on a block); whole ones as one batch, as in own_blocks
             if t % block == 0:
-                gq, gk, gv = flash_backward(*(as_block_batch(x, lo, t, block) for x in (grad_out, q)),
-                                            *(as_block_batch(x, start + lo, t, block) for x in (k, v)),
-                                            *(as_block_batch(x, lo, t, block) for x in (out, lse)), 0.0, True, scale=scale)
+                gq, gk, gv = flash_backward(
+                    *(as_block_batch(x, lo, t, block) for x in (grad_out, q)),
+                    *(as_block_batch(x, start + lo, t, block) for x in (k, v)),
+                    *(as_block_batch(x, lo, t, block) for x in (out, lse)),
+                    0.0,
+                    True,
+                    scale=scale,
+                )
                 dq[:, :, lo:hi] += from_block_batch(gq, b)
                 dk[:, :, start + lo : start + hi] += from_block_batch(gk, b)
                 dv[:, :, start + lo : start + hi] += from_block_batch(gv, b)
@@ -312,8 +376,17 @@ class _FusedMoBA(torch.autograd.Function):
                 for first in range(start + lo, start + hi, block):
                     a, z = first - start, min(first + block, start + hi) - start
                     keys = slice(first, first + z - a)
-                    gq, gk, gv = flash_backward(grad_out[:, :, a:z], q[:, :, a:z], k[:, :, keys], v[:, :, keys],
-                                                out[:, :, a:z], lse[:, :, a:z], 0.0, True, scale=scale)
+                    gq, gk, gv = flash_backward(
+                        grad_out[:, :, a:z],
+                        q[:, :, a:z],
+                        k[:, :, keys],
+                        v[:, :, keys],
+                        out[:, :, a:z],
+                        lse[:, :, a:z],
+                        0.0,
+                        True,
+                        scale=scale,
+                    )
                     dq[:, :, a:z] += gq
                     dk[:, :, keys] += gk
                     dv[:, :, keys] += gv
@@ -335,8 +408,17 @@ class _FusedMoBA(torch.autograd.Function):
                 gather = lambda x, width: x.index_select(0, rows).view(1, b * h, -1, width)  # noqa: E731
                 g = gather(g_rows, dv_dim) * real[None, ..., None]  # padding rows carry no gradient
                 keys = slice(j * block, (j + 1) * block)
-                gq, gk, gv = flash_backward(g, gather(q_rows, d), kf[None, :, keys], vf[None, :, keys], gather(o_rows, dv_dim),
-                                            gather(l_rows, 1)[..., 0], 0.0, False, scale=scale)
+                gq, gk, gv = flash_backward(
+                    g,
+                    gather(q_rows, d),
+                    kf[None, :, keys],
+                    vf[None, :, keys],
+                    gather(o_rows, dv_dim),
+                    gather(l_rows, 1)[..., 0],
+                    0.0,
+                    False,
+                    scale=scale,
+                )
                 grads[:, at] = gq[0]
                 dkf[:, keys] += gk[0]
                 dvf[:, keys] += gv[0]
@@ -350,8 +432,8 @@ class _FusedMoBA(torch.autograd.Function):
 class MoBA(AttentionVariant):
     spec = VariantSpec(
         name="moba",
-        repeats_kv='its block selection and its gathered blocks run per query head',
-        state_repeats_kv='',  # the cache and the block sums need K only: kept per K/V head, each query head gathers its blocks
+        repeats_kv="its block selection and its gathered blocks run per query head",
+        state_repeats_kv="",  # the cache and the block sums need K only: kept per K/V head, each query head gathers its blocks
         summary="MoBA: each query attends exactly to its own block and its top_k earlier key blocks, chosen by q · mean(k)",
         style=("#17becf", "*"),
         reference="Lu et al. 2025, 'MoBA: Mixture of Block Attention for Long-Context LLMs'",
@@ -362,9 +444,14 @@ class MoBA(AttentionVariant):
         subquadratic=True,
         notes="causal only; at N <= (top_k + 1) block it is exact causal attention; the gating term N^2/B dominates at long N",
         function_options=("block", "top_k"),
-        not_deployable=(("export", "how many queries choose each block is data-dependent (a varlen gather): torch.export "
-                                   "cannot guard on it"),
-                        ("onnx", "ONNX export goes through torch.export, which cannot trace the data-dependent gather")),
+        not_deployable=(
+            (
+                "export",
+                "how many queries choose each block is data-dependent (a varlen gather): torch.export "
+                "cannot guard on it",
+            ),
+            ("onnx", "ONNX export goes through torch.export, which cannot trace the data-dependent gather"),
+        ),
         examples=((("block", 4), ("top_k", 1)), (("block", 3), ("top_k", 2))),
     )
 
@@ -395,7 +482,10 @@ class MoBA(AttentionVariant):
         return chosen.scatter_(-1, idx, valid)  # an invalid pick writes False wherever it points
 
     def _attend(self, q, k, v, causal, key_padding_mask):
-        if q.dtype in (torch.float16, torch.bfloat16):  # the partial softmaxes are merged by their log-sum-exp: in float32
+        if q.dtype in (
+            torch.float16,
+            torch.bfloat16,
+        ):  # the partial softmaxes are merged by their log-sum-exp: in float32
             return self._attend(q.float(), k.float(), v.float(), causal, key_padding_mask).to(q.dtype)
         keep = None if key_padding_mask is None else key_padding_mask[:, None, :].to(k.dtype)
         with torch.no_grad():
@@ -412,18 +502,36 @@ class MoBA(AttentionVariant):
         size = whole_blocks(TILE_QUERIES // 2 if grad else TILE_QUERIES)
 
         def tile(lo: int, hi: int) -> tuple:
-            return (q[:, :, lo:hi], k[:, :, : start + hi], v[:, :, : start + hi], None if keep is None else keep[..., : start + hi],
-                    means, has_key, start + lo, self.block, self.top_k, scale)
+            return (
+                q[:, :, lo:hi],
+                k[:, :, : start + hi],
+                v[:, :, : start + hi],
+                None if keep is None else keep[..., : start + hi],
+                means,
+                has_key,
+                start + lo,
+                self.block,
+                self.top_k,
+                scale,
+            )
 
-        if (grad and keep is None and start % self.block == 0 and q.device.type == "cpu" and q.shape[-1] == v.shape[-1]
-                and not torch.compiler.is_compiling()):
+        if (
+            grad
+            and keep is None
+            and start % self.block == 0
+            and q.device.type == "cpu"
+            and q.shape[-1] == v.shape[-1]
+            and not torch.compiler.is_compiling()
+        ):
             return _FusedMoBA.apply(q, k, v, means, has_key, self.block, self.top_k, scale, whole_blocks(TILE_QUERIES))
         if not grad:  # each tile's outputs written in place: no second N x Dv buffer
             out = q.new_empty(*q.shape[:-1], v.shape[-1])
             for lo in range(0, n_q, size):
                 out[:, :, lo : lo + size] = moba_tile(*tile(lo, min(lo + size, n_q)))
             return out
-        outs = [checkpoint(moba_tile, *tile(lo, min(lo + size, n_q)), use_reentrant=False) for lo in range(0, n_q, size)]
+        outs = [
+            checkpoint(moba_tile, *tile(lo, min(lo + size, n_q)), use_reentrant=False) for lo in range(0, n_q, size)
+        ]
         return outs[0] if len(outs) == 1 else torch.cat(outs, dim=2)
 
     def reference(self, q, k, v, *, causal=False, key_padding_mask=None):
@@ -432,7 +540,9 @@ class MoBA(AttentionVariant):
         chosen = self.selected_blocks(q, k, key_padding_mask)  # (B, H, Nq, nb)
         key_block = torch.arange(n_k, device=q.device) // self.block
         pos = torch.arange(n_k - n_q, n_k, device=q.device)[:, None]
-        allowed = chosen[..., key_block] | ((key_block[None, :] == pos // self.block) & (torch.arange(n_k, device=q.device)[None, :] <= pos))
+        allowed = chosen[..., key_block] | (
+            (key_block[None, :] == pos // self.block) & (torch.arange(n_k, device=q.device)[None, :] <= pos)
+        )
         if key_padding_mask is not None:
             allowed = allowed & key_padding_mask[:, None, None, :]
         return dense_attention(q, k, v, allowed, self._scale(q))
@@ -478,9 +588,24 @@ class MoBA(AttentionVariant):
         if keys.shape[1] == q.shape[1]:
             return self._tiles(q, keys, values, keep, means, has_key), state.advanced(0, **blocks)
         start, scale = keys.shape[2] - q.shape[2], float(self._scale(q))  # grouped: GROUPED_QUERIES queries at a time
-        out = torch.cat([grouped_step(q[:, :, sl], keys[:, :, : start + sl.stop], values[:, :, : start + sl.stop],
-                                      None if keep is None else keep[..., : start + sl.stop], means, has_key, start + sl.start,
-                                      self.block, self.top_k, scale) for sl in spans(q.shape[2], GROUPED_QUERIES)], dim=2)
+        out = torch.cat(
+            [
+                grouped_step(
+                    q[:, :, sl],
+                    keys[:, :, : start + sl.stop],
+                    values[:, :, : start + sl.stop],
+                    None if keep is None else keep[..., : start + sl.stop],
+                    means,
+                    has_key,
+                    start + sl.start,
+                    self.block,
+                    self.top_k,
+                    scale,
+                )
+                for sl in spans(q.shape[2], GROUPED_QUERIES)
+            ],
+            dim=2,
+        )
         return out, state.advanced(0, **blocks)
 
     def step_read_bytes(self, state):
@@ -501,7 +626,10 @@ class MoBA(AttentionVariant):
         tile = min(n_q, TILE_QUERIES)
         blocks = math.ceil(n_k / self.block)
         held = batch * heads * tile * (blocks + (self.top_k + 1) * (dv + 2) + 2 * self.block) * 4
-        return int(held * (6 if backward else 3) + super().memory_estimate(batch, heads, n_q, n_k, d, dv, element_size, causal, backward))
+        return int(
+            held * (6 if backward else 3)
+            + super().memory_estimate(batch, heads, n_q, n_k, d, dv, element_size, causal, backward)
+        )
 
     def extra_repr(self) -> str:
         return f"block={self.block}, top_k={self.top_k}"

@@ -61,7 +61,7 @@ def iterative_pinv(a: Tensor, iterations: int) -> Tensor:
 class NystromAttention(AttentionVariant):
     spec = VariantSpec(
         name="nystrom",
-        repeats_kv='its key landmarks and the pseudo-inverse are computed per query head',
+        repeats_kv="its key landmarks and the pseudo-inverse are computed per query head",
         summary="Nyström approximation of softmax through m segment-mean landmarks and an iterative pseudo-inverse",
         style=("#e377c2", "h"),
         reference="Xiong et al. 2021, 'Nyströmformer: A Nyström-Based Algorithm for Approximating Self-Attention'",
@@ -106,7 +106,9 @@ class NystromAttention(AttentionVariant):
         """pinv(softmax(Q̃ K̃ᵀ · scale)) (B, H, m, m), key landmarks of padding only masked."""
         scores = torch.matmul(q_marks, k_marks.transpose(-1, -2)) * scale
         kernel = masked_softmax(scores, None if k_ok is None else k_ok[:, None, None, :])
-        return iterative_pinv(kernel.to(torch.promote_types(kernel.dtype, torch.float32)), self.pinv_iterations).to(q_marks.dtype)
+        return iterative_pinv(kernel.to(torch.promote_types(kernel.dtype, torch.float32)), self.pinv_iterations).to(
+            q_marks.dtype
+        )
 
     def _attend(self, q, k, v, causal, key_padding_mask):
         if q.dtype in (torch.float16, torch.bfloat16):
@@ -131,9 +133,13 @@ class NystromAttention(AttentionVariant):
         scale = self._scale(q)
         q_marks, k_marks, k_ok = self._landmarks(q, k, key_padding_mask)
         pad = None if key_padding_mask is None else key_padding_mask[:, None, None, :]
-        left = masked_softmax(torch.matmul(q, k_marks.transpose(-1, -2)) * scale, None if k_ok is None else k_ok[:, None, None, :])
+        left = masked_softmax(
+            torch.matmul(q, k_marks.transpose(-1, -2)) * scale, None if k_ok is None else k_ok[:, None, None, :]
+        )
         right = masked_softmax(torch.matmul(q_marks, k.transpose(-1, -2)) * scale, pad)
-        return torch.matmul(torch.matmul(torch.matmul(left, self._kernel_pinv(q_marks, k_marks, k_ok, scale)), right), v)
+        return torch.matmul(
+            torch.matmul(torch.matmul(left, self._kernel_pinv(q_marks, k_marks, k_ok, scale)), right), v
+        )
 
     def softmax_equivalent_length(self) -> int | None:
         return None  # exact only up to the iterative pseudo-inverse's error (tests/test_low_rank.py checks m = N)
@@ -145,7 +151,11 @@ class NystromAttention(AttentionVariant):
     def memory_estimate(self, batch, heads, n_q, n_k, d, dv, element_size, causal, backward):
         m = self.landmarks
         small = batch * heads * m * (m + d + dv) * 4 * (4 + self.pinv_iterations)
-        return int(small + batch * m * n_k * 4 + super().memory_estimate(batch, heads, n_q, n_k, d, dv, element_size, causal, backward))
+        return int(
+            small
+            + batch * m * n_k * 4
+            + super().memory_estimate(batch, heads, n_q, n_k, d, dv, element_size, causal, backward)
+        )
 
     def extra_repr(self) -> str:
         return f"landmarks={self.landmarks}, pinv_iterations={self.pinv_iterations}"

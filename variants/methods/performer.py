@@ -183,9 +183,11 @@ class Performer(FeatureMapAttention):
     # -- decoding: the sums kept under a running stabilizer ------------------------------------------
     def _empty_state(self, batch, heads, head_dim, value_dim, dtype, device):
         if self.eps:
-            raise ValueError(f"performer: decoding needs eps=0 (got eps={self.eps}): the forward's key stabilizer is the "
-                             "largest logit of all keys, later ones included, and eps is added after it, so with eps > 0 "
-                             "an output depends on keys a decoder has not seen")
+            raise ValueError(
+                f"performer: decoding needs eps=0 (got eps={self.eps}): the forward's key stabilizer is the "
+                "largest logit of all keys, later ones included, and eps is added after it, so with eps > 0 "
+                "an output depends on keys a decoder has not seen"
+            )
         state = super()._empty_state(batch, heads, head_dim, value_dim, dtype, device)
         # the largest key logit so far: the sums are kept divided by exp(it), as the forward divides by its max
         return {**state, "key_max": torch.full((batch, heads, 1, 1), -math.inf, dtype=state["S"].dtype, device=device)}
@@ -196,7 +198,11 @@ class Performer(FeatureMapAttention):
         sums = state.tensors["S"]
         dtype = q.dtype
         q, k, v = (x.to(sums.dtype) for x in (q, k, v))
-        real = torch.ones(q.shape[0], 1, q.shape[2], dtype=sums.dtype, device=q.device) if keep is None else keep[:, None, :].to(sums.dtype)
+        real = (
+            torch.ones(q.shape[0], 1, q.shape[2], dtype=sums.dtype, device=q.device)
+            if keep is None
+            else keep[:, None, :].to(sums.dtype)
+        )
         num, sums, top = self._running(q, k, v, real, sums, state.tensors["key_max"][..., 0, 0], self._query_factor(q))
         return _ratio(num).to(dtype), state.advanced(q.shape[2], S=sums, key_max=top[..., None, None])
 
@@ -207,7 +213,11 @@ class Performer(FeatureMapAttention):
         b, h, n, _ = q.shape
         real = torch.ones(b, 1, n, dtype=k.dtype, device=k.device) if keep is None else keep[..., 0]
         state = q.new_zeros(b, h, self.features_count, v.shape[-1] + 1)
-        return _ratio(self._running(q, k, v, real, state, torch.full((b, h), -math.inf, dtype=q.dtype, device=q.device), factor)[0])
+        return _ratio(
+            self._running(q, k, v, real, state, torch.full((b, h), -math.inf, dtype=q.dtype, device=q.device), factor)[
+                0
+            ]
+        )
 
     def _running(self, q, k, v, real, state, before_max, factor):
         """([numerator, denominator] (B, H, t, Dv + 1), the sums after, the running max after) of t positions
@@ -223,7 +233,9 @@ class Performer(FeatureMapAttention):
             before, running = running[..., :-1], running[..., 1:]
             running = torch.where(torch.isfinite(running), running, torch.zeros_like(running))  # (no real key yet)
             before = torch.where(torch.isfinite(before), before, running)  # (nothing before: no decay)
-        k = torch.cat([k, running[..., None], before[..., None]], dim=-1)  # (the stabilizers travel with their keys' groups)
+        k = torch.cat(
+            [k, running[..., None], before[..., None]], dim=-1
+        )  # (the stabilizers travel with their keys' groups)
         self._q_factor = factor
         size = max(chunk, GROUP_POSITIONS // chunk * chunk)
         if torch.is_grad_enabled() and any(t.requires_grad for t in (q, k, v)):
@@ -237,10 +249,12 @@ class Performer(FeatureMapAttention):
         running max, the max's growth as the decay. k arrives with the running max and the one before it."""
         k, running, before = k[..., :-2], k[..., -2].detach(), k[..., -1].detach()
         fmap = PositiveRandomFeatures(self.projection)
-        m = self.features_count ** -0.5
+        m = self.features_count**-0.5
         lq = fmap.logits(q * self._q_factor)
         phi_q = (lq - lq.detach().amax(-1, keepdim=True)).exp() * m
-        lk = fmap.logits(k).masked_fill(keep[..., None] == 0, -math.inf)  # padded keys: nothing (and no exp of a large logit)
+        lk = fmap.logits(k).masked_fill(
+            keep[..., None] == 0, -math.inf
+        )  # padded keys: nothing (and no exp of a large logit)
         phi_k = (lk - running[..., None]).exp() * m
         return gated_chunks(phi_q, phi_k, v, (before - running) * keep, state, chunk)
 

@@ -36,7 +36,11 @@ class Retention(RecurrentAttention):
         subquadratic=True,
         notes="causal only; decodes with a constant D x Dv state per head",
         function_options=("feature_map", "feature_dim"),
-        examples=((("chunk_size", 4),), (("chunk_size", 64),), (("chunk_size", 4), ("feature_map", "hedgehog"), ("feature_dim", 3))),
+        examples=(
+            (("chunk_size", 4),),
+            (("chunk_size", 64),),
+            (("chunk_size", 4), ("feature_map", "hedgehog"), ("feature_dim", 3)),
+        ),
     )
 
     def decay(self, heads: int) -> torch.Tensor:

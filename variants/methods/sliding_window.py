@@ -44,8 +44,9 @@ def band_pairs(n: int, window: int, n_global: int, causal: bool) -> int:
     return min(band + extra, n * (n + 1) // 2 if causal else n * n)
 
 
-def longformer_mask(n_q: int, n_k: int, window: int, n_global: int, causal: bool, key_padding_mask: Tensor | None,
-                    device) -> Tensor:
+def longformer_mask(
+    n_q: int, n_k: int, window: int, n_global: int, causal: bool, key_padding_mask: Tensor | None, device
+) -> Tensor:
     """Dense (B|1, 1, Nq, Nk) bool mask of the pattern, for reference checks at small N only.
 
     Nq < Nk (causal only): the queries are the last Nq positions, query i at Nk - Nq + i."""
@@ -88,7 +89,11 @@ class _Layout:
         self._interior_additive: dict[tuple, Tensor] = {}
         self.global_ok = None
         if n_global:
-            self.global_ok = torch.ones(1, n_global, dtype=torch.bool, device=device) if key_valid is None else key_valid[:, :n_global]
+            self.global_ok = (
+                torch.ones(1, n_global, dtype=torch.bool, device=device)
+                if key_valid is None
+                else key_valid[:, :n_global]
+            )
 
     def groups(self, batch: int, heads: int, extra_keys: int):
         """Yield (t0, t1) block ranges whose scores fit GROUP_SCORE_BYTES."""
@@ -210,12 +215,16 @@ def _flash_cpu(q: Tensor, v: Tensor) -> bool:
     """Whether torch's CPU flash-attention kernels are called directly: they take a mask and return the
     log-sum-exp of each row, which the backward reuses (their own backward kernel, instead of five matmuls
     and a softmax written here). They need one head dim for q, k and v."""
-    return (q.device.type == "cpu" and q.shape[-1] == v.shape[-1]
-            and hasattr(torch.ops.aten, "_scaled_dot_product_flash_attention_for_cpu_backward"))
+    return (
+        q.device.type == "cpu"
+        and q.shape[-1] == v.shape[-1]
+        and hasattr(torch.ops.aten, "_scaled_dot_product_flash_attention_for_cpu_backward")
+    )
 
 
-def _band_attention_fused(q: Tensor, k: Tensor, v: Tensor, layout: _Layout, scale: float,
-                          lse: Tensor | None = None) -> Tensor:
+def _band_attention_fused(
+    q: Tensor, k: Tensor, v: Tensor, layout: _Layout, scale: float, lse: Tensor | None = None
+) -> Tensor:
     """Each group of blocks through the fused SDPA kernel, the band as its mask; no score is stored.
     With `lse` (a (B, H, nb·b) buffer, CPU): torch's flash kernel called directly writes each row's log-sum-exp there."""
     B, H, N, _ = q.shape
@@ -231,7 +240,8 @@ def _band_attention_fused(q: Tensor, k: Tensor, v: Tensor, layout: _Layout, scal
             o = sdpa(qg, kg, vg, attn_mask=allowed, scale=scale)  # (B·G, H, b, Dv)
         else:
             o, row_lse = torch.ops.aten._scaled_dot_product_flash_attention_for_cpu(
-                qg, kg, vg, 0.0, False, attn_mask=_per_block(layout.additive(t0, t1, q.dtype), B), scale=scale)
+                qg, kg, vg, 0.0, False, attn_mask=_per_block(layout.additive(t0, t1, q.dtype), B), scale=scale
+            )
             lse[:, :, t0 * layout.b : t1 * layout.b] = _blocks_back(row_lse[..., None], B).flatten(2, 3)[..., 0]
         _put_rows(out, _blocks_back(o.masked_fill(dead, 0.0), B), layout.b, t0, add=False)
     return out
@@ -252,9 +262,13 @@ class _BandAttention(torch.autograd.Function):
     def forward(ctx, q, k, v, layout: _Layout, scale: float):
         lse = None
         if _flash_cpu(q, v):
-            lse = q.new_empty(q.shape[0], q.shape[1], layout.nb * layout.b, dtype=torch.promote_types(q.dtype, torch.float32))
+            lse = q.new_empty(
+                q.shape[0], q.shape[1], layout.nb * layout.b, dtype=torch.promote_types(q.dtype, torch.float32)
+            )
         out = _band_attention_fused(q, k, v, layout, scale, lse)
-        ctx.save_for_backward(q, k, v, out, *(() if lse is None else (lse,)))  # inputs autograd holds anyway, the output
+        ctx.save_for_backward(
+            q, k, v, out, *(() if lse is None else (lse,))
+        )  # inputs autograd holds anyway, the output
         ctx.layout, ctx.scale = layout, scale
         return out
 
@@ -276,13 +290,22 @@ class _BandAttention(torch.autograd.Function):
             if lse:
                 row_lse = _blocks_first(lse[0][:, :, t0 * b : t1 * b].unflatten(2, (t1 - t0, b)))  # (B·G, H, b)
                 grads = torch.ops.aten._scaled_dot_product_flash_attention_for_cpu_backward(
-                    _blocks_first(dog), _blocks_first(_rows(q, layout, t0, t1)), _blocks_first(kg), _blocks_first(vg),
-                    _blocks_first(_rows(out, layout, t0, t1)), row_lse, 0.0, False,
-                    attn_mask=_per_block(layout.additive(t0, t1, q.dtype), B), scale=scale)
+                    _blocks_first(dog),
+                    _blocks_first(_rows(q, layout, t0, t1)),
+                    _blocks_first(kg),
+                    _blocks_first(vg),
+                    _blocks_first(_rows(out, layout, t0, t1)),
+                    row_lse,
+                    0.0,
+                    False,
+                    attn_mask=_per_block(layout.additive(t0, t1, q.dtype), B),
+                    scale=scale,
+                )
                 dqg, dkg, dvg = (_blocks_back(grad, B) for grad in grads)
             else:
-                dqg, dkg, dvg = _group_backward(_rows(q, layout, t0, t1), kg, vg, _rows(out, layout, t0, t1), dog,
-                                                allowed, scale)
+                dqg, dkg, dvg = _group_backward(
+                    _rows(q, layout, t0, t1), kg, vg, _rows(out, layout, t0, t1), dog, allowed, scale
+                )
             _put_rows(dq, dqg, b, t0, add=False)
             for o in range(layout.span // b):  # key block o of query block t is block t + o - r of the sequence
                 keys = slice(o * b, (o + 1) * b)
@@ -310,10 +333,16 @@ def _group_backward(q: Tensor, k: Tensor, v: Tensor, out: Tensor, grad_out: Tens
     ds = dp.sub_(delta).mul_(p)  # d(loss)/d(scores)
     del dp
     p, ds = p.to(v.dtype), ds.to(q.dtype)
-    return torch.matmul(ds, k).mul_(scale), torch.matmul(ds.transpose(-1, -2), qs), torch.matmul(p.transpose(-1, -2), grad_out)
+    return (
+        torch.matmul(ds, k).mul_(scale),
+        torch.matmul(ds.transpose(-1, -2), qs),
+        torch.matmul(p.transpose(-1, -2), grad_out),
+    )
 
 
-def _global_rows(q: Tensor, k: Tensor, v: Tensor, n_global: int, causal: bool, key_valid: Tensor | None, scale: float) -> Tensor:
+def _global_rows(
+    q: Tensor, k: Tensor, v: Tensor, n_global: int, causal: bool, key_valid: Tensor | None, scale: float
+) -> Tensor:
     """Rows of the g global queries: dense attention over every key, (B, H, g, Dv); O(g·N) memory."""
     acc = torch.promote_types(q.dtype, torch.float32)
     # (k q_g^T)^T rather than q_g k^T: the same scores, and the gradient of k comes out as a contiguous (B, H, N, D)
@@ -354,7 +383,9 @@ class LongformerPattern(AttentionVariant):
         return max(n, 2 * self.window + 3 * 128 + self.global_tokens)
 
     def reference(self, q, k, v, *, causal=False, key_padding_mask=None):
-        allowed = longformer_mask(q.shape[-2], k.shape[-2], self.window, self.global_tokens, causal, key_padding_mask, q.device)
+        allowed = longformer_mask(
+            q.shape[-2], k.shape[-2], self.window, self.global_tokens, causal, key_padding_mask, q.device
+        )
         return dense_attention(q, k, v, allowed, self._scale(q))
 
     def _attend(self, q: Tensor, k: Tensor, v: Tensor, causal: bool, key_padding_mask: Tensor | None) -> Tensor:
@@ -405,16 +436,31 @@ class LongformerPattern(AttentionVariant):
         new_sinks = max(0, min(t, g - n))  # new positions that are global
         keep_w = max(0, min(w, n + t - g))  # window positions after the step: max(g, L + t - w) .. L + t - 1
         cut = win_k.shape[2] + t - new_sinks - keep_w
-        win_k, win_v = (torch.cat([old, new[:, :, new_sinks:]], dim=2)[:, :, cut:] for old, new in ((win_k, k), (win_v, v)))
+        win_k, win_v = (
+            torch.cat([old, new[:, :, new_sinks:]], dim=2)[:, :, cut:] for old, new in ((win_k, k), (win_v, v))
+        )
         masks = {}
         sink_mask, win_mask = state.tensors.get("sink_mask"), state.tensors.get("mask")
         if keep is not None or win_mask is not None:
-            sink_mask = masks_appended(state, sink_mask, sink_k.shape[2], None if keep is None else keep[:, :new_sinks], new_sinks)
-            win_mask = masks_appended(state, win_mask, state.tensors["k"].shape[2], None if keep is None else keep[:, new_sinks:],
-                                      t - new_sinks)
+            sink_mask = masks_appended(
+                state, sink_mask, sink_k.shape[2], None if keep is None else keep[:, :new_sinks], new_sinks
+            )
+            win_mask = masks_appended(
+                state,
+                win_mask,
+                state.tensors["k"].shape[2],
+                None if keep is None else keep[:, new_sinks:],
+                t - new_sinks,
+            )
             masks = {"sink_mask": sink_mask, "mask": win_mask[:, cut:]}
-        return state.advanced(t, sink_k=torch.cat([sink_k, k[:, :, :new_sinks]], dim=2),
-                              sink_v=torch.cat([sink_v, v[:, :, :new_sinks]], dim=2), k=win_k, v=win_v, **masks)
+        return state.advanced(
+            t,
+            sink_k=torch.cat([sink_k, k[:, :, :new_sinks]], dim=2),
+            sink_v=torch.cat([sink_v, v[:, :, :new_sinks]], dim=2),
+            k=win_k,
+            v=win_v,
+            **masks,
+        )
 
     def _step(self, q, k, v, state, keep):
         """The t new positions at L .. L + t - 1 against the sinks (positions 0 .. g - 1), the window (the last
@@ -424,13 +470,20 @@ class LongformerPattern(AttentionVariant):
         sink_k, sink_v, win_k, win_v = (state.tensors[key] for key in ("sink_k", "sink_v", "k", "v"))
         keys, values = torch.cat([sink_k, win_k, k], dim=2), torch.cat([sink_v, win_v, v], dim=2)
         dev = q.device
-        pos = torch.cat([torch.arange(sink_k.shape[2], device=dev), torch.arange(n - win_k.shape[2], n + t, device=dev)])
+        pos = torch.cat(
+            [torch.arange(sink_k.shape[2], device=dev), torch.arange(n - win_k.shape[2], n + t, device=dev)]
+        )
         i = torch.arange(n, n + t, device=dev)[:, None]
         allowed = (pos <= i) & ((i - pos <= w) | (pos < g) | (i < g))  # the causal pattern of longformer_mask
         after = self._advanced(k, v, state, keep)
         if padded(after):  # the kept positions' masks and the new ones', in the order of `keys`
-            real = torch.cat([after.tensors["sink_mask"][:, : sink_k.shape[2]],
-                              masks_appended(state, state.tensors.get("mask"), win_k.shape[2], keep, t)], dim=1)
+            real = torch.cat(
+                [
+                    after.tensors["sink_mask"][:, : sink_k.shape[2]],
+                    masks_appended(state, state.tensors.get("mask"), win_k.shape[2], keep, t),
+                ],
+                dim=1,
+            )
             allowed = allowed & real[:, None, None, :]
         return dense_attention(q, keys, values, allowed, self._scale(q)), after
 
@@ -445,8 +498,8 @@ class LongformerPattern(AttentionVariant):
 class SlidingWindowAttention(LongformerPattern):
     spec = VariantSpec(
         name="sliding_window",
-        repeats_kv='its band kernel (forward and written-out backward) takes one K/V head per query head',
-        state_repeats_kv='',  # the window and the sinks need K and V only: kept per K/V head, decoded grouped
+        repeats_kv="its band kernel (forward and written-out backward) takes one K/V head per query head",
+        state_repeats_kv="",  # the window and the sinks need K and V only: kept per K/V head, decoded grouped
         summary="Longformer sliding window (|i-j| <= w) + global tokens, blocked in pure PyTorch",
         style=("#2ca02c", "s"),
         reference="Beltagy et al. 2020, 'Longformer: The Long-Document Transformer'",

@@ -95,8 +95,9 @@ def sliding_window_block_mask(n: int, window: int, n_global: int, causal: bool, 
     partial_num, partial_idx = _kv_blocks(touched & ~full)
     full_num, full_idx = _kv_blocks(full)
     mask_mod = sliding_window_mask_mod(window, n_global, causal, key_valid)
-    return BlockMask.from_kv_blocks(partial_num, partial_idx, full_num, full_idx, BLOCK_SIZE=TILE,
-                                    mask_mod=mask_mod, seq_lengths=(n, n))
+    return BlockMask.from_kv_blocks(
+        partial_num, partial_idx, full_num, full_idx, BLOCK_SIZE=TILE, mask_mod=mask_mod, seq_lengths=(n, n)
+    )
 
 
 @register
@@ -104,7 +105,7 @@ class FlexSlidingWindowAttention(LongformerPattern):
     spec = VariantSpec(
         name="sliding_window_flex",
         repeats_kv="its block mask and its NaN propagation are built per query head (flex_attention's enable_gqa is not used)",
-        state_repeats_kv='',  # (sliding_window's decoding: the window kept per K/V head)
+        state_repeats_kv="",  # (sliding_window's decoding: the window kept per K/V head)
         summary="Longformer sliding window + global tokens via compiled FlexAttention and a block mask",
         style=("#98df8a", "^"),
         reference="Beltagy et al. 2020; torch.nn.attention.flex_attention (Dong et al. 2024)",
@@ -115,12 +116,17 @@ class FlexSlidingWindowAttention(LongformerPattern):
         dtypes=("float32", "float16", "bfloat16"),
         subquadratic=True,
         notes="CPU: forward only (no FlexAttention backward on CPU in torch 2.13); CUDA: no float64; "
-              "compiles once per shape; head dims below 32 (CPU) / 16 (CUDA) are zero-padded",
+        "compiles once per shape; head dims below 32 (CPU) / 16 (CUDA) are zero-padded",
         same_function_as="sliding_window",
         reach_option="window",
         function_options=("window", "global_tokens"),
-        not_deployable=(("onnx", "torch.onnx has no conversion for aten.sort.stable, which FlexAttention's block mask "
-                                 "(create_block_mask) is built with"),),
+        not_deployable=(
+            (
+                "onnx",
+                "torch.onnx has no conversion for aten.sort.stable, which FlexAttention's block mask "
+                "(create_block_mask) is built with",
+            ),
+        ),
         examples=((("window", 3),), (("window", 3), ("global_tokens", 2))),
     )
 
@@ -132,8 +138,10 @@ class FlexSlidingWindowAttention(LongformerPattern):
     @classmethod
     def dtype_unsupported_reason(cls, device: str, dtype: str) -> str | None:
         if dtype == "float64":  # compiled FlexAttention refuses it on both (an InductorError from deep in torch before)
-            return (f"sliding_window_flex has no float64 on {torch.device(device).type} (FlexAttention's compiled kernels "
-                    f"take float32, float16, bfloat16)")
+            return (
+                f"sliding_window_flex has no float64 on {torch.device(device).type} (FlexAttention's compiled kernels "
+                f"take float32, float16, bfloat16)"
+            )
         return super().dtype_unsupported_reason(device, dtype)
 
     def _block_mask(self, n: int, causal: bool, key_padding_mask: Tensor | None, device):
@@ -174,8 +182,16 @@ def _all_finite(*tensors: Tensor) -> bool:
     return bool(torch.isfinite(torch.stack([t.sum(dtype=acc) for t in tensors])).all())
 
 
-def propagate_non_finite(out: Tensor, q: Tensor, k: Tensor, v: Tensor, window: int, n_global: int, causal: bool,
-                         key_padding_mask: Tensor | None) -> Tensor:
+def propagate_non_finite(
+    out: Tensor,
+    q: Tensor,
+    k: Tensor,
+    v: Tensor,
+    window: int,
+    n_global: int,
+    causal: bool,
+    key_padding_mask: Tensor | None,
+) -> Tensor:
     """NaN in every output row whose query, or one of whose attended keys/values, is not finite.
 
     FlexAttention's kernel turns such rows into finite numbers (zeros); exact attention gives NaN,

@@ -34,7 +34,7 @@ import torch.nn.functional as F
 from torch import Tensor, nn
 
 from .._base import AttentionVariant, VariantSpec, register
-from .._decoding import masks_appended, padded
+from .._decoding import masks_appended
 from .._utils import pad_to_multiple, spans
 from .linear import learned_feature_maps
 
@@ -55,8 +55,16 @@ def _ones_column(v: Tensor) -> Tensor:
     return torch.cat([v, v.new_ones(*v.shape[:-1], 1)], dim=-1)
 
 
-def _combine(f: Tensor, scores: Tensor, window: Tensor, values: Tensor, linear: Tensor, lin_values: Tensor,
-             phi_q: Tensor, state: Tensor) -> Tensor:
+def _combine(
+    f: Tensor,
+    scores: Tensor,
+    window: Tensor,
+    values: Tensor,
+    linear: Tensor,
+    lin_values: Tensor,
+    phi_q: Tensor,
+    state: Tensor,
+) -> Tensor:
     """o = (f Σ e v + Σ lin v + φ(q) S) / (f Σ e + Σ lin + φ(q) z) for one tile (or a decoding step).
 
     scores (…, Nq, Nw) and window (bool, the same shape): the window's scores and which count; values (…, Nw,
@@ -76,7 +84,7 @@ def _combine(f: Tensor, scores: Tensor, window: Tensor, values: Tensor, linear: 
 class WindowLinearAttention(AttentionVariant):
     spec = VariantSpec(
         name="window_linear",
-        repeats_kv='its key feature map is learned per query head (LoLCATs applies it after repeating K), so window and state are per query head',
+        repeats_kv="its key feature map is learned per query head (LoLCATs applies it after repeating K), so window and state are per query head",
         summary="LoLCATs' hybrid: exact softmax over the last w keys + learned Hedgehog linear attention over older ones, one normalizer",
         style=("#e7969c", "<"),
         reference="Zhang et al. 2025, 'LoLCATs: On Low-Rank Linearizing of Large Language Models'; Zhang et al. 2024 (Hedgehog)",
@@ -87,7 +95,7 @@ class WindowLinearAttention(AttentionVariant):
         supports_cross_attention=False,
         subquadratic=True,
         notes="causal only; needs num_heads and head_dim (feature maps and window factor per head); F = 2 feature_dim; "
-              "decodes with the last w keys and values plus a constant F x (Dv + 1) state",
+        "decodes with the last w keys and values plus a constant F x (Dv + 1) state",
         function_options=("window", "feature_dim"),
         examples=((("window", 3),), (("window", 5), ("feature_dim", 3), ("block", 2))),
     )
@@ -105,8 +113,9 @@ class WindowLinearAttention(AttentionVariant):
         self._check_int("window", window, 0)
         self._check_int("block", block, 1, allow_none=True)
         self.window, self.block, self.feature_dim = window, block, feature_dim
-        self.q_features, self.k_features = learned_feature_maps("window_linear", "hedgehog", self.num_heads, self.head_dim,
-                                                                feature_dim)
+        self.q_features, self.k_features = learned_feature_maps(
+            "window_linear", "hedgehog", self.num_heads, self.head_dim, feature_dim
+        )
         self.window_factor = nn.Parameter(torch.full((self.num_heads,), WINDOW_FACTOR_INIT))
 
     def _block(self, n: int) -> int:
@@ -131,14 +140,18 @@ class WindowLinearAttention(AttentionVariant):
         n_q, n_k = q.shape[-2], k.shape[-2]
         if n_q < n_k:  # the queries are the last Nq positions: zero queries before them, cut after
             q = F.pad(q, (0, 0, n_k - n_q, 0))
-        return self._hybrid(q, k, v, key_padding_mask)[:, :, n_k - n_q:]
+        return self._hybrid(q, k, v, key_padding_mask)[:, :, n_k - n_q :]
 
     def _hybrid(self, q: Tensor, k: Tensor, v: Tensor, key_padding_mask: Tensor | None) -> Tensor:
         """Nq == Nk = N, causal."""
         b, h, n, _ = q.shape
         w = self.window
         c = self._block(n)
-        real = torch.ones(b, n, dtype=q.dtype, device=q.device) if key_padding_mask is None else key_padding_mask.to(q.dtype)
+        real = (
+            torch.ones(b, n, dtype=q.dtype, device=q.device)
+            if key_padding_mask is None
+            else key_padding_mask.to(q.dtype)
+        )
         phi_q, phi_k = self.q_features(q * float(self._scale(q))), self.k_features(k)  # (B, H, N, F)
         q, _ = pad_to_multiple(q, c)
         phi_q, _ = pad_to_multiple(phi_q, c)
@@ -151,7 +164,9 @@ class WindowLinearAttention(AttentionVariant):
         window_mask, linear_mask = _band_masks(c, w, q.device)
         f = self._factor(q.dtype)
         scale = float(self._scale(q))
-        state = q.new_zeros(b, h, self._features(), v.shape[-1] + 1)  # Σ φ(k) [v, 1]ᵀ over positions older than the group's
+        state = q.new_zeros(
+            b, h, self._features(), v.shape[-1] + 1
+        )  # Σ φ(k) [v, 1]ᵀ over positions older than the group's
         out = q.new_empty(b, h, n_pad, v.shape[-1])
         size = max(c, GROUP_POSITIONS // c * c)
         for sl in spans(n_pad, size):
@@ -171,7 +186,9 @@ class WindowLinearAttention(AttentionVariant):
             writes = torch.matmul(pk_t.transpose(-1, -2), lin_v)  # (B, H, tiles, F, Dv + 1)
             earlier = torch.ones(tiles, tiles, dtype=q.dtype, device=q.device).tril_(-1)
             before = torch.matmul(earlier, writes.flatten(3)).view_as(writes) + state[:, :, None]
-            out[:, :, sl] = _combine(f[:, None], scores, window_mask & ok, v_t, linear, lin_v, pq_t, before).flatten(2, 3)
+            out[:, :, sl] = _combine(f[:, None], scores, window_mask & ok, v_t, linear, lin_v, pq_t, before).flatten(
+                2, 3
+            )
             state = before[:, :, -1] + writes[:, :, -1]
         return out[:, :, :n]
 
@@ -181,13 +198,25 @@ class WindowLinearAttention(AttentionVariant):
         n_q, n_k = q.shape[-2], k.shape[-2]
         i = torch.arange(n_k - n_q, n_k, device=q.device)[:, None]
         j = torch.arange(n_k, device=q.device)[None, :]
-        real = torch.ones(q.shape[0], n_k, dtype=torch.bool, device=q.device) if key_padding_mask is None else key_padding_mask
+        real = (
+            torch.ones(q.shape[0], n_k, dtype=torch.bool, device=q.device)
+            if key_padding_mask is None
+            else key_padding_mask
+        )
         window = (j <= i) & (i - j <= self.window) & real[:, None, None, :]
         older = (i - j > self.window) & real[:, None, None, :]
         scores = torch.matmul(q, k.transpose(-1, -2)) * self._scale(q)
         linear = torch.matmul(self.q_features(q * float(self._scale(q))), self.k_features(k).transpose(-1, -2)) * older
-        return _combine(self._factor(q.dtype), scores, window, _ones_column(v), linear, _ones_column(v), q.new_zeros(*q.shape[:-1], 1),
-                        q.new_zeros(*q.shape[:2], 1, v.shape[-1] + 1))
+        return _combine(
+            self._factor(q.dtype),
+            scores,
+            window,
+            _ones_column(v),
+            linear,
+            _ones_column(v),
+            q.new_zeros(*q.shape[:-1], 1),
+            q.new_zeros(*q.shape[:2], 1, v.shape[-1] + 1),
+        )
 
     # -- decoding: the window's keys and the state of the rest ----------------------------------------
     state_kind = "window+recurrent"
@@ -195,13 +224,16 @@ class WindowLinearAttention(AttentionVariant):
 
     def _empty_state(self, batch, heads, head_dim, value_dim, dtype, device):
         empty = torch.empty(batch, heads, 0, head_dim, dtype=dtype, device=device)
-        return {"k": empty, "v": empty.new_empty(batch, heads, 0, value_dim),
-                "S": torch.zeros(batch, heads, self._features(), value_dim + 1, dtype=dtype, device=device)}
+        return {
+            "k": empty,
+            "v": empty.new_empty(batch, heads, 0, value_dim),
+            "S": torch.zeros(batch, heads, self._features(), value_dim + 1, dtype=dtype, device=device),
+        }
 
     def _advanced(self, k, v, state, keep):
         """The state after t new positions: the last w of the kept and new positions, and those that leave the
         window added to S (a padded position adds nothing). Also returns every kept + new key, value and mask."""
-        n, t, w = state.length, k.shape[2], self.window
+        t, w = k.shape[2], self.window
         keys = torch.cat([state.tensors["k"], k], dim=2)
         values = torch.cat([state.tensors["v"], v], dim=2)
         kept = state.tensors["k"].shape[2]
@@ -224,7 +256,11 @@ class WindowLinearAttention(AttentionVariant):
         after, keys, values, mask = self._advanced(k, v, state, keep)
         pos = torch.arange(n - state.tensors["k"].shape[2], n + t, device=q.device)
         i = torch.arange(n, n + t, device=q.device)[:, None]
-        real = torch.ones(1, 1, 1, pos.numel(), dtype=torch.bool, device=q.device) if mask is None else mask[:, None, None, :]
+        real = (
+            torch.ones(1, 1, 1, pos.numel(), dtype=torch.bool, device=q.device)
+            if mask is None
+            else mask[:, None, None, :]
+        )
         window = (pos <= i) & (i - pos <= w) & real
         older = ((i - pos > w) & real).to(q.dtype)
         ve = _ones_column(values)
@@ -242,14 +278,23 @@ class WindowLinearAttention(AttentionVariant):
         f = self._features()
         c = self._block(n_k)
         # the window's scores and weighted values (w + 1 a query), the tile's linear part (c), the state read and write
-        return 2.0 * n_q * (w + 1) * (d + dv) + 2.0 * n_q * c * (f + dv) + 4.0 * n_q * f * (dv + 1) + 2.0 * (n_q + n_k) * d * f
+        return (
+            2.0 * n_q * (w + 1) * (d + dv)
+            + 2.0 * n_q * c * (f + dv)
+            + 4.0 * n_q * f * (dv + 1)
+            + 2.0 * (n_q + n_k) * d * f
+        )
 
     def memory_estimate(self, batch, heads, n_q, n_k, d, dv, element_size, causal, backward):
         w, c = self.window, self._block(n_k)
-        per_query = (w + c) * 3 + c * 2 + self._features() * 2 + dv * 3  # scores, exponentials, masks, features, outputs
+        per_query = (
+            (w + c) * 3 + c * 2 + self._features() * 2 + dv * 3
+        )  # scores, exponentials, masks, features, outputs
         positions = n_k if backward else min(n_k, GROUP_POSITIONS)
-        return int(batch * heads * positions * per_query * 4 * (3 if backward else 1)
-                   + super().memory_estimate(batch, heads, n_q, n_k, d, dv, element_size, causal, backward))
+        return int(
+            batch * heads * positions * per_query * 4 * (3 if backward else 1)
+            + super().memory_estimate(batch, heads, n_q, n_k, d, dv, element_size, causal, backward)
+        )
 
     def extra_repr(self) -> str:
         return f"window={self.window}, feature_dim={self._features() // 2}"
