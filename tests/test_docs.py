@@ -130,3 +130,15 @@ def test_the_front_pages_keep_their_prose_budget(page):
         assert any(line.startswith("![") for line in lines[:40]), (
             "the README's first figure is not in its first 40 lines"
         )
+
+
+def test_every_option_help_is_at_most_30_words():
+    # --help answers in a line or two; the details live in docs/ (the longest option help was 98 words)
+    group = typer.main.get_command(app)
+    long = [
+        (name, param.name, len(param.help.split()))
+        for name, command in group.commands.items()
+        for param in command.params
+        if getattr(param, "help", None) and len(param.help.split()) > 30
+    ]
+    assert not long, long

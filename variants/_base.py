@@ -72,6 +72,7 @@ class VariantSpec:
     state_repeats_kv: str | None = (
         None  # the decoding state's heads: None as `repeats_kv`; "" one per K/V head even where the forward repeats; else why per query head
     )
+    family: str = ""  # the family of methods it stands for where a run trains one variant a family (bench quality --preset long); "" none
 
     def example_options(self) -> list[dict]:
         """`examples` as dicts: what the shared contract tests build the variant with."""
@@ -87,6 +88,7 @@ class VariantSpec:
             "function_options": list(self.function_options),
             "subquadratic": self.subquadratic,
             "style": list(self.style) if self.style else None,
+            "family": self.family,
         }
 
 

@@ -145,17 +145,8 @@ class QualityConfig:
 # Performer's 64 features, as in the long preset
 QUALITY_OPTIONS = {"window": 16, "compression": 3, "moba.block": 8, "moba.top_k": 2, "performer.features": 64}
 
-# one variant of each family: what the long preset trains at its long lengths on the CPU
-LONG_VARIANTS = (
-    "full",
-    "sliding_window",
-    "linear",
-    "performer",
-    "mamba2",
-    "gated_deltanet",
-    "moba",
-    "memory_compressed",
-)
+# the long preset trains its long lengths on one variant of each family: those whose spec names a `family`
+FAMILIES = "families"
 
 # What each preset sets where the command line does not. quick: short sequences, one seed, minutes on a
 # laptop. long: where subquadratic attention begins to pay, recall with few pairs asked once each among
@@ -186,7 +177,7 @@ PRESETS = {
         "queries": 8,
         # on the CPU every variant to L = 256, and one of each family on to 1024 (3 h would not hold the whole menu there)
         "long_lengths": {"cpu": "512,1024", "cuda": None},
-        "long_variants": LONG_VARIANTS,
+        "long_variants": FAMILIES,
         # a causal depthwise convolution of width 4 before each block's attention, in every variant's model: the
         # published Mamba-2, GLA and DeltaNet layers have one, and without it no recurrence learned recall here
         # (results/quality-recipe/short-conv-4 at the quick layout; long-no-conv at this one)

@@ -9,7 +9,7 @@ import variants as registry
 from harness.fmt import fmt_bytes
 from harness.options import ArgumentError, check_number, parse_lengths
 from harness.policy import check_options, check_variant_options, memory_budgets, require_cuda, resolve_variants
-from harness.quality.config import MAX_SEEDS, PRESETS, QualityConfig, TrainConfig
+from harness.quality.config import FAMILIES, MAX_SEEDS, PRESETS, QualityConfig, TrainConfig
 from harness.quality.tasks import make_task
 from harness.quality.train import cannot_train_reason, trainable_variants, training_memory_estimate
 
@@ -132,7 +132,7 @@ def build_quality_config(
     length_list = parse_lengths(lengths)
     copy_list = parse_lengths(copy_lengths) if copy_lengths else None
     long_list, long_names = _long_lengths(
-        long_lengths, long_variants, defaults.get("long_variants", ()), length_list, names
+        long_lengths, long_variants, _preset_variants(defaults.get("long_variants", ())), length_list, names
     )
     if chosen.get("copy_lengths") and "copy" not in tasks:
         raise ArgumentError(
@@ -172,6 +172,13 @@ def build_quality_config(
         long_lengths=long_list,
         long_variants=long_names,
     )
+
+
+def _preset_variants(named) -> tuple[str, ...]:
+    """A preset's variants: its names, or FAMILIES, one variant a family (each that its spec gives a `family`)."""
+    if named != FAMILIES:
+        return tuple(named)
+    return tuple(name for name in registry.available() if registry.variant_class(name).spec.family)
 
 
 def _long_lengths(

@@ -29,6 +29,7 @@ class GatedDeltaNet(DeltaNet):
     spec = replace(
         DeltaNet.spec,
         name="gated_deltanet",
+        family="delta rules",
         summary="Gated DeltaNet: the delta rule with a scalar data-dependent decay (Qwen3-Next); chunked (WY), D x Dv state",
         style=("#ad494a", "d"),
         reference="Yang, Kautz & Hatamizadeh 2025, 'Gated Delta Networks: Improving Mamba2 with Delta Rule'",

@@ -574,6 +574,7 @@ class FeatureMapAttention(AttentionVariant):
 class LinearAttention(FeatureMapAttention):
     spec = VariantSpec(
         name="linear",
+        family="kernel feature maps",
         repeats_kv="its scans and their written-out backward run one K/V head per query head",
         summary="linear attention, phi(q)·phi(k) for softmax (elu+1, relu, taylor, cosformer, learned hedgehog); causal chunk-wise with a running F x Dv state",
         style=("#d62728", "v"),

@@ -26,6 +26,7 @@ from ._recurrence import WHY_CAUSAL_ONLY, RecurrentAttention, SSDDecay
 class Mamba2(RecurrentAttention):
     spec = VariantSpec(
         name="mamba2",
+        family="decaying recurrences",
         summary="Mamba-2's SSD as attention: scalar data-dependent decay exp(−A Δ_t), values scaled by Δ_t; chunked, D x Dv state",
         style=("#637939", "H"),
         reference="Dao & Gu 2024, 'Transformers are SSMs: Generalized Models and Efficient Algorithms Through Structured State Space Duality'",

@@ -211,6 +211,7 @@ class _Phases(torch.autograd.Function):
 class MemoryCompressedAttention(AttentionVariant):
     spec = VariantSpec(
         name="memory_compressed",
+        family="compressed memory",
         repeats_kv="the strided convolution compressing K and V is learned per query head",
         summary="keys/values compressed by a strided conv (kernel = stride = c) per head; fused SDPA over the N/c slots",
         style=("#9467bd", "P"),

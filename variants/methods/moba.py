@@ -432,6 +432,7 @@ class _FusedMoBA(torch.autograd.Function):
 class MoBA(AttentionVariant):
     spec = VariantSpec(
         name="moba",
+        family="block-sparse selection",
         repeats_kv="its block selection and its gathered blocks run per query head",
         state_repeats_kv="",  # the cache and the block sums need K only: kept per K/V head, each query head gathers its blocks
         summary="MoBA: each query attends exactly to its own block and its top_k earlier key blocks, chosen by q · mean(k)",

@@ -117,6 +117,7 @@ class PositiveRandomFeatures(FeatureMap):
 class Performer(FeatureMapAttention):
     spec = VariantSpec(
         name="performer",
+        family="random features",
         repeats_kv="it runs linear attention's scans, one K/V head per query head",
         summary="FAVOR+: softmax estimated by m positive orthogonal random features, linear attention's scan",
         style=("#ff7f0e", "<"),

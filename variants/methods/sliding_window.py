@@ -498,6 +498,7 @@ class LongformerPattern(AttentionVariant):
 class SlidingWindowAttention(LongformerPattern):
     spec = VariantSpec(
         name="sliding_window",
+        family="sliding window",
         repeats_kv="its band kernel (forward and written-out backward) takes one K/V head per query head",
         state_repeats_kv="",  # the window and the sinks need K and V only: kept per K/V head, decoded grouped
         summary="Longformer sliding window (|i-j| <= w) + global tokens, blocked in pure PyTorch",
