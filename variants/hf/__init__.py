@@ -1,0 +1,34 @@
+"""Any attention variant inside a Hugging Face `transformers` model: training, evaluation, `generate()`.
+
+    import variants.hf
+    model = LlamaForCausalLM(config)                       # or from_pretrained(...)
+    variants.hf.use(model, "sliding_window", window=64)    # every attention layer, weights kept
+    model.generate(input_ids, max_new_tokens=20)           # with the KV cache, as usual
+
+The rooms, each importing only those above it: `layers` (what the adapter reads of a model), `checks`
+(errors before anything changes), `weights` (a variant's saved parameters), `cache` (decoding states as a
+Cache), `runtime` (the attention function and its mask), `api` (`use`, `register`).
+
+Needs the `hf` extra (`pip install -e '.[hf]'`); `import variants` never imports transformers.
+"""
+
+from .api import register, use, without_attention_dropout
+from .cache import state_cache
+from .layers import ATTRIBUTE, HF_EXTRA, IMPLEMENTATION, attention_layers
+
+# (what the harness and the tests reach for below the public calls, re-exported as they were)
+from .checks import _decoding_refusal as _decoding_refusal
+from .layers import _cache_argument as _cache_argument
+from .layers import _is_cross_attention as _is_cross_attention
+from .layers import _layer_kind as _layer_kind
+
+__all__ = [
+    "ATTRIBUTE",
+    "HF_EXTRA",
+    "IMPLEMENTATION",
+    "attention_layers",
+    "register",
+    "state_cache",
+    "use",
+    "without_attention_dropout",
+]
