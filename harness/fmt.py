@@ -1,4 +1,4 @@
-"""Numbers as people read them: sizes in KiB/MiB/GiB, durations in ms/s. No torch, no pandas."""
+"""Numbers as people read them: sizes in KiB/MiB/GiB, durations in ms/s, fractions in %. No torch, no pandas."""
 
 from __future__ import annotations
 
@@ -20,3 +20,8 @@ def fmt_time(seconds: float | None) -> str:
     if seconds >= 1:
         return f"{seconds:.2f} s"
     return f"{seconds * 1e3:.3g} ms" if seconds < 1e-2 else f"{seconds * 1e3:.1f} ms"
+
+
+def fmt_percent(fraction: float) -> str:
+    """90%, 85.5%: a fraction as a percentage, one decimal where it has one."""
+    return f"{fraction:.1%}".replace(".0%", "%")

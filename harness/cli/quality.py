@@ -1,0 +1,276 @@
+"""`bench quality`: the same small decoder trained with each attention, on copy and recall."""
+
+from __future__ import annotations
+
+from enum import Enum
+from pathlib import Path
+from typing import Annotated, Optional
+
+import typer
+from rich.console import Console
+from rich.table import Table
+
+from harness import options as opts
+from harness.quality.config import TASKS
+from harness.readers.quality_report import accuracy_text, final_accuracy_grid
+from harness.store.storage import QUALITY_RESULTS
+
+from .common import OptionOption, Task, at_least, checked, interruptible, make_console, progress_bar, say, write_report
+
+
+class Preset(str, Enum):
+    quick = "quick"
+    long = "long"
+
+
+def quality(
+    task: Annotated[Task, typer.Option(help="copy, recall, or all.")] = Task.all,
+    variants_: Annotated[
+        str,
+        typer.Option(
+            "--variants",
+            help="'all' (one variant per attention function that trains on the device: full_naive, the same function as full, is left out) or names, comma-separated.",
+        ),
+    ] = "all",
+    preset: Annotated[
+        Preset,
+        typer.Option(
+            help="quick: L = 32,64, one seed (the menu: 1 h 44 min on 2 cores). long: L = 64 to 1024, 8 recall pairs, 3 seeds. Options here override it."
+        ),
+    ] = Preset.quick,
+    lengths: Annotated[
+        Optional[str],
+        typer.Option(
+            help="Task lengths L: the recall sequence's length / the copied string's length (the sequence is 2L). Default: the preset's."
+        ),
+    ] = None,
+    long_lengths: Annotated[
+        Optional[str],
+        typer.Option(
+            help="Lengths after --lengths that only --long-variants train, the curriculum going on to them. Default: the preset's (long: 512,1024 on the CPU)."
+        ),
+    ] = None,
+    long_variants: Annotated[
+        Optional[str],
+        typer.Option(
+            help="Which variants train --long-lengths: names, comma-separated, or all. Default: the preset's that the run selects (long: one variant a family, those whose spec names one), else all."
+        ),
+    ] = None,
+    copy_lengths: Annotated[
+        Optional[str],
+        typer.Option(
+            help="Copy's lengths when they differ from --lengths. Default: the preset's (long: 32,64,128 on the CPU, sequences of 64-256 tokens like recall's)."
+        ),
+    ] = None,
+    device: Annotated[str, typer.Option(help="cpu, cuda, or auto (CUDA when present).")] = "cpu",
+    dtype: Annotated[str, typer.Option(help="float32, or bfloat16 (autocast; CUDA only).")] = "float32",
+    seeds: Annotated[
+        Optional[int],
+        typer.Option(
+            callback=at_least(1),
+            help="Train every (task, variant, L) with seeds 0..K-1 (model, data and held-out set); the report gives the mean and min-max. Default: the preset's (quick 1, long 3).",
+        ),
+    ] = None,
+    steps: Annotated[
+        Optional[int],
+        typer.Option(
+            callback=at_least(1),
+            help="Training steps per length (per curriculum stage), the same for every variant. Default: the preset's (quick 1500, long 800).",
+        ),
+    ] = None,
+    curriculum: Annotated[
+        Optional[bool],
+        typer.Option(
+            "--curriculum/--no-curriculum",
+            help="Train one model per (task, variant, seed) at each length in increasing order, each stage starting from the last. Default: the preset's (long: on).",
+        ),
+    ] = None,
+    pairs: Annotated[
+        Optional[int],
+        typer.Option(
+            callback=at_least(1), help="Recall: key-value pairs per sequence (default: the preset's; quick: L // 8)."
+        ),
+    ] = None,
+    queries: Annotated[
+        Optional[int],
+        typer.Option(
+            callback=at_least(1),
+            help="Recall: ask this many distinct keys once each, at random places among filler tokens (<= --pairs). Default: the preset's (quick: every remaining place is a query, keys repeat).",
+        ),
+    ] = None,
+    warm_start: Annotated[
+        Optional[int],
+        typer.Option(
+            callback=at_least(0),
+            help="Recall asked once among filler: first train this many steps on the dense layout (every place a query) at the first length; unscored. Default: the preset's (long 2000).",
+        ),
+    ] = None,
+    short_conv: Annotated[
+        Optional[int],
+        typer.Option(
+            callback=at_least(0),
+            help="Width of a causal depthwise convolution before each block's attention (Mamba-2's, GLA's and DeltaNet's short convolution; 4 in their papers). Default: the preset's (0: none).",
+        ),
+    ] = None,
+    vocab: Annotated[
+        Optional[int],
+        typer.Option(
+            callback=at_least(2),
+            help="Task vocabulary (copy: symbols, default 16; recall: keys + values, default max(64, 2 x pairs)).",
+        ),
+    ] = None,
+    d_model: Annotated[int, typer.Option(callback=at_least(1), help="Model width.")] = 64,
+    layers: Annotated[int, typer.Option(callback=at_least(1), help="Transformer blocks.")] = 2,
+    heads: Annotated[int, typer.Option(callback=at_least(1), help="Attention heads.")] = 4,
+    batch: Annotated[
+        Optional[int], typer.Option(callback=at_least(1), help="Training batch size (default 32).")
+    ] = None,
+    batch_tokens: Annotated[
+        Optional[int],
+        typer.Option(
+            callback=at_least(1),
+            help="At most this many tokens a training batch (at long L fewer sequences, never under 1). Default: the preset's (long: 8192 on the CPU; else none).",
+        ),
+    ] = None,
+    lr: Annotated[
+        Optional[float],
+        typer.Option(
+            help="Peak learning rate (AdamW, linear warm-up then cosine decay). Default: the preset's (3e-3 in both)."
+        ),
+    ] = None,
+    label_smoothing: Annotated[float, typer.Option(help="Label smoothing of the training loss.")] = 0.0,
+    window: Annotated[
+        Optional[int],
+        typer.Option(
+            help="Sliding-window width w (default: the preset's, quick 16, long 64: narrower than most distances on purpose, that is what local attention gives up)."
+        ),
+    ] = None,
+    compression: Annotated[Optional[int], typer.Option(help="Memory-compressed stride c (default 3).")] = None,
+    option: OptionOption = None,
+    cost: Annotated[
+        bool,
+        typer.Option(
+            "--cost/--no-cost",
+            help="Measure a training step's time, tokens/s and peak memory per (task, variant, L), each in a process of its own (RUN_DIR/train_cost.jsonl).",
+        ),
+    ] = True,
+    out: Annotated[
+        Optional[Path], typer.Option(help="Run directory to create (default results/quality-<timestamp>-<host>).")
+    ] = None,
+    resume: Annotated[Optional[Path], typer.Option(help="Finish this quality run with its original options.")] = None,
+    import_: Annotated[
+        Optional[list[str]],
+        typer.Option(
+            "--import",
+            help="Module to import first (it may register more variants to score). With --resume, a run's modules must be named again.",
+        ),
+    ] = None,
+    report: Annotated[
+        bool, typer.Option("--report/--no-report", help="At the end, write RUN_DIR/REPORT.md and its figures.")
+    ] = True,
+) -> None:
+    """Train the same small decoder with each attention variant on copy and associative recall; report held-out accuracy.
+
+    Only the attention differs between variants: same model size, steps, learning rate and data.
+    Every evaluation row records its seed and accuracy by distance (how far back the answer sits).
+    Rows are appended to RUN_DIR/quality.jsonl as they exist; REPORT.md and the figures are written at
+    the end (`bench report RUN_DIR` redraws them). On a 2-core CPU the quick preset took 1 h 44 min for the whole
+    menu of 13 variants (results/quality-reference; `additive` alone 23 min: give --variants for less); the long preset's 3 seeds took 521 min of training there (results/quality-long, made across sittings with
+    --resume; docs/quality.md).
+    """
+    from harness.quality.session import QualityRequest, open_quality
+    from harness.quality.train import TrainingDiverged
+
+    console = make_console()
+    with checked():
+        build = (
+            None
+            if resume is not None
+            else dict(
+                tasks=TASKS if task == Task.all else (task.value,),
+                variants=variants_,
+                preset=preset.value,
+                device=device,
+                dtype=dtype,
+                given=opts.merge_options(option or [], window=window, compression=compression),
+                measure_cost=cost,
+                lengths=lengths,
+                copy_lengths=copy_lengths,
+                long_lengths=long_lengths,
+                long_variants=long_variants,
+                seeds=seeds,
+                lr=lr,
+                label_smoothing=label_smoothing,
+                d_model=d_model,
+                layers=layers,
+                heads=heads,
+                steps=steps,
+                batch=batch,
+                batch_tokens=batch_tokens,
+                curriculum=curriculum,
+                pairs=pairs,
+                queries=queries,
+                vocab=vocab,
+                warm_start=warm_start,
+                short_conv=short_conv,
+            )
+        )
+        session = open_quality(
+            QualityRequest(build=build or {}, resume=resume, out=out, imports=tuple(import_ or [])), say(console)
+        )
+    try:
+        with interruptible(console, session.kept, session.resume_command):
+            rows = _quality_with_progress(session, console)
+    except TrainingDiverged as err:
+        console.print(f"[red]training diverged[/]: {err}")
+        raise typer.Exit(1) from None
+    _print_accuracy(rows, session.config, console)
+    console.print(f"results: {session.run_dir / QUALITY_RESULTS}")
+    if report:
+        write_report(session.run_dir, console)
+
+
+def _quality_with_progress(session, console: Console) -> list[dict]:
+    steps = session.config.train.steps
+    progress = progress_bar(console)
+    done = {"step": 0}
+    bar = {}
+
+    def before(total, completed):
+        bar["task"] = progress.add_task("starting", total=total, completed=completed)
+
+    def on_start(task_name, length, name, seed, phase):
+        done["step"] = 0
+        if phase == "cost":
+            progress.update(
+                bar["task"], description=f"[cyan]{task_name} L={length} {name}[/] measuring a training step"
+            )
+        else:
+            progress.update(bar["task"], description=f"[cyan]{task_name} L={length} {name} seed {seed}[/] training")
+
+    def on_eval(row):
+        here = row.get("stage", 0) * steps + row["step"]
+        progress.advance(bar["task"], here - done["step"])
+        done["step"] = here
+        progress.update(
+            bar["task"],
+            description=f"[cyan]{row['task']} L={row['length']} {row['variant']} seed {row.get('seed', 0)}[/] "
+            f"loss {row['train_loss']:.3f} acc {row['eval_accuracy']:.1%}",
+        )
+
+    with progress:
+        return session.run(on_eval=on_eval, on_start=on_start, before=before)
+
+
+def _print_accuracy(rows: list[dict], config, console: Console) -> None:
+    columns, grid = final_accuracy_grid(rows)
+    seeds = f" (mean of {config.seeds} seeds, min-max)" if config.seeds > 1 else ""
+    table = Table(title=f"held-out token accuracy after training{seeds}", title_justify="left")
+    table.add_column("variant")
+    for t, n in columns:
+        table.add_column(f"{t} L={n}", justify="right")
+    for name, cells in grid:
+        table.add_row(
+            name, *["" if c is None else accuracy_text(c, t, config.seeds) for c, (t, _) in zip(cells, columns)]
+        )
+    console.print(table)

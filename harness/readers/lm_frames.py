@@ -1,0 +1,161 @@
+"""A `bench lm` run read back as tables (pandas): perplexity, passkey, cost, distillation, decoding and
+linearization, one row an attention setting."""
+
+from __future__ import annotations
+
+import math
+from pathlib import Path
+
+import pandas as pd
+
+from harness.store.storage import LM_RESULTS as RESULTS
+from harness.store.storage import read_rows
+
+OWN = "sdpa"
+
+
+PANELS_ACROSS = 6  # passkey heatmaps a row
+
+
+LEGEND_INSIDE = 8  # attentions a legend holds inside its axes; more go beside them
+
+
+DISTILLED = " + distill "  # in a distilled attention's label (harness/lm/run.py's Setting.label)
+
+
+LINEARIZED, LORA = (
+    " + linearized",
+    " + LoRA",
+)  # a linearized attention's label; the model's own after LoRA alone (its control)
+
+
+TWINS = (DISTILLED, LINEARIZED, LORA)
+
+
+def base_of(setting: str) -> str:
+    """The zero-shot attention a trained twin (distilled, linearized, the sdpa control) comes from."""
+    for mark in TWINS:
+        if mark in setting:
+            return setting.split(mark)[0]
+    return setting
+
+
+def lm_frame(run_dir: Path) -> pd.DataFrame:
+    rows = read_rows(Path(run_dir), RESULTS, quiet=True) if (Path(run_dir) / RESULTS).exists() else []
+    return pd.DataFrame(rows)
+
+
+def setting_order(df: pd.DataFrame) -> list[str]:
+    return list(dict.fromkeys(df["setting"]))
+
+
+def perplexity_table(df: pd.DataFrame) -> pd.DataFrame:
+    """Per (setting, length): mean perplexity over the windows (exp of the mean NLL), min and max, windows."""
+    ppl = df[df["task"] == "perplexity"]
+    if ppl.empty:
+        return pd.DataFrame(columns=["setting", "length", "ppl", "ppl_min", "ppl_max", "windows"])
+    out = (
+        ppl.groupby(["setting", "length"], sort=False)
+        .agg(nll=("nll", "mean"), ppl_min=("ppl", "min"), ppl_max=("ppl", "max"), windows=("window", "nunique"))
+        .reset_index()
+    )
+    out["ppl"] = out["nll"].map(math.exp)  # the perplexity of the windows' scored tokens together
+    return out.drop(columns=["nll"])
+
+
+def passkey_table(df: pd.DataFrame) -> pd.DataFrame:
+    """Per (setting, length, depth): exact-match accuracy over the keys."""
+    keys = df[df["task"] == "passkey"]
+    if keys.empty:
+        return pd.DataFrame(columns=["setting", "length", "depth", "accuracy", "keys"])
+    keys = keys.assign(correct=keys["correct"].astype(float))
+    return (
+        keys.groupby(["setting", "length", "depth"], sort=False)
+        .agg(accuracy=("correct", "mean"), keys=("correct", "size"))
+        .reset_index()
+    )
+
+
+def cost_table(df: pd.DataFrame) -> pd.DataFrame:
+    """Per (setting, length): a forward's time and peak extra memory, its ratio to the model's own sdpa at that
+    length, and from the passkey rows a generated token's median time and the decoding state's bytes."""
+    cost = df[df["task"] == "cost"]
+    cost = (
+        cost[["setting", "length", "forward_s", "peak_bytes"]]
+        if not cost.empty
+        else pd.DataFrame(columns=["setting", "length"])
+    )
+    keys = df[df["task"] == "passkey"]
+    if not keys.empty:
+        gen = (
+            keys.groupby(["setting", "length"], sort=False)
+            .agg(token_s=("token_s", "median"), state_bytes=("state_bytes", "max"))
+            .reset_index()
+        )
+        cost = gen if cost.empty else cost.merge(gen, on=["setting", "length"], how="outer")
+    if cost.empty:
+        return cost
+    if "forward_s" in cost:
+        base = cost[cost["setting"] == OWN].set_index("length")["forward_s"]
+        cost["vs_sdpa"] = [
+            t / base[n] if n in base.index and base[n] else None for n, t in zip(cost["length"], cost["forward_s"])
+        ]
+    return cost
+
+
+def distill_table(df: pd.DataFrame) -> pd.DataFrame:
+    """Per distilled attention: its parameters, steps, time, and the held-out attention-output error (mean over
+    layers, a fraction of the softmax output's mean square) before and after attention transfer."""
+    rows = df[df["task"] == "distill"] if "task" in df else df
+    columns = ["setting", "parameters", "steps", "lr", "tokens", "distill_s", "error_before", "error_after"]
+    return rows[columns].reset_index(drop=True) if not rows.empty else pd.DataFrame(columns=columns)
+
+
+def decode_table(df: pd.DataFrame) -> pd.DataFrame:
+    """Per (setting, length) of the decode rows: the median generated token's time, its ratio to the model's own
+    sdpa with its KV cache at that length, the state's bytes after the prompt and their ratio to sdpa's cache."""
+    rows = df[df["task"] == "decode"] if "task" in df else df.iloc[:0]
+    if rows.empty:
+        return pd.DataFrame(columns=["setting", "length", "token_s", "vs_sdpa", "state_bytes", "state_vs_sdpa"])
+    out = rows[["setting", "length", "token_s", "token_min_s", "prefill_s", "state_bytes"]].copy()
+    own = out[out["setting"] == OWN].set_index("length")
+    out["vs_sdpa"] = [t / own["token_s"][n] if n in own.index else None for n, t in zip(out["length"], out["token_s"])]
+    out["state_vs_sdpa"] = [
+        b / own["state_bytes"][n] if n in own.index else None for n, b in zip(out["length"], out["state_bytes"])
+    ]
+    return out.reset_index(drop=True)
+
+
+def decode_exponent(table: pd.DataFrame, setting: str, low: int = 1024) -> float | None:
+    """The fitted exponent of a generated token's time against the context, from `low` to the longest length
+    (least squares on the logs): 0 for a constant cost, 1 for one linear in the context."""
+    mine = table[(table["setting"] == setting) & (table["length"] >= low)]
+    if len(mine) < 2:
+        return None
+    x, y = [math.log(n) for n in mine["length"]], [math.log(t) for t in mine["token_s"]]
+    mx, my = sum(x) / len(x), sum(y) / len(y)
+    return sum((a - mx) * (b - my) for a, b in zip(x, y)) / sum((a - mx) ** 2 for a in x)
+
+
+def linearize_table(df: pd.DataFrame) -> pd.DataFrame:
+    """Per linearized attention: each stage's trained parameters, steps, tokens and seconds, stage 1's held-out
+    attention error and stage 2's held-out next-token loss before and after, the seconds in all."""
+    rows = df[df["task"] == "linearize"] if "task" in df else df
+    out = []
+    for r in rows.itertuples():
+        t, lo = (x if isinstance(x, dict) else {} for x in (getattr(r, "transfer", None), getattr(r, "lora", None)))
+        out.append(
+            {
+                "setting": r.setting,
+                "seconds": r.seconds,
+                "tokens": r.tokens,
+                **{
+                    f"transfer_{k}": t.get(k) for k in ("parameters", "steps", "seconds", "error_before", "error_after")
+                },
+                **{
+                    f"lora_{k}": lo.get(k)
+                    for k in ("parameters", "steps", "seconds", "nll_before", "nll_after", "rank")
+                },
+            }
+        )
+    return pd.DataFrame(out)

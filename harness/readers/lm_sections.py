@@ -1,0 +1,200 @@
+"""The sections of a `bench lm` REPORT.md that explain a training or a task: distillation, linearization
+and decoding."""
+
+from __future__ import annotations
+
+import math
+
+import pandas as pd
+
+from harness.fmt import fmt_bytes, fmt_time
+from harness.readers.lm_frames import (
+    DISTILLED,
+    OWN,
+    base_of,
+    decode_exponent,
+    decode_table,
+    distill_table,
+    linearize_table,
+    perplexity_table,
+)
+from harness.readers.tables import markdown_table
+
+
+def distill_section(
+    df: pd.DataFrame, cfg: dict, settings: list[str], lengths: list[int], untouched: list[str] | None
+) -> list[str]:
+    table = distill_table(df)
+    if table.empty:
+        return []
+    ppl = {(r.setting, int(r.length)): r.ppl for r in perplexity_table(df).itertuples()}
+    rows = []
+    for r in table.itertuples():
+        base = r.setting.rsplit(DISTILLED, 1)[0]
+        rows.append(
+            [
+                f"`{base}`",
+                f"{int(r.parameters):,}",
+                fmt_time(r.distill_s),
+                f"{r.error_before:.3f} → {r.error_after:.3f}",
+                *(
+                    f"{ppl[(base, n)]:.4g} → {ppl[(r.setting, n)]:.4g}"
+                    if (base, n) in ppl and (r.setting, n) in ppl
+                    else ""
+                    for n in lengths
+                ),
+            ]
+        )
+    if untouched is None:  # (a run from before the metadata said so: those without a distillation row)
+        distilled = {s.rsplit(DISTILLED, 1)[0] for s in table["setting"]}
+        untouched = [s for s in settings if s != OWN and DISTILLED not in s and s not in distilled]
+    lines = [
+        "## Attention transfer (`--distill`)",
+        "",
+        f"Before being evaluated again, each variant with parameters of its own trained only those, {cfg.get('distill')} AdamW "
+        f"steps a layer (learning rate {cfg.get('distill_lr')}), to reproduce the model's softmax attention output of each layer on "
+        f"{int(table['tokens'].iloc[0])} tokens of standard-library docstrings (`harness/lm/distill.py`; the model's weights "
+        "untouched). Error: mean squared difference from the softmax output on a held-out sequence, as a fraction of that "
+        "output's mean square, averaged over the layers. Perplexity: zero-shot → distilled.",
+        "",
+        markdown_table(["variant", "parameters", "time", "error", *(f"ppl {n}" for n in lengths)], rows),
+        "",
+    ]
+    if untouched:
+        lines += [
+            "Nothing to train (no parameters of their own; evaluated as they are): "
+            + ", ".join(f"`{s}`" for s in untouched)
+            + ".",
+            "",
+        ]
+    return lines
+
+
+def decode_section(df: pd.DataFrame, settings: list[str], lengths: list[int]) -> list[str]:
+    table = decode_table(df)
+    if table.empty:
+        return []
+    cell = {(r.setting, int(r.length)): r for r in table.itertuples()}
+    ok = lambda v: v is not None and v == v  # noqa: E731
+    rows = []
+    for s in settings:
+        mine = [cell.get((s, n)) for n in lengths]
+        if not any(mine):
+            continue
+        exponent = decode_exponent(table, s)
+        rows.append(
+            [
+                f"`{s}`",
+                *(
+                    f"{fmt_time(r.token_s)} ({r.vs_sdpa:.2f}×)"
+                    if r is not None and ok(r.vs_sdpa)
+                    else fmt_time(r.token_s)
+                    if r is not None
+                    else ""
+                    for r in mine
+                ),
+                "" if exponent is None else f"{exponent:.2f}",
+            ]
+        )
+    states = []
+    for s in settings:
+        mine = [cell.get((s, n)) for n in lengths]
+        if any(mine):
+            states.append(
+                [
+                    f"`{s}`",
+                    *(
+                        f"{fmt_bytes(r.state_bytes)} ({r.state_vs_sdpa:.2f}×)"
+                        if r is not None and ok(r.state_vs_sdpa)
+                        else fmt_bytes(r.state_bytes)
+                        if r is not None
+                        else ""
+                        for r in mine
+                    ),
+                ]
+            )
+    return [
+        "## Decoding inside the model",
+        "",
+        "A prompt of L tokens of the text, then 16 tokens fed one at a time with the cache: the model's own KV "
+        "cache for `sdpa`, each layer's decoding state otherwise (`variants.hf.state_cache`). Time: the median "
+        "of the 16 forwards of one token (× `sdpa` at the same L); exponent: the fitted slope of log time on "
+        f"log L from 1024 to {max(lengths)} (0: flat, 1: linear in the context).",
+        "",
+        markdown_table(["attention", *map(str, lengths), "exponent"], rows),
+        "",
+        "The cache's bytes after the prompt (× the model's own KV cache):",
+        "",
+        markdown_table(["attention", *map(str, lengths)], states),
+        "",
+    ]
+
+
+def linearize_section(df: pd.DataFrame, cfg: dict, lengths: list[int], about: dict) -> list[str]:
+    table = linearize_table(df)
+    if table.empty:
+        return []
+    recipe = cfg.get("linearize") or {}
+    ppl = {(r.setting, int(r.length)): r.ppl for r in perplexity_table(df).itertuples()}
+    ok = lambda v: v is not None and v == v  # noqa: E731
+    budget, quality = [], []
+    for r in table.itertuples():
+        base = base_of(r.setting)
+        stage1 = (
+            (
+                f"{int(r.transfer_parameters):,} · {int(r.transfer_steps)} · {fmt_time(r.transfer_seconds)} · "
+                f"{r.transfer_error_before:.3f} → {r.transfer_error_after:.3f}"
+            )
+            if ok(r.transfer_steps)
+            else "—"
+        )
+        stage2 = (
+            (
+                f"{int(r.lora_parameters):,} · {int(r.lora_steps)} · {fmt_time(r.lora_seconds)} · "
+                f"{math.exp(r.lora_nll_before):.2f} → {math.exp(r.lora_nll_after):.2f}"
+            )
+            if ok(r.lora_steps)
+            else "—"
+        )
+        budget.append([f"`{base}`", stage1, stage2, f"{int(r.tokens):,}", fmt_time(r.seconds)])
+        cells = []
+        for n in lengths:
+            before, after, own = ppl.get((base, n)), ppl.get((r.setting, n)), ppl.get((OWN, n))
+            cells.append(
+                ""
+                if after is None
+                else (f"{before:.4g} → " if before is not None and base != OWN else "")
+                + f"{after:.4g}"
+                + (f" ({after / own:.2f}×)" if own else "")
+            )
+        quality.append([f"`{r.setting}`", *cells])
+    own_row = [f"`{OWN}`", *(f"{ppl[(OWN, n)]:.4g}" if (OWN, n) in ppl else "" for n in lengths)]
+    lines = [
+        "## Linearization (`--linearize`)",
+        "",
+        f"LoLCATs' two stages (`harness/lm/linearize.py`), each on sequences of {recipe.get('length')} tokens of "
+        f"{about.get('train_text', 'the training text')} (no run of 12 words shared with the scored text). Stage 1, "
+        f"attention transfer: {recipe.get('transfer_steps')} AdamW steps (learning rate {recipe.get('transfer_lr')}) training "
+        f"only the variant's own parameters, on every layer at once, to reproduce the model's softmax attention output "
+        f"(error: held-out mean squared difference as a fraction of the softmax output's mean square, mean over layers). "
+        f"Stage 2: {recipe.get('lora_steps')} steps of LoRA (rank {recipe.get('lora_rank')}, learning rate "
+        f"{recipe.get('lora_lr')}) on q, k, v, o with next-token loss, the variant's parameters frozen, then merged "
+        f"(perplexity of the held-out training text before → after). `sdpa + LoRA` is the control: the same LoRA "
+        "on the model's own attention. Each stage: parameters · steps · time · before → after.",
+        "",
+        markdown_table(["attention", "stage 1", "stage 2", "tokens", "time"], budget),
+        "",
+        "Perplexity of the scored text, zero-shot → after (× the model's own `sdpa`):",
+        "",
+        markdown_table(["attention", *map(str, lengths)], [own_row, *quality]),
+        "",
+    ]
+    nothing = about.get("nothing_to_linearize")
+    if nothing:
+        lines += [
+            "Nothing to linearize (no parameters of their own; evaluated zero-shot): "
+            + ", ".join(f"`{s}`" for s in nothing)
+            + ".",
+            "",
+        ]
+    return lines
