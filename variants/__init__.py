@@ -13,9 +13,8 @@ imports no optional dependency (xformers is imported only when `full_xformers` i
 import importlib
 import pkgutil
 
-from ._base import (
-    AttentionVariant,
-    VariantSpec,
+from . import methods
+from ._registry import (
     available,
     build,
     effective_options,
@@ -26,8 +25,10 @@ from ._base import (
     unregister,
     variant_class,
 )
-from . import methods
-from .modules import MultiHeadAttention, SinusoidalPositionalEncoding, TransformerBlock, swap_attention
+from ._spec import VariantSpec
+from ._variant import AttentionVariant
+from .modules import MultiHeadAttention, SinusoidalPositionalEncoding, TransformerBlock
+from .swap import swap_attention
 
 
 def _import_methods() -> None:

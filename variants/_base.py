@@ -8,35 +8,9 @@ _registry.py  register, build, and the options each variant takes
 from .._base import AttentionVariant, VariantSpec, register
 """
 
-from ._checks import causal_mask, check_inputs, check_shape_hints, dense_mask
-from ._registry import (
-    available,
-    build,
-    effective_options,
-    option_docs,
-    option_names,
-    options_taken,
-    register,
-    unregister,
-    variant_class,
-)
+from ._checks import causal_mask, dense_mask
+from ._registry import register
 from ._spec import VariantSpec
 from ._variant import AttentionVariant
 
-__all__ = [
-    "AttentionVariant",
-    "VariantSpec",
-    "available",
-    "build",
-    "causal_mask",
-    "check_inputs",
-    "check_shape_hints",
-    "dense_mask",
-    "effective_options",
-    "option_docs",
-    "option_names",
-    "options_taken",
-    "register",
-    "unregister",
-    "variant_class",
-]
+__all__ = ["AttentionVariant", "VariantSpec", "causal_mask", "dense_mask", "register"]

@@ -77,7 +77,6 @@ DOC_MODULES = (
     "zipfile",
 )
 SEQUENCES = 8  # sequences of text captured; the last one held out
-MAX_LENGTH = 512  # tokens a sequence (or the run's shortest length)
 
 
 def distill_text() -> str:

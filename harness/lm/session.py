@@ -11,8 +11,10 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Callable, ContextManager
 
-from harness.lm import linearize as lin
 from harness.lm import run as lmrun
+from harness.lm.config import Recipe
+from harness.lm.stages import check_projections, peft_module
+from harness.lm.training_text import check_disjoint, training_sequences, training_text
 from harness.options import ArgumentError, parse_lengths, parse_list
 from harness.store import rundir
 from harness.store.storage import RowWriter, RunLock, read_rows
@@ -58,7 +60,7 @@ def lm_config(
             raise ArgumentError(f"{option} {rate}: a learning rate between 0 and 1 (e.g. 1e-3)")
     recipe = None
     if linearize and (linearize.get("transfer_steps") or linearize.get("lora_steps")):
-        recipe = lin.Recipe(**linearize).to_json()
+        recipe = Recipe(**linearize).to_json()
     return lmrun.LMConfig(
         model=model or "smollm2",
         settings=tuple(lmrun.parse_setting(v) for v in variants),
@@ -178,7 +180,7 @@ def open_lm(
                 "nothing_to_linearize": unlinearized,
                 "train_text": config.recipe.text or "the standard library's docstrings",
                 "train_text_sha256": hashlib.sha256(
-                    lin.training_text(config.recipe.text, lmrun.corpus_text(config.text)).encode()
+                    training_text(config.recipe.text, lmrun.corpus_text(config.text)).encode()
                 ).hexdigest(),
             }
         rundir.start(run_dir, "lm", config.to_json(), machine=about)
@@ -196,10 +198,8 @@ def check_linearize(config: lmrun.LMConfig, model, tokenizer, tokens) -> None:
             f"--train-length {recipe.length}: tokens a training sequence, from 2 to the model's context ({context})"
         )
     if recipe.lora_steps:
-        lin.peft_module()
-        lin.check_projections(model)
+        peft_module()
+        check_projections(model)
     scored = lmrun.corpus_text(config.text)
-    lin.training_sequences(tokenizer, recipe, scored)  # (enough of it)
-    lin.check_disjoint(
-        lin.training_text(recipe.text, scored), scored, recipe.text or "the standard library's docstrings"
-    )
+    training_sequences(tokenizer, recipe, scored)  # (enough of it)
+    check_disjoint(training_text(recipe.text, scored), scored, recipe.text or "the standard library's docstrings")

@@ -1,7 +1,10 @@
 """Planning a quality run: from checked command-line values to a `QualityConfig` that trains (every
-variant on the device with its options, every task well posed, every training inside the memory budget)."""
+variant on the device with its options, every task well posed, every training inside the memory budget);
+then the run's trainings in order, and which of them finished."""
 
 from __future__ import annotations
+
+from pathlib import Path
 
 import torch
 
@@ -10,8 +13,9 @@ from harness.fmt import fmt_bytes
 from harness.options import ArgumentError, check_number, parse_lengths
 from harness.policy import check_options, check_variant_options, memory_budgets, require_cuda, resolve_variants
 from harness.quality.config import FAMILIES, MAX_SEEDS, PRESETS, QualityConfig, TrainConfig
+from harness.quality.model import cannot_train_reason, trainable_variants, training_memory_estimate
 from harness.quality.tasks import make_task
-from harness.quality.train import cannot_train_reason, trainable_variants, training_memory_estimate
+from harness.store.storage import QUALITY_RESULTS, drop_torn_tail, read_rows, rewrite_rows
 
 
 def resolve_quality_device(text: str) -> str:
@@ -215,3 +219,49 @@ def _long_lengths(
                 f"({', '.join(names)}); name some of them, or all"
             )
     return long_list, chosen
+
+
+def run_key(row: dict) -> tuple:
+    """(task, variant, length, seed) of an evaluation row (rows of old runs carry no seed: 0)."""
+    return (row["task"], row["variant"], int(row["length"]), int(row.get("seed", 0)))
+
+
+def trainings(config: QualityConfig) -> list[tuple[str, str, int, tuple[int, ...]]]:
+    """Every training of the run as (task, variant, seed, lengths): one per length, or with the
+    curriculum one per (task, variant, seed) through every length in increasing order. Seed by seed:
+    an interrupted run holds whole seeds of every (task, variant) rather than every seed of a few; within
+    a seed variant by variant, the `long_variants` (one of each family) first, so it holds whole families."""
+    cfg = config.train
+    if cfg.curriculum:
+        first = tuple(v for v in config.long_variants if v in config.variants)
+        ordered = first + tuple(v for v in config.variants if v not in first)
+        return [
+            (t, v, s, tuple(sorted(config.lengths_of(t, v))))
+            for s in config.seeds_list
+            for v in ordered
+            for t in config.tasks
+        ]
+    every = {t: tuple(dict.fromkeys(n for v in config.variants for n in config.lengths_of(t, v))) for t in config.tasks}
+    return [
+        (t, v, s, (n,))
+        for s in config.seeds_list
+        for t in config.tasks
+        for n in every[t]
+        for v in config.variants
+        if n in config.lengths_of(t, v)
+    ]
+
+
+def keep_finished_runs(run_dir: Path, config: QualityConfig | None = None) -> set[tuple]:
+    """Drop the rows of trainings that did not finish (they are redone whole); return the finished
+    (task, variant, length, seed) keys. With the curriculum, a training finishes when its last length does."""
+    drop_torn_tail(run_dir, QUALITY_RESULTS)
+    rows = read_rows(run_dir, QUALITY_RESULTS)
+    finished = {run_key(r) for r in rows if r.get("final")}
+    if config is not None and config.train.curriculum:
+        whole = {(t, v, s) for t, v, s, chain in trainings(config) if all((t, v, n, s) in finished for n in chain)}
+        finished = {key for key in finished if (key[0], key[1], key[3]) in whole}
+    kept = [r for r in rows if run_key(r) in finished]
+    if len(kept) != len(rows):
+        rewrite_rows(run_dir, kept, QUALITY_RESULTS)
+    return finished

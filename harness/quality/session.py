@@ -11,8 +11,8 @@ from typing import Callable
 
 from harness import policy
 from harness.quality.config import QualityConfig
-from harness.quality.plan import build_quality_config
-from harness.quality.train import keep_finished_runs, sweep_quality, trainings
+from harness.quality.plan import build_quality_config, keep_finished_runs, trainings
+from harness.quality.sweep import sweep_quality
 from harness.store import rundir
 from harness.store.storage import QUALITY_RESULTS, RunLock
 

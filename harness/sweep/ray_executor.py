@@ -1,113 +1,31 @@
 """`bench run --executor ray`: each cell a Ray task on a node of a cluster (or of a local Ray instance).
 
-On the node it lands on, the task runs the cell exactly as the local executor does — a fresh child
-of that node's fork server, the same correctness gate, timing, memory measurement, timeout and
-OOM/crash classification (`harness.core.isolation`) — and returns the outcome with a record of the node.
-What is Ray's own is where cells go and what happens when a node fails:
+On its node the task runs the cell exactly as the local executor does (ray_node.py: a fresh child of the
+node's fork server, the same gate, timing, memory, timeout and fault classification) and returns the outcome
+with a record of the node. What is Ray's own:
 
-- Placement. The driver probes every alive node once (host, CPU model, GPUs, torch and CUDA
-  versions) and groups nodes by hardware: a CPU cell takes a whole node (all its CPUs, so no two
-  timed CPU cells share one), a CUDA cell one GPU. Each task is pinned to the node the driver chose
-  (`NodeAffinitySchedulingStrategy`); `--ray-resources` adds custom resources every cell must have,
-  and nodes without them are not used.
-- Faults. The cell's own timeout is enforced on the node; the driver also cancels (`ray.cancel(force=True)`)
-  a task that has not answered within the timeout plus a start-up grace. A worker or node lost
-  mid-cell is the node's failure: the cell is tried once more (on any node of its group), then
-  recorded as `error` with the reason; a cell that crashed its own process is never retried. Ray's
-  own OOM kill is `oom`. Ctrl-C cancels what is outstanding.
+- Placement. The driver probes every alive node once and groups nodes by hardware: a CPU cell takes a whole
+  node (no two timed CPU cells share one), a CUDA cell one GPU. Each task is pinned to the node the driver
+  chose; `--ray-resources` adds custom resources every cell must have.
+- Faults. The cell's timeout is enforced on the node; the driver also cancels a task that has not answered
+  within the timeout plus a start-up grace. A worker or node lost mid-cell is tried once more, then recorded
+  as `error` with the reason; a cell that crashed its own process is never retried. Ray's OOM kill is `oom`.
+  Ctrl-C cancels what is outstanding.
 """
 
 from __future__ import annotations
 
-import os
 import socket
 import sys
-import tempfile
 import threading
 import time
 
-from harness.core.isolation import Outcome, run_isolated
-from harness.core.machine import available_memory_bytes, cpu_info
+from harness.core.isolation import Outcome
 from harness.sweep.executors import CellCancelled
+from harness.sweep.ray_node import node_record, ray_module, run_on_node
 
-RAY_EXTRA = "pip install -e '.[ray]'"
 START_GRACE_S = 120.0  # a task's start on its node (a new worker, the fork server's imports) beyond the cell's timeout
 CONNECT_TIMEOUT_S = 5.0
-LOG_TAIL = 20_000  # characters of a cell's log sent back to the driver's worker.log
-
-
-def ray_module():
-    try:
-        import ray
-    except ImportError:
-        raise RuntimeError(f"--executor ray needs the ray package, which is not installed: {RAY_EXTRA}") from None
-    return ray
-
-
-# -- what runs on a node ----------------------------------------------------------------------------------
-
-
-def node_record() -> dict:
-    """Where this process runs: host, Ray node, CPU model and cores, GPUs, torch and CUDA versions.
-    (Read without importing torch here: the node's Ray workers stay light; the cells' children import it.)"""
-    from importlib.metadata import version
-
-    ray = ray_module()
-    context = ray.get_runtime_context()
-    gpus = context.get_accelerator_ids().get("GPU", [])
-    gpu = {}
-    if gpus:  # read in a child (the GPU Ray gave this probe is visible there)
-        env = {"CUDA_VISIBLE_DEVICES": os.environ.get("CUDA_VISIBLE_DEVICES", "")}
-        outcome = run_isolated(_with_environment, (env, [], "harness.sweep.worker", "cuda_info"), timeout=120)
-        gpu = outcome.value if outcome.kind == "result" else {}
-    cpu = cpu_info()
-    return {
-        "node_id": context.get_node_id(),
-        "host": socket.gethostname(),
-        "ip": ray.util.get_node_ip_address(),
-        "cpu_model": cpu["model"],
-        "cpu_cores": cpu["cores"],
-        "memory_available": available_memory_bytes(),
-        "gpu_name": gpu.get("name"),
-        "gpu_free_bytes": gpu.get("free_bytes"),
-        "gpus": len(gpus),
-        "torch": version("torch"),
-        "cuda": gpu.get("cuda"),
-        "python": sys.version.split()[0],
-    }
-
-
-def _add_paths(paths: list) -> None:
-    for path in reversed(paths):
-        if path not in sys.path and os.path.isdir(path):
-            sys.path.insert(0, path)
-
-
-def _with_environment(env: dict, paths: list, module: str, name: str, *args):
-    """In the cell's child: the GPU Ray gave this task (the fork server was started with another task's
-    environment) and the driver's import paths, then the cell's function, found by name."""
-    import importlib
-
-    os.environ.update(env)
-    _add_paths(paths)
-    return getattr(importlib.import_module(module), name)(*args)
-
-
-def run_on_node(function: tuple, args: tuple, timeout: float, imports: tuple, paths: list, record: dict) -> tuple:
-    """The Ray task: the cell (`function` = (module, name), e.g. harness.sweep.worker.measure_cell) in an isolated
-    child of this node's fork server. Returns (outcome, node, log). Named, not pickled: this Ray worker
-    never imports torch; only the children do."""
-    _add_paths(paths)  # before the fork server starts, so its children import what the driver can
-    env = {"CUDA_VISIBLE_DEVICES": os.environ.get("CUDA_VISIBLE_DEVICES", "")}
-    with tempfile.NamedTemporaryFile("r", suffix=".log", prefix="attnbench-cell-") as log:
-        outcome = run_isolated(
-            _with_environment, (env, paths, *function, *args), timeout=timeout, imports=imports, log_path=log.name
-        )
-        text = log.read()[-LOG_TAIL:]
-    return outcome, record, text
-
-
-# -- the driver's side ----------------------------------------------------------------------------------------
 
 
 class RayJob:

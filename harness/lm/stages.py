@@ -1,0 +1,105 @@
+"""The two stages of a linearization, a step at a time: attention transfer (each layer's variant trained on
+the softmax output of the same q, k, v) and LoRA on next-token loss (`peft`)."""
+
+from __future__ import annotations
+
+import warnings
+
+import torch
+import torch.nn.functional as F
+
+import variants.hf as vh
+from harness.lm import distill as transfer
+from harness.options import ArgumentError
+
+TARGETS = ("q_proj", "k_proj", "v_proj", "o_proj")  # the projections LoRA adapts (LoLCATs: all four)
+
+
+PEFT_INSTALL = "pip install -e '.[lm]'  (or: pip install peft)"
+
+
+def check_projections(model) -> None:
+    """ArgumentError naming a layer without the q, k, v, o projections LoRA adapts."""
+    for path, layer in vh.attention_layers(model).items():
+        missing = [name for name in TARGETS if not isinstance(getattr(layer, name, None), torch.nn.Linear)]
+        if missing:
+            raise ArgumentError(
+                f"--lora: {type(model).__name__}.{path} ({type(layer).__name__}) has no "
+                f"{', '.join(missing)} linear projection{'s' if len(missing) > 1 else ''} (LoRA adapts "
+                f"{', '.join(TARGETS)}); use --lora 0 for attention transfer alone"
+            )
+
+
+def peft_module():
+    try:
+        import peft
+    except ImportError:
+        raise ArgumentError(f"--lora: LoRA needs the peft package: {PEFT_INSTALL}") from None
+    return peft
+
+
+# -- stage 1: attention transfer ------------------------------------------------------------------------------
+
+
+def attached_variants(model) -> dict[str, torch.nn.Module]:
+    return transfer._attached(model)
+
+
+def variant_parameters(model) -> list[torch.nn.Parameter]:
+    return [p for m in attached_variants(model).values() for p in m.parameters()]
+
+
+def attention_error(model, sequences: torch.Tensor) -> float:
+    """Held-out error of the attached variants against the softmax: per layer MSE / the softmax output's mean
+    square, averaged over the sequences and the layers (1.0: as far as predicting zero)."""
+    errors: dict[str, list[float]] = {}
+
+    def on_layer(path, module, q, k, v, target, causal):
+        out = module.forward(q, k, v, causal=causal)  # (not module(...): its teacher hook would run again)
+        errors.setdefault(path, []).append(float(F.mse_loss(out, target) / target.pow(2).mean()))
+
+    with transfer.softmax_teacher(model, on_layer), torch.no_grad():
+        for ids in sequences:
+            model(ids[None], use_cache=False, logits_to_keep=1)
+    return sum(sum(e) / len(e) for e in errors.values()) / len(errors)
+
+
+def transfer_step(model, ids: torch.Tensor) -> float:
+    """One forward of the softmax model over `ids`; at every layer the variant's MSE against the softmax output,
+    back-propagated into the variant's parameters only (each layer's graph freed at once). The mean loss."""
+    losses = []
+    layers = len(attached_variants(model))
+
+    def on_layer(path, module, q, k, v, target, causal):
+        with torch.enable_grad():
+            loss = F.mse_loss(module.forward(q, k, v, causal=causal), target)
+            (loss / layers).backward()
+        losses.append(float(loss.detach()))
+
+    with transfer.softmax_teacher(model, on_layer), torch.no_grad():
+        model(ids[None], use_cache=False, logits_to_keep=1)
+    return sum(losses) / len(losses)
+
+
+# -- stage 2: LoRA --------------------------------------------------------------------------------------------
+
+
+def next_token_loss(model, sequences: torch.Tensor) -> float:
+    """Mean next-token cross-entropy over the sequences (nats a token)."""
+    with torch.no_grad():
+        return sum(
+            float(model(input_ids=ids[None], labels=ids[None], use_cache=False).loss) for ids in sequences
+        ) / len(sequences)
+
+
+def with_lora(model, rank: int):
+    peft = peft_module()
+    config = peft.LoraConfig(r=rank, lora_alpha=2 * rank, lora_dropout=0.0, bias="none", target_modules=list(TARGETS))
+    with warnings.catch_warnings():  # (transformers' deprecation of a name peft still reads)
+        warnings.simplefilter("ignore", FutureWarning)
+        return peft.get_peft_model(model, config)
+
+
+def lora_state(wrapped) -> dict:
+    state = peft_module().get_peft_model_state_dict(wrapped, save_embedding_layers=False)
+    return {k: v.detach().clone() for k, v in state.items()}

@@ -1,0 +1,90 @@
+"""Every training of a quality run, not finished yet: first each (task, variant, length)'s training-step
+cost, measured in a process of its own on a quiet machine, then the trainings; rows appended as they exist."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import variants
+from harness.core.isolation import run_isolated
+from harness.quality.config import QualityConfig
+from harness.quality.plan import keep_finished_runs, trainings
+from harness.quality.train import measure_training_step, train_one
+from harness.store.storage import QUALITY_RESULTS, TRAIN_COST, RowWriter, drop_torn_tail, read_rows
+
+
+def cost_key(row: dict) -> tuple:
+    return (row["task"], row["variant"], int(row["length"]))
+
+
+COST_TIMEOUT_S = 600  # for one cost measurement (model build, 7 steps, a measured step)
+
+
+def measure_cost(run_dir: Path, config: QualityConfig, task: str, name: str, length: int, options: dict) -> dict:
+    """One training step's cost in a process of its own; a failure (OOM, crash, timeout) is a row that says so."""
+    outcome = run_isolated(
+        measure_training_step,
+        (task, length, name, options, config.train, config.device, config.dtype),
+        timeout=COST_TIMEOUT_S,
+        imports=config.imports,
+        log_path=str(run_dir / "cost.log"),
+    )
+    if outcome.kind == "result":
+        return {**outcome.value, "status": "ok"}
+    return {
+        "task": task,
+        "variant": name,
+        "options": options,
+        "length": length,
+        "device": config.device,
+        "dtype": config.dtype,
+        "status": "error",
+        "error": outcome.describe(),
+    }
+
+
+def sweep_quality(
+    run_dir: Path, config: QualityConfig, on_eval=None, on_start=None, finished: set[tuple] | None = None
+) -> list[dict]:
+    """Run every training not finished yet; rows are appended as they exist. With config.measure_cost,
+    each (task, variant, length) first gets its training-step cost in RUN_DIR/train_cost.jsonl.
+
+    finished: the result of `keep_finished_runs(run_dir, config)` when the caller already called it.
+    """
+    finished = keep_finished_runs(run_dir, config) if finished is None else finished
+    options, cfg = config.options, config.train
+    if config.measure_cost:  # first, all together: a quiet machine for the timings, before hours of training
+        drop_torn_tail(run_dir, TRAIN_COST)
+        costed = {cost_key(r) for r in read_rows(run_dir, TRAIN_COST)}
+        with RowWriter(run_dir, TRAIN_COST) as cost_writer:
+            for task, name, n in dict.fromkeys((t, v, n) for t, v, _, chain in trainings(config) for n in chain):
+                if (task, name, n) not in costed:
+                    if on_start:
+                        on_start(task, n, name, None, "cost")
+                    cost_writer.append(
+                        measure_cost(run_dir, config, task, name, n, variants.options_taken(name, options))
+                    )
+    with RowWriter(run_dir, QUALITY_RESULTS) as writer:
+        for task, name, seed, chain in trainings(config):
+            if all((task, name, n, seed) in finished for n in chain):
+                continue
+            if on_start:
+                on_start(task, chain[0], name, seed, "train")
+
+            def record(row):
+                writer.append(row)
+                if on_eval:
+                    on_eval(row)
+
+            train_one(
+                task,
+                chain,
+                name,
+                variants.options_taken(name, options),
+                cfg,
+                seed=seed,
+                device=config.device,
+                dtype=config.dtype,
+                on_eval=record,
+            )
+    return read_rows(run_dir, QUALITY_RESULTS)
