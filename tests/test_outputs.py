@@ -1,0 +1,92 @@
+"""What every command prints and writes on the committed runs stays what it was: the REPORT.md and figures of
+every run under results/, the trade-off report, and the text of `bench advise`, `compare`, `list` and each
+`--help`, against tests/golden/ (written by the code before issue 51 split its modules).
+
+After a change that means to alter an output: ATTNBENCH_WRITE_GOLDEN=1 python -m pytest tests/test_outputs.py
+rewrites tests/golden/, and the diff shows what changed.
+"""
+
+from __future__ import annotations
+
+import os
+import shutil
+from pathlib import Path
+
+import pytest
+import torch
+from helpers import bench
+
+ROOT = Path(__file__).resolve().parent.parent
+GOLDEN = Path(__file__).resolve().parent / "golden"
+RUNS = sorted(p.parent.relative_to(ROOT) for p in (ROOT / "results").rglob("metadata.json"))
+
+# (golden file, the command's arguments): the readers' printed answers on committed runs
+PRINTED = [
+    ("advise-8192.txt", ["advise", "--len", "8192", "results/cpu-reference", "results/quality-long"]),
+    (
+        "advise-1024-budget.txt",
+        ["advise", "--len", "1024", "--memory", "1GiB", "results/cpu-reference", "results/quality-long"],
+    ),
+    (
+        "advise-json.txt",
+        ["advise", "--len", "4096", "--format", "json", "results/cpu-reference", "results/quality-long"],
+    ),
+    ("compare-executors.txt", ["compare", "results/executor-cpu/local", "results/executor-cpu/local-2"]),
+    ("compare-machines.txt", ["compare", "results/cpu-main", "results/cpu-reference"]),
+    *[(f"help-{name}.txt", [name, "--help"]) for name in ("list", "run", "plot", "report", "advise", "compare")],
+    *[(f"help-{name}.txt", [name, "--help"]) for name in ("viz", "lm", "quality")],
+    ("help.txt", ["--help"]),
+]
+
+
+def _written(run: Path) -> list[Path]:
+    return (
+        [run / "REPORT.md", *sorted((run / "figures").glob("*"))] if (run / "figures").is_dir() else [run / "REPORT.md"]
+    )
+
+
+@pytest.mark.parametrize("run", RUNS, ids=str)
+def test_every_committed_run_redraws_byte_identical(tmp_path, monkeypatch, run):
+    copy = tmp_path / run
+    shutil.copytree(ROOT / run, copy)
+    drawn = [p for p in _written(copy) if p.suffix in (".md", ".png", ".svg")]
+    for path in drawn:
+        path.unlink()
+    monkeypatch.chdir(tmp_path)
+    result = bench("report", str(run))
+    assert result.exit_code == 0, result.output
+    for path in drawn:  # (figures/ may hold more than the report draws: bench viz's, a script's)
+        if path.exists() or path.name == "REPORT.md":
+            assert path.read_bytes() == (ROOT / run / path.relative_to(copy)).read_bytes(), f"{run}: {path.name}"
+
+
+def test_the_trade_off_report_redraws_byte_identical(tmp_path, monkeypatch):
+    for run in ("cpu-reference", "quality-long"):
+        shutil.copytree(ROOT / "results" / run, tmp_path / "results" / run)
+    monkeypatch.chdir(tmp_path)
+    result = bench("report", "results/cpu-reference", "results/quality-long", "--out", "results/tradeoff-cpu")
+    assert result.exit_code == 0, result.output
+    for name in ("REPORT.md", "figures/tradeoff.png"):
+        got = (tmp_path / "results" / "tradeoff-cpu" / name).read_bytes()
+        assert got == (ROOT / "results" / "tradeoff-cpu" / name).read_bytes(), name
+
+
+@pytest.mark.parametrize("golden, args", PRINTED, ids=[name for name, _ in PRINTED])
+def test_printed_answers_stay_what_they_were(monkeypatch, golden, args):
+    monkeypatch.chdir(ROOT)
+    result = bench(*args, columns=80)
+    text = f"{result.output}exit {result.exit_code}\n"
+    if os.environ.get("ATTNBENCH_WRITE_GOLDEN"):
+        GOLDEN.mkdir(exist_ok=True)
+        (GOLDEN / golden).write_text(text)
+    assert text == (GOLDEN / golden).read_text(), f"bench {' '.join(args)} prints otherwise than tests/golden/{golden}"
+
+
+@pytest.mark.skipif(torch.cuda.is_available(), reason="bench list says where each variant runs: this machine's CUDA")
+def test_the_menu_stays_what_it_was(monkeypatch):
+    monkeypatch.chdir(ROOT)
+    result = bench("list", columns=100)
+    text = f"{result.output}exit {result.exit_code}\n"
+    if os.environ.get("ATTNBENCH_WRITE_GOLDEN"):
+        (GOLDEN / "list.txt").write_text(text)
+    assert text == (GOLDEN / "list.txt").read_text()
