@@ -267,51 +267,6 @@ def moba_tile(
     return (out, (top + total.log()).squeeze(-1)) if with_lse else out
 
 
-def grouped_step(
-    q: Tensor,
-    k: Tensor,
-    v: Tensor,
-    keep: Tensor | None,
-    means: Tensor,
-    has_key: Tensor,
-    start: int,
-    block: int,
-    top_k: int,
-    scale: float,
-) -> Tensor:
-    """`moba_tile` for decoding with grouped-query inputs: T queries (B, H, T, D) at positions start .. start + T - 1
-    over a cache k, v of Hkv heads (B, Hkv, Nk, ·), its block means (B, Hkv, nb, D). Each query head gathers its
-    own top_k blocks and its own block from its K/V head's cache: nothing of the cache is repeated."""
-    b, h, t, d = q.shape
-    kv_heads, n_k = k.shape[1], k.shape[2]
-    q = q.unflatten(1, (kv_heads, h // kv_heads))  # (B, Hkv, G, T, D)
-    idx, valid = select_blocks(q, means[:, :, None], has_key[:, :, None], start, block, top_k)  # (B, Hkv, G, T, k')
-    pos = torch.arange(start, start + t, device=q.device)
-    inner = torch.arange(block, device=q.device)
-    # the key positions each query reads: its chosen blocks, then its own block (B, Hkv, G, T, (k' + 1) B)
-    own = (pos // block * block)[:, None] + inner  # (T, B)
-    chosen = (idx * block)[..., None] + inner
-    at = torch.cat([chosen.flatten(-2), own.expand(*idx.shape[:-1], block)], dim=-1)
-    allowed = torch.cat(
-        [
-            valid[..., None].expand(*valid.shape, block).flatten(-2),
-            (own <= pos[:, None]).expand(*idx.shape[:-1], block),
-        ],
-        dim=-1,
-    )
-    at = at.clamp_max(n_k - 1)  # (the own block's positions past the last key: not allowed)
-    if keep is not None:  # (B, 1, Nk) of the cache's positions
-        allowed = allowed & torch.gather(keep[:, :, None, None, :].bool().expand(*at.shape[:-1], n_k), -1, at)
-    rows = (
-        torch.arange(b, device=q.device)[:, None, None, None, None],
-        torch.arange(kv_heads, device=q.device)[None, :, None, None, None],
-    )
-    keys, values = k[rows[0], rows[1], at], v[rows[0], rows[1], at]  # (B, Hkv, G, T, (k' + 1) B, ·): the blocks read
-    scores = torch.matmul(q[..., None, :], keys.transpose(-1, -2)).squeeze(-2) * scale
-    out = torch.matmul(masked_softmax(scores, allowed)[..., None, :], values).squeeze(-2)
-    return out.flatten(1, 2)
-
-
 class _FusedMoBA(torch.autograd.Function):
     """MoBA on the CPU without key padding: the forward by the flash kernel (no graph kept), the backward written
     out with the same kernel's backward, one call a block: given the final output O and log-sum-exp L of each
@@ -588,10 +543,10 @@ class MoBA(AttentionVariant):
         keep = None if mask is None else mask[:, None, :].to(k.dtype)
         if keys.shape[1] == q.shape[1]:
             return self._tiles(q, keys, values, keep, means, has_key), state.advanced(0, **blocks)
-        start, scale = keys.shape[2] - q.shape[2], float(self._scale(q))  # grouped: GROUPED_QUERIES queries at a time
+        start = keys.shape[2] - q.shape[2]  # grouped: GROUPED_QUERIES queries at a time
         out = torch.cat(
             [
-                grouped_step(
+                self._grouped_step(
                     q[:, :, sl],
                     keys[:, :, : start + sl.stop],
                     values[:, :, : start + sl.stop],
@@ -599,15 +554,51 @@ class MoBA(AttentionVariant):
                     means,
                     has_key,
                     start + sl.start,
-                    self.block,
-                    self.top_k,
-                    scale,
                 )
                 for sl in spans(q.shape[2], GROUPED_QUERIES)
             ],
             dim=2,
         )
         return out, state.advanced(0, **blocks)
+
+    def _grouped_step(
+        self, q: Tensor, k: Tensor, v: Tensor, keep: Tensor | None, means: Tensor, has_key: Tensor, start: int
+    ) -> Tensor:
+        """`moba_tile` for decoding with grouped-query inputs: T queries (B, H, T, D) at positions start .. start + T - 1
+        over a cache k, v of Hkv heads (B, Hkv, Nk, ·), its block means (B, Hkv, nb, D). Each query head gathers its
+        own top_k blocks and its own block from its K/V head's cache: nothing of the cache is repeated."""
+        block, top_k, scale = self.block, self.top_k, float(self._scale(q))
+        b, h, t, d = q.shape
+        kv_heads, n_k = k.shape[1], k.shape[2]
+        q = q.unflatten(1, (kv_heads, h // kv_heads))  # (B, Hkv, G, T, D)
+        idx, valid = select_blocks(q, means[:, :, None], has_key[:, :, None], start, block, top_k)  # (B, Hkv, G, T, k')
+        pos = torch.arange(start, start + t, device=q.device)
+        inner = torch.arange(block, device=q.device)
+        # the key positions each query reads: its chosen blocks, then its own block (B, Hkv, G, T, (k' + 1) B)
+        own = (pos // block * block)[:, None] + inner  # (T, B)
+        chosen = (idx * block)[..., None] + inner
+        at = torch.cat([chosen.flatten(-2), own.expand(*idx.shape[:-1], block)], dim=-1)
+        allowed = torch.cat(
+            [
+                valid[..., None].expand(*valid.shape, block).flatten(-2),
+                (own <= pos[:, None]).expand(*idx.shape[:-1], block),
+            ],
+            dim=-1,
+        )
+        at = at.clamp_max(n_k - 1)  # (the own block's positions past the last key: not allowed)
+        if keep is not None:  # (B, 1, Nk) of the cache's positions
+            allowed = allowed & torch.gather(keep[:, :, None, None, :].bool().expand(*at.shape[:-1], n_k), -1, at)
+        rows = (
+            torch.arange(b, device=q.device)[:, None, None, None, None],
+            torch.arange(kv_heads, device=q.device)[None, :, None, None, None],
+        )
+        keys, values = (
+            k[rows[0], rows[1], at],
+            v[rows[0], rows[1], at],
+        )  # (B, Hkv, G, T, (k' + 1) B, ·): the blocks read
+        scores = torch.matmul(q[..., None, :], keys.transpose(-1, -2)).squeeze(-2) * scale
+        out = torch.matmul(masked_softmax(scores, allowed)[..., None, :], values).squeeze(-2)
+        return out.flatten(1, 2)
 
     def step_read_bytes(self, state):
         # the block sums (the gating) and the keys and values of the top_k chosen blocks and the own one
