@@ -78,6 +78,22 @@ def parse_lengths(text: str) -> tuple[int, ...]:
     return tuple(sorted(set(values)))
 
 
+def parse_axis(text: str | float | int, option: str, kind: type, low: float, high: float) -> tuple:
+    """'64,128' -> (64, 128) for a sweep axis (one value: a run without that axis); ArgumentError naming the option,
+    the value and what is allowed: numbers of `kind` in (low, high], comma-separated, each once."""
+    parts = [part.strip() for part in str(text).split(",") if part.strip()]
+    try:
+        values = tuple(dict.fromkeys(kind(float(part)) if kind is float else kind(part) for part in parts))
+    except ValueError:
+        values = ()
+    if not values or any(not (low < v <= high and math.isfinite(v)) for v in values):
+        what = "whole numbers" if kind is int else "numbers"
+        raise ArgumentError(
+            f"{option}: {text!r} is not allowed; give {what} above {low:g} up to {high:g}, comma-separated"
+        )
+    return values
+
+
 def powers_of_two(min_len: int, max_len: int) -> tuple[int, ...]:
     if min_len < 1 or max_len < min_len or max_len > MAX_LENGTH:
         raise ArgumentError(

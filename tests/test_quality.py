@@ -253,7 +253,7 @@ def test_quality_resume_redoes_only_unfinished_trainings(tmp_path):
             ["--copy-lengths", "8", "--task", "recall"],
             "--copy-lengths 8: the copy task's lengths, but the run trains recall only",
         ),
-        (["--pairs", "4", "--task", "copy"], "--pairs 4: a recall option, but the run trains copy only"),
+        (["--pairs", "4", "--task", "copy"], "--pairs 4: an option of recall and mqar, but the run trains copy only"),
     ],
 )
 def test_quality_bad_arguments(tmp_path, args, message):

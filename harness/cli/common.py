@@ -132,12 +132,14 @@ def existing_run(path: Path) -> Path:
 class Task(str, Enum):
     copy = "copy"
     recall = "recall"
+    mqar = "mqar"
     all = "all"
 
 
 class OneTask(str, Enum):
     copy = "copy"
     recall = "recall"
+    mqar = "mqar"
 
 
 class Pass(str, Enum):

@@ -21,21 +21,27 @@ from .common import OptionOption, Task, at_least, checked, interruptible, make_c
 class Preset(str, Enum):
     quick = "quick"
     long = "long"
+    zoology = "zoology"
 
 
 def quality(
-    task: Annotated[Task, typer.Option(help="copy, recall, or all.")] = Task.all,
+    task: Annotated[
+        Optional[Task],
+        typer.Option(
+            help="copy, recall, mqar (Zoology's), or all. Default: the preset's (quick, long: copy and recall)."
+        ),
+    ] = None,
     variants_: Annotated[
-        str,
+        Optional[str],
         typer.Option(
             "--variants",
-            help="'all' (one variant per attention function that trains on the device: full_naive, the same function as full, is left out) or names, comma-separated.",
+            help="'all' (one variant per attention function that trains on the device) or names, comma-separated. Default: the preset's (quick, zoology: one variant a family; long: all).",
         ),
-    ] = "all",
+    ] = None,
     preset: Annotated[
         Preset,
         typer.Option(
-            help="quick: L = 32,64, one seed (the menu: 1 h 44 min on 2 cores). long: L = 64 to 1024, 8 recall pairs, 3 seeds. Options here override it."
+            help="quick: minutes, one variant a family, recall L = 64, copy L = 32. long: L = 64 to 1024, 8 recall pairs, 3 seeds. zoology: Zoology's MQAR, d_model and lr swept. See docs/quality.md."
         ),
     ] = Preset.quick,
     lengths: Annotated[
@@ -116,12 +122,22 @@ def quality(
         Optional[int],
         typer.Option(
             callback=at_least(2),
-            help="Task vocabulary (copy: symbols, default 16; recall: keys + values, default max(64, 2 x pairs)).",
+            help="Task vocabulary (copy: symbols, default 16; recall: keys + values, default max(64, 2 x pairs); mqar 8192).",
         ),
     ] = None,
-    d_model: Annotated[int, typer.Option(callback=at_least(1), help="Model width.")] = 64,
-    layers: Annotated[int, typer.Option(callback=at_least(1), help="Transformer blocks.")] = 2,
-    heads: Annotated[int, typer.Option(callback=at_least(1), help="Attention heads.")] = 4,
+    d_model: Annotated[
+        Optional[str],
+        typer.Option(
+            help="Model width, or several comma-separated: a training at each (a sweep axis). Default: the preset's (64; zoology 64,128)."
+        ),
+    ] = None,
+    layers: Annotated[
+        Optional[int],
+        typer.Option(callback=at_least(1), help="Layers (default 2; zoology: a convolution, then attention)."),
+    ] = None,
+    heads: Annotated[
+        Optional[int], typer.Option(callback=at_least(1), help="Attention heads (default 4; zoology 1).")
+    ] = None,
     batch: Annotated[
         Optional[int], typer.Option(callback=at_least(1), help="Training batch size (default 32).")
     ] = None,
@@ -133,9 +149,22 @@ def quality(
         ),
     ] = None,
     lr: Annotated[
+        Optional[str],
+        typer.Option(
+            help="Peak learning rate (AdamW, warm-up then cosine decay), or several comma-separated: a training at each, the report keeping the best. Default: the preset's."
+        ),
+    ] = None,
+    early_stop: Annotated[
         Optional[float],
         typer.Option(
-            help="Peak learning rate (AdamW, linear warm-up then cosine decay). Default: the preset's (3e-3 in both)."
+            help="Stop a training once its held-out accuracy reaches this fraction. Default: the preset's (zoology 0.99)."
+        ),
+    ] = None,
+    train_examples: Annotated[
+        Optional[int],
+        typer.Option(
+            callback=at_least(1),
+            help="Train on a fixed set of this many sequences, in epochs (default: fresh sequences every step; zoology 100000).",
         ),
     ] = None,
     label_smoothing: Annotated[float, typer.Option(help="Label smoothing of the training loss.")] = 0.0,
@@ -187,7 +216,7 @@ def quality(
             None
             if resume is not None
             else dict(
-                tasks=TASKS if task == Task.all else (task.value,),
+                tasks=None if task is None else TASKS if task == Task.all else (task.value,),
                 variants=variants_,
                 preset=preset.value,
                 device=device,
@@ -213,6 +242,8 @@ def quality(
                 vocab=vocab,
                 warm_start=warm_start,
                 short_conv=short_conv,
+                early_stop=early_stop,
+                train_examples=train_examples,
             )
         )
         session = open_quality(
@@ -249,7 +280,8 @@ def _quality_with_progress(session, console: Console) -> list[dict]:
             progress.update(bar["task"], description=f"[cyan]{task_name} L={length} {name} seed {seed}[/] training")
 
     def on_eval(row):
-        here = row.get("stage", 0) * steps + row["step"]
+        stage = row.get("stage", 0)  # a final row completes its stage's share, also where it stopped early
+        here = (stage + 1) * steps if row.get("final") else stage * steps + row["step"]
         progress.advance(bar["task"], here - done["step"])
         done["step"] = here
         progress.update(

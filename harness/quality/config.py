@@ -3,7 +3,7 @@ metadata.json) and the presets. Imports neither torch nor the variants."""
 
 from __future__ import annotations
 
-from dataclasses import asdict, dataclass, field, fields
+from dataclasses import asdict, dataclass, field, fields, replace
 
 
 @dataclass(frozen=True)
@@ -36,6 +36,13 @@ class TrainConfig:
     short_conv: int = (
         0  # width of a causal depthwise convolution on each block's input, in every variant's model (0: none)
     )
+    # "zoology": Zoology's model, its layers a gated short convolution then the attention in turn, no MLP and no
+    # positions (its LanguageModel with Hybrid[BaseConv, mixer] and an Identity state mixer); "transformer": blocks
+    # of attention and MLP over sinusoidal positions
+    arch: str = "transformer"
+    train_examples: int | None = None  # a fixed training set of this many sequences, in shuffled epochs; None: fresh
+    early_stop: float | None = None  # stop a training once its held-out accuracy reaches this (Zoology: 0.99)
+    adam_beta2: float = 0.98  # AdamW's second-moment decay (Zoology: torch's 0.999)
 
     def batch_at(self, seq_len: int) -> int:
         """Sequences a training batch holds at `seq_len` tokens: `batch`, or fewer where `batch_tokens` caps it
@@ -45,7 +52,8 @@ class TrainConfig:
         return max(1, min(self.batch, self.batch_tokens // seq_len))
 
 
-TASKS = ("copy", "recall")
+TASKS = ("copy", "recall", "mqar")
+ARCHS = ("transformer", "zoology")
 
 
 def recall_layout(length: int, pairs: int | None = None) -> tuple[int, int]:
@@ -59,6 +67,7 @@ def recall_layout(length: int, pairs: int | None = None) -> tuple[int, int]:
 TOKENS_PER_L = {
     "copy": 2,
     "recall": 1,
+    "mqar": 1,
 }  # the sequence a model reads at task length L, in units of L (copy: the string twice)
 
 
@@ -80,6 +89,9 @@ class QualityConfig:
     copy_lengths: tuple[int, ...] | None = None  # copy's lengths when they differ from `lengths`
     long_lengths: tuple[int, ...] = ()  # lengths beyond `lengths` that only `long_variants` train (after `lengths`)
     long_variants: tuple[str, ...] = ()
+    # sweep axes: every training is made at each model width and each learning rate ((): the recipe's one value)
+    d_models: tuple[int, ...] = ()
+    lrs: tuple[float, ...] = ()
 
     @property
     def seeds_list(self) -> tuple[int, ...]:
@@ -92,7 +104,16 @@ class QualityConfig:
             return self.copy_lengths
         return self.lengths + (self.long_lengths if variant in self.long_variants else ())
 
+    def recipes(self) -> tuple[TrainConfig, ...]:
+        """The recipe of each point of the sweep: `train` at every (d_model, lr) of `d_models` x `lrs`."""
+        return tuple(
+            replace(self.train, d_model=d, lr=lr)
+            for d in self.d_models or (self.train.d_model,)
+            for lr in self.lrs or (self.train.lr,)
+        )
+
     def to_json(self) -> dict:
+        axes = {"d_models": list(self.d_models), "lrs": list(self.lrs)} if self.d_models or self.lrs else {}
         return {
             **asdict(self.train),
             "tasks": list(self.tasks),
@@ -108,6 +129,7 @@ class QualityConfig:
             "copy_lengths": list(self.copy_lengths) if self.copy_lengths else None,
             "long_lengths": list(self.long_lengths),
             "long_variants": list(self.long_variants),
+            **axes,
         }
 
     @classmethod
@@ -127,6 +149,9 @@ class QualityConfig:
                 tuple(data["long_lengths"]),
                 tuple(data.get("long_variants") or ()),
             )
+        for axis, kind in (("d_models", int), ("lrs", float)):
+            if data.get(axis):
+                extra[axis] = tuple(kind(value) for value in data[axis])
         if "measure_cost" not in data:  # runs made before training costs were measured
             extra["measure_cost"] = False
         return cls(
@@ -152,15 +177,20 @@ FAMILIES = "families"
 # laptop. long: where subquadratic attention begins to pay, recall with few pairs asked once each among
 # filler (difficulty from distance), a window narrower than most distances, a length curriculum, 3 seeds.
 PRESETS = {
+    # minutes on a laptop: one variant a family (`--variants all` for the whole menu), recall at L = 64 and copy at
+    # L = 32 (sequences of 64 tokens both), and the short convolution without which no recurrence learns recall
     "quick": {
-        "lengths": {"cpu": "32,64", "cuda": "32,64"},
-        "steps": 1500,
+        "variants": FAMILIES,
+        "lengths": {"cpu": "64", "cuda": "64"},
+        "copy_lengths": {"cpu": "32", "cuda": "32"},
+        "steps": 1000,
         "lr": 3e-3,
         "batch": 32,
         "seeds": 1,
         "curriculum": False,
         "pairs": None,
         "queries": None,
+        "short_conv": 4,
         "options": QUALITY_OPTIONS,
     },
     "long": {
@@ -189,5 +219,111 @@ PRESETS = {
     },
 }
 
+
+# Zoology's MQAR as its paper configs set it (HazyResearch/zoology, experiments/paper_configs/iclr24_zoology_figure2,
+# and mqar_example_configs for the model): its data (vocab 8192, L/16 pairs, 100,000 training and 3,000 held-out
+# sequences), its model (2 layers: a gated short convolution, then the attention; no MLP), its optimiser (AdamW,
+# cosine from the peak, weight decay 0.1), its learning rates (logspace(-4, -2, 4)) and early stop (99%), and a
+# d_model axis. What the CPU cannot afford (epochs, lengths) is cut where the run says so (docs/quality.md).
+ZOOLOGY = {
+    "tasks": ("mqar",),
+    "variants": FAMILIES,
+    "lengths": {"cpu": "128", "cuda": "64,128,256"},  # (L, pairs) = (64, 4), (128, 8), (256, 16): pairs L / 16
+    "vocab": 8192,
+    "d_model": {"cpu": "64,128", "cuda": "64,128,256,512"},
+    "lr": {"cpu": "4.64e-4,2.15e-3,1e-2", "cuda": "1e-4,4.64e-4,2.15e-3,1e-2"},
+    "layers": 2,
+    "heads": 1,
+    "arch": "zoology",
+    "short_conv": 4,
+    "steps": {"cpu": 1500, "cuda": 12_500},
+    "batch": {"cpu": 128, "cuda": 512},
+    "train_examples": 100_000,
+    "eval_examples": 3000,
+    "eval_every": 250,
+    "early_stop": 0.99,
+    "weight_decay": 0.1,
+    "adam_beta2": 0.999,
+    "warmup": 0.0,
+    "seeds": 1,
+    "curriculum": False,
+    "options": {"window": 16},
+}
+PRESETS["zoology"] = ZOOLOGY
+
+# Zoology's published MQAR configuration against a zoology run's, as every such REPORT.md lists it: (what, Zoology's
+# value, the run's config key or a fixed text, why the CPU preset differs). Sources: the paper configs named above,
+# zoology/model.py, zoology/train.py, zoology/mixers/{delta_net,gated_delta_net,mamba2}.py; docs/quality.md.
+ZOOLOGY_PUBLISHED = (
+    (
+        "sequences a step",
+        "512 (256 at L = 256)",
+        "batch",
+        "a step of 512 takes ~4 x 128's time on 2 cores; 128 gives 4 x the updates for the compute",
+    ),
+    (
+        "training",
+        "64 epochs of its 100,000 sequences (12,500 steps at L = 128)",
+        "steps",
+        "the 2-core CPU: 36 trainings of the menu in about 4 h",
+    ),
+    ("early stop", "held-out accuracy above 99%", "early_stop", ""),
+    ("d_model", "64, 128, 256, 512", "d_models", "each width doubles a step's time: 256 and 512 do not fit the budget"),
+    (
+        "learning rates",
+        "1e-4, 4.64e-4, 2.15e-3, 1e-2 (the best reported)",
+        "lrs",
+        "1e-4 measured apart (results/quality-zoology/lr-1e-4)",
+    ),
+    ("(L, pairs)", "(64, 4), (128, 8), (256, 16)", "lengths", "the middle setting only: the budget"),
+    (
+        "heads",
+        "attention and Based 1, DeltaNet and Gated DeltaNet 2",
+        "heads",
+        "one model for every variant: only the attention differs",
+    ),
+    (
+        "short convolution",
+        "width 4 on q, k, v in DeltaNet, Gated DeltaNet and Mamba-2; none in attention and Based",
+        "short_conv",
+        "one model for every variant: before every attention",
+    ),
+    (
+        "dropout",
+        "0.1 on the embeddings and attention weights",
+        "none",
+        "a variant exposes no attention weights to drop; the same for all",
+    ),
+    ("gradient clipping", "none", "norm 1.0", "attnbench's training loop clips every run"),
+    (
+        "the mixers",
+        "Zoology's own layers (Mamba-2's gated block; DeltaNet's SiLU on q, k and β from the hidden state)",
+        "the variants inside MultiHeadAttention",
+        "attnbench measures its own variants, gates from the keys",
+    ),
+)
+
+# the recipe values a preset may set (TrainConfig's fields), over TrainConfig's defaults and under the command line
+PRESET_RECIPE = (
+    "steps",
+    "batch",
+    "batch_tokens",
+    "curriculum",
+    "pairs",
+    "queries",
+    "warm_start",
+    "short_conv",
+    "layers",
+    "heads",
+    "vocab",
+    "arch",
+    "train_examples",
+    "early_stop",
+    "adam_beta2",
+    "weight_decay",
+    "warmup",
+    "eval_every",
+    "eval_examples",
+)
 
 MAX_SEEDS = 1000  # seeds 0..K-1 of every training

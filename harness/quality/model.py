@@ -3,6 +3,8 @@ short convolution) and its decoding state; which variants it can take, with what
 
 from __future__ import annotations
 
+import math
+
 import torch
 from torch import nn
 
@@ -21,7 +23,26 @@ class ShortConv(nn.Module):
         self.conv = nn.Conv1d(d_model, d_model, width, groups=d_model, padding=width - 1)
 
     def forward(self, h: torch.Tensor) -> torch.Tensor:  # (B, T, d) -> (B, T, d)
-        return h + self.conv(h.transpose(1, 2))[..., : h.shape[1]].transpose(1, 2)
+        return h + self.convolved(h)
+
+    def convolved(self, h: torch.Tensor) -> torch.Tensor:  # (B, T, d) -> (B, T, d): the convolution alone
+        return self.conv(h.transpose(1, 2))[..., : h.shape[1]].transpose(1, 2)
+
+
+GATED_CONV_WIDTH = 3  # Zoology's BaseConv kernel in its MQAR configs
+
+
+class GatedConv(nn.Module):
+    """Zoology's BaseConv with a short kernel: u + conv_K(u) ⊙ W u, a causal depthwise convolution of width K
+    gated by a linear map of the same input (`Hybrid`'s layer 0 in every Zoology MQAR model, K = 3)."""
+
+    def __init__(self, d_model: int, width: int = GATED_CONV_WIDTH):
+        super().__init__()
+        self.conv = ShortConv(d_model, width)
+        self.projection = nn.Linear(d_model, d_model)
+
+    def forward(self, u: torch.Tensor) -> torch.Tensor:  # (B, T, d) -> (B, T, d)
+        return u + self.conv.convolved(u) * self.projection(u)
 
 
 class TinyDecoder(nn.Module):
@@ -44,11 +65,63 @@ class TinyDecoder(nn.Module):
         self.norm = nn.LayerNorm(cfg.d_model)
         self.head = nn.Linear(cfg.d_model, vocab_size)
 
-    def forward(self, tokens: torch.Tensor) -> torch.Tensor:  # (B, T) -> (B, T, vocab)
+    def forward(self, tokens: torch.Tensor, at: torch.Tensor | None = None) -> torch.Tensor:
+        """(B, T) -> logits (B, T, vocab); with `at`, a (B, T) bool mask, only the logits there: (count, vocab)
+        (a task scoring a few positions need not project the others onto the vocabulary)."""
         h = self.pos(self.embed(tokens))
         for i, block in enumerate(self.blocks):
             h = block(h if self.convs is None else self.convs[i](h), causal=True)
-        return self.head(self.norm(h))
+        return self.head(self.norm(h if at is None else h[at]))
+
+
+class ZoologyLM(nn.Module):
+    """Zoology's MQAR model (its `LanguageModel`): word embeddings (no positions), cfg.layers layers alternating a
+    `GatedConv` and the variant's attention (cfg.short_conv: a `ShortConv` before its projections), no MLP, a final
+    norm, and a head tied to the embeddings. Its residual stream as Zoology's blocks keep it (each layer adds its
+    mixer's output, then the norm of the sum: the Identity state mixer's), and its GPT-2 initialisation (std 0.02,
+    output projections scaled by 1/sqrt(2 layers)) on every module but the attention variant's own."""
+
+    def __init__(self, vocab_size: int, cfg: TrainConfig, variant: str, **variant_options):
+        super().__init__()
+        d = cfg.d_model
+        self.embed = nn.Embedding(vocab_size, d)
+        self.mixers = nn.ModuleList(
+            variants.MultiHeadAttention(d, cfg.heads, variant=variant, **variant_options) if i % 2 else GatedConv(d)
+            for i in range(cfg.layers)
+        )
+        self.convs = nn.ModuleList(
+            ShortConv(d, cfg.short_conv) if i % 2 and cfg.short_conv else nn.Identity() for i in range(cfg.layers)
+        )
+        self.norms = nn.ModuleList(nn.ModuleList([nn.LayerNorm(d), nn.LayerNorm(d)]) for _ in range(cfg.layers))
+        self.norm = nn.LayerNorm(d)
+        self.head = nn.Linear(d, vocab_size, bias=False)
+        inside = {id(m) for v in self.modules() if isinstance(v, variants.AttentionVariant) for m in v.modules()}
+        for name, module in self.named_modules():
+            if isinstance(module, (nn.Linear, nn.Embedding)) and id(module) not in inside:
+                std = 0.02 / math.sqrt(2 * cfg.layers) if name.endswith("out_proj") else 0.02
+                nn.init.normal_(module.weight, std=std)
+                if getattr(module, "bias", None) is not None:
+                    nn.init.zeros_(module.bias)
+        self.head.weight = self.embed.weight
+
+    def forward(self, tokens: torch.Tensor, at: torch.Tensor | None = None) -> torch.Tensor:
+        """As `TinyDecoder.forward`."""
+        hidden, residual = self.embed(tokens), None
+        for mixer, conv, (norm1, norm2) in zip(self.mixers, self.convs, self.norms):
+            residual = hidden if residual is None else hidden + residual
+            hidden = norm1(residual)
+            hidden = mixer(hidden) if isinstance(mixer, GatedConv) else mixer(conv(hidden), causal=True)
+            residual = hidden + residual
+            hidden = norm2(residual)
+        residual = hidden + residual
+        return self.head(self.norm(residual if at is None else residual[at]))
+
+
+def decoder(vocab_size: int, cfg: TrainConfig, variant: str, max_len: int, **variant_options) -> nn.Module:
+    """The model every variant trains in, as cfg.arch says: `TinyDecoder` ("transformer") or `ZoologyLM`."""
+    if cfg.arch == "zoology":
+        return ZoologyLM(vocab_size, cfg, variant, **variant_options)
+    return TinyDecoder(vocab_size, cfg, variant, max_len, **variant_options)
 
 
 def decoding_state(model: nn.Module, seq_len: int, cfg: TrainConfig) -> dict:
@@ -71,7 +144,12 @@ def decoding_state(model: nn.Module, seq_len: int, cfg: TrainConfig) -> dict:
             )
             state = layer.prefill(q, k, v, layer.init_state(1, heads, head_dim, head_dim, torch.float32, device))
             total, kind = total + state.nbytes(), state.kind
-    conv = cfg.layers * max(0, cfg.short_conv - 1) * cfg.d_model * 4  # float32 inputs a causal convolution still needs
+    # the float32 inputs each causal convolution still needs: width - 1 of them
+    if cfg.arch == "zoology":  # half the layers a GatedConv (width 3), the others a ShortConv where asked
+        widths = [GATED_CONV_WIDTH if i % 2 == 0 else cfg.short_conv for i in range(cfg.layers)]
+    else:
+        widths = [cfg.short_conv] * cfg.layers
+    conv = sum(max(0, w - 1) for w in widths) * cfg.d_model * 4
     return {"state_bytes": total + conv, "state_kind": kind}
 
 

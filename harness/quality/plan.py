@@ -4,15 +4,16 @@ then the run's trainings in order, and which of them finished."""
 
 from __future__ import annotations
 
+from dataclasses import replace
 from pathlib import Path
 
 import torch
 
 import variants as registry
 from harness.fmt import fmt_bytes
-from harness.options import ArgumentError, check_number, parse_lengths
+from harness.options import ArgumentError, check_number, parse_axis, parse_lengths
 from harness.policy import check_options, check_variant_options, memory_budgets, require_cuda, resolve_variants
-from harness.quality.config import FAMILIES, MAX_SEEDS, PRESETS, QualityConfig, TrainConfig
+from harness.quality.config import FAMILIES, MAX_SEEDS, PRESET_RECIPE, PRESETS, QualityConfig, TrainConfig
 from harness.quality.model import cannot_train_reason, trainable_variants, training_memory_estimate
 from harness.quality.tasks import make_task
 from harness.store.storage import QUALITY_RESULTS, drop_torn_tail, read_rows, rewrite_rows
@@ -63,8 +64,8 @@ def _check_training_fits(train: "TrainConfig", task: str, length: int, made, nam
 
 def build_quality_config(
     *,
-    tasks: tuple[str, ...],
-    variants: str,
+    tasks: tuple[str, ...] | None = None,
+    variants: str | None = None,
     preset: str = "quick",
     device: str = "cpu",
     dtype: str = "float32",
@@ -86,21 +87,14 @@ def build_quality_config(
         raise ArgumentError(f"--dtype bfloat16 trains with CUDA autocast; the device is {device}: use float32 there")
     defaults = PRESETS[preset]
     recipe = dict(chosen)
-    for key in (
-        "steps",
-        "lr",
-        "batch",
-        "batch_tokens",
-        "seeds",
-        "curriculum",
-        "pairs",
-        "queries",
-        "warm_start",
-        "short_conv",
-    ):
+    for key in (*PRESET_RECIPE, "seeds", "d_model", "lr"):
         if recipe.get(key) is None:
             value = defaults.get(key)
             recipe[key] = value.get(device) if isinstance(value, dict) else value  # a value per device
+    d_models = parse_axis(recipe.pop("d_model") or TrainConfig.d_model, "--d-model", int, 0, 2**31)
+    lrs = parse_axis(recipe.pop("lr") or TrainConfig.lr, "--lr", float, 0, 10)
+    recipe["d_model"], recipe["lr"] = d_models[0], lrs[0]
+    tasks = tuple(tasks or defaults.get("tasks", ("copy", "recall")))
     lengths = chosen.get("lengths") or defaults["lengths"][device]
     copy_lengths = chosen.get("copy_lengths") or (defaults.get("copy_lengths") or {}).get(device)
     if chosen.get("lengths") and not chosen.get("copy_lengths"):
@@ -117,11 +111,22 @@ def build_quality_config(
     if not 1 <= seeds <= MAX_SEEDS:
         raise ArgumentError(f"--seeds {seeds} is not allowed; it must lie in 1..{MAX_SEEDS}")
     recipe = {key: value for key, value in recipe.items() if value is not None}  # the rest: TrainConfig's defaults
-    check_number("--lr", recipe.get("lr", TrainConfig.lr), 0, 10, low_inclusive=False)
     check_number("--label-smoothing", recipe.get("label_smoothing", 0.0), 0, 0.999)
+    if recipe.get("early_stop") is not None:
+        check_number("--early-stop", recipe["early_stop"], 0, 1, low_inclusive=False)
     train = TrainConfig(**recipe)
-    if train.d_model % train.heads:
-        raise ArgumentError(f"--d-model {train.d_model} must be divisible by --heads {train.heads}")
+    for d in d_models:
+        if d % train.heads:
+            raise ArgumentError(f"--d-model {d} must be divisible by --heads {train.heads}")
+    if train.arch == "zoology" and train.layers % 2:
+        raise ArgumentError(
+            f"--layers {train.layers}: Zoology's model alternates a convolution and the attention; give an even number"
+        )
+    if variants is None:  # the preset's: every trainable variant, or one a family
+        named = defaults.get("variants", "all")
+        variants = (
+            "all" if named == "all" else ",".join(v for v in _preset_variants(named) if v in trainable_variants(device))
+        )
     names = tuple(trainable_variants(device)) if variants.strip() == "all" else resolve_variants(variants, (device,))
     for name in names:
         reason = cannot_train_reason(name, device)
@@ -143,10 +148,11 @@ def build_quality_config(
             f"--copy-lengths {chosen['copy_lengths']}: the copy task's lengths, but the run trains "
             f"{', '.join(tasks)} only (--task)"
         )
-    for key in ("pairs", "queries"):
-        if chosen.get(key) is not None and "recall" not in tasks:
+    for key, takers in (("pairs", ("recall", "mqar")), ("queries", ("recall",))):
+        if chosen.get(key) is not None and not set(takers) & set(tasks):
             raise ArgumentError(
-                f"--{key} {chosen[key]}: a recall option, but the run trains {', '.join(tasks)} only (--task)"
+                f"--{key} {chosen[key]}: an option of {' and '.join(takers)}, but the run trains "
+                f"{', '.join(tasks)} only (--task)"
             )
     budget = dict(memory_budgets("auto", (device,), _quality_machine(device))).get(device)
     for task in tasks:
@@ -158,7 +164,13 @@ def build_quality_config(
                 raise ArgumentError(f"--lengths {n}: {err}") from None
             if budget:
                 _check_training_fits(
-                    train, task, n, made, long_names if not own and n in long_list else names, options, budget
+                    replace(train, d_model=max(d_models)),
+                    task,
+                    n,
+                    made,
+                    long_names if not own and n in long_list else names,
+                    options,
+                    budget,
                 )
     return QualityConfig(
         tasks=tuple(tasks),
@@ -175,6 +187,8 @@ def build_quality_config(
         copy_lengths=copy_list if copy_list and copy_list != length_list and "copy" in tasks else None,
         long_lengths=long_list,
         long_variants=long_names,
+        d_models=d_models if len(d_models) > 1 else (),
+        lrs=lrs if len(lrs) > 1 else (),
     )
 
 
@@ -222,8 +236,20 @@ def _long_lengths(
 
 
 def run_key(row: dict) -> tuple:
-    """(task, variant, length, seed) of an evaluation row (rows of old runs carry no seed: 0)."""
-    return (row["task"], row["variant"], int(row["length"]), int(row.get("seed", 0)))
+    """(task, variant, length, seed, d_model, lr) of an evaluation row (rows of old runs carry no seed: 0)."""
+    return (
+        row["task"],
+        row["variant"],
+        int(row["length"]),
+        int(row.get("seed", 0)),
+        int(row.get("cfg_d_model", TrainConfig.d_model)),
+        float(row.get("cfg_lr", TrainConfig.lr)),
+    )
+
+
+def training_keys(recipe: TrainConfig, task: str, variant: str, seed: int, chain) -> list:
+    """The run keys (`run_key`) of one training's final rows: one a length of its chain."""
+    return [(task, variant, n, seed, recipe.d_model, float(recipe.lr)) for n in chain]
 
 
 def trainings(config: QualityConfig) -> list[tuple[str, str, int, tuple[int, ...]]]:
@@ -254,13 +280,20 @@ def trainings(config: QualityConfig) -> list[tuple[str, str, int, tuple[int, ...
 
 def keep_finished_runs(run_dir: Path, config: QualityConfig | None = None) -> set[tuple]:
     """Drop the rows of trainings that did not finish (they are redone whole); return the finished
-    (task, variant, length, seed) keys. With the curriculum, a training finishes when its last length does."""
+    (task, variant, length, seed, d_model, lr) keys. With the curriculum, a training finishes when its last length does."""
     drop_torn_tail(run_dir, QUALITY_RESULTS)
     rows = read_rows(run_dir, QUALITY_RESULTS)
     finished = {run_key(r) for r in rows if r.get("final")}
     if config is not None and config.train.curriculum:
-        whole = {(t, v, s) for t, v, s, chain in trainings(config) if all((t, v, n, s) in finished for n in chain)}
-        finished = {key for key in finished if (key[0], key[1], key[3]) in whole}
+        whole = {
+            key
+            for recipe in config.recipes()
+            for t, v, s, chain in trainings(config)
+            for keys in [training_keys(recipe, t, v, s, chain)]
+            if all(k in finished for k in keys)
+            for key in keys
+        }
+        finished &= whole
     kept = [r for r in rows if run_key(r) in finished]
     if len(kept) != len(rows):
         rewrite_rows(run_dir, kept, QUALITY_RESULTS)

@@ -47,7 +47,8 @@ class QualitySession:
             finished = keep_finished_runs(self.run_dir, self.config)
             steps = self.config.train.steps
             if before is not None:
-                before(sum(len(chain) for *_, chain in trainings(self.config)) * steps, len(finished) * steps)
+                chains = sum(len(chain) for *_, chain in trainings(self.config)) * len(self.config.recipes())
+                before(chains * steps, len(finished) * steps)
             return sweep_quality(self.run_dir, self.config, on_eval=on_eval, on_start=on_start, finished=finished)
 
 

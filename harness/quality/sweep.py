@@ -8,7 +8,7 @@ from pathlib import Path
 import variants
 from harness.core.isolation import run_isolated
 from harness.quality.config import QualityConfig
-from harness.quality.plan import keep_finished_runs, trainings
+from harness.quality.plan import keep_finished_runs, training_keys, trainings
 from harness.quality.train import measure_training_step, train_one
 from harness.store.storage import QUALITY_RESULTS, TRAIN_COST, RowWriter, drop_torn_tail, read_rows
 
@@ -52,7 +52,7 @@ def sweep_quality(
     finished: the result of `keep_finished_runs(run_dir, config)` when the caller already called it.
     """
     finished = keep_finished_runs(run_dir, config) if finished is None else finished
-    options, cfg = config.options, config.train
+    options = config.options
     if config.measure_cost:  # first, all together: a quiet machine for the timings, before hours of training
         drop_torn_tail(run_dir, TRAIN_COST)
         costed = {cost_key(r) for r in read_rows(run_dir, TRAIN_COST)}
@@ -65,8 +65,8 @@ def sweep_quality(
                         measure_cost(run_dir, config, task, name, n, variants.options_taken(name, options))
                     )
     with RowWriter(run_dir, QUALITY_RESULTS) as writer:
-        for task, name, seed, chain in trainings(config):
-            if all((task, name, n, seed) in finished for n in chain):
+        for cfg, (task, name, seed, chain) in ((c, t) for c in config.recipes() for t in trainings(config)):
+            if all(key in finished for key in training_keys(cfg, task, name, seed, chain)):
                 continue
             if on_start:
                 on_start(task, chain[0], name, seed, "train")

@@ -1,4 +1,5 @@
-"""Synthetic tasks that probe what efficient attention trades away: copying and associative recall.
+"""Synthetic tasks that probe what efficient attention trades away: copying, associative recall, and
+multi-query associative recall as Zoology defines it (`mqar`).
 
 Both are generated on the fly from a seeded generator (no downloads). `batch` returns
 (inputs, targets, loss_mask), each (batch, T): the model reads `inputs` causally and is scored on
@@ -166,8 +167,91 @@ class RecallTask:
         return self.sample(size, generator)[:3]
 
 
-TASKS = ("copy", "recall")
-TASK_OPTIONS = {"copy": ("vocab",), "recall": ("vocab", "pairs", "queries")}
+@dataclass(frozen=True)
+class MQARTask:
+    """Multi-query associative recall exactly as Zoology generates it (Arora et al. 2023, `multiquery_ar`).
+
+    `pairs` keys drawn without repeats from ids 1 .. V/2 - 1, each bound to a value drawn without repeats
+    from V/2 .. V - 1, come first (k1 v1 k2 v2 ...); the rest of the L tokens are 0, except that each key is
+    asked once, at an even offset of the query region chosen by a power law (p(gap g) ∝ (g + 1)^(a - 1),
+    a = 0.01: most queries come soon after the bindings). Scored: the value, at each query's position only
+    (its input never states the answer again). L tokens in all; 4 · pairs <= L.
+    """
+
+    length: int
+    vocab: int | None = None  # Zoology's 8192
+    pairs: int | None = None  # default: length // 16 (Zoology's (64, 4), (128, 8), (256, 16))
+    power_a: float = 0.01
+
+    def __post_init__(self):
+        p = self.num_pairs
+        if p < 1:
+            raise ValueError(f"mqar: the number of pairs must be at least 1, got {p}")
+        if self.length % 2 or 4 * p > self.length:
+            raise ValueError(f"mqar: {p} pairs need an even length of at least {4 * p} (4 x pairs), got {self.length}")
+        if self.symbols // 2 - 1 < p:
+            raise ValueError(f"mqar: {p} distinct keys need a vocabulary of at least {2 * p + 2}, got {self.symbols}")
+
+    @property
+    def num_pairs(self) -> int:
+        return self.pairs if self.pairs is not None else max(1, self.length // 16)
+
+    @property
+    def symbols(self) -> int:
+        return 8192 if self.vocab is None else self.vocab
+
+    @property
+    def vocab_size(self) -> int:
+        return self.symbols
+
+    @property
+    def seq_len(self) -> int:
+        return self.length
+
+    def sample(self, size: int, generator: torch.Generator) -> Sample:
+        p, half, context = self.num_pairs, self.symbols // 2, 2 * self.num_pairs
+        space = (self.length - context) // 2  # places a query can take, every other token of the query region
+        keys = distinct_draws(size, p, 1, half, generator)
+        values = distinct_draws(size, p, half, self.symbols, generator)
+        weights = self.power_a * torch.arange(1, space + 1, dtype=torch.float64) ** (self.power_a - 1)
+        gaps = torch.multinomial(weights.expand(size, space), p, replacement=False, generator=generator)
+        seq = torch.zeros(size, self.length + 1, dtype=torch.long)
+        seq[:, 0:context:2], seq[:, 1:context:2] = keys, values
+        rows = torch.arange(size)[:, None]
+        query_pos = context + 2 * gaps  # the i-th key is asked at query_pos[:, i]
+        seq[rows, query_pos] = keys
+        inputs = seq[:, :-1]
+        targets = torch.zeros_like(inputs)
+        targets[rows, query_pos] = values
+        mask = torch.zeros_like(inputs, dtype=torch.bool)
+        mask[rows, query_pos] = True
+        distance = torch.full_like(inputs, -1)
+        distance[rows, query_pos] = query_pos - (2 * torch.arange(p) + 1)  # back to the value it binds
+        return Sample(inputs, targets, mask, distance)
+
+    def batch(self, size: int, generator: torch.Generator) -> tuple[Tensor, Tensor, Tensor]:
+        return self.sample(size, generator)[:3]
+
+
+def distinct_draws(rows: int, count: int, low: int, high: int, generator: torch.Generator) -> Tensor:
+    """(rows, count) ids from low .. high - 1, distinct within each row, uniform over such draws: drawn with
+    repeats, and the rows that repeat one drawn again (few where count << high - low; a ranking where not)."""
+    span = high - low
+    if 4 * count > span:
+        return torch.rand(rows, span, generator=generator).argsort(dim=1)[:, :count] + low
+    out = torch.randint(low, high, (rows, count), generator=generator)
+    redo = torch.arange(rows)
+    while True:
+        ordered = out[redo].sort(dim=1).values
+        redo = redo[(ordered[:, 1:] == ordered[:, :-1]).any(dim=1)]
+        if not len(redo):
+            return out
+        out[redo] = torch.randint(low, high, (len(redo), count), generator=generator)
+
+
+TASKS = ("copy", "recall", "mqar")
+TASK_OPTIONS = {"copy": ("vocab",), "recall": ("vocab", "pairs", "queries"), "mqar": ("vocab", "pairs")}
+TASK_CLASSES = {"copy": CopyTask, "recall": RecallTask, "mqar": MQARTask}
 
 
 def make_task(name: str, length: int, **options):
@@ -175,7 +259,7 @@ def make_task(name: str, length: int, **options):
     if name not in TASKS:
         raise ValueError(f"unknown task {name!r}; choose from {', '.join(TASKS)}")
     taken = {k: v for k, v in options.items() if k in TASK_OPTIONS[name] and v is not None}
-    return CopyTask(length, **taken) if name == "copy" else RecallTask(length, **taken)
+    return TASK_CLASSES[name](length, **taken)
 
 
 def distance_buckets(distance: Tensor, correct: Tensor, mask: Tensor) -> list[dict]:

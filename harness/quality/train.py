@@ -22,7 +22,14 @@ from torch import nn
 from harness.core.measure import measure_time, set_threads
 from harness.core.memory import measure_peak, pin_mmap_threshold
 from harness.quality.config import TrainConfig
-from harness.quality.model import TinyDecoder, cannot_train_reason, decoding_state, resolved_options, trainable_variants
+from harness.quality.model import (
+    TinyDecoder,
+    cannot_train_reason,
+    decoder,
+    decoding_state,
+    resolved_options,
+    trainable_variants,
+)
 from harness.quality.plan import trainings
 from harness.quality.tasks import distance_buckets, make_task
 
@@ -59,9 +66,14 @@ def evaluate(model: nn.Module, task, seed: int, cfg: TrainConfig, device: torch.
     g = torch.Generator().manual_seed(10_000 + seed)  # a stream of its own: never a training batch
     sample = task.sample(cfg.eval_examples, g)
     chunk = max(1, EVAL_TOKENS // sample.inputs.shape[1])
-    with autocast():
-        pred = torch.cat([model(x.to(device)).argmax(-1).cpu() for x in sample.inputs.split(chunk)])
+    with autocast():  # the predictions at the scored positions only
+        scored = [
+            model(x.to(device), m.to(device)).argmax(-1).cpu()
+            for x, m in zip(sample.inputs.split(chunk), sample.mask.split(chunk))
+        ]
     model.train()
+    pred = torch.full_like(sample.targets, -1)
+    pred[sample.mask] = torch.cat(scored)
     right = (pred == sample.targets) & sample.mask
     return {
         "eval_accuracy": right.sum().item() / sample.mask.sum().item(),
@@ -87,12 +99,30 @@ def _task(task_name: str, length: int, cfg: TrainConfig):
 def masked_loss(model, inputs, targets, mask, autocast, label_smoothing: float = 0.0):
     """Cross-entropy on the scored positions (the forward under the training's precision, the loss in float32)."""
     with autocast():
-        logits = model(inputs)
-    return F.cross_entropy(logits[mask].float(), targets[mask], label_smoothing=label_smoothing)
+        logits = model(inputs, mask)  # (scored positions, vocab)
+    return F.cross_entropy(logits.float(), targets[mask], label_smoothing=label_smoothing)
+
+
+class FixedSet:
+    """A task's fixed training set (cfg.train_examples sequences, drawn once), served in shuffled epochs as the
+    task's own `batch` would serve fresh ones: Zoology trains on 100,000 examples for its epochs."""
+
+    def __init__(self, task, examples: int, seed: int):
+        self.task, self.seq_len = task, task.seq_len
+        self.data = task.sample(examples, torch.Generator().manual_seed(20_000 + seed))[:3]  # (never the held-out set)
+        self.order, self.at = torch.empty(0, dtype=torch.long), 0
+
+    def batch(self, size: int, generator: torch.Generator) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+        if self.at + size > len(self.order):  # a new epoch, in a new order (its last partial batch dropped)
+            self.order, self.at = torch.randperm(len(self.data[0]), generator=generator), 0
+        rows = self.order[self.at : self.at + size]
+        self.at += size
+        return tuple(t[rows] for t in self.data)
 
 
 def _steps(model, opt, task, cfg: TrainConfig, steps: int, g, dev, autocast, what: str):
-    """Train `steps` steps on batches of `task` (warm-up then cosine schedule over them); yields (step, loss)."""
+    """Train `steps` steps on batches of `task` (or of its `FixedSet`; warm-up then cosine schedule over them);
+    yields (step, loss)."""
     for step in range(1, steps + 1):
         for group in opt.param_groups:
             group["lr"] = cfg.lr * lr_factor(step - 1, steps, cfg.warmup)
@@ -131,9 +161,9 @@ def train_one(
     torch.manual_seed(seed)
     tasks = [_task(task_name, n, cfg) for n in lengths]
     vocab_size = max(t.vocab_size for t in tasks)
-    model = TinyDecoder(vocab_size, cfg, variant, max_len=max(t.seq_len for t in tasks) + 1, **options).to(dev)
+    model = decoder(vocab_size, cfg, variant, max_len=max(t.seq_len for t in tasks) + 1, **options).to(dev)
     params = sum(p.numel() for p in model.parameters())
-    opt = torch.optim.AdamW(model.parameters(), lr=cfg.lr, betas=(0.9, 0.98), weight_decay=cfg.weight_decay)
+    opt = torch.optim.AdamW(model.parameters(), lr=cfg.lr, betas=(0.9, cfg.adam_beta2), weight_decay=cfg.weight_decay)
     g = torch.Generator().manual_seed(seed)
     recipe = {f"cfg_{k}": v for k, v in asdict(cfg).items()}
     resolved = resolved_options(variant, options)
@@ -148,12 +178,15 @@ def train_one(
     rows = []
     for stage, (length, task) in enumerate(zip(lengths, tasks)):
         state = decoding_state(model, task.seq_len, cfg)
+        source = FixedSet(task, cfg.train_examples, seed) if cfg.train_examples else task
         start, loss_sum, loss_count = time.perf_counter(), 0.0, 0
         for step, loss in _steps(
-            model, opt, task, cfg, cfg.steps, g, dev, autocast, f"{task_name} L={length} {variant} seed {seed}"
+            model, opt, source, cfg, cfg.steps, g, dev, autocast, f"{task_name} L={length} {variant} seed {seed}"
         ):
             loss_sum, loss_count = loss_sum + loss, loss_count + 1
             if step % cfg.eval_every == 0 or step == cfg.steps:
+                scores = evaluate(model, task, seed, cfg, dev, autocast)
+                stop = cfg.early_stop is not None and scores["eval_accuracy"] >= cfg.early_stop
                 row = {
                     "task": task_name,
                     "variant": variant,
@@ -168,9 +201,9 @@ def train_one(
                     "dtype": dtype,
                     "stage": stage,
                     "step": step,
-                    "final": step == cfg.steps,
+                    "final": step == cfg.steps or stop,
                     "train_loss": loss_sum / loss_count,
-                    **evaluate(model, task, seed, cfg, dev, autocast),
+                    **scores,
                     "wall_s": round(time.perf_counter() - start, 2),
                     "parameters": params,
                     **recipe,
@@ -179,6 +212,8 @@ def train_one(
                 rows.append(row)
                 if on_eval:
                     on_eval(row)
+                if stop:  # Zoology's early stop: this length is learned (with the curriculum, on to the next)
+                    break
     return rows
 
 
@@ -201,8 +236,8 @@ def measure_training_step(
     dev, autocast = torch.device(device), precision(torch.device(device), dtype)
     torch.manual_seed(0)
     task = _task(task_name, length, cfg)
-    model = TinyDecoder(task.vocab_size, cfg, variant, max_len=task.seq_len + 1, **options).to(dev)
-    opt = torch.optim.AdamW(model.parameters(), lr=cfg.lr, betas=(0.9, 0.98), weight_decay=cfg.weight_decay)
+    model = decoder(task.vocab_size, cfg, variant, max_len=task.seq_len + 1, **options).to(dev)
+    opt = torch.optim.AdamW(model.parameters(), lr=cfg.lr, betas=(0.9, cfg.adam_beta2), weight_decay=cfg.weight_decay)
     batch = cfg.batch_at(task.seq_len)
     inputs, targets, mask = (t.to(dev) for t in task.batch(batch, torch.Generator().manual_seed(0)))
 

@@ -176,5 +176,59 @@ def cost_frame(run_dir: Path) -> pd.DataFrame:
     return df
 
 
-def quality_rows(run_dir: Path) -> list[dict]:
+def sweep_rows(run_dir: Path) -> list[dict]:
+    """Every evaluation row of a quality run, at every point of its sweep (d_model, lr)."""
     return read_rows(Path(run_dir), QUALITY_RESULTS, quiet=True) if (Path(run_dir) / QUALITY_RESULTS).exists() else []
+
+
+def quality_rows(run_dir: Path) -> list[dict]:
+    """A quality run's rows as its tables and figures read them: one recipe per (task, variant, L) (`chosen_recipe`)."""
+    return chosen_recipe(sweep_rows(run_dir))
+
+
+def sweep_point(row: dict) -> tuple[int, float]:
+    """(d_model, lr) a row trained with."""
+    return int(row.get("cfg_d_model", TrainConfig.d_model)), float(row.get("cfg_lr", TrainConfig.lr))
+
+
+def chosen_recipe(rows: list[dict]) -> list[dict]:
+    """The rows of one training recipe per (task, variant, L), so no table pools two: the widest d_model the run
+    finished, at the learning rate whose final accuracy (mean over seeds) is best there (Zoology reports the best
+    of its rates). A run with one d_model and one lr keeps every row; unfinished trainings keep theirs."""
+    scores: dict[tuple, dict[tuple, list[float]]] = {}
+    for r in rows:
+        if r.get("final"):
+            scores.setdefault((r["task"], r["variant"], int(r["length"])), {}).setdefault(sweep_point(r), []).append(
+                r["eval_accuracy"]
+            )
+    chosen = {}
+    for key, points in scores.items():
+        widest = max(d for d, _ in points)
+        at = {point: sum(acc) / len(acc) for point, acc in points.items() if point[0] == widest}
+        chosen[key] = max(at, key=lambda point: (at[point], -point[1]))  # (a tie: the smaller rate)
+    return [
+        r for r in rows if chosen.get((r["task"], r["variant"], int(r["length"])), sweep_point(r)) == sweep_point(r)
+    ]
+
+
+def width_frame(rows: list[dict]) -> pd.DataFrame:
+    """Per (task, variant, L, d_model) of a sweep's finished trainings: the best learning rate's final accuracy
+    (mean over seeds) and that rate, every rate's accuracy, and the decoding state (Zoology's figure: accuracy
+    against model width and against state size, the best of its rates at each width)."""
+    columns = ["task", "variant", "length", "d_model", "accuracy", "lr", "by_lr", "state_bytes", "seeds"]
+    finals = [r for r in rows if r.get("final")]
+    if not finals:
+        return pd.DataFrame(columns=columns)
+    cells: dict[tuple, dict] = {}
+    for r in finals:
+        d, lr = sweep_point(r)
+        cell = cells.setdefault((r["task"], r["variant"], int(r["length"]), d), {"by_lr": {}, "state": None})
+        cell["by_lr"].setdefault(lr, []).append(r["eval_accuracy"])
+        cell["state"] = r.get("state_bytes")
+    out = []
+    for (task, variant, length, d), cell in cells.items():
+        means = {lr: sum(acc) / len(acc) for lr, acc in sorted(cell["by_lr"].items())}
+        best = max(means, key=lambda lr: (means[lr], -lr))
+        seeds = len(cell["by_lr"][best])
+        out.append([task, variant, length, d, means[best], best, means, cell["state"], seeds])
+    return pd.DataFrame(out, columns=columns)

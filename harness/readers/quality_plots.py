@@ -9,7 +9,15 @@ from pathlib import Path
 import pandas as pd
 
 from harness.readers.plots import caption, fmt_n, grid, matplotlib_rc, save_figure, variant_style
-from harness.readers.quality_frames import accuracy_summary, by_distance_frame, cost_frame, quality_rows, state_frame
+from harness.readers.quality_frames import (
+    accuracy_summary,
+    by_distance_frame,
+    cost_frame,
+    quality_rows,
+    state_frame,
+    sweep_rows,
+    width_frame,
+)
 from harness.store.storage import read_metadata
 
 
@@ -64,8 +72,38 @@ def plot_quality(run_dir: Path, out_dir: Path | None = None, fmt: str = "png") -
     states = state_frame(rows)
     if not states.empty:
         paths.append(_state_figure(states, meta, out_dir / f"recall_state.{fmt}"))
+    if cfg.get("d_models") or cfg.get("lrs"):
+        paths.append(_width_figure(width_frame(sweep_rows(run_dir)), meta, out_dir / f"quality_width.{fmt}"))
     paths.append(_curves_figure(df, out_dir / f"quality_curves.{fmt}", meta.get("variants")))
     return paths
+
+
+def _width_figure(widths: pd.DataFrame, meta: dict, path: Path) -> Path:
+    """Zoology's figure: accuracy (the best learning rate at each width) against d_model, and against the decoding
+    state's bytes (log x), a line per variant; a panel pair per (task, L)."""
+    import matplotlib.pyplot as plt
+
+    panels = list(dict.fromkeys(zip(widths["task"], widths["length"])))
+    fig, axes = plt.subplots(len(panels), 2, figsize=(11, 4.2 * len(panels)), squeeze=False, layout="constrained")
+    for (left, right), (task, length) in zip(axes, panels):
+        sub = widths[(widths["task"] == task) & (widths["length"] == length)]
+        for variant, group in sub.groupby("variant", sort=False):
+            color, marker = variant_style(variant, meta.get("variants"))
+            group = group.sort_values("d_model")
+            left.plot(group["d_model"], group["accuracy"], color=color, marker=marker, lw=1.4, label=variant)
+            if group["state_bytes"].notna().all():
+                right.plot(group["state_bytes"], group["accuracy"], color=color, marker=marker, lw=1.4, label=variant)
+        _length_axis(left, sorted(sub["d_model"].unique()), "model dimension d_model")
+        right.set_xscale("log", base=2)
+        right.set_xlabel("decoding state after the sequence (bytes, every layer, batch 1)")
+        right.grid(True, alpha=0.3)
+        for ax in (left, right):
+            ax.set_ylim(-0.02, 1.02)
+            ax.set_ylabel("held-out accuracy (best learning rate)")
+            ax.set_title(f"{task} L={length}", fontsize=9)
+        left.legend(fontsize=7, loc="lower right")
+    fig.suptitle("Accuracy against model width and state size (Zoology's figure)", fontsize=10)
+    return save_figure(fig, path)
 
 
 def _state_figure(states: pd.DataFrame, meta: dict, path: Path) -> Path:

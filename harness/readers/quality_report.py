@@ -8,14 +8,17 @@ from pathlib import Path
 import pandas as pd
 
 from harness.fmt import fmt_bytes, fmt_time
-from harness.quality.config import recall_layout
+from harness.quality.config import ZOOLOGY_PUBLISHED, recall_layout
 from harness.readers.quality_frames import (
     accuracy_summary,
     accuracy_within,
     by_distance_frame,
+    chosen_recipe,
     cost_frame,
     quality_rows,
     state_frame,
+    sweep_rows,
+    width_frame,
 )
 from harness.readers.tables import figure_links, markdown_table, md_text
 from harness.store.storage import variant_facts
@@ -24,7 +27,7 @@ from harness.store.storage import variant_facts
 def final_accuracy_grid(rows: list[dict]) -> tuple[list[tuple[str, int]], list[tuple[str, list[dict | None]]]]:
     """The finished trainings as a grid: columns (task, length), and per variant its accuracy summary
     per column (`quality_frames.accuracy_summary`: mean, min, max over seeds) or None."""
-    summary = accuracy_summary(rows)
+    summary = accuracy_summary(chosen_recipe(rows))  # (a sweep's rows: one recipe each)
     columns = list(dict.fromkeys(zip(summary["task"], summary["length"].astype(int))))
     by = {(r["variant"], r["task"], int(r["length"])): r for r in summary.to_dict("records")}
     return columns, [
@@ -93,8 +96,9 @@ def _window_verdicts(distance: pd.DataFrame, task: str, length: int, cfg: dict) 
             text += (
                 f", {far:.1%} on distances {int(far_edges['min'].min())}-{int(far_edges['max'].max())} ({n_far} scored)"
             )
-        if task == "recall":
-            values = (cfg.get("vocab") or max(64, 2 * (cfg.get("pairs") or length // 8))) // 2
+        if task in ("recall", "mqar"):
+            default = 8192 if task == "mqar" else max(64, 2 * (cfg.get("pairs") or length // 8))
+            values = (cfg.get("vocab") or default) // 2
             text += f"; chance is {1 / values:.1%} (1 of {values} values)"
         lines += [text + ".", ""]
     return lines
@@ -141,6 +145,80 @@ def _filler(cfg: dict) -> str:
     return ", no filler" if places and all(p <= cfg["queries"] for p in places) else " among filler"
 
 
+TASK_NAMES = {"copy": "copy", "recall": "associative recall", "mqar": "multi-query associative recall (Zoology's MQAR)"}
+
+
+def _sweep_lines(cfg: dict) -> list[str]:
+    return [
+        "Every training was made at each point of the sweep; the tables below hold, for each variant, the widest "
+        "model at its best learning rate, and the section on model width holds every point.",
+        "",
+    ]
+
+
+def width_section(run_dir: Path, cfg: dict) -> list[str]:
+    """Accuracy against d_model and against decoding-state bytes, the best learning rate at each width (Zoology's
+    figure), every rate's accuracy beside it; and, for the zoology preset, the run against Zoology's configuration."""
+    widths = width_frame(sweep_rows(run_dir))
+    if widths.empty:
+        return []
+    rates = sorted({lr for cell in widths["by_lr"] for lr in cell})
+    body = [
+        [
+            f"`{r['variant']}`",
+            str(r["task"]),
+            str(r["length"]),
+            str(r["d_model"]),
+            fmt_bytes(r["state_bytes"]) if r["state_bytes"] is not None else "—",
+            f"**{r['accuracy']:.1%}** ({r['lr']:g})",
+            *[f"{r['by_lr'][lr]:.1%}" if lr in r["by_lr"] else "" for lr in rates],
+        ]
+        for r in widths.sort_values(["task", "length", "d_model"], kind="stable").to_dict("records")
+    ]
+    lines = [
+        "### Accuracy against model width and state size",
+        "",
+        "Final held-out accuracy at each d_model, the best learning rate in bold (Zoology reports the best of its "
+        "rates), each rate's beside it; state: the decoding state after the sequence, every layer, batch 1.",
+        "",
+        markdown_table(
+            ["variant", "task", "L", "d_model", "state", "best (lr)", *[f"lr {lr:g}" for lr in rates]], body
+        ),
+        "",
+    ]
+    if cfg.get("preset") == "zoology":
+        lines += [
+            "### Against Zoology's published configuration",
+            "",
+            markdown_table(
+                ["", "Zoology", "this run", "why"],
+                [[what, theirs, _cfg_text(cfg, key), why] for what, theirs, key, why in ZOOLOGY_PUBLISHED],
+            ),
+            "",
+        ]
+    return lines
+
+
+def _cfg_text(cfg: dict, key: str) -> str:
+    """A run's value of `key` for the comparison table (a key it does not hold is the text itself)."""
+    if key not in cfg and key not in ("d_models", "lrs"):
+        return key
+    value = cfg.get(key) or ([cfg.get("d_model")] if key == "d_models" else [cfg.get("lr")] if key == "lrs" else None)
+    if key == "lengths":
+        return ", ".join(f"({n}, {cfg.get('pairs') or n // 16})" for n in value)
+    if key == "steps":
+        seen = value * cfg.get("batch", 1)
+        epochs = (
+            f", {seen / cfg['train_examples']:.1f} epochs of {cfg['train_examples']:,}"
+            if cfg.get("train_examples")
+            else ""
+        )
+        return f"{value} steps{epochs}"
+    if isinstance(value, list):
+        return ", ".join(f"{v:g}" for v in value)
+    return str(value)
+
+
 def quality_section(run_dir: Path, cfg: dict, figures) -> list[str]:
     rows = quality_rows(run_dir)
     if not rows:
@@ -156,8 +234,20 @@ def quality_section(run_dir: Path, cfg: dict, figures) -> list[str]:
         )
     if cfg.get("vocab"):
         task_text.append(f"vocabulary {cfg['vocab']}")
+    widths = (
+        f"d_model swept over {', '.join(map(str, cfg['d_models']))}"
+        if cfg.get("d_models")
+        else f"d_model={cfg.get('d_model')}"
+    )
+    rates = f"lr swept over {', '.join(f'{lr:g}' for lr in cfg['lrs'])}" if cfg.get("lrs") else f"lr={cfg.get('lr')}"
+    zoology = (
+        "Zoology's model (layers alternating a gated convolution of width 3 and the attention, no MLP, no "
+        "positions, the head tied to the embeddings), "
+        if cfg.get("arch") == "zoology"
+        else ""
+    )
     recipe = (
-        f"d_model={cfg.get('d_model')}, layers={cfg.get('layers')}, heads={cfg.get('heads')}, "
+        f"{zoology}{widths}, layers={cfg.get('layers')}, heads={cfg.get('heads')}, "
         f"steps={cfg.get('steps')}{' per length, each length starting from the model of the one before (curriculum)' if cfg.get('curriculum') else ''}, "
         + (
             f"recall first {cfg['warm_start']} steps on the dense layout at the first length, "
@@ -169,7 +259,14 @@ def quality_section(run_dir: Path, cfg: dict, figures) -> list[str]:
             if cfg.get("short_conv")
             else ""
         )
-        + f"batch={cfg.get('batch')}{batch_cap(rows, cfg)}, lr={cfg.get('lr')} (AdamW, warm-up then cosine), "
+        + f"batch={cfg.get('batch')}{batch_cap(rows, cfg)}, {rates} "
+        + (
+            "(AdamW, warm-up then cosine), "
+            if cfg.get("warmup", 0.1)
+            else f"(AdamW with weight decay {cfg.get('weight_decay')}, cosine from the peak), "
+        )
+        + (f"a fixed set of {cfg['train_examples']:,} training sequences, " if cfg.get("train_examples") else "")
+        + (f"stopped once held-out accuracy reached {cfg['early_stop']:.0%}, " if cfg.get("early_stop") else "")
         + (f"seeds 0-{seeds - 1}" if seeds > 1 else f"seed {cfg.get('seed', 0)}")
         + f"; device {cfg.get('device', 'cpu')}, {cfg.get('dtype', 'float32')}; variant options {cfg.get('options')}"
         + (f"; {'; '.join(task_text)}" if task_text else "")
@@ -180,12 +277,17 @@ def quality_section(run_dir: Path, cfg: dict, figures) -> list[str]:
             else ""
         )
     )
+    tasks = list(dict.fromkeys(r["task"] for r in rows))
     lines = [
-        "## Quality: copy and associative recall",
+        "## Quality: copy and associative recall"
+        if set(tasks) <= {"copy", "recall"}
+        else f"## Quality: {', '.join(TASK_NAMES.get(t, t) for t in tasks)}",
         "",
+        *(_sweep_lines(cfg) if cfg.get("d_models") or cfg.get("lrs") else []),
         f"Preset {cfg.get('preset', 'quick')}. Same model and recipe for every variant: {recipe}. Held-out token accuracy after "
-        f"the last step{' (mean over seeds, min-max in brackets)' if seeds > 1 else ''}; copy: and the share of strings "
-        f"reproduced exactly. Training took {total / 60:.1f} min in all (the sum of every length's training and evaluations over seeds; warm starts and cost measurements not counted).",
+        f"the last step{' (mean over seeds, min-max in brackets)' if seeds > 1 else ''}"
+        + ("; copy: and the share of strings reproduced exactly" if set(tasks) <= {"copy", "recall"} else "")
+        + f". Training took {total / 60:.1f} min in all (the sum of every length's training and evaluations over seeds; warm starts and cost measurements not counted).",
         "",
         quality_table(columns, grid, seeds),
         "",
@@ -221,6 +323,8 @@ def quality_section(run_dir: Path, cfg: dict, figures) -> list[str]:
                 continue  # one distance per L: the accuracy table is the by-distance table
             lines += [f"{task}, L={longest}:", "", distance_table(distance, task, longest), ""]
             lines += _window_verdicts(distance, task, longest, cfg)
+    if cfg.get("d_models") or cfg.get("lrs"):
+        lines += width_section(run_dir, cfg)
     states = state_frame(rows)
     if not states.empty:
         lines += [

@@ -1,0 +1,169 @@
+"""Zoology's MQAR in bench quality: the task as Zoology generates it, its model, the d_model and lr sweep axes
+(rows of different recipes never pooled), the fixed training set and the early stop."""
+
+from __future__ import annotations
+
+import json
+from dataclasses import replace
+
+import pytest
+import torch
+from helpers import bench
+
+from harness.options import ArgumentError
+from harness.quality.config import QualityConfig, TrainConfig
+from harness.quality.model import ZoologyLM, decoder, decoding_state
+from harness.quality.plan import build_quality_config, run_key, training_keys
+from harness.quality.tasks import MQARTask, distinct_draws, make_task
+from harness.quality.train import FixedSet, train_one
+from harness.readers.quality_frames import chosen_recipe, width_frame
+
+
+def test_mqar_is_zoologys_layout():
+    task = MQARTask(64, vocab=512, pairs=4)
+    s = task.sample(2000, torch.Generator().manual_seed(0))
+    assert s.inputs.shape == (2000, 64) and task.seq_len == 64 and task.vocab_size == 512
+    keys, values = s.inputs[:, 0:8:2], s.inputs[:, 1:8:2]
+    assert keys.min() >= 1 and keys.max() < 256 and values.min() >= 256 and values.max() < 512
+    assert (keys.sort(1).values[:, 1:] != keys.sort(1).values[:, :-1]).all()  # distinct keys in a sequence
+    assert (values.sort(1).values[:, 1:] != values.sort(1).values[:, :-1]).all()
+    assert (s.mask.sum(1) == 4).all() and not s.mask[:, :8].any()  # every key asked once, after the bindings
+    rows, cols = s.mask.nonzero(as_tuple=True)
+    assert (cols % 2 == 0).all()  # queries at even offsets of the query region
+    asked = s.inputs[rows, cols]
+    bound = (s.inputs[rows, :8:2] == asked[:, None]).float().argmax(1)  # which binding each query asks
+    assert (s.targets[rows, cols] == s.inputs[rows, 2 * bound + 1]).all()  # its value is the target
+    assert (s.distance[rows, cols] == cols - (2 * bound + 1)).all()  # the distance back to that value
+    assert (s.inputs[:, 8:][~s.mask[:, 8:]] == 0).all()  # the rest of the query region is 0
+    gaps = (cols - 8) // 2
+    counts = torch.bincount(gaps, minlength=28)
+    assert counts[0] > counts[5] > counts[27]  # the power law: most queries soon after the bindings
+
+
+def test_mqar_refuses_what_zoology_does_not_generate():
+    with pytest.raises(ValueError, match="4 x pairs"):
+        MQARTask(60, pairs=16)
+    with pytest.raises(ValueError, match="even length"):
+        MQARTask(65, pairs=4)
+    assert make_task("mqar", 128).num_pairs == 8  # Zoology's L / 16
+
+
+def test_distinct_draws_are_distinct_and_uniform():
+    d = distinct_draws(30_000, 3, 0, 8, torch.Generator().manual_seed(1))
+    assert (d.sort(1).values[:, 1:] != d.sort(1).values[:, :-1]).all()
+    counts = torch.bincount(d.flatten(), minlength=8).double()
+    assert (counts / counts.mean() - 1).abs().max() < 0.05
+
+
+def test_zoology_model_ties_its_head_and_scores_only_where_asked():
+    cfg = TrainConfig(d_model=16, heads=1, layers=2, arch="zoology", short_conv=4)
+    torch.manual_seed(0)
+    model = decoder(64, cfg, "deltanet", max_len=33)
+    assert isinstance(model, ZoologyLM) and model.head.weight is model.embed.weight
+    assert not any(isinstance(m, torch.nn.TransformerEncoderLayer) for m in model.modules())
+    tokens = torch.randint(0, 64, (3, 32))
+    at = torch.rand(3, 32) < 0.2
+    torch.testing.assert_close(model(tokens, at), model(tokens)[at])
+    # the conv state: one GatedConv (width 3: 2 inputs) and one ShortConv (width 4: 3 inputs), float32
+    state = decoding_state(model, 32, cfg)
+    attention_only = decoding_state(model, 32, replace(cfg, short_conv=0))
+    assert state["state_bytes"] - attention_only["state_bytes"] == 3 * 16 * 4
+
+
+def test_the_sweep_axes_make_a_training_at_each_point_and_tables_never_pool_them():
+    config = build_quality_config(
+        variants="full", preset="zoology", given={}, imports=[], d_model="16,32", lr="1e-3,1e-2", lengths="32"
+    )
+    assert config.d_models == (16, 32) and config.lrs == (1e-3, 1e-2) and len(config.recipes()) == 4
+    assert QualityConfig.from_json(json.loads(json.dumps(config.to_json()))) == config
+    rows = [
+        {
+            "task": "mqar",
+            "variant": "full",
+            "length": 32,
+            "final": True,
+            "seed": 0,
+            "eval_accuracy": acc,
+            "cfg_d_model": d,
+            "cfg_lr": lr,
+            "state_bytes": 100 * d,
+        }
+        for d, lr, acc in [(16, 1e-3, 0.2), (16, 1e-2, 0.6), (32, 1e-3, 0.9), (32, 1e-2, 0.4)]
+    ]
+    kept = chosen_recipe(rows)
+    assert [(r["cfg_d_model"], r["cfg_lr"]) for r in kept] == [(32, 1e-3)]  # the widest, at its best rate
+    widths = width_frame(rows).set_index("d_model")
+    assert widths.loc[16, "accuracy"] == 0.6 and widths.loc[16, "lr"] == 1e-2 and widths.loc[32, "lr"] == 1e-3
+    assert {run_key(r) for r in rows} == {
+        key for recipe in config.recipes() for key in training_keys(recipe, "mqar", "full", 0, (32,))
+    }
+
+
+@pytest.mark.parametrize(
+    "args, message",
+    [
+        (["--d-model", "64,x"], "--d-model: '64,x' is not allowed"),
+        (["--lr", "0"], "--lr: '0' is not allowed"),
+        (["--d-model", "30", "--heads", "4"], "--d-model 30 must be divisible by --heads 4"),
+        (["--layers", "3"], "--layers 3: Zoology's model alternates"),
+        (["--early-stop", "1.5"], "--early-stop"),
+        (["--lengths", "64", "--pairs", "17"], "4 x pairs"),
+    ],
+)
+def test_zoology_preset_refuses_bad_values_before_writing(tmp_path, args, message):
+    out = tmp_path / "run"
+    result = bench("quality", "--preset", "zoology", "--variants", "full", *args, "--out", str(out))
+    assert result.exit_code == 2 and message in " ".join(result.output.split()), result.output
+    assert not out.exists()
+
+
+def test_a_fixed_set_serves_epochs_and_an_early_stop_ends_the_training():
+    task = make_task("mqar", 32, vocab=64)
+    fixed = FixedSet(task, 10, seed=0)
+    g = torch.Generator().manual_seed(0)
+    first = torch.cat([fixed.batch(5, g)[0] for _ in range(2)])
+    assert sorted(map(tuple, first.tolist())) == sorted(map(tuple, fixed.data[0].tolist()))  # one epoch: each once
+    cfg = TrainConfig(
+        d_model=16,
+        heads=1,
+        steps=40,
+        eval_every=10,
+        arch="zoology",
+        vocab=64,
+        early_stop=0.0,
+        train_examples=50,
+        eval_examples=16,
+    )
+    rows = train_one("mqar", 32, "full", {}, cfg)
+    assert len(rows) == 1 and rows[0]["final"] and rows[0]["step"] == 10  # reached 0%: stopped at the first eval
+
+
+def test_a_zoology_run_resumes_to_the_same_rows(tmp_path):
+    out = tmp_path / "zoo"
+    args = [
+        "--preset",
+        "zoology",
+        "--variants",
+        "full",
+        "--lengths",
+        "32",
+        "--d-model",
+        "16,32",
+        "--lr",
+        "1e-3",
+        "--steps",
+        "6",
+        "--train-examples",
+        "40",
+        "--no-cost",
+        "--no-report",
+        "--out",
+        str(out),
+    ]
+    assert bench("quality", *args).exit_code == 0
+    rows = [json.loads(line) for line in (out / "quality.jsonl").read_text().splitlines()]
+    assert sorted(r["cfg_d_model"] for r in rows) == [16, 32]
+    again = bench("quality", "--resume", str(out))
+    assert again.exit_code == 0 and (out / "quality.jsonl").read_text().count("\n") == 2
+    with pytest.raises(ArgumentError, match="divisible"):
+        build_quality_config(variants="full", preset="zoology", given={}, imports=[], d_model="10", heads=4)
