@@ -41,7 +41,7 @@ def quality(
     preset: Annotated[
         Preset,
         typer.Option(
-            help="quick: minutes, one variant a family, recall L = 64, copy L = 32. long: L = 64 to 1024, 8 recall pairs, 3 seeds. zoology: Zoology's MQAR, d_model and lr swept. See docs/quality.md."
+            help="quick: minutes, one variant a family, recall and copy. long: L = 64 to 1024, 8 recall pairs, 3 seeds. zoology: Zoology's MQAR, d_model and lr swept (docs/quality.md)."
         ),
     ] = Preset.quick,
     lengths: Annotated[
