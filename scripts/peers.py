@@ -5,26 +5,7 @@
     python scripts/peers.py results/peers/cpu-16384.json             # N = 16384, B = 1, H = 8, D = 64; fwd and fwdbwd
     python scripts/peers.py OUT.json --n 4096 --passes fwd --methods retention,deltanet
 
-Pairs, each at the same shape and settings:
-  performer  the attention alone on (B, H, N, D): `variants.build("performer", features=256)` against
-             performer-pytorch's `FastAttention(dim_heads=64, nb_features=256)` (non-causal, softmax kernel)
-  linformer  the whole layer on x (B, N, 512): `MultiHeadAttention(512, 8, "linformer", rank=256, max_len=N)`
-             against linformer's `LinformerSelfAttention(512, seq_len=N, k=256, heads=8)` (its E, F are shared
-             by the heads; ours are per head)
-  nystrom    the whole layer: `MultiHeadAttention(512, 8, "nystrom", landmarks=64)` against nystrom-attention's
-             `NystromAttention(512, dim_head=64, heads=8, num_landmarks=64, pinv_iterations=6, residual=False)`
-  retention, mamba2, gla, deltanet, gated_deltanet (causal)
-             the attention alone: ours on q, k, v against flash-linear-attention's pure-PyTorch references
-             (fla-core's `naive.py` files, loaded from their paths: the package itself needs Triton) run on the
-             exact inputs of our recurrence (`attn.recurrence_inputs`: gates computed before their timing, in
-             their layout (B, N, H, D) where they take it): naive_chunk_simple_gla (retention, mamba2),
-             naive_recurrent_gla (fla-core 0.6 has no chunked GLA in plain PyTorch), delta_rule_chunkwise
-             (deltanet, its chunk 32), naive_chunk_gated_delta_rule (gated_deltanet). Each row also records
-             the largest difference of the two outputs (an independent check of ours).
-Times: the harness's measuring core (`harness.core.measure.measure_time`); memory: `harness.core.memory.measure_peak`
-after the timing (extra bytes of one call beyond its inputs). fwdbwd: forward, then backward of a fixed
-random output gradient to the inputs and the parameters. A peer that cannot run a configuration gets its
-error recorded instead of figures. Run it alone on a quiet machine.
+What each pair compares, and how: the comment above `layer_call`. Run it alone on a quiet machine.
 """
 
 from __future__ import annotations
@@ -53,6 +34,26 @@ PEER_NAMES = {
 }
 
 
+# Pairs, each at the same shape and settings:
+#   performer  the attention alone on (B, H, N, D): `variants.build("performer", features=256)` against
+#              performer-pytorch's `FastAttention(dim_heads=64, nb_features=256)` (non-causal, softmax kernel)
+#   linformer  the whole layer on x (B, N, 512): `MultiHeadAttention(512, 8, "linformer", rank=256, max_len=N)`
+#              against linformer's `LinformerSelfAttention(512, seq_len=N, k=256, heads=8)` (its E, F are shared
+#              by the heads; ours are per head)
+#   nystrom    the whole layer: `MultiHeadAttention(512, 8, "nystrom", landmarks=64)` against nystrom-attention's
+#              `NystromAttention(512, dim_head=64, heads=8, num_landmarks=64, pinv_iterations=6, residual=False)`
+#   retention, mamba2, gla, deltanet, gated_deltanet (causal)
+#              the attention alone: ours on q, k, v against flash-linear-attention's pure-PyTorch references
+#              (fla-core's `naive.py` files, loaded from their paths: the package itself needs Triton) run on the
+#              exact inputs of our recurrence (`attn.recurrence_inputs`: gates computed before their timing, in
+#              their layout (B, N, H, D) where they take it): naive_chunk_simple_gla (retention, mamba2),
+#              naive_recurrent_gla (fla-core 0.6 has no chunked GLA in plain PyTorch), delta_rule_chunkwise
+#              (deltanet, its chunk 32), naive_chunk_gated_delta_rule (gated_deltanet). Each row also records
+#              the largest difference of the two outputs (an independent check of ours).
+# Times: the harness's measuring core (`harness.core.measure.measure_time`); memory: `harness.core.memory.measure_peak`
+# after the timing (extra bytes of one call beyond its inputs). fwdbwd: forward, then backward of a fixed
+# random output gradient to the inputs and the parameters. A peer that cannot run a configuration gets its
+# error recorded instead of figures. Run it alone on a quiet machine.
 def layer_call(module, x, backward: bool):
     """One call of a layer on x (B, N, d_model): forward under no_grad, or forward + backward."""
     grad = torch.randn(x.shape, generator=torch.Generator().manual_seed(1)) if backward else None

@@ -8,13 +8,6 @@ With --rounds K, each cell is measured K times by the harness itself (`worker.me
 of the fork server, with the run's configuration, as `bench run` does) and K times by the plain loop,
 alternating, and the medians of the K are compared: a machine whose speed drifts by more than the
 difference looked for (a VM's often does, by 10-20 % over minutes) then drifts under both alike.
-
-The yardstick of "does the harness measure what a user's own loop measures": one process, torch's
-threads set to the cores this process may use, the cell's variant built with the run's options and
-shape, `--warmup` untimed calls, then the median of up to `--calls` timed calls (fewer once
-`--seconds` were timed, at least 5), each call timed alone with perf_counter. The allocator is left
-as the user has it (glibc's defaults), unless `--steady` sets glibc to keep freed memory, as
-`bench run` does while it times. Run it alone on a quiet machine, right after the run it checks.
 """
 
 from __future__ import annotations
@@ -46,6 +39,12 @@ def harness_median(config: RunConfig, row: dict) -> float:
     return outcome.value["time_median_s"]
 
 
+# The yardstick of "does the harness measure what a user's own loop measures": one process, torch's
+# threads set to the cores this process may use, the cell's variant built with the run's options and
+# shape, `--warmup` untimed calls, then the median of up to `--calls` timed calls (fewer once
+# `--seconds` were timed, at least 5), each call timed alone with perf_counter. The allocator is left
+# as the user has it (glibc's defaults), unless `--steady` sets glibc to keep freed memory, as
+# `bench run` does while it times. Run it alone on a quiet machine, right after the run it checks.
 def plain_median(attn, row: dict, *, warmup: int, calls: int, seconds: float) -> tuple[float, float]:
     """(median seconds per call, IQR / median) of the row's call in this process."""
     backward = row["pass"] == "fwdbwd"

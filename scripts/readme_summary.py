@@ -1,7 +1,7 @@
 """Copy the tables of the committed reports into docs/speed.md (the sweep's summary, one line a variant, then
 whole, and the long sweep's to N = 65536) and docs/quality.md (the quality runs'), between their markers.
 
-    python scripts/readme_summary.py results/cpu-reference/REPORT.md results/quality-reference/REPORT.md \
+    python scripts/readme_summary.py results/cpu-reference/REPORT.md results/quality-quick/REPORT.md \
         results/quality-long/REPORT.md results/cpu-long/REPORT.md
 """
 
@@ -12,12 +12,13 @@ from harness.fmt import fmt_bytes, fmt_time
 from harness.readers.frames import load_frame
 from harness.readers.summary import summarize
 from harness.readers.tables import replace_block
+from harness.store.storage import baseline_of, variant_facts
 
 
 def per_variant(run_dir: Path) -> str:
     """One line a variant of the sweep's summary: each pass's time at the largest N (bidirectional / causal),
     the forward's peak extra memory, and from which N its causal forward beats full's."""
-    summary = summarize(load_frame(run_dir))
+    summary = summarize(load_frame(run_dir), baseline_of(variant_facts(run_dir)))
     largest = int(summary["max_n"].max())
     at = {(r["variant"], r["pass"], bool(r["causal"])): r for r in summary.to_dict("records")}
 
@@ -70,15 +71,15 @@ def summary_table(report: str, ran_only: bool = False) -> str:
     return "\n".join(line for line in table.splitlines() if not line.endswith("| — | — | — | — | — | — |"))
 
 
+def quality_part(report: str, end: str) -> str:
+    """A quality report's tables from its first one to `end`: its recipe paragraph is the report's (linked)."""
+    part = report.split("## Quality: copy and associative recall", 1)[1].split(end, 1)[0].strip()
+    return part[part.index("\n|") + 1 :] if "\n|" in part else part
+
+
 speed_report, quality_report, long_report, sweep_long_report = (Path(p).read_text() for p in sys.argv[1:5])
-quality = (
-    quality_report.split("## Quality: copy and associative recall", 1)[1].split("\n#", 1)[0].split("![", 1)[0].strip()
-)
-long_quality = (
-    long_report.split("## Quality: copy and associative recall", 1)[1]
-    .split("### Cost of a training step", 1)[0]
-    .strip()
-)
+quality = quality_part(quality_report, "\n#").split("![", 1)[0].strip()
+long_quality = quality_part(long_report, "### Cost of a training step")
 speed = Path("docs/speed.md").read_text()
 speed = replace_block(
     speed,
@@ -108,6 +109,10 @@ speed = replace_block(
 )
 Path("docs/speed.md").write_text(speed)
 page = Path("docs/quality.md").read_text()  # one folder down: its links go up first
-page = replace_block(page, "quality", f"From [`{sys.argv[2]}`](../{sys.argv[2]}): {quality}")
-page = replace_block(page, "quality-long", f"From [`{sys.argv[3]}`](../{sys.argv[3]}): {long_quality}")
+page = replace_block(
+    page, "quality", f"From [`{sys.argv[2]}`](../{sys.argv[2]}), its recipe in full there:\n\n{quality}"
+)
+page = replace_block(
+    page, "quality-long", f"From [`{sys.argv[3]}`](../{sys.argv[3]}), its recipe in full there:\n\n{long_quality}"
+)
 Path("docs/quality.md").write_text(page)

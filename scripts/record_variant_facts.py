@@ -25,6 +25,8 @@ def record(run_dir: Path) -> str:
     names = [name for name in metadata["config"].get("variants", []) if name in variants.available()]
     unknown = sorted(set(metadata["config"].get("variants", [])) - set(names))
     now = recorded_facts(tuple(names))
+    if not names:
+        return f"{run_dir}: names no registered variant (an lm run names attentions, not variants)"
     if not metadata.get("variants"):
         metadata["variants"] = now
         metadata["variants_recorded_by"] = (
@@ -43,10 +45,12 @@ def record(run_dir: Path) -> str:
         recorded.setdefault(name, {}).update(
             {key: value for key, value in facts.items() if key not in recorded.get(name, {})}
         )
-    metadata["variants_completed_by"] = (
+    note = (
         f"scripts/record_variant_facts.py, after the run: {', '.join(added)} (facts added to "
         f"VariantSpec later), as registered then"
     )
+    earlier = metadata.get("variants_completed_by")
+    metadata["variants_completed_by"] = f"{earlier}; then {note}" if earlier else note
     write_metadata(run_dir, metadata)
     return f"{run_dir}: added {', '.join(added)}"
 

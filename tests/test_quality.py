@@ -4,10 +4,10 @@ from __future__ import annotations
 
 import pytest
 import torch
+from helpers import bench
 
 from harness.quality.tasks import CopyTask, RecallTask, make_task
 from harness.quality.train import TinyDecoder, TrainConfig, lr_factor, train_one, trainable_variants
-from helpers import bench
 
 
 def test_copy_task_layout():
@@ -139,7 +139,18 @@ def test_quality_cli_writes_rows_and_report(tmp_path):
 
     out = tmp_path / "q"
     result = _quality(
-        "--variants", "full,linear", "--lengths", "8", "--steps", "20", "--d-model", "32", "--out", str(out)
+        "--variants",
+        "full,linear",
+        "--lengths",
+        "8",
+        "--steps",
+        "20",
+        "--d-model",
+        "32",
+        "--short-conv",
+        "0",  # (the state below is the attention's alone)
+        "--out",
+        str(out),
     )
     assert result.exit_code == 0, result.output
     rows = pd.read_json(out / "quality.jsonl", lines=True)
@@ -162,8 +173,9 @@ def test_quality_cli_writes_rows_and_report(tmp_path):
     ):
         assert rows[col].notna().all(), col
     assert "held-out token accuracy" in result.output
-    from harness.cli import app
     from typer.testing import CliRunner
+
+    from harness.cli import app
 
     report = CliRunner().invoke(app, ["report", str(out)])
     assert report.exit_code == 0, report.output
@@ -312,11 +324,16 @@ def test_each_presets_options_make_every_variant_differ_from_exact_attention_at_
     sequence, MoBA's 256-key blocks at L = 64) would only repeat full's row under another name."""
     import variants as registry
     from harness.options import parse_lengths
-    from harness.quality.config import PRESETS, TOKENS_PER_L
+    from harness.quality.config import TOKENS_PER_L
+    from harness.quality.presets import PRESETS
+
+    from harness.quality.plan import build_quality_config
 
     defaults = PRESETS[preset]
     longest = max(parse_lengths(defaults["lengths"]["cpu"]))  # every variant trains it
+    # the run's options: the preset's, and each variant's own at its reach (`training_options`)
+    options = build_quality_config(preset=preset, variants="all", given={}, imports=[]).options
     for name in trainable_variants("cpu"):
-        attn = registry.build(name, num_heads=4, head_dim=16, **registry.options_taken(name, defaults["options"]))
+        attn = registry.build(name, num_heads=4, head_dim=16, **registry.options_taken(name, options))
         exact = attn.softmax_equivalent_length()
         assert exact is None or exact < longest * TOKENS_PER_L["recall"], (preset, name, exact)

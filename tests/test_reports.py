@@ -75,7 +75,11 @@ def test_report_has_tables_exponents_and_reasons(tmp_path):
 def test_summary_crossover_of_synthetic_run(tmp_path):
     from harness.readers.frames import load_frame
 
-    summary = summarize(load_frame(make_run(tmp_path / "run"))).set_index(["pass", "variant"])
+    from harness.store.storage import baseline_of, variant_facts
+
+    run = make_run(tmp_path / "run")
+    summary = summarize(load_frame(run), baseline_of(variant_facts(run))).set_index(["pass", "variant"])
+    assert summary.attrs["baseline"] == "full"  # (the run's recorded facts name it)
     assert summary.loc[("fwd", "linear"), "crossover_n"] == 2048  # 2e-6 n < 1e-9 n^2  <=>  n > 2000
     assert summary.loc[("fwd", "full_naive"), "stopped"].startswith("oom at N=2048")
 

@@ -13,9 +13,10 @@ from helpers import bench
 from harness.options import ArgumentError
 from harness.quality.config import QualityConfig, TrainConfig
 from harness.quality.model import ZoologyLM, decoder, decoding_state
-from harness.quality.plan import build_quality_config, run_key, training_keys
+from harness.quality.plan import build_quality_config
 from harness.quality.tasks import MQARTask, distinct_draws, make_task
 from harness.quality.train import FixedSet, train_one
+from harness.quality.trainings import run_key, training_keys
 from harness.readers.quality_frames import chosen_recipe, width_frame
 
 

@@ -16,6 +16,7 @@ import pkgutil
 from . import methods
 from ._registry import (
     available,
+    baseline,
     build,
     effective_options,
     option_docs,
@@ -44,6 +45,7 @@ __all__ = [
     "AttentionVariant",
     "VariantSpec",
     "available",
+    "baseline",
     "build",
     "effective_options",
     "option_docs",

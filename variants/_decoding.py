@@ -5,20 +5,13 @@
     out, state = attn.step(q, k, v, state)        # q, k, v: (B, H, t, D) of t >= 1 new positions
 
 Four kinds (`DecodingState.kind`, the variant's `state_kind`):
-  "kv"         a KV cache: every key and value so far (it grows with N). The default of every causal
-               variant: a step is the variant's own causal call over the cache, bottom-right aligned,
-               so it equals the full causal forward by the interface's definition.
-  "window"     the keys a window can still reach: the first g (global / sink) positions and the last w
-               (sliding_window and its flex sibling): at most g + w positions whatever N.
+  "kv"         a KV cache: every key and value so far (it grows with N), the default of every causal variant:
+               a step is its own causal call over the cache, bottom-right aligned (= the causal forward).
+  "window"     the first g (global / sink) positions and the last w: at most g + w positions whatever N.
   "compressed" memory_compressed's slots of the complete blocks and the raw keys of the unfinished one:
                N / c + (< c) positions, growing c times slower than a KV cache.
   "recurrent"  a fixed-size state: a D x Dv matrix per head for the gated recurrences, the F x (Dv + 1)
                sums Σ φ(k) [v, 1]ᵀ of linear attention and performer; constant memory whatever N.
-A method with a state of its own (moba: the KV cache plus running block sums) adds tensors to these.
-A state is never changed in place (every step returns a new one; an old one stays valid, as beam search
-needs), except two buffers the steps write into past what older states read: the KV cache of
-init_state(max_len=...) (`appended`) and memory_compressed's slots (grown by doubling). Stepping twice from
-one such state writes the same rows: branch from a copy.
 """
 
 from __future__ import annotations
@@ -31,7 +24,16 @@ from torch import Tensor
 
 @dataclass(frozen=True)
 class DecodingState:
-    """One variant's state after `length` positions (a new state is returned by every `step`)."""
+    """One variant's state after `length` positions (a new state is returned by every `step`).
+
+    The window's is sliding_window's and its flex sibling's. A method with a state of its own (moba: the KV
+    cache plus running block sums) adds tensors to these kinds.
+
+    A state is never changed in place (every step returns a new one; an old one stays valid, as beam search
+    needs), except two buffers the steps write into past what older states read: the KV cache of
+    init_state(max_len=...) (`appended`) and memory_compressed's slots (grown by doubling). Stepping twice from
+    one such state writes the same rows: branch from a copy.
+    """
 
     variant: str  # the variant that made it (a state is never read by another)
     kind: str  # "kv" or "recurrent" (see the module docstring)

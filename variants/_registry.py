@@ -32,6 +32,16 @@ def available() -> list[str]:
     return sorted(_REGISTRY)
 
 
+def baseline() -> str:
+    """The registered variant every other is compared with: the one whose spec says `baseline`."""
+    named = [name for name in available() if _REGISTRY[name].spec.baseline]
+    if len(named) != 1:
+        raise ValueError(
+            f"exactly one registered variant must be the baseline (spec.baseline); found {named or 'none'}"
+        )
+    return named[0]
+
+
 def variant_class(name: str) -> type[AttentionVariant]:
     """The class registered as `name`; ValueError listing the registered names otherwise."""
     if not isinstance(name, str) or name not in _REGISTRY:

@@ -54,6 +54,11 @@ class VariantSpec:
     # the family of methods it stands for where a run trains one variant a family (bench quality --preset
     # long); "" none
     family: str = ""
+    # the variant every other is compared with (speed-ups, crossovers, the accuracy floor of bench advise):
+    # exact softmax through the fastest kernel every device has; one registered variant says so
+    baseline: bool = False
+    # option sets `bench lm` measures the variant with by default, inside a pretrained model ((): not by default)
+    lm_defaults: tuple[tuple[tuple[str, object], ...], ...] = ()
 
     def example_options(self) -> list[dict]:
         """`examples` as dicts: what the shared contract tests build the variant with."""
@@ -70,4 +75,5 @@ class VariantSpec:
             "subquadratic": self.subquadratic,
             "style": list(self.style) if self.style else None,
             "family": self.family,
+            "baseline": self.baseline,
         }

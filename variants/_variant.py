@@ -174,6 +174,12 @@ class AttentionVariant(Decodes, nn.Module):
         other K/V heads): checked before any computation, as the lengths are."""
         return None
 
+    @classmethod
+    def training_options(cls, window: int, head_dim: int) -> dict:
+        """Options that make the method comparable in a small training run whose sliding window sees `window` keys,
+        at head dim `head_dim` (bench quality's presets compare every method at one reach): none by default."""
+        return {}
+
     def length_unsupported_reason(self, n_q: int, n_k: int) -> str | None:
         """None when the variant takes Nq queries over Nk keys, else why not (a learned projection of
         max_len columns, more landmarks than keys...): checked before any computation, and `bench run`

@@ -7,17 +7,21 @@ from typing import Annotated, Optional
 
 import typer
 
+from harness.lm.config import OWN
 from harness.store.storage import LM_RESULTS
 
 from .common import at_least, checked, interruptible, make_console, progress_bar, say, within, write_report
 
-DEFAULT_LM_SETTINGS = (
-    "sdpa",
-    "full",
-    "sliding_window:window=1024",
-    "sliding_window:window=1024,global_tokens=4",
-    "linear",
-)
+
+def default_settings() -> list[str]:
+    """The model's own sdpa, then each registered variant with each option set its spec's `lm_defaults` names."""
+    import variants
+
+    settings = [OWN]
+    for name in variants.available():
+        for options in variants.variant_class(name).spec.lm_defaults:
+            settings.append(name + (":" + ",".join(f"{k}={v}" for k, v in options) if options else ""))
+    return settings
 
 
 def lm(
@@ -31,9 +35,7 @@ def lm(
         Optional[list[str]],
         typer.Option(
             "--variant",
-            help="An attention to measure (repeat the option): sdpa, the model's own, or a variant with options after a colon, e.g. sliding_window:window=1024,global_tokens=4. Default: "
-            + ", ".join(DEFAULT_LM_SETTINGS)
-            + ".",
+            help="An attention to measure (repeat the option): sdpa, the model's own, or a variant with options after a colon (window=1024). Default: sdpa and each variant's spec lm_defaults.",
         ),
     ] = None,
     lengths: Annotated[
@@ -122,7 +124,7 @@ def lm(
     console = make_console()
     build = dict(
         model=model,
-        variants=variant or DEFAULT_LM_SETTINGS,
+        variants=variant or default_settings(),
         lengths=lengths,
         depths=depths,
         windows=windows,

@@ -7,15 +7,13 @@ from pathlib import Path
 from typing import Annotated, Optional
 
 import typer
-from rich.console import Console
-from rich.table import Table
 
 from harness import options as opts
 from harness.quality.config import TASKS
-from harness.readers.quality_report import accuracy_text, final_accuracy_grid
 from harness.store.storage import QUALITY_RESULTS
 
-from .common import OptionOption, Task, at_least, checked, interruptible, make_console, progress_bar, say, write_report
+from .common import OptionOption, Task, at_least, checked, interruptible, make_console, say, write_report
+from .training import print_accuracy, quality_with_progress
 
 
 class Preset(str, Enum):
@@ -200,12 +198,10 @@ def quality(
 ) -> None:
     """Train the same small decoder with each attention variant on copy and associative recall; report held-out accuracy.
 
-    Only the attention differs between variants: same model size, steps, learning rate and data.
-    Every evaluation row records its seed and accuracy by distance (how far back the answer sits).
-    Rows are appended to RUN_DIR/quality.jsonl as they exist; REPORT.md and the figures are written at
-    the end (`bench report RUN_DIR` redraws them). On a 2-core CPU the quick preset took 1 h 44 min for the whole
-    menu of 13 variants (results/quality-reference; `additive` alone 23 min: give --variants for less); the long preset's 3 seeds took 521 min of training there (results/quality-long, made across sittings with
-    --resume; docs/quality.md).
+    Only the attention differs between variants: same model size, steps, learning rate and data. Rows are
+    appended to RUN_DIR/quality.jsonl as they exist; REPORT.md and the figures follow (`bench report RUN_DIR`
+    redraws them). The default took 11 min 37 s on a 2-core CPU (results/quality-quick); the presets and
+    their costs: docs/quality.md.
     """
     from harness.quality.session import QualityRequest, open_quality
     from harness.quality.train import TrainingDiverged
@@ -251,58 +247,11 @@ def quality(
         )
     try:
         with interruptible(console, session.kept, session.resume_command):
-            rows = _quality_with_progress(session, console)
+            rows = quality_with_progress(session, console)
     except TrainingDiverged as err:
         console.print(f"[red]training diverged[/]: {err}")
         raise typer.Exit(1) from None
-    _print_accuracy(rows, session.config, console)
+    print_accuracy(rows, session.config, console)
     console.print(f"results: {session.run_dir / QUALITY_RESULTS}")
     if report:
         write_report(session.run_dir, console)
-
-
-def _quality_with_progress(session, console: Console) -> list[dict]:
-    steps = session.config.train.steps
-    progress = progress_bar(console)
-    done = {"step": 0}
-    bar = {}
-
-    def before(total, completed):
-        bar["task"] = progress.add_task("starting", total=total, completed=completed)
-
-    def on_start(task_name, length, name, seed, phase):
-        done["step"] = 0
-        if phase == "cost":
-            progress.update(
-                bar["task"], description=f"[cyan]{task_name} L={length} {name}[/] measuring a training step"
-            )
-        else:
-            progress.update(bar["task"], description=f"[cyan]{task_name} L={length} {name} seed {seed}[/] training")
-
-    def on_eval(row):
-        stage = row.get("stage", 0)  # a final row completes its stage's share, also where it stopped early
-        here = (stage + 1) * steps if row.get("final") else stage * steps + row["step"]
-        progress.advance(bar["task"], here - done["step"])
-        done["step"] = here
-        progress.update(
-            bar["task"],
-            description=f"[cyan]{row['task']} L={row['length']} {row['variant']} seed {row.get('seed', 0)}[/] "
-            f"loss {row['train_loss']:.3f} acc {row['eval_accuracy']:.1%}",
-        )
-
-    with progress:
-        return session.run(on_eval=on_eval, on_start=on_start, before=before)
-
-
-def _print_accuracy(rows: list[dict], config, console: Console) -> None:
-    columns, grid = final_accuracy_grid(rows)
-    seeds = f" (mean of {config.seeds} seeds, min-max)" if config.seeds > 1 else ""
-    table = Table(title=f"held-out token accuracy after training{seeds}", title_justify="left")
-    table.add_column("variant")
-    for t, n in columns:
-        table.add_column(f"{t} L={n}", justify="right")
-    for name, cells in grid:
-        table.add_row(
-            name, *["" if c is None else accuracy_text(c, t, config.seeds) for c, (t, _) in zip(cells, columns)]
-        )
-    console.print(table)

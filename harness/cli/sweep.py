@@ -11,7 +11,7 @@ from rich.console import Console
 from harness import options as opts
 from harness.options import MAX_CHECK_LEN
 from harness.readers.summary import render_summary, summarize
-from harness.store.storage import METADATA, RESULTS
+from harness.store.storage import METADATA, RESULTS, baseline_of, variant_facts
 
 from .common import (
     CAUSAL,
@@ -253,7 +253,7 @@ def _sweep_with_progress(session, console: Console) -> list[dict]:
 
     with progress:
         rows = session.run(on_row=on_row, before=before)
-    render_summary(summarize(rows), console)
+    render_summary(summarize(rows, baseline_of(variant_facts(session.run_dir))), console)
     statuses = ", ".join(f"{n} {s}" for s, n in sorted(counts.items()))
     console.print(
         f"results: {session.run_dir / RESULTS}  (this session: {statuses or 'nothing left to run'})", soft_wrap=True

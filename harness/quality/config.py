@@ -1,5 +1,6 @@
 """What a quality run is: the training recipe (`TrainConfig`), the run (`QualityConfig`, stored in
-metadata.json) and the presets. Imports neither torch nor the variants."""
+metadata.json), its tasks, and Zoology's configuration a zoology run is held against (the presets: presets.py).
+Imports neither torch nor the variants."""
 
 from __future__ import annotations
 
@@ -165,92 +166,6 @@ class QualityConfig:
         )
 
 
-# the quick preset's variant options, unless given: at L = 32 and 64, a window of 16; MoBA's blocks of 8 keys, its
-# 2 best (its default 256-key blocks would make it exact attention there: exact at N <= (top_k + 1) * block);
-# Performer's 64 features, as in the long preset
-QUALITY_OPTIONS = {"window": 16, "compression": 3, "moba.block": 8, "moba.top_k": 2, "performer.features": 64}
-
-# the long preset trains its long lengths on one variant of each family: those whose spec names a `family`
-FAMILIES = "families"
-
-# What each preset sets where the command line does not. quick: short sequences, one seed, minutes on a
-# laptop. long: where subquadratic attention begins to pay, recall with few pairs asked once each among
-# filler (difficulty from distance), a window narrower than most distances, a length curriculum, 3 seeds.
-PRESETS = {
-    # minutes on a laptop: one variant a family (`--variants all` for the whole menu), recall at L = 64 and copy at
-    # L = 32 (sequences of 64 tokens both), and the short convolution without which no recurrence learns recall
-    "quick": {
-        "variants": FAMILIES,
-        "lengths": {"cpu": "64", "cuda": "64"},
-        "copy_lengths": {"cpu": "32", "cuda": "32"},
-        "steps": 1000,
-        "lr": 3e-3,
-        "batch": 32,
-        "seeds": 1,
-        "curriculum": False,
-        "pairs": None,
-        "queries": None,
-        "short_conv": 4,
-        "options": QUALITY_OPTIONS,
-    },
-    "long": {
-        "lengths": {"cpu": "64,128,256", "cuda": "64,128,256,512,1024,2048,4096"},
-        "copy_lengths": {"cpu": "32,64,128", "cuda": "32,64,128,256,512,1024,2048"},
-        "steps": 800,
-        "lr": 3e-3,
-        "warm_start": 2000,
-        "batch": 32,
-        "batch_tokens": {"cpu": 8192, "cuda": None},
-        "seeds": 3,
-        "curriculum": True,
-        "pairs": 8,
-        "queries": 8,
-        # on the CPU every variant to L = 256, and one of each family on to 1024 (3 h would not hold the whole menu there)
-        "long_lengths": {"cpu": "512,1024", "cuda": None},
-        "long_variants": FAMILIES,
-        # a causal depthwise convolution of width 4 before each block's attention, in every variant's model: the
-        # published Mamba-2, GLA and DeltaNet layers have one, and without it no recurrence learned recall here
-        # (results/quality-recipe/short-conv-4 at the quick layout; long-no-conv at this one)
-        "short_conv": 4,
-        # MoBA's blocks of 32, 2 chosen: about the 64 keys a query the window sees (its default 256-blocks would be full);
-        # Performer's m = 64 features, about d log d for the model's head dim 16 (its default 256 is 16 d: a training
-        # step took 1.5 s at L = 256, 9x linear's, measured when this preset was set in commit d18c4e2)
-        "options": {"window": 64, "compression": 3, "moba.block": 32, "moba.top_k": 2, "performer.features": 64},
-    },
-}
-
-
-# Zoology's MQAR as its paper configs set it (HazyResearch/zoology, experiments/paper_configs/iclr24_zoology_figure2,
-# and mqar_example_configs for the model): its data (vocab 8192, L/16 pairs, 100,000 training and 3,000 held-out
-# sequences), its model (2 layers: a gated short convolution, then the attention; no MLP), its optimiser (AdamW,
-# cosine from the peak, weight decay 0.1), its learning rates (logspace(-4, -2, 4)) and early stop (99%), and a
-# d_model axis. What the CPU cannot afford (epochs, lengths) is cut where the run says so (docs/quality.md).
-ZOOLOGY = {
-    "tasks": ("mqar",),
-    "variants": FAMILIES,
-    "lengths": {"cpu": "128", "cuda": "64,128,256"},  # (L, pairs) = (64, 4), (128, 8), (256, 16): pairs L / 16
-    "vocab": 8192,
-    "d_model": {"cpu": "64,128", "cuda": "64,128,256,512"},
-    "lr": {"cpu": "4.64e-4,2.15e-3,1e-2", "cuda": "1e-4,4.64e-4,2.15e-3,1e-2"},
-    "layers": 2,
-    "heads": 1,
-    "arch": "zoology",
-    "short_conv": 4,
-    "steps": {"cpu": 1500, "cuda": 12_500},
-    "batch": {"cpu": 128, "cuda": 512},
-    "train_examples": 100_000,
-    "eval_examples": 3000,
-    "eval_every": 250,
-    "early_stop": 0.99,
-    "weight_decay": 0.1,
-    "adam_beta2": 0.999,
-    "warmup": 0.0,
-    "seeds": 1,
-    "curriculum": False,
-    "options": {"window": 16},
-}
-PRESETS["zoology"] = ZOOLOGY
-
 # Zoology's published MQAR configuration against a zoology run's, as every such REPORT.md lists it: (what, Zoology's
 # value, the run's config key or a fixed text, why the CPU preset differs). Sources: the paper configs named above,
 # zoology/model.py, zoology/train.py, zoology/mixers/{delta_net,gated_delta_net,mamba2}.py; docs/quality.md.
@@ -301,29 +216,6 @@ ZOOLOGY_PUBLISHED = (
         "the variants inside MultiHeadAttention",
         "attnbench measures its own variants, gates from the keys",
     ),
-)
-
-# the recipe values a preset may set (TrainConfig's fields), over TrainConfig's defaults and under the command line
-PRESET_RECIPE = (
-    "steps",
-    "batch",
-    "batch_tokens",
-    "curriculum",
-    "pairs",
-    "queries",
-    "warm_start",
-    "short_conv",
-    "layers",
-    "heads",
-    "vocab",
-    "arch",
-    "train_examples",
-    "early_stop",
-    "adam_beta2",
-    "weight_decay",
-    "warmup",
-    "eval_every",
-    "eval_examples",
 )
 
 MAX_SEEDS = 1000  # seeds 0..K-1 of every training

@@ -1,11 +1,9 @@
 """Planning a quality run: from checked command-line values to a `QualityConfig` that trains (every
-variant on the device with its options, every task well posed, every training inside the memory budget);
-then the run's trainings in order, and which of them finished."""
+variant on the device with its options, every task well posed, every training inside the memory budget)."""
 
 from __future__ import annotations
 
 from dataclasses import replace
-from pathlib import Path
 
 import torch
 
@@ -13,10 +11,10 @@ import variants as registry
 from harness.fmt import fmt_bytes
 from harness.options import ArgumentError, check_number, parse_axis, parse_lengths
 from harness.policy import check_options, check_variant_options, memory_budgets, require_cuda, resolve_variants
-from harness.quality.config import FAMILIES, MAX_SEEDS, PRESET_RECIPE, PRESETS, QualityConfig, TrainConfig
+from harness.quality.config import MAX_SEEDS, QualityConfig, TrainConfig
 from harness.quality.model import cannot_train_reason, trainable_variants, training_memory_estimate
+from harness.quality.presets import FAMILIES, PRESET_RECIPE, PRESETS
 from harness.quality.tasks import make_task
-from harness.store.storage import QUALITY_RESULTS, drop_torn_tail, read_rows, rewrite_rows
 
 
 def resolve_quality_device(text: str) -> str:
@@ -134,6 +132,15 @@ def build_quality_config(
             raise ArgumentError(f"--variants: {name} cannot be trained on {device}: {reason}")
     check_options(given, names)
     options = {**defaults["options"], **given}
+    for name in names:  # each method's own options at the run's reach, unless given (shared or scoped to it)
+        taken = registry.options_taken(name, given)
+        for key, value in (
+            registry.variant_class(name)
+            .training_options(options.get("window", 16), train.d_model // train.heads)
+            .items()
+        ):
+            if key not in taken:
+                options.setdefault(f"{name}.{key}", value)
     for name in names:
         check_variant_options(
             name, registry.options_taken(name, options), name, train.heads, train.d_model // train.heads
@@ -233,68 +240,3 @@ def _long_lengths(
                 f"({', '.join(names)}); name some of them, or all"
             )
     return long_list, chosen
-
-
-def run_key(row: dict) -> tuple:
-    """(task, variant, length, seed, d_model, lr) of an evaluation row (rows of old runs carry no seed: 0)."""
-    return (
-        row["task"],
-        row["variant"],
-        int(row["length"]),
-        int(row.get("seed", 0)),
-        int(row.get("cfg_d_model", TrainConfig.d_model)),
-        float(row.get("cfg_lr", TrainConfig.lr)),
-    )
-
-
-def training_keys(recipe: TrainConfig, task: str, variant: str, seed: int, chain) -> list:
-    """The run keys (`run_key`) of one training's final rows: one a length of its chain."""
-    return [(task, variant, n, seed, recipe.d_model, float(recipe.lr)) for n in chain]
-
-
-def trainings(config: QualityConfig) -> list[tuple[str, str, int, tuple[int, ...]]]:
-    """Every training of the run as (task, variant, seed, lengths): one per length, or with the
-    curriculum one per (task, variant, seed) through every length in increasing order. Seed by seed:
-    an interrupted run holds whole seeds of every (task, variant) rather than every seed of a few; within
-    a seed variant by variant, the `long_variants` (one of each family) first, so it holds whole families."""
-    cfg = config.train
-    if cfg.curriculum:
-        first = tuple(v for v in config.long_variants if v in config.variants)
-        ordered = first + tuple(v for v in config.variants if v not in first)
-        return [
-            (t, v, s, tuple(sorted(config.lengths_of(t, v))))
-            for s in config.seeds_list
-            for v in ordered
-            for t in config.tasks
-        ]
-    every = {t: tuple(dict.fromkeys(n for v in config.variants for n in config.lengths_of(t, v))) for t in config.tasks}
-    return [
-        (t, v, s, (n,))
-        for s in config.seeds_list
-        for t in config.tasks
-        for n in every[t]
-        for v in config.variants
-        if n in config.lengths_of(t, v)
-    ]
-
-
-def keep_finished_runs(run_dir: Path, config: QualityConfig | None = None) -> set[tuple]:
-    """Drop the rows of trainings that did not finish (they are redone whole); return the finished
-    (task, variant, length, seed, d_model, lr) keys. With the curriculum, a training finishes when its last length does."""
-    drop_torn_tail(run_dir, QUALITY_RESULTS)
-    rows = read_rows(run_dir, QUALITY_RESULTS)
-    finished = {run_key(r) for r in rows if r.get("final")}
-    if config is not None and config.train.curriculum:
-        whole = {
-            key
-            for recipe in config.recipes()
-            for t, v, s, chain in trainings(config)
-            for keys in [training_keys(recipe, t, v, s, chain)]
-            if all(k in finished for k in keys)
-            for key in keys
-        }
-        finished &= whole
-    kept = [r for r in rows if run_key(r) in finished]
-    if len(kept) != len(rows):
-        rewrite_rows(run_dir, kept, QUALITY_RESULTS)
-    return finished

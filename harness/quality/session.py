@@ -11,8 +11,9 @@ from typing import Callable
 
 from harness import policy
 from harness.quality.config import QualityConfig
-from harness.quality.plan import build_quality_config, keep_finished_runs, trainings
+from harness.quality.plan import build_quality_config
 from harness.quality.sweep import sweep_quality
+from harness.quality.trainings import keep_finished_runs, trainings
 from harness.store import rundir
 from harness.store.storage import QUALITY_RESULTS, RunLock
 

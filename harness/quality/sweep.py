@@ -8,8 +8,8 @@ from pathlib import Path
 import variants
 from harness.core.isolation import run_isolated
 from harness.quality.config import QualityConfig
-from harness.quality.plan import keep_finished_runs, training_keys, trainings
 from harness.quality.train import measure_training_step, train_one
+from harness.quality.trainings import keep_finished_runs, training_keys, trainings
 from harness.store.storage import QUALITY_RESULTS, TRAIN_COST, RowWriter, drop_torn_tail, read_rows
 
 

@@ -30,8 +30,8 @@ from harness.quality.model import (
     resolved_options,
     trainable_variants,
 )
-from harness.quality.plan import trainings
 from harness.quality.tasks import distance_buckets, make_task
+from harness.quality.trainings import trainings
 
 # (the model, which variants train and the run's trainings live in model.py and plan.py; callers reach them here)
 __all__ = [

@@ -30,8 +30,7 @@ from harness.readers.quality_frames import (
     trained_options,
 )
 from harness.store.rows import NO_TIME
-from harness.store.storage import read_metadata, variant_facts
-from harness.sweep.config import BASELINE
+from harness.store.storage import baseline_of, read_metadata, variant_facts
 
 # (the answer shown lives in advise_text.py; callers imported it from here before it had a file of its own)
 __all__ = ["Answer", "advise", "advise_table", "answers_json", "default_floor", "glance", "recommendation"]
@@ -109,7 +108,7 @@ def advise(
         answers.append(answer)
     floor = ""
     if min_accuracy is None and rows:
-        min_accuracy, floor = default_floor(answers)
+        min_accuracy, floor = default_floor(answers, baseline_of(facts))
     elif min_accuracy is not None:
         floor = f"ranked if accuracy >= {fmt_percent(min_accuracy)} (--min-accuracy)"
     _rank(answers, memory, min_accuracy, bool(rows))
@@ -129,16 +128,16 @@ def advise(
 FLOOR_POINTS = 0.10  # the default accuracy floor: this far below the baseline's accuracy at most
 
 
-def default_floor(answers: list[Answer]) -> tuple[float | None, str]:
+def default_floor(answers: list[Answer], baseline: str | None) -> tuple[float | None, str]:
     """The accuracy a variant must keep to be ranked when --min-accuracy is not given: within
     FLOOR_POINTS of the baseline's (exact softmax, trained the same way), so that a method failing the
     task is never ranked first for being fast. (None, why) when the baseline has no accuracy."""
-    base = next((a for a in answers if a.variant == BASELINE and a.accuracy is not None), None)
+    base = next((a for a in answers if a.variant == baseline and a.accuracy is not None), None)
     if base is None:
-        return None, f"no floor: {BASELINE} has no accuracy in the quality runs (give --min-accuracy)"
+        return None, f"no floor: {baseline or 'no baseline'} has no accuracy in the quality runs (give --min-accuracy)"
     floor = max(0.0, base.accuracy - FLOOR_POINTS)
     return floor, (
-        f"ranked if within {FLOOR_POINTS * 100:.0f} points of {BASELINE}'s accuracy ({base.accuracy:.1%}): "
+        f"ranked if within {FLOOR_POINTS * 100:.0f} points of {baseline}'s accuracy ({base.accuracy:.1%}): "
         f">= {fmt_percent(floor)}; --min-accuracy to change it (0 for none)"
     )
 

@@ -8,7 +8,7 @@ from pathlib import Path
 import pandas as pd
 
 from harness.fmt import fmt_bytes, fmt_time
-from harness.quality.config import ZOOLOGY_PUBLISHED, recall_layout
+from harness.quality.config import recall_layout
 from harness.readers.quality_frames import (
     accuracy_summary,
     accuracy_within,
@@ -17,9 +17,8 @@ from harness.readers.quality_frames import (
     cost_frame,
     quality_rows,
     state_frame,
-    sweep_rows,
-    width_frame,
 )
+from harness.readers.sweep_report import sweep_lines, width_section
 from harness.readers.tables import figure_links, markdown_table, md_text
 from harness.store.storage import variant_facts
 
@@ -148,77 +147,6 @@ def _filler(cfg: dict) -> str:
 TASK_NAMES = {"copy": "copy", "recall": "associative recall", "mqar": "multi-query associative recall (Zoology's MQAR)"}
 
 
-def _sweep_lines(cfg: dict) -> list[str]:
-    return [
-        "Every training was made at each point of the sweep; the tables below hold, for each variant, the widest "
-        "model at its best learning rate, and the section on model width holds every point.",
-        "",
-    ]
-
-
-def width_section(run_dir: Path, cfg: dict) -> list[str]:
-    """Accuracy against d_model and against decoding-state bytes, the best learning rate at each width (Zoology's
-    figure), every rate's accuracy beside it; and, for the zoology preset, the run against Zoology's configuration."""
-    widths = width_frame(sweep_rows(run_dir))
-    if widths.empty:
-        return []
-    rates = sorted({lr for cell in widths["by_lr"] for lr in cell})
-    body = [
-        [
-            f"`{r['variant']}`",
-            str(r["task"]),
-            str(r["length"]),
-            str(r["d_model"]),
-            fmt_bytes(r["state_bytes"]) if r["state_bytes"] is not None else "—",
-            f"**{r['accuracy']:.1%}** ({r['lr']:g})",
-            *[f"{r['by_lr'][lr]:.1%}" if lr in r["by_lr"] else "" for lr in rates],
-        ]
-        for r in widths.sort_values(["task", "length", "d_model"], kind="stable").to_dict("records")
-    ]
-    lines = [
-        "### Accuracy against model width and state size",
-        "",
-        "Final held-out accuracy at each d_model, the best learning rate in bold (Zoology reports the best of its "
-        "rates), each rate's beside it; state: the decoding state after the sequence, every layer, batch 1.",
-        "",
-        markdown_table(
-            ["variant", "task", "L", "d_model", "state", "best (lr)", *[f"lr {lr:g}" for lr in rates]], body
-        ),
-        "",
-    ]
-    if cfg.get("preset") == "zoology":
-        lines += [
-            "### Against Zoology's published configuration",
-            "",
-            markdown_table(
-                ["", "Zoology", "this run", "why"],
-                [[what, theirs, _cfg_text(cfg, key), why] for what, theirs, key, why in ZOOLOGY_PUBLISHED],
-            ),
-            "",
-        ]
-    return lines
-
-
-def _cfg_text(cfg: dict, key: str) -> str:
-    """A run's value of `key` for the comparison table (a key it does not hold is the text itself)."""
-    if key not in cfg and key not in ("d_models", "lrs"):
-        return key
-    value = cfg.get(key) or ([cfg.get("d_model")] if key == "d_models" else [cfg.get("lr")] if key == "lrs" else None)
-    if key == "lengths":
-        return ", ".join(f"({n}, {cfg.get('pairs') or n // 16})" for n in value)
-    if key == "steps":
-        seen = value * cfg.get("batch", 1)
-        epochs = (
-            f", {seen / cfg['train_examples']:.1f} epochs of {cfg['train_examples']:,}"
-            if cfg.get("train_examples")
-            else ""
-        )
-        return f"{value} steps{epochs}"
-    if isinstance(value, list):
-        return ", ".join(f"{v:g}" for v in value)
-    return str(value)
-
-
 def quality_section(run_dir: Path, cfg: dict, figures) -> list[str]:
     rows = quality_rows(run_dir)
     if not rows:
@@ -283,7 +211,7 @@ def quality_section(run_dir: Path, cfg: dict, figures) -> list[str]:
         if set(tasks) <= {"copy", "recall"}
         else f"## Quality: {', '.join(TASK_NAMES.get(t, t) for t in tasks)}",
         "",
-        *(_sweep_lines(cfg) if cfg.get("d_models") or cfg.get("lrs") else []),
+        *(sweep_lines(cfg) if cfg.get("d_models") or cfg.get("lrs") else []),
         f"Preset {cfg.get('preset', 'quick')}. Same model and recipe for every variant: {recipe}. Held-out token accuracy after "
         f"the last step{' (mean over seeds, min-max in brackets)' if seeds > 1 else ''}"
         + ("; copy: and the share of strings reproduced exactly" if set(tasks) <= {"copy", "recall"} else "")

@@ -10,8 +10,7 @@ import pandas as pd
 from harness.readers.frames import load_frame
 from harness.readers.plots import FORMATS, caption, fmt_n, grid, matplotlib_rc, save_figure, variant_style
 from harness.readers.summary import PANEL, crossover, fit_exponent, panel_rows
-from harness.store.storage import read_metadata
-from harness.sweep.config import BASELINE
+from harness.store.storage import baseline_of, read_metadata
 
 STOP_MARKER = {"oom": "OOM"}  # how a figure labels where a series stopped; other statuses by their name
 
@@ -110,12 +109,13 @@ def _scaling_figure(df, metadata, ycol, ylabel, title, scale, path) -> Path:
 
 def _speedup_figure(df, metadata, path) -> Path:
     panels = _panels(df)
-    fig, axes = _figure(len(panels), f"Speed-up over {BASELINE} (time of {BASELINE} / time of variant)", metadata)
+    base_name = baseline_of(metadata.get("variants") or {}) or "the baseline"
+    fig, axes = _figure(len(panels), f"Speed-up over {base_name} (time of {base_name} / time of variant)", metadata)
     for ax, panel in zip(axes, panels):
         sub = panel_rows(df, panel, ok_only=True)
-        base = sub[sub["variant"] == BASELINE].set_index("n")["time_median_s"]
+        base = sub[sub["variant"] == base_name].set_index("n")["time_median_s"]
         for variant, group in sub.groupby("variant", sort=False):
-            if variant == BASELINE or base.empty:
+            if variant == base_name or base.empty:
                 continue
             color, marker = variant_style(variant, metadata.get("variants"))
             ok = group.set_index("n")["time_median_s"]
@@ -123,7 +123,7 @@ def _speedup_figure(df, metadata, path) -> Path:
             if not common:
                 continue
             ax.plot(common, [base[n] / ok[n] for n in common], color=color, marker=marker, ms=4, lw=1.4, label=variant)
-            cross_n, note = crossover(group, sub[sub["variant"] == BASELINE])
+            cross_n, note = crossover(group, sub[sub["variant"] == base_name])
             if cross_n is not None and note != "always faster":
                 ax.scatter(
                     [cross_n],
@@ -145,7 +145,7 @@ def _speedup_figure(df, metadata, path) -> Path:
         ax.axhline(1.0, color="black", lw=0.8, ls="--")
         ax.set_yscale("log")
         _n_axis(ax, sub["n"].tolist() or [1])
-        ax.set_ylabel(f"speed-up over {BASELINE} (×)")
+        ax.set_ylabel(f"speed-up over {base_name} (×)")
         ax.set_title(_panel_title(panel), fontsize=9)
         if ax.get_legend_handles_labels()[0]:
             ax.legend(fontsize=7, loc="upper left")

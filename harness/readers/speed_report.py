@@ -12,7 +12,7 @@ import pandas as pd
 from harness.fmt import fmt_bytes, fmt_time
 from harness.readers.summary import NOISE_NOTE, PANEL, crossover_text, noisy_mask, summarize
 from harness.readers.tables import code_span, figure_links, markdown_table, md_text
-from harness.sweep.config import BASELINE
+from harness.store.storage import baseline_of, variant_facts
 
 
 def _cell_text(row: pd.Series) -> str:
@@ -52,7 +52,7 @@ def _summary_table(summary: pd.DataFrame) -> str:
                 num(line["peak_bytes"], fmt_bytes),
                 num(line["time_exp"], lambda e: f"{e:.2f}"),
                 num(line["mem_exp"], lambda e: f"{e:.2f}"),
-                "(baseline)" if line["variant"] == BASELINE else crossover_text(line),
+                "(baseline)" if line["variant"] == summary.attrs.get("baseline") else crossover_text(line),
             ]
         )
     return markdown_table(
@@ -66,7 +66,7 @@ def _summary_table(summary: pd.DataFrame) -> str:
             "peak memory",
             "time ~ N^",
             "memory ~ N^",
-            "beats full from N",
+            f"beats {summary.attrs.get('baseline') or 'the baseline'} from N",
         ],
         rows,
     )
@@ -187,7 +187,7 @@ def speed_section(run_dir: Path, df: pd.DataFrame, cfg: dict, machine: dict, fig
         "",
         "Exponents: least-squares slope of log(time) and log(memory) on log(N) over the upper half of the lengths that ran.",
         "",
-        _summary_table(summarize(df)),
+        _summary_table(summarize(df, baseline_of(variant_facts(run_dir)))),
         "",
         *_softmax_error_section(df),
         "## Every cell (median time / peak extra memory, or status)",

@@ -12,7 +12,6 @@ import pandas as pd
 
 from harness.core.noise import BUSY_CORES, MAX_SPREAD
 from harness.fmt import fmt_bytes, fmt_time
-from harness.sweep.config import BASELINE
 
 PANEL = ["device", "pass", "causal"]
 
@@ -59,8 +58,9 @@ def crossover(variant: pd.DataFrame, baseline: pd.DataFrame) -> tuple[int | None
     return common[i], ("always faster" if i == 0 else "")
 
 
-def summarize(rows: list[dict] | pd.DataFrame, baseline: str = BASELINE) -> pd.DataFrame:
-    """One line per (device, pass, causal, variant): largest N that ran, its time and memory, exponents, crossover."""
+def summarize(rows: list[dict] | pd.DataFrame, baseline: str | None) -> pd.DataFrame:
+    """One line per (device, pass, causal, variant): largest N that ran, its time and memory, exponents, crossover
+    against `baseline` (the run's, `storage.baseline_of`; None: no crossover). `.attrs["baseline"]` names it."""
     df = rows if isinstance(rows, pd.DataFrame) else pd.DataFrame(rows)
     if df.empty:
         return pd.DataFrame()
@@ -104,7 +104,9 @@ def summarize(rows: list[dict] | pd.DataFrame, baseline: str = BASELINE) -> pd.D
             if reason and not reason.startswith("series stopped"):
                 line["stopped"] += f": {reason[:120]}"
         lines.append(line)
-    return pd.DataFrame(lines)
+    out = pd.DataFrame(lines)
+    out.attrs["baseline"] = baseline
+    return out
 
 
 def noisy_mask(rows: pd.DataFrame) -> pd.Series:
@@ -149,6 +151,7 @@ def render_summary(summary: pd.DataFrame, console, title: str = "Summary") -> No
     if summary.empty:
         console.print("[yellow]no rows to summarize[/]")
         return
+    base = summary.attrs.get("baseline") or "the baseline"
     for (device, pass_, causal), panel in summary.groupby(PANEL, sort=False):
         table = Table(
             title=f"{title}: {device}, {pass_}, {'causal' if causal else 'non-causal'}",
@@ -158,9 +161,9 @@ def render_summary(summary: pd.DataFrame, console, title: str = "Summary") -> No
             padding=(0, 1),
             collapse_padding=True,
             caption_justify="left",
-            caption=f"N^ t/m: fitted exponents of time and memory in N; beats {BASELINE}: faster from this N on",
+            caption=f"N^ t/m: fitted exponents of time and memory in N; beats {base}: faster from this N on",
         )
-        for col in ("variant", "max N", "time", "memory", "N^ t/m", f"beats {BASELINE}", "stop"):
+        for col in ("variant", "max N", "time", "memory", "N^ t/m", f"beats {base}", "stop"):
             table.add_column(col, justify="left" if col in ("variant", "stop") else "right", no_wrap=True)
         notes = []
         for line in panel.to_dict("records"):
@@ -175,7 +178,7 @@ def render_summary(summary: pd.DataFrame, console, title: str = "Summary") -> No
                 _fmt(line["time_s"], fmt_time),
                 _fmt(line["peak_bytes"], fmt_bytes),
                 exponents,
-                "(baseline)" if line["variant"] == BASELINE else crossover_text(line),
+                "(baseline)" if line["variant"] == summary.attrs.get("baseline") else crossover_text(line),
                 stop,
             )
         console.print(table)

@@ -13,8 +13,7 @@ from harness.readers.advise_text import advise_table, recommendation
 from harness.readers.quality_frames import cost_frame, quality_rows
 from harness.readers.quality_plots import tradeoff_figure
 from harness.readers.tables import figure_links, markdown_table, md_text
-from harness.store.storage import variant_facts
-from harness.sweep.config import BASELINE
+from harness.store.storage import baseline_of, variant_facts
 
 
 def write_tradeoff_report(
@@ -90,17 +89,18 @@ def _surviving_speedup(
     op = {
         v: list(zip(g["n"].astype(int), g["time_median_s"])) for v, g in ok.groupby("setting")
     }  # (one per option set)
-    if BASELINE not in op:
+    base = baseline_of(variant_facts(*speed, *quality))
+    if base not in op:
         return []
     body = []
     for (task, length), group in costs.groupby(["task", "length"], sort=False):
         steps = dict(zip(group["variant"], group["step_ms"]))
-        if BASELINE not in steps:
+        if base not in steps:
             continue
         tokens = int(group["seq_len"].iloc[0])
-        base_op, how = log_interp(op[BASELINE], tokens)
+        base_op, how = log_interp(op[base], tokens)
         for variant, step_ms in steps.items():
-            if variant == BASELINE or variant not in op:
+            if variant == base or variant not in op:
                 continue
             t, how_v = log_interp(op[variant], tokens)
             marks = "" if how == how_v == "measured" else " *"
@@ -111,7 +111,7 @@ def _surviving_speedup(
                     str(tokens),
                     f"`{variant}`",
                     f"{base_op / t:.2f}x{marks}",
-                    f"{steps[BASELINE] / step_ms:.2f}x",
+                    f"{steps[base] / step_ms:.2f}x",
                 ]
             )
     if not body:
@@ -119,7 +119,7 @@ def _surviving_speedup(
     return [
         "### How much of the attention speed-up survives in a training step",
         "",
-        f"Speed-up over `{BASELINE}` (above 1: faster) of one {pass_} {'causal' if causal else 'non-causal'} attention call at the "
+        f"Speed-up over `{base}` (above 1: faster) of one {pass_} {'causal' if causal else 'non-causal'} attention call at the "
         "tokens the model reads (speed runs; * where that N is interpolated or extrapolated, not measured), beside the "
         "speed-up of a whole training step of the quality model (embedding, MLPs, loss, AdamW; the quality runs' "
         "train_cost.jsonl). The attention call's shape is the speed run's, not the small model's.",

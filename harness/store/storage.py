@@ -121,6 +121,12 @@ def variant_facts(*run_dirs: Path) -> dict[str, dict]:
     return facts
 
 
+def baseline_of(facts: dict[str, dict]) -> str | None:
+    """The variant the runs' recorded facts name as the baseline (`VariantSpec.baseline`); None where none does
+    (a run without it, or made before the fact was recorded: scripts/record_variant_facts.py adds it)."""
+    return next((name for name, fact in facts.items() if fact.get("baseline")), None)
+
+
 def _parse(line: bytes):
     try:
         row = json.loads(line)

@@ -9,7 +9,6 @@ from harness.options import SHAPE_HINTS
 from harness.store.rows import device_label, key_of
 
 PASSES = ("fwd", "fwdbwd", "decode")  # decode: one step of one new position after N (causal only)
-BASELINE = "full"  # the variant every other is compared with (speed-ups, crossovers)
 MIN_REPEATS_BEFORE = 3  # the fewest timed calls a cell made before runs recorded `min_repeats`
 
 

@@ -14,7 +14,7 @@ from harness.fmt import fmt_bytes
 from harness.policy import shape_only
 from harness.store.rows import STOPPING, Row, cell_key, series_key
 from harness.sweep import worker
-from harness.sweep.config import BASELINE, Cell, RunConfig
+from harness.sweep.config import Cell, RunConfig
 from harness.sweep.executors import LocalExecutor
 
 PREDICT_FROM_S = 0.1  # a series' time is extrapolated to a larger N only from calls at least this long
@@ -196,7 +196,7 @@ def decide(config: RunConfig, cell: Cell, state: SweepState, planned: dict, log_
         return "skipped", f"predicted {fmt_bytes(predicted)} > memory budget {fmt_bytes(budget)}", None, None
     # the baseline is never skipped by prediction: every other variant's speed-up needs its cell (a noisy slope
     # overestimates), and one past the timeout costs the series one timeout
-    guess = None if cell.variant == BASELINE else state.predicted_time(cell)
+    guess = None if cell.variant == variants.baseline() else state.predicted_time(cell)
     if guess is not None and guess[0] * calls_per_cell(config) * PREDICTION_MARGIN > config.cell_timeout:
         seconds, exponent, n1, n2 = guess
         return (

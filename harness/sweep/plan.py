@@ -5,7 +5,7 @@ from __future__ import annotations
 import variants as registry
 from harness.options import ArgumentError, check_number, parse_list
 from harness.policy import check_options, resolve_devices, resolve_variants
-from harness.sweep.config import BASELINE, PASSES, Cell, RunConfig
+from harness.sweep.config import PASSES, Cell, RunConfig
 
 
 def names_of(device_names: dict | None, device: str) -> list:
@@ -53,8 +53,9 @@ def causal_modes(names: tuple[str, ...], passes: tuple[str, ...]) -> dict[str, t
     if all(spec.supports_non_causal for spec in specs.values()) and "decode" not in passes:
         return {name: (False,) for name in names}
     modes = {name: (True,) if spec.supports_causal else (False,) for name, spec in specs.items()}
-    if BASELINE in modes and any(mode == (False,) for mode in modes.values()):
-        modes[BASELINE] = (False, True)
+    base = registry.baseline()
+    if base in modes and any(mode == (False,) for mode in modes.values()):
+        modes[base] = (False, True)
     return modes
 
 

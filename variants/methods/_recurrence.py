@@ -10,33 +10,7 @@ with a_t = exp(log_decay_t) a scalar per head and position, or (gla) a vector ov
 delta rule writes S_t = a_t S_{t-1} + k_t u_tᵀ with u_t = β_t (v_t − a_t S_{t-1}ᵀ k_t): it stores the
 error of the state's prediction of v_t for k_t, so writing a key twice replaces its value.
 
-A method file (retention.py, ...) computes the recurrence's inputs from q, k, v and its learned gates
-(`RecurrentAttention.recurrence_inputs`); this file computes the outputs of any such inputs:
-
-- `dense_gated`, `dense_delta`: the parallel (quadratic) form over the whole sequence, the methods'
-  `reference()`: gated O = (Q Kᵀ ⊙ D) V with D_ts = exp(Σ_{s<r<=t} log a_r) (per key dim for gla);
-  delta rule O = (Q Kᵀ ⊙ D) U with U = (I + A)⁻¹ diag(β) V, A_ts = β_t D_ts k_t·k_s for s < t.
-- `gated_chunks`, `delta_chunks`: the chunked form (Yang et al. 2024): inside a chunk of C positions the
-  masked C x C form, across chunks the state. For the delta rule each chunk's U comes from a triangular
-  solve (the WY / UT representation: U = U' − W S, both from one solve of (I + A) per chunk), then a
-  loop over chunks (never over positions) carries S. Every exponent is of a difference of cumulative
-  log decays with the later position first (≤ 0), so nothing overflows; gla's per-dimension decay
-  cannot be split that way inside a chunk and is taken relative to the chunk's middle instead,
-  which bounds its factors by exp(C/2 · 5) with its floor on log a_t (see gla.py).
-
-The sequence is taken in groups of whole chunks, the state carried from group to group; with a
-gradient each group is recomputed in the backward, last first (`_GroupedScan`), so forward+backward
-keeps the state before each group and one group's graph, not N x C scores for all N, and writes the
-gradients of q, k, v into their place.
-
-Grouped-query inputs (k, v with Hkv < H heads) are computed natively: the gates, the writes and the state
-are per K/V head, and the H / Hkv query heads of a group read the same state (the group folded into the
-head axis of the chunked forms, which broadcast over it); with a feature map the keys are mapped per
-query head, so k and v are repeated first (the spec's `repeats_kv`).
-
-Padding (key_padding_mask False) skips a position: no decay (log a = 0), no write (k = 0, β = 0).
-Half-precision inputs are computed in float32 (a state summed over N positions passes float16's
-65504 long before N = 65536) and returned in their dtype.
+How this file computes them: the comments above `decay_matrix` and `_scan_groups`, and `RecurrentAttention`.
 """
 
 from __future__ import annotations
@@ -63,6 +37,19 @@ GROUP_POSITIONS = (
 # -- the parallel (dense) forms: the methods' definitions ------------------------------------------
 
 
+# A method file (retention.py, ...) computes the recurrence's inputs from q, k, v and its learned gates
+# (`RecurrentAttention.recurrence_inputs`); this file computes the outputs of any such inputs:
+#
+# - `dense_gated`, `dense_delta`: the parallel (quadratic) form over the whole sequence, the methods'
+#   `reference()`: gated O = (Q Kᵀ ⊙ D) V with D_ts = exp(Σ_{s<r<=t} log a_r) (per key dim for gla);
+#   delta rule O = (Q Kᵀ ⊙ D) U with U = (I + A)⁻¹ diag(β) V, A_ts = β_t D_ts k_t·k_s for s < t.
+# - `gated_chunks`, `delta_chunks`: the chunked form (Yang et al. 2024): inside a chunk of C positions the
+#   masked C x C form, across chunks the state. For the delta rule each chunk's U comes from a triangular
+#   solve (the WY / UT representation: U = U' − W S, both from one solve of (I + A) per chunk), then a
+#   loop over chunks (never over positions) carries S. Every exponent is of a difference of cumulative
+#   log decays with the later position first (≤ 0), so nothing overflows; gla's per-dimension decay
+#   cannot be split that way inside a chunk and is taken relative to the chunk's middle instead,
+#   which bounds its factors by exp(C/2 · 5) with its floor on log a_t (see gla.py).
 def decay_matrix(log_decay: Tensor) -> Tensor:
     """D_ts = exp(Σ_{s<r<=t} log a_r) for t >= s, 0 above the diagonal: (B, H, N, N), or (B, H, N, N, D) per key dim."""
     b = log_decay.cumsum(2)  # (B, H, N) or (B, H, N, D)
@@ -235,6 +222,10 @@ class SigmoidGate(nn.Module):
 # -- groups of chunks, and their backward -----------------------------------------------------------
 
 
+# The sequence is taken in groups of whole chunks, the state carried from group to group; with a
+# gradient each group is recomputed in the backward, last first (`_GroupedScan`), so forward+backward
+# keeps the state before each group and one group's graph, not N x C scores for all N, and writes the
+# gradients of q, k, v into their place.
 def _scan_groups(method, q, k, v, keep, state, chunk, size, states: list | None = None):
     """The recurrence over every group of `size` positions, the state carried; outputs written in place
     (no second N x Dv buffer). `states`: where to keep the state before each group (for the backward)."""
@@ -296,6 +287,16 @@ class RecurrentAttention(AttentionVariant):
     """A gated linear recurrence behind the one interface; subclasses give `spec` and `_inputs`.
 
     Not registered itself. Causal by nature: S_t holds positions <= t only.
+
+
+    Grouped-query inputs (k, v with Hkv < H heads) are computed natively: the gates, the writes and the state
+    are per K/V head, and the H / Hkv query heads of a group read the same state (the group folded into the
+    head axis of the chunked forms, which broadcast over it); with a feature map the keys are mapped per
+    query head, so k and v are repeated first (the spec's `repeats_kv`).
+
+    Padding (key_padding_mask False) skips a position: no decay (log a = 0), no write (k = 0, β = 0).
+    Half-precision inputs are computed in float32 (a state summed over N positions passes float16's
+    65504 long before N = 65536) and returned in their dtype.
     """
 
     delta_rule = False  # True: S_t = a_t (I − β_t k_t k_tᵀ) S_{t-1} + β_t k_t v_tᵀ; False: the gated form

@@ -10,12 +10,6 @@ The state is a key -> value memory written by the delta rule instead of added to
 (S is D x Dv here, rows over key dims; the papers write its transpose.) Each write moves the value
 stored at k_t a fraction β_t of the way to v_t, so writing a key again replaces its value — why
 DeltaNet recalls associations (MQAR) that additive linear attention blurs.
-
-Computed chunk-wise (_recurrence.py): per chunk one triangular solve gives the chunk's corrected
-values (the WY / UT representation), then the state crosses chunks; no per-position loop.
-β comes from the raw keys (learned w_β, b_β per head), since the interface hands a variant q, k, v
-only; DeltaNet computes it from the hidden state. Causal by nature; `scale` (D^-½ by default)
-multiplies the normalised q.
 """
 
 from __future__ import annotations
@@ -35,6 +29,13 @@ def l2_normalised(x):
 
 @register
 class DeltaNet(RecurrentAttention):
+    """Computed chunk-wise (_recurrence.py): per chunk one triangular solve gives the chunk's corrected
+    values (the WY / UT representation), then the state crosses chunks; no per-position loop.
+    β comes from the raw keys (learned w_β, b_β per head), since the interface hands a variant q, k, v
+    only; DeltaNet computes it from the hidden state. Causal by nature; `scale` (D^-½ by default)
+    multiplies the normalised q.
+    """
+
     spec = VariantSpec(
         name="deltanet",
         summary="DeltaNet: the delta rule S_t = (I − β_t k_t k_tᵀ) S_{t-1} + β_t k_t v_tᵀ on L2-normalised q, k; chunked (WY), D x Dv state",

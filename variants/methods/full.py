@@ -94,6 +94,8 @@ class FullAttention(AttentionVariant):
     spec = VariantSpec(
         name="full",
         family="exact softmax",
+        baseline=True,
+        lm_defaults=((),),
         summary="exact softmax attention, fused SDPA kernel (scores never stored)",
         style=("#1f77b4", "o"),
         reference="Vaswani et al. 2017; torch.nn.functional.scaled_dot_product_attention",

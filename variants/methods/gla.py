@@ -7,16 +7,6 @@ A decay per key dimension, data-dependent:
 
 so each key dimension forgets at its own rate: o_t = Σ_{s<=t} Σ_d q_td k_sd Π_{s<r<=t} α_rd v_s. The
 exponent 1/16 keeps the gates near 1 (σ(0)^(1/16) = 0.958), as the paper's normaliser τ = 16.
-
-Computed chunk-wise (_recurrence.py): a per-dimension decay cannot be split into a query and a key
-factor that are both <= 1 inside a chunk, so it is taken relative to the chunk's middle position;
-with log α_t floored at −5 (α >= 0.0067: it bites only where σ(·) < e^-80, i.e. logits below −80)
-the factors stay within exp(±40) for chunks of up to 16 positions, the default here (flash-linear-
-attention's GLA kernels split their chunks into sub-chunks of 16 for the same reason).
-
-The gates come from the keys (learned W_α (H, D, D), b_α per head), since the interface hands a
-variant q, k, v only; the GLA layer computes them from the hidden state through a low-rank
-projection. Causal by nature. `scale` (D^-½ by default) multiplies q, as in the paper.
 """
 
 from __future__ import annotations
@@ -34,6 +24,17 @@ GATE_NORMALIZER = 16  # α = σ(·)^(1/16)
 
 @register
 class GatedLinearAttention(RecurrentAttention):
+    """Computed chunk-wise (_recurrence.py): a per-dimension decay cannot be split into a query and a key
+    factor that are both <= 1 inside a chunk, so it is taken relative to the chunk's middle position;
+    with log α_t floored at −5 (α >= 0.0067: it bites only where σ(·) < e^-80, i.e. logits below −80)
+    the factors stay within exp(±40) for chunks of up to 16 positions, the default here (flash-linear-
+    attention's GLA kernels split their chunks into sub-chunks of 16 for the same reason).
+
+    The gates come from the keys (learned W_α (H, D, D), b_α per head), since the interface hands a
+    variant q, k, v only; the GLA layer computes them from the hidden state through a low-rank
+    projection. Causal by nature. `scale` (D^-½ by default) multiplies q, as in the paper.
+    """
+
     spec = VariantSpec(
         name="gla",
         summary="gated linear attention: a data-dependent decay per key dim, σ(k W_α + b_α)^(1/16); chunked, D x Dv state",

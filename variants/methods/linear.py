@@ -5,33 +5,11 @@ the sums reassociate:
 
     out_i = φ(q_i)ᵀ (Σ_j φ(k_j) v_jᵀ) / (φ(q_i)ᵀ Σ_j φ(k_j) + eps)
 
-The feature maps (`feature_map`), each a small class below:
-  elu        φ(x) = elu(x) + 1 > 0 (Katharopoulos et al. 2020), F = D; the default.
-  relu       φ(x) = max(x, 0) (Zoology's and cosFormer's baseline), F = D.
-  taylor     the 2nd-order Taylor expansion of exp(q·k/√D) (Based, Arora et al. 2024):
-             φ(x) = [1, x', x' ⊗ x' / √2] with x' = x / D^¼, so φ(q)·φ(k) = 1 + s + s²/2, s = q·k/√D;
-             F = 1 + D + D² — used on a reduced head dim (Based: 16), not on D = 64 (F = 4161).
-  cosformer  ReLU features re-weighted by position (Qin et al. 2022, "cosFormer"):
-             φ(x_i) = [relu(x_i) cos(π i / 2M), relu(x_i) sin(π i / 2M)], F = 2D, so
-             φ(q_i)·φ(k_j) = relu(q_i)·relu(k_j) cos(π (i − j) / 2M): nearby tokens weigh more.
-  hedgehog   learned (Zhang et al. 2024, "The Hedgehog & the Porcupine"; LoLCATs' map): per head
-             φ(x) = [softmax(x W + b), softmax(−x W − b)] over F' features, F = 2F', with separate
-             W, b for queries and keys, trained to imitate softmax attention (`Hedgehog` below).
-`performer` (performer.py) is this same scan with positive random features.
-
-The `scale` option defaults to none here (φ of q itself, as in the paper); given, it multiplies q
-before φ. Non-causal: one F x Dv state S = Σ_j φ(k_j) v_jᵀ and one normalizer z = Σ_j φ(k_j):
-O(N·F·Dv) time. Causal: the sums run over j <= i (with Nq < Nk, over the keys up to the query's
-position Nk - Nq + i). Computed chunk by chunk: within a chunk of C positions a masked C x C
-product, across chunks the running state (S, z) of everything before — never a per-position
-(N, F, Dv) prefix sum. Chunks are taken in groups sized to a memory bound, the state carried from
-group to group, so peak memory stays O(group + N·Dv) whatever N.
-
-Backward (`_NonCausalScan`, `_CausalScan`): written out, group by group, recomputing the features
-instead of storing them (as FlashAttention recomputes its weights); the causal one runs the groups
-in reverse with the gradient of the state. The normalizer is carried as a column of ones appended
-to v, so one set of sums serves numerator and denominator. Each feature map gives its own
-vector-Jacobian product (`vjp`); one without falls back to autograd on its `apply`.
+The feature maps (`feature_map`), each a small class below (`FeatureMap` lists them with their formulas):
+elu (elu + 1, the default), relu, taylor (Based's 2nd-order Taylor expansion of exp, on a reduced head
+dim), cosformer (ReLU features re-weighted by distance) and hedgehog (learned per head, LoLCATs' map).
+`performer` (performer.py) is this same scan with positive random features. How the scan is computed,
+forward and backward: `FeatureMapAttention`.
 """
 
 from __future__ import annotations
@@ -70,6 +48,19 @@ class FeatureMap:
     `apply(x, start, consts, query)` maps rows x (B, H, L, D) — positions start .. start + L - 1 —
     to features (B, H, L, F); `consts` are per-call constants from `setup` (no gradient flows
     through them); `query` says whether x are queries or keys (a map may treat them apart).
+
+    The feature maps (`feature_map`), each a small class below:
+      elu        φ(x) = elu(x) + 1 > 0 (Katharopoulos et al. 2020), F = D; the default.
+      relu       φ(x) = max(x, 0) (Zoology's and cosFormer's baseline), F = D.
+      taylor     the 2nd-order Taylor expansion of exp(q·k/√D) (Based, Arora et al. 2024):
+                 φ(x) = [1, x', x' ⊗ x' / √2] with x' = x / D^¼, so φ(q)·φ(k) = 1 + s + s²/2, s = q·k/√D;
+                 F = 1 + D + D² — used on a reduced head dim (Based: 16), not on D = 64 (F = 4161).
+      cosformer  ReLU features re-weighted by position (Qin et al. 2022, "cosFormer"):
+                 φ(x_i) = [relu(x_i) cos(π i / 2M), relu(x_i) sin(π i / 2M)], F = 2D, so
+                 φ(q_i)·φ(k_j) = relu(q_i)·relu(k_j) cos(π (i − j) / 2M): nearby tokens weigh more.
+      hedgehog   learned (Zhang et al. 2024, "The Hedgehog & the Porcupine"; LoLCATs' map): per head
+                 φ(x) = [softmax(x W + b), softmax(−x W − b)] over F' features, F = 2F', with separate
+                 W, b for queries and keys, trained to imitate softmax attention (`Hedgehog` below).
     """
 
     name = ""
@@ -403,7 +394,22 @@ class _CausalScan(torch.autograd.Function):
 
 
 class FeatureMapAttention(AttentionVariant):
-    """The scan, for any `FeatureMap`: subclasses give `feature_map_for(d)`; not registered itself."""
+    """The scan, for any `FeatureMap`: subclasses give `feature_map_for(d)`; not registered itself.
+
+    The `scale` option defaults to none here (φ of q itself, as in the paper); given, it multiplies q
+    before φ. Non-causal: one F x Dv state S = Σ_j φ(k_j) v_jᵀ and one normalizer z = Σ_j φ(k_j):
+    O(N·F·Dv) time. Causal: the sums run over j <= i (with Nq < Nk, over the keys up to the query's
+    position Nk - Nq + i). Computed chunk by chunk: within a chunk of C positions a masked C x C
+    product, across chunks the running state (S, z) of everything before — never a per-position
+    (N, F, Dv) prefix sum. Chunks are taken in groups sized to a memory bound, the state carried from
+    group to group, so peak memory stays O(group + N·Dv) whatever N.
+
+    Backward (`_NonCausalScan`, `_CausalScan`): written out, group by group, recomputing the features
+    instead of storing them (as FlashAttention recomputes its weights); the causal one runs the groups
+    in reverse with the gradient of the state. The normalizer is carried as a column of ones appended
+    to v, so one set of sums serves numerator and denominator. Each feature map gives its own
+    vector-Jacobian product (`vjp`); one without falls back to autograd on its `apply`.
+    """
 
     def __init__(self, *, chunk_size: int = 64, eps: float = 1e-6, **base):
         """
@@ -575,6 +581,7 @@ class LinearAttention(FeatureMapAttention):
     spec = VariantSpec(
         name="linear",
         family="kernel feature maps",
+        lm_defaults=((),),
         repeats_kv="its scans and their written-out backward run one K/V head per query head",
         summary="linear attention, phi(q)·phi(k) for softmax (elu+1, relu, taylor, cosformer, learned hedgehog); causal chunk-wise with a running F x Dv state",
         style=("#d62728", "v"),

@@ -8,12 +8,6 @@ A scalar, data-dependent decay per head and position, and values scaled by the s
 (Mamba's C, B, x are our q, k, v.) Its parallel form is masked attention (Q Kᵀ ⊙ L) (Δ V) with
 L_ts = Π_{s<r<=t} a_r, "1-semiseparable"; computed chunk-wise with a D x Dv state (_recurrence.py).
 A small Δ keeps the state (a ≈ 1) and writes little; a large Δ forgets and writes strongly.
-
-The gates come from the keys (learned w_Δ, b_Δ, A_log per head), since the interface hands a variant
-q, k, v only; Mamba-2 computes Δ from the layer's input x. Initialised as Mamba-2: A over [1, 16],
-softplus(b_Δ) over [0.001, 0.1]. Mamba-2 has no softmax scale; `scale` (D^-½ by default, as the
-other methods here) multiplies q. Causal by nature; the short convolution and gating of the Mamba-2
-block are the layer's.
 """
 
 from __future__ import annotations
@@ -24,6 +18,13 @@ from ._recurrence import WHY_CAUSAL_ONLY, RecurrentAttention, SSDDecay
 
 @register
 class Mamba2(RecurrentAttention):
+    """The gates come from the keys (learned w_Δ, b_Δ, A_log per head), since the interface hands a variant
+    q, k, v only; Mamba-2 computes Δ from the layer's input x. Initialised as Mamba-2: A over [1, 16],
+    softplus(b_Δ) over [0.001, 0.1]. Mamba-2 has no softmax scale; `scale` (D^-½ by default, as the
+    other methods here) multiplies q. Causal by nature; the short convolution and gating of the Mamba-2
+    block are the layer's.
+    """
+
     spec = VariantSpec(
         name="mamba2",
         family="decaying recurrences",

@@ -9,16 +9,6 @@ Causal: slot m summarizes positions mc .. mc+c-1 and is visible to query i only 
 are <= i. (With Nq < Nk the queries are the last Nq positions: query i sits at Nk - Nq + i.) Every query also sees the raw (uncompressed) keys of its own unfinished block, the
 positions floor((i+1)/c)·c .. i, so the positions <= i are covered exactly once — as slots or raw —
 and every query sees at least one key. Nothing from a position > i reaches output i.
-
-The two key sets share one softmax. The slots go through SDPA with a causal mask, and the raw keys'
-share enters as one extra "sink" key whose score is their log-sum-exp (carried in an extra query
-dimension) and whose value is zero, plus an extra value column of ones that reads back the slots'
-share α: out = SDPA(...)[:Dv] + (1 - α)·softmax_raw·V_raw. Key padding: padded positions are zeroed
-before compression, a slot of padding only is masked (through one more key dimension).
-The queries are taken one phase of the block at a time (positions j·c - 1 + a for a fixed a: a strided
-view), so each phase is one causal SDPA call over the same slots and no key is copied per phase;
-`_Phases` forms each phase's augmented queries and raw part, and its backward writes the gradients of
-q, k and v into one buffer each.
 """
 
 from __future__ import annotations
@@ -209,6 +199,17 @@ class _Phases(torch.autograd.Function):
 
 @register
 class MemoryCompressedAttention(AttentionVariant):
+    """The two key sets share one softmax. The slots go through SDPA with a causal mask, and the raw keys'
+    share enters as one extra "sink" key whose score is their log-sum-exp (carried in an extra query
+    dimension) and whose value is zero, plus an extra value column of ones that reads back the slots'
+    share α: out = SDPA(...)[:Dv] + (1 - α)·softmax_raw·V_raw. Key padding: padded positions are zeroed
+    before compression, a slot of padding only is masked (through one more key dimension).
+    The queries are taken one phase of the block at a time (positions j·c - 1 + a for a fixed a: a strided
+    view), so each phase is one causal SDPA call over the same slots and no key is copied per phase;
+    `_Phases` forms each phase's augmented queries and raw part, and its backward writes the gradients of
+    q, k and v into one buffer each.
+    """
+
     spec = VariantSpec(
         name="memory_compressed",
         family="compressed memory",

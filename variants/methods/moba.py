@@ -7,24 +7,6 @@ itself:
 
     gate_j(q_t) = q_t · mean_{s in block j} k_s          for blocks j before t's block
     out_t = softmax over {keys of the top_k blocks} ∪ {keys of t's block at positions <= t}
-
-A query with fewer than top_k earlier blocks takes all of them (MoBA's own code does the same), so
-at N <= (top_k + 1) B MoBA is exact causal attention. The selection is not differentiated (the
-paper's neither): gradients reach q, k, v through the attention. Cost: the gating O(N · N/B · D),
-the attention O(N (top_k + 1) B D); nothing of size N x N (nor N x N/B: gating runs in tiles of
-queries and keeps only the top_k indices).
-
-Computed per tile of queries: the own blocks in one batch of square causal blocks; for each key
-block, the queries that chose it are gathered (a padded batch over heads, found by one sort of the
-tile's choices), attended to that block, and their partial softmax (output and log-sum-exp) kept in
-a buffer the merge reads back by one gather per slot — FlashAttention's merge of the other blocks'
-and the own block's, as MoBA's implementation does with varlen kernels. On the CPU the blocks go
-through PyTorch's flash kernel; the backward (`_FusedMoBA`) calls that kernel's backward once a block
-with each query's final output and log-sum-exp, which is exactly that block's share of the gradient,
-so no partial softmax is kept. With key padding, or off the CPU, the softmaxes are written out and
-each tile's graph is rebuilt in the backward (torch.utils.checkpoint).
-Causal by nature (the paper's is a decoder's). Decoding keeps the KV cache and the running sums of
-complete blocks, so a step's gating reads N/B means, not N keys.
 """
 
 from __future__ import annotations
@@ -385,6 +367,25 @@ class _FusedMoBA(torch.autograd.Function):
 
 @register
 class MoBA(AttentionVariant):
+    """A query with fewer than top_k earlier blocks takes all of them (MoBA's own code does the same), so
+    at N <= (top_k + 1) B MoBA is exact causal attention. The selection is not differentiated (the
+    paper's neither): gradients reach q, k, v through the attention. Cost: the gating O(N · N/B · D),
+    the attention O(N (top_k + 1) B D); nothing of size N x N (nor N x N/B: gating runs in tiles of
+    queries and keeps only the top_k indices).
+
+    Computed per tile of queries: the own blocks in one batch of square causal blocks; for each key
+    block, the queries that chose it are gathered (a padded batch over heads, found by one sort of the
+    tile's choices), attended to that block, and their partial softmax (output and log-sum-exp) kept in
+    a buffer the merge reads back by one gather per slot — FlashAttention's merge of the other blocks'
+    and the own block's, as MoBA's implementation does with varlen kernels. On the CPU the blocks go
+    through PyTorch's flash kernel; the backward (`_FusedMoBA`) calls that kernel's backward once a block
+    with each query's final output and log-sum-exp, which is exactly that block's share of the gradient,
+    so no partial softmax is kept. With key padding, or off the CPU, the softmaxes are written out and
+    each tile's graph is rebuilt in the backward (torch.utils.checkpoint).
+    Causal by nature (the paper's is a decoder's). Decoding keeps the KV cache and the running sums of
+    complete blocks, so a step's gating reads N/B means, not N keys.
+    """
+
     spec = VariantSpec(
         name="moba",
         family="block-sparse selection",
@@ -422,6 +423,12 @@ class MoBA(AttentionVariant):
         self._check_int("block", block, 1)
         self._check_int("top_k", top_k, 1)
         self.block, self.top_k = block, top_k
+
+    @classmethod
+    def training_options(cls, window: int, head_dim: int) -> dict:
+        """Blocks of w / 2 keys and its 2 best: about the w keys a query of the window sees (its default 256-key
+        blocks would make it exact attention at a small run's lengths: exact at N <= (top_k + 1) block)."""
+        return {"block": max(1, window // 2), "top_k": 2}
 
     def check_length(self, n: int) -> int:
         return max(n, (self.top_k + 2) * self.block)  # some queries must leave blocks out

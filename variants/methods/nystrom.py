@@ -11,13 +11,6 @@ Moore–Penrose inverse of the paper (Razavi et al. 2014), `pinv_iterations` ste
 Z ← ¼ Z (13 I − A Z (15 I − A Z (7 I − A Z))) from Z₀ = Aᵀ / (‖A‖₁ ‖A‖∞). Time O(N·m·D + m³),
 extra memory O(N·D + m²). With m = N every segment is one position (Q̃ = Q, K̃ = K) and the product
 is S pinv(S) S = S: exact softmax attention, up to the pseudo-inverse's error.
-
-Segments: landmark l averages positions [⌊l N / m⌋, ⌊(l + 1) N / m⌋), so any N >= m works (the
-segments differ by at most one position). Key padding: padded keys enter neither the key
-landmarks (masked means; a landmark of padding only is masked) nor softmax(Q̃ Kᵀ); in
-self-attention (Nq = Nk) padded positions leave the query landmarks too.
-
-Not causal: every landmark averages a whole segment, future positions included.
 """
 
 from __future__ import annotations
@@ -59,6 +52,14 @@ def iterative_pinv(a: Tensor, iterations: int) -> Tensor:
 
 @register
 class NystromAttention(AttentionVariant):
+    """Segments: landmark l averages positions [⌊l N / m⌋, ⌊(l + 1) N / m⌋), so any N >= m works (the
+    segments differ by at most one position). Key padding: padded keys enter neither the key
+    landmarks (masked means; a landmark of padding only is masked) nor softmax(Q̃ Kᵀ); in
+    self-attention (Nq = Nk) padded positions leave the query landmarks too.
+
+    Not causal: every landmark averages a whole segment, future positions included.
+    """
+
     spec = VariantSpec(
         name="nystrom",
         repeats_kv="its key landmarks and the pseudo-inverse are computed per query head",

@@ -9,21 +9,6 @@ With a = q · scale · D^¼ and b = k · D^-¼ (scale = D^-½ by default, so a =
 paper), φ(a)·φ(b) estimates exp(scale · q·k), and the output is linear attention's (linear.py:
 the same scan, causal chunk-wise) with these features: m = `features` random directions, error
 shrinking like 1/√m. Time O(N·m·Dv), memory O(N·Dv) + one group of features.
-
-Numerics: exp(w·x) overflows for long x, so each row's features are computed as
-exp(w·x − ‖x‖²/2 − c) with c a constant the ratio does not see: per query row its own max over
-features; for keys, bidirectionally one max over every (real) key and feature per batch and head —
-as the paper's implementation does — and causally the running max c_t over the keys up to each
-position, the keys' features exp(l_s − c_s) carried to position t by exp(c_s − c_t) <= 1: the scan
-of a gated recurrence with log decay c_{t−1} − c_t (_recurrence.py). So every query's stabilizer is
-the largest logit of the keys it sees, in both modes (a single max over all N keys let float32 lose
-the early queries' keys: 10% error at 8 x randn). All cancel between numerator and denominator
-exactly (eps = 0 here; a row with no visible key reads 0), so no future key changes a causal
-output. (With eps > 0 the causal scan keeps the single max: eps is added after it.)
-
-The random matrix is a buffer drawn from `seed` (saved with the model's state). It stays fixed: a
-training loop that wants fresh features (performer-pytorch redraws every 1000 steps) calls
-`attn.redraw()`, which draws the next seed's matrix.
 """
 
 from __future__ import annotations
@@ -115,6 +100,22 @@ class PositiveRandomFeatures(FeatureMap):
 
 @register
 class Performer(FeatureMapAttention):
+    """Numerics: exp(w·x) overflows for long x, so each row's features are computed as
+    exp(w·x − ‖x‖²/2 − c) with c a constant the ratio does not see: per query row its own max over
+    features; for keys, bidirectionally one max over every (real) key and feature per batch and head —
+    as the paper's implementation does — and causally the running max c_t over the keys up to each
+    position, the keys' features exp(l_s − c_s) carried to position t by exp(c_s − c_t) <= 1: the scan
+    of a gated recurrence with log decay c_{t−1} − c_t (_recurrence.py). So every query's stabilizer is
+    the largest logit of the keys it sees, in both modes (a single max over all N keys let float32 lose
+    the early queries' keys: 10% error at 8 x randn). All cancel between numerator and denominator
+    exactly (eps = 0 here; a row with no visible key reads 0), so no future key changes a causal
+    output. (With eps > 0 the causal scan keeps the single max: eps is added after it.)
+
+    The random matrix is a buffer drawn from `seed` (saved with the model's state). It stays fixed: a
+    training loop that wants fresh features (performer-pytorch redraws every 1000 steps) calls
+    `attn.redraw()`, which draws the next seed's matrix.
+    """
+
     spec = VariantSpec(
         name="performer",
         family="random features",
@@ -144,6 +145,12 @@ class Performer(FeatureMapAttention):
         self.register_buffer("projection", torch.empty(0), persistent=True)
         if self.head_dim is not None:
             self._draw(self.head_dim)
+
+    @classmethod
+    def training_options(cls, window: int, head_dim: int) -> dict:
+        """m = d log2 d features at a small head dim (64 at d = 16): its default 256 is 16 d there, and made a
+        training step at L = 256 take 9 x linear's (1.5 s; measured when the long preset was set, d18c4e2)."""
+        return {"features": max(1, round(head_dim * math.log2(head_dim)))} if head_dim > 1 else {}
 
     def _draw(self, d: int) -> None:
         """The (m, D) matrix of `seed`, in the buffer's dtype and on its device (shapes only on meta)."""

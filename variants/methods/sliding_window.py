@@ -2,19 +2,6 @@
 
 Query i attends to keys j with |i - j| <= w (causal: i - w <= j <= i). The first g positions are
 global: they attend to every key, and every query attends to them (causal: still only j <= i).
-
-How it is computed without an N x N matrix: the sequence is cut into blocks of b positions. The
-keys any query of block t can reach lie in blocks t-r .. t+r (r = ceil(w / b); causal: t-r .. t), so
-each block's queries are scored against those (2r+1)·b (causal: (r+1)·b) keys plus the g global keys,
-and the exact band is masked inside that small rectangle. Time O(N·(w + g)·D), memory O(N·w) at most — and in practice less:
-blocks are processed in groups sized to a memory bound.
-
-Forward: each group of blocks goes through the fused SDPA kernel with the band as its mask, so
-no score is stored at all. Backward (`_BandAttention`): each group's weights are recomputed and its
-gradients formed block by block, as FlashAttention does — on the CPU by torch's own flash backward
-kernel, from the log-sum-exp of each row that the forward kept (N numbers a head); elsewhere written
-out here (`_group_backward`). Autograd through the forward's groups instead would keep every group's
-gathered keys and values, (2r+1)·b per block: several copies of K and V.
 """
 
 from __future__ import annotations
@@ -496,9 +483,25 @@ class LongformerPattern(AttentionVariant):
 
 @register
 class SlidingWindowAttention(LongformerPattern):
+    """How it is computed without an N x N matrix: the sequence is cut into blocks of b positions. The
+    keys any query of block t can reach lie in blocks t-r .. t+r (r = ceil(w / b); causal: t-r .. t), so
+    each block's queries are scored against those (2r+1)·b (causal: (r+1)·b) keys plus the g global keys,
+    and the exact band is masked inside that small rectangle. Time O(N·(w + g)·D), memory O(N·w) at most — and in practice less:
+    blocks are processed in groups sized to a memory bound.
+
+    Forward: each group of blocks goes through the fused SDPA kernel with the band as its mask, so
+    no score is stored at all. Backward (`_BandAttention`): each group's weights are recomputed and its
+    gradients formed block by block, as FlashAttention does — on the CPU by torch's own flash backward
+    kernel, from the log-sum-exp of each row that the forward kept (N numbers a head); elsewhere written
+    out here (`_group_backward`). Autograd through the forward's groups instead would keep every group's
+    gathered keys and values, (2r+1)·b per block: several copies of K and V.
+    """
+
     spec = VariantSpec(
         name="sliding_window",
         family="sliding window",
+        # in SmolLM2 (8192 positions): a window of 1024, alone and with StreamingLLM's 4 sinks
+        lm_defaults=((("window", 1024),), (("window", 1024), ("global_tokens", 4))),
         repeats_kv="its band kernel (forward and written-out backward) takes one K/V head per query head",
         state_repeats_kv="",  # the window and the sinks need K and V only: kept per K/V head, decoded grouped
         summary="Longformer sliding window (|i-j| <= w) + global tokens, blocked in pure PyTorch",

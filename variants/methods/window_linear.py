@@ -7,22 +7,6 @@ Hedgehog feature maps φ (linear.py), to every older key; both parts share one n
           / (f_h Σ_{t−w <= s <= t} e_ts   + Σ_{s < t−w} φ(q_t)·φ(k_s))
     e_ts = exp(scale q_t·k_s − m_t),   m_t = max_{t−w <= s <= t} scale q_t·k_s,   f_h = σ(window_factor_h)
     φ(q_t) = φ_q(scale q_t),  φ(k_s) = φ_k(k_s)    (Hedgehog maps, one pair per head)
-
-(LoLCATs' own code: the window's exponentials are taken relative to their row maximum, so the largest
-score of the window weighs f_h against the linear part's kernel values, which lie in (0, 2]; f_h starts
-at σ(−2.197) = 0.1.) A pretrained softmax model keeps its local attention exactly — most of the mass at
-these lengths — and only what has left the window is approximated, by features trained to imitate the
-softmax (attention transfer, `bench lm --linearize`). The window here counts as this project's windows
-do, |t − s| <= w: the query and the w positions before it (LoLCATs' window_size 64 counts the query
-among its 64).
-
-Computed in blocks of c queries: block b sees the w + c keys of positions [bc − w, bc + c) for its window
-(a c x (w + c) score tile, the band masked in it) and, linearly, the first c of them below the band plus a
-running F x (Dv + 1) state of everything older, carried from block to block (in groups of blocks, as
-linear.py's chunks). O(N (w + c) D + N F Dv) time, no N x N tensor. Decoding keeps the last w keys and
-values and the state of the rest: constant memory whatever N (kind "window+recurrent").
-
-Causal by nature: the linear part is the past that left the window (a decoder's split of its past).
 """
 
 from __future__ import annotations
@@ -82,6 +66,23 @@ def _combine(
 
 @register
 class WindowLinearAttention(AttentionVariant):
+    """(LoLCATs' own code: the window's exponentials are taken relative to their row maximum, so the largest
+    score of the window weighs f_h against the linear part's kernel values, which lie in (0, 2]; f_h starts
+    at σ(−2.197) = 0.1.) A pretrained softmax model keeps its local attention exactly — most of the mass at
+    these lengths — and only what has left the window is approximated, by features trained to imitate the
+    softmax (attention transfer, `bench lm --linearize`). The window here counts as this project's windows
+    do, |t − s| <= w: the query and the w positions before it (LoLCATs' window_size 64 counts the query
+    among its 64).
+
+    Computed in blocks of c queries: block b sees the w + c keys of positions [bc − w, bc + c) for its window
+    (a c x (w + c) score tile, the band masked in it) and, linearly, the first c of them below the band plus a
+    running F x (Dv + 1) state of everything older, carried from block to block (in groups of blocks, as
+    linear.py's chunks). O(N (w + c) D + N F Dv) time, no N x N tensor. Decoding keeps the last w keys and
+    values and the state of the rest: constant memory whatever N (kind "window+recurrent").
+
+    Causal by nature: the linear part is the past that left the window (a decoder's split of its past).
+    """
+
     spec = VariantSpec(
         name="window_linear",
         repeats_kv="its key feature map is learned per query head (LoLCATs applies it after repeating K), so window and state are per query head",
