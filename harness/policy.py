@@ -62,8 +62,9 @@ def check_variant_options(name: str, options: dict, label: str, num_heads: int =
         raise ArgumentError(f"{label}: {err}") from None
 
 
-def check_options(options: dict, names: tuple[str, ...]) -> None:
-    """Every option must be taken by at least one of the selected variants, and valid for each that takes it;
+def check_options(options: dict, names: tuple[str, ...], num_heads: int = 1, head_dim: int = 1) -> None:
+    """Every option must be taken by at least one of the selected variants, and valid for each that takes it at
+    the run's shape (an option bounded by the head dim, as feature_dim, is checked against the run's);
     one scoped to a variant ('linformer.max_len') by that variant, which must be selected."""
     for key, value in options.items():
         target, scoped, option = key.rpartition(".")
@@ -78,7 +79,7 @@ def check_options(options: dict, names: tuple[str, ...]) -> None:
                     f"option {key}={value!r}: {target} takes no option {option!r}; it takes: "
                     f"{', '.join(variants.option_names(target)) or 'none'}"
                 )
-            check_variant_options(target, {option: value}, f"option {key}={value!r}")
+            check_variant_options(target, {option: value}, f"option {key}={value!r}", num_heads, head_dim)
             continue
         takers = [name for name in names if key in variants.option_names(name)]
         if not takers:
@@ -86,7 +87,7 @@ def check_options(options: dict, names: tuple[str, ...]) -> None:
                 f"option {key}={value!r} is taken by none of the selected variants ({', '.join(names)})"
             )
         for name in takers:
-            check_variant_options(name, {key: value}, f"option {key}={value!r}")
+            check_variant_options(name, {key: value}, f"option {key}={value!r}", num_heads, head_dim)
 
 
 def resolve_devices(text: str, cluster: tuple[str, ...] | None = None) -> tuple[str, ...]:

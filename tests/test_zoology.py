@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import json
 from dataclasses import replace
+from pathlib import Path
 
 import pytest
 import torch
@@ -168,3 +169,32 @@ def test_a_zoology_run_resumes_to_the_same_rows(tmp_path):
     assert again.exit_code == 0 and (out / "quality.jsonl").read_text().count("\n") == 2
     with pytest.raises(ArgumentError, match="divisible"):
         build_quality_config(variants="full", preset="zoology", given={}, imports=[], d_model="10", heads=4)
+
+
+def test_the_width_table_names_each_method_and_refuses_other_tasks(tmp_path):
+    """scripts/width_table.py: one row a method across runs (linear with the Taylor map is told apart from plain
+    linear by its options), one column a width; runs of another task or length are refused."""
+    import importlib.util
+
+    root = Path(__file__).resolve().parent.parent
+    spec = importlib.util.spec_from_file_location("width_table", root / "scripts" / "width_table.py")
+    width_table = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(width_table)
+    common = ["--preset", "zoology", "--lengths", "32", "--lr", "1e-3", "--steps", "4", "--train-examples", "20"]
+    common += ["--no-cost", "--no-report"]
+    runs = [tmp_path / "menu", tmp_path / "based", tmp_path / "other"]
+    assert bench("quality", *common, "--variants", "linear", "--d-model", "16,32", "--out", str(runs[0])).exit_code == 0
+    taylor = ["--option", "feature_map=taylor", "--option", "feature_dim=4"]
+    assert (
+        bench("quality", *common, "--variants", "linear", *taylor, "--d-model", "16", "--out", str(runs[1])).exit_code
+        == 0
+    )
+    text = width_table.table(runs[:2])
+    assert "| method | d_model 16 | d_model 32 |" in text
+    rows = [line for line in text.splitlines() if line.startswith("| `linear`")]
+    assert len(rows) == 2 and rows[0].startswith("| `linear` |") and "not run" in rows[1]
+    assert "feature_map=taylor" in rows[1] and "feature_dim=4" in rows[1]
+    other = [a if a != "32" else "64" for a in common]
+    assert bench("quality", *other, "--variants", "linear", "--d-model", "16", "--out", str(runs[2])).exit_code == 0
+    with pytest.raises(SystemExit, match="one \\(task, L\\) a table"):
+        width_table.table([runs[0], runs[2]])

@@ -130,7 +130,7 @@ def build_quality_config(
         reason = cannot_train_reason(name, device)
         if reason:
             raise ArgumentError(f"--variants: {name} cannot be trained on {device}: {reason}")
-    check_options(given, names)
+    check_options(given, names, train.heads, train.d_model // train.heads)
     options = {**defaults["options"], **given}
     for name in names:  # each method's own options at the run's reach, unless given (shared or scoped to it)
         taken = registry.options_taken(name, given)

@@ -73,12 +73,12 @@ def plot_quality(run_dir: Path, out_dir: Path | None = None, fmt: str = "png") -
     if not states.empty:
         paths.append(_state_figure(states, meta, out_dir / f"recall_state.{fmt}"))
     if cfg.get("d_models") or cfg.get("lrs"):
-        paths.append(_width_figure(width_frame(sweep_rows(run_dir)), meta, out_dir / f"quality_width.{fmt}"))
+        paths.append(width_figure(width_frame(sweep_rows(run_dir)), meta, out_dir / f"quality_width.{fmt}"))
     paths.append(_curves_figure(df, out_dir / f"quality_curves.{fmt}", meta.get("variants")))
     return paths
 
 
-def _width_figure(widths: pd.DataFrame, meta: dict, path: Path) -> Path:
+def width_figure(widths: pd.DataFrame, meta: dict, path: Path) -> Path:
     """Zoology's figure: accuracy (the best learning rate at each width) against d_model, and against the decoding
     state's bytes (log x), a line per variant; a panel pair per (task, L)."""
     import matplotlib.pyplot as plt

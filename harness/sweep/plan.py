@@ -96,7 +96,7 @@ def build_run_config(
     names = resolve_variants(variants, device_list, here=cluster is None)
     if not names:
         raise ArgumentError(f"--variants {variants}: no registered variant runs on {', '.join(device_list)}")
-    check_options(options, names)
+    check_options(options, names, heads, settings.get("head_dim", RunConfig.head_dim))
     pass_list = parse_list(passes, "--passes", PASSES)
     per_variant: dict[str, tuple[bool, ...]] = {}
     if causal is None:
