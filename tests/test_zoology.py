@@ -167,6 +167,12 @@ def test_a_zoology_run_resumes_to_the_same_rows(tmp_path):
     assert sorted(r["cfg_d_model"] for r in rows) == [16, 32]
     again = bench("quality", "--resume", str(out))
     assert again.exit_code == 0 and (out / "quality.jsonl").read_text().count("\n") == 2
+    assert bench("report", str(out)).exit_code == 0  # Zoology's figure, its table and the comparison
+    text = (out / "REPORT.md").read_text()
+    assert (out / "figures" / "quality_width.png").exists() and "### Accuracy against model width" in text
+    assert (
+        "### Against Zoology's published configuration" in text and "| d_model | 64, 128, 256, 512 | 16, 32 |" in text
+    )
     with pytest.raises(ArgumentError, match="divisible"):
         build_quality_config(variants="full", preset="zoology", given={}, imports=[], d_model="10", heads=4)
 
