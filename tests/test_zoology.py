@@ -173,6 +173,12 @@ def test_a_zoology_run_resumes_to_the_same_rows(tmp_path):
     assert (
         "### Against Zoology's published configuration" in text and "| d_model | 64, 128, 256, 512 | 16, 32 |" in text
     )
+    assert "The sweep is unfinished" not in text
+    # a run stopped before its d_model 32 point (as a kill leaves it): the report names the point not trained
+    kept = [line for line in (out / "quality.jsonl").read_text().splitlines() if '"cfg_d_model": 32' not in line]
+    (out / "quality.jsonl").write_text("\n".join(kept) + "\n")
+    assert bench("report", str(out)).exit_code == 0
+    assert "Not trained yet: d_model 32 at lr 0.001: `full`." in (out / "REPORT.md").read_text()
     with pytest.raises(ArgumentError, match="divisible"):
         build_quality_config(variants="full", preset="zoology", given={}, imports=[], d_model="10", heads=4)
 
@@ -204,3 +210,10 @@ def test_the_width_table_names_each_method_and_refuses_other_tasks(tmp_path):
     assert bench("quality", *other, "--variants", "linear", "--d-model", "16", "--out", str(runs[2])).exit_code == 0
     with pytest.raises(SystemExit, match="one \\(task, L\\) a table"):
         width_table.table([runs[0], runs[2]])
+
+
+def test_the_comparison_gives_a_reason_only_where_a_run_differs_from_zoology():
+    from harness.readers.sweep_report import _why
+
+    assert _why({"batch": 512}, "batch", "too slow") == "" and _why({"batch": 128}, "batch", "too slow") == "too slow"
+    assert _why({"lrs": [1e-4, 4.64e-4, 2.15e-3, 1e-2]}, "lrs", "r") == "" and _why({}, "heads", "r") == "r"

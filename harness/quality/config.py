@@ -193,7 +193,7 @@ ZOOLOGY_PUBLISHED = (
         "learning rates",
         "1e-4, 4.64e-4, 2.15e-3, 1e-2 (the best reported)",
         "lrs",
-        "1e-4 measured apart for full and deltanet at d_model 64 (results/quality-zoology/lr-1e-4)",
+        "1e-4 not trained: at 4.64e-4 every variant stays at chance for 1,500 steps (this run's column)",
     ),
     ("(L, pairs)", "(64, 4), (128, 8), (256, 16)", "lengths", "the middle setting only, for the budget"),
     (
@@ -222,5 +222,15 @@ ZOOLOGY_PUBLISHED = (
         "attnbench measures its own variants, gates from the keys",
     ),
 )
+
+# Zoology's values in a run's config form: where a run (the CUDA preset) matches one, its row's "why" is left empty
+ZOOLOGY_VALUES = {
+    "batch": 512,
+    "steps": 12_500,
+    "early_stop": 0.99,
+    "d_models": [64, 128, 256, 512],
+    "lrs": [1e-4, 4.64e-4, 2.15e-3, 1e-2],
+    "lengths": [64, 128, 256],
+}
 
 MAX_SEEDS = 1000  # seeds 0..K-1 of every training

@@ -6,7 +6,7 @@ from __future__ import annotations
 from pathlib import Path
 
 from harness.fmt import fmt_bytes
-from harness.quality.config import ZOOLOGY_PUBLISHED
+from harness.quality.config import ZOOLOGY_PUBLISHED, ZOOLOGY_VALUES
 from harness.readers.quality_frames import sweep_rows, width_frame
 from harness.readers.tables import markdown_table
 
@@ -48,6 +48,7 @@ def width_section(run_dir: Path, cfg: dict) -> list[str]:
             ["variant", "task", "L", "d_model", "state", "best (lr)", *[f"lr {lr:g}" for lr in rates]], body
         ),
         "",
+        *_unfinished_points(widths, cfg),
     ]
     if cfg.get("preset") == "zoology":
         lines += [
@@ -55,11 +56,38 @@ def width_section(run_dir: Path, cfg: dict) -> list[str]:
             "",
             markdown_table(
                 ["", "Zoology", "this run", "why"],
-                [[what, theirs, _cfg_text(cfg, key), why] for what, theirs, key, why in ZOOLOGY_PUBLISHED],
+                [
+                    [what, theirs, _cfg_text(cfg, key), _why(cfg, key, why)]
+                    for what, theirs, key, why in ZOOLOGY_PUBLISHED
+                ],
             ),
             "",
         ]
     return lines
+
+
+def _unfinished_points(widths, cfg: dict) -> list[str]:
+    """A line naming the sweep's (variant, d_model, lr) points with no finished training, if there are any."""
+    d_models, lrs = cfg.get("d_models") or [cfg.get("d_model")], cfg.get("lrs") or [cfg.get("lr")]
+    done = {(r["variant"], int(r["d_model"]), float(lr)) for r in widths.to_dict("records") for lr in r["by_lr"]}
+    missing: dict[tuple[int, float], list[str]] = {}
+    for d in d_models:
+        for lr in lrs:
+            for name in cfg.get("variants") or ():
+                if (name, int(d), float(lr)) not in done:
+                    missing.setdefault((int(d), float(lr)), []).append(f"`{name}`")
+    if not missing:
+        return []
+    points = "; ".join(f"d_model {d} at lr {lr:g}: {', '.join(names)}" for (d, lr), names in missing.items())
+    return [
+        f"The sweep is unfinished (`bench quality --resume RUN_DIR` trains the rest). Not trained yet: {points}.",
+        "",
+    ]
+
+
+def _why(cfg: dict, key: str, why: str) -> str:
+    """The reason a run differs from Zoology, or nothing where it does not (a CUDA run at Zoology's values)."""
+    return "" if key in ZOOLOGY_VALUES and cfg.get(key) == ZOOLOGY_VALUES[key] else why
 
 
 def _cfg_text(cfg: dict, key: str) -> str:
