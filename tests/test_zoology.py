@@ -217,3 +217,18 @@ def test_the_comparison_gives_a_reason_only_where_a_run_differs_from_zoology():
 
     assert _why({"batch": 512}, "batch", "too slow") == "" and _why({"batch": 128}, "batch", "too slow") == "too slow"
     assert _why({"lrs": [1e-4, 4.64e-4, 2.15e-3, 1e-2]}, "lrs", "r") == "" and _why({}, "heads", "r") == "r"
+
+
+def test_a_half_trained_width_does_not_stand_for_the_variant():
+    """A sweep stopped part-way through d_model 32 (one of its two rates trained) is read at d_model 16, where
+    both rates finished; once 32 has both, it is read there, at its best rate."""
+    from harness.readers.quality_frames import chosen_recipe, sweep_point
+
+    def row(d, lr, acc):
+        return {"task": "mqar", "variant": "full", "length": 32, "final": True, "cfg_d_model": d, "cfg_lr": lr,
+                "eval_accuracy": acc}  # fmt: skip
+
+    rows = [row(16, 1e-3, 0.2), row(16, 1e-2, 0.9), row(32, 1e-3, 0.1)]
+    assert [sweep_point(r) for r in chosen_recipe(rows)] == [(16, 1e-2)]
+    rows.append(row(32, 1e-2, 0.95))
+    assert [sweep_point(r) for r in chosen_recipe(rows)] == [(32, 1e-2)]

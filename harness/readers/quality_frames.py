@@ -193,17 +193,21 @@ def sweep_point(row: dict) -> tuple[int, float]:
 
 def chosen_recipe(rows: list[dict]) -> list[dict]:
     """The rows of one training recipe per (task, variant, L), so no table pools two: the widest d_model the run
-    finished, at the learning rate whose final accuracy (mean over seeds) is best there (Zoology reports the best
-    of its rates). A run with one d_model and one lr keeps every row; unfinished trainings keep theirs."""
+    finished at every one of its rates (else the widest it finished at all: a stopped sweep's half-trained width
+    does not stand for the variant), at the learning rate whose final accuracy (mean over seeds) is best there
+    (Zoology reports the best of its rates). A run with one d_model and one lr keeps every row; unfinished
+    trainings keep theirs."""
     scores: dict[tuple, dict[tuple, list[float]]] = {}
     for r in rows:
         if r.get("final"):
             scores.setdefault((r["task"], r["variant"], int(r["length"])), {}).setdefault(sweep_point(r), []).append(
                 r["eval_accuracy"]
             )
+    rates = {lr for points in scores.values() for _, lr in points}
     chosen = {}
     for key, points in scores.items():
-        widest = max(d for d, _ in points)
+        complete = [d for d in {d for d, _ in points} if {lr for w, lr in points if w == d} >= rates]
+        widest = max(complete or [d for d, _ in points])
         at = {point: sum(acc) / len(acc) for point, acc in points.items() if point[0] == widest}
         chosen[key] = max(at, key=lambda point: (at[point], -point[1]))  # (a tie: the smaller rate)
     return [
