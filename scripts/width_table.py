@@ -5,7 +5,8 @@ the rate that gave it and its decoding state, filled into a page between its `wi
         --figure results/quality-zoology/width.png
 
 A method is a run's variant with the options that change its function (linear with feature_map=taylor is
-Based); runs must share one task and length. Reading only: no torch.
+Based); runs must share one task and length and one recipe but for the sweep (variants, d_model, lr, options),
+and a width two runs both trained is read at the best rate of either. Reading only: no torch.
 """
 
 from __future__ import annotations
@@ -19,7 +20,10 @@ from harness.fmt import fmt_bytes
 from harness.readers.quality_frames import sweep_rows, width_frame
 from harness.readers.quality_plots import width_figure
 from harness.readers.tables import markdown_table, replace_block
-from harness.store.storage import variant_facts
+from harness.store.storage import read_metadata, variant_facts
+
+# what runs in one table may differ in: the sweep's axes and the variants' options (task and L: `table` checks)
+SWEEP_KEYS = {"variants", "d_model", "d_models", "lr", "lrs", "options", "imports", "tasks", "lengths"}
 
 
 def label(run_dir: Path, variant: str) -> str:
@@ -31,17 +35,31 @@ def label(run_dir: Path, variant: str) -> str:
     return f"`{variant}`" + (f" ({', '.join(f'{k}={v}' for k, v in named.items())})" if named else "")
 
 
+def same_recipe(runs: list[Path]) -> None:
+    """Refuse runs whose recipes differ outside the sweep (a longer training is another measurement)."""
+    first = {k: v for k, v in read_metadata(runs[0]).get("config", {}).items() if k not in SWEEP_KEYS}
+    for run in runs[1:]:
+        config = read_metadata(run).get("config", {})
+        differ = sorted(k for k in first.keys() | (config.keys() - SWEEP_KEYS) if config.get(k) != first.get(k))
+        if differ:
+            raise SystemExit(f"{run} differs from {runs[0]} in {', '.join(differ)}: one recipe a table")
+
+
 def combined(runs: list[Path]) -> pd.DataFrame:
-    """Every run's `width_frame`, each variant named by `label`."""
+    """Every run's `width_frame`, each variant named by `label`; where two runs trained one method at one width,
+    the better of the two (each the best of its rates), as Zoology takes the best of its rates."""
     frames = []
     for run in runs:
         frame = width_frame(sweep_rows(run))
         frame["variant"] = [label(run, v) for v in frame["variant"]]
         frames.append(frame)
-    return pd.concat(frames, ignore_index=True)
+    frame = pd.concat(frames, ignore_index=True).sort_values("accuracy", kind="stable", ascending=False)
+    best = frame.drop_duplicates(["task", "length", "variant", "d_model"])
+    return best.sort_index()  # the runs' order, for the table's rows
 
 
 def table(runs: list[Path]) -> str:
+    same_recipe(runs)
     cells, widths, points = {}, set(), set()
     frame = combined(runs)
     points |= set(zip(frame["task"], frame["length"]))

@@ -210,6 +210,14 @@ def test_the_width_table_names_each_method_and_refuses_other_tasks(tmp_path):
     assert bench("quality", *other, "--variants", "linear", "--d-model", "16", "--out", str(runs[2])).exit_code == 0
     with pytest.raises(SystemExit, match="one \\(task, L\\) a table"):
         width_table.table([runs[0], runs[2]])
+    merged = width_table.table([runs[0], runs[0]])  # one width trained by two runs: one row, the better
+    assert len([line for line in merged.splitlines() if line.startswith("| `linear` |")]) == 1
+    longer = [a if a != "4" else "5" for a in common]
+    assert (
+        bench("quality", *longer, "--variants", "full", "--d-model", "16", "--out", str(tmp_path / "l")).exit_code == 0
+    )
+    with pytest.raises(SystemExit, match="in steps: one recipe a table"):
+        width_table.table([runs[0], tmp_path / "l"])
 
 
 def test_the_comparison_gives_a_reason_only_where_a_run_differs_from_zoology():
