@@ -53,6 +53,7 @@ def gate(
     import copy
 
     dev = torch.device(device)
+    _warm_kernels(dtype, dev)
     ref_attn = copy.deepcopy(attn).to(torch.float64)
     q, k, v = make_inputs(batch, heads, n, head_dim, dtype, dev, backward, kv_heads=kv_heads)
     out = attn(q, k, v, causal=causal)
@@ -105,6 +106,19 @@ def gate(
         "softmax_error": softmax_error,
         "message": f"relative error vs dense float64 at B={batch}, N={n}: {detail}",
     }
+
+
+def _warm_kernels(dtype: str, device) -> None:
+    """One small masked attention through torch's kernels before the checked call. On a 2-core AMX Xeon with
+    torch 2.13, the first masked float32 attention of a process came out 6e-5 (relative) off in 8 of 16 fresh
+    processes and exact on every later call; after this call, the gate passed in 24 of 24. Torch's first call, not
+    the variant's: the variant is not called here."""
+    g = torch.Generator(device="cpu").manual_seed(0)
+    q, k, v = (torch.randn(1, 1, 16, 8, generator=g).to(device=device, dtype=getattr(torch, dtype)) for _ in "qkv")
+    i = torch.arange(16, device=device)
+    scores = torch.matmul(q, k.transpose(-1, -2)).masked_fill((i[:, None] - i[None, :]).abs() > 4, float("-inf"))
+    p = torch.exp(scores - scores.amax(dim=-1, keepdim=True))
+    torch.matmul(p / p.sum(dim=-1, keepdim=True), v)
 
 
 def exact_softmax_attention(q, k, v, causal: bool, scale: float) -> torch.Tensor:
