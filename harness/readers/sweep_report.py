@@ -6,7 +6,7 @@ from __future__ import annotations
 from pathlib import Path
 
 from harness.fmt import fmt_bytes
-from harness.quality.config import ZOOLOGY_PUBLISHED, ZOOLOGY_VALUES
+from harness.quality.config import ZOOLOGY_PUBLISHED, ZOOLOGY_VALUES, QualityConfig
 from harness.readers.quality_frames import sweep_rows, width_frame
 from harness.readers.tables import markdown_table
 
@@ -67,15 +67,15 @@ def width_section(run_dir: Path, cfg: dict) -> list[str]:
 
 
 def _unfinished_points(widths, cfg: dict) -> list[str]:
-    """A line naming the sweep's (variant, d_model, lr) points with no finished training, if there are any."""
-    d_models, lrs = cfg.get("d_models") or [cfg.get("d_model")], cfg.get("lrs") or [cfg.get("lr")]
+    """A line naming the sweep's (variant, d_model, lr) points (`QualityConfig.recipes`, what the run trains)
+    with no finished training, if there are any."""
+    config = QualityConfig.from_json(cfg)
     done = {(r["variant"], int(r["d_model"]), float(lr)) for r in widths.to_dict("records") for lr in r["by_lr"]}
     missing: dict[tuple[int, float], list[str]] = {}
-    for d in d_models:
-        for lr in lrs:
-            for name in cfg.get("variants") or ():
-                if (name, int(d), float(lr)) not in done:
-                    missing.setdefault((int(d), float(lr)), []).append(f"`{name}`")
+    for recipe in config.recipes():
+        for name in config.variants:
+            if (name, recipe.d_model, recipe.lr) not in done:
+                missing.setdefault((recipe.d_model, recipe.lr), []).append(f"`{name}`")
     if not missing:
         return []
     points = "; ".join(f"d_model {d} at lr {lr:g}: {', '.join(names)}" for (d, lr), names in missing.items())
