@@ -180,14 +180,14 @@ ZOOLOGY_PUBLISHED = (
         "training",
         "64 epochs of its 100,000 sequences (12,500 steps at L = 128)",
         "steps",
-        "12,500 steps of 512 take 2.1 h a training at d_model 64 (610 ms a step); 1,500 of 128, 4 min",
+        "12,500 steps of 512 take 2.2 h a training at d_model 64 (647 ms a step); 1,500 of 128, 4 min",
     ),
     ("early stop", "held-out accuracy above 99%", "early_stop", ""),
     (
         "d_model",
         "64, 128, 256, 512",
         "d_models",
-        "at 128 sequences a step d_model 256 takes 614 ms, 4.0 x 64's (155 ms): beyond the budget",
+        "at 128 sequences a step d_model 256 takes 688 ms, 4.2 x 64's (165 ms): beyond the budget",
     ),
     (
         "learning rates",
