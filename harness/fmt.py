@@ -22,6 +22,12 @@ def fmt_time(seconds: float | None) -> str:
     return f"{seconds * 1e3:.3g} ms" if seconds < 1e-2 else f"{seconds * 1e3:.1f} ms"
 
 
+def significant(x: float, digits: int = 4) -> float:
+    """x rounded to `digits` significant digits: a measured figure printed with the digits it carries, so the same
+    measurement prints the same on every CPU (a libm's last bits never reach the text)."""
+    return float(f"{x:.{digits}g}")
+
+
 def fmt_percent(fraction: float) -> str:
     """90%, 85.5%: a fraction as a percentage, one decimal where it has one."""
     return f"{fraction:.1%}".replace(".0%", "%")

@@ -97,3 +97,21 @@ def test_the_menu_stays_what_it_was():
     if os.environ.get("ATTNBENCH_WRITE_GOLDEN"):
         (GOLDEN / "list.txt").write_text(text)
     assert text == (GOLDEN / "list.txt").read_text()
+
+
+def test_advise_json_prints_bytes_as_integers_and_figures_to_the_digits_they_carry(monkeypatch):
+    # a golden of printed floats failed on another CPU (libm's last bits: 11711576443 vs ...446): bytes are whole
+    # numbers and a median of a few calls carries 4 significant digits, so no machine's last bits reach the text
+    import json
+
+    monkeypatch.chdir(ROOT)
+    result = bench("advise", "--len", "4096", "--format", "json", "results/cpu-reference", "results/quality-long")
+    assert result.exit_code == 0, result.output
+    answers = json.loads(result.output)["answers"]
+    extrapolated = [a for a in answers if a["how"].startswith("extrapolated")]
+    assert extrapolated, "the committed runs extrapolate some variant to N=4096: the case that differed across CPUs"
+    for a in answers:
+        assert a["peak_bytes"] is None or isinstance(a["peak_bytes"], int), a
+        for key in ("time_s", "accuracy"):
+            if isinstance(a[key], float):
+                assert len(f"{a[key]:.12g}".lstrip("0.").replace(".", "").rstrip("0")) <= 4, (key, a[key])

@@ -7,7 +7,7 @@ from dataclasses import asdict
 
 import pandas as pd
 
-from harness.fmt import fmt_bytes, fmt_percent, fmt_time
+from harness.fmt import fmt_bytes, fmt_percent, fmt_time, significant
 from harness.readers.advise_cost import Answer
 
 
@@ -116,15 +116,22 @@ def glance(answers: list[Answer], context: dict) -> tuple[str, pd.DataFrame, lis
 
 
 def answers_json(answers: list[Answer], context: dict) -> dict:
-    """The answers and their context as plain JSON (`bench advise --format json`)."""
+    """The answers and their context as plain JSON (`bench advise --format json`): bytes as integers, every other
+    measured or fitted figure to 4 significant digits (what a median of a few calls carries), non-finite as null."""
 
-    def clean(value):
-        return None if isinstance(value, float) and not math.isfinite(value) else value
+    def clean(key: str, value):
+        if isinstance(value, (list, tuple)):
+            return [clean(key, v) for v in value]
+        if not isinstance(value, float):
+            return value
+        if not math.isfinite(value):
+            return None
+        return round(value) if key.endswith("bytes") or key == "memory" else significant(value)
 
     return {
-        "context": {k: clean(v) for k, v in context.items()},
+        "context": {k: clean(k, v) for k, v in context.items()},
         "answers": [
-            {k: clean(v) for k, v in asdict(a).items()}
+            {k: clean(k, v) for k, v in asdict(a).items()}
             for a in sorted(answers, key=lambda a: (a.rank is None, a.rank or 0))
         ],
         "recommendation": recommendation(answers, context),
