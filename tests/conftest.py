@@ -349,9 +349,11 @@ def _recurrence_qk(attn, q, k, scale):
 
 # the recurrences' gates act on the keys: per K/V head (grouped-query), then each state read by its query heads
 def _ref_retention(attn, q, k, v, causal, kpm):
-    h = k.shape[1]
+    h = k.shape[1]  # the K/V heads, or the query heads where a feature map has K repeated to them
+    kv_heads = attn.num_kv_heads or h
     q, k, scale = _recurrence_qk(attn, q, k, _scale_of(attn, q))
-    gamma = 1 - 2.0 ** (-5 - torch.arange(h, dtype=torch.float64))  # RetNet's decay, one per head of the state
+    gamma = 1 - 2.0 ** (-5 - torch.arange(kv_heads, dtype=torch.float64))  # RetNet's decay, one per K/V head
+    gamma = gamma.repeat_interleave(h // kv_heads)
     log_decay = gamma.log()[None, :, None].expand(k.shape[0], h, k.shape[2])
     k, v, log_decay = per_query_head(q, k, v, log_decay)
     return ref_recurrence(q, k, v, scale, log_decay, kpm=kpm)

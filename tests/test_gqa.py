@@ -166,3 +166,40 @@ def test_the_window_and_the_fixed_feature_maps_decode_per_kv_head():
         assert attn.repeats_kv_reason() and attn.state_repeats_kv_reason() == "", (name, options)
     hedgehog = variants.build("linear", num_heads=9, num_kv_heads=3, head_dim=8, feature_map="hedgehog")
     assert "per query head" in hedgehog.state_repeats_kv_reason()
+
+
+def _gate_cases():
+    for name in CPU:
+        cls = variants.variant_class(name)
+        for i, options in enumerate(cls.spec.example_options()):
+            yield pytest.param(name, options, id=f"{name}-ex{i}")
+
+
+@pytest.mark.parametrize("name, options", list(_gate_cases()))
+def test_the_gate_passes_every_variant_on_grouped_kv(name, options):
+    # bench run --kv-heads: the gate calls the variant's reference() with K/V of fewer heads than q; every reference
+    # takes them (8 of 18 once failed every cell with "size of tensor a (4) must match (2)")
+    from harness.core.gate import gate, gate_length
+
+    cls = variants.variant_class(name)
+    causal = cls.causal_unsupported_reason() is None
+    attn = variants.build(name, num_heads=4, num_kv_heads=2, head_dim=8, **options)
+    backward = attn.backward_unsupported_reason("cpu") is None
+    decode = causal and attn.decode_unsupported_reason() is None
+    n = gate_length(attn, 16, 64)
+    verdict = gate(attn, 2, 4, n, 8, "float32", "cpu", causal=causal, backward=backward, decode=decode, kv_heads=2)
+    assert verdict["ok"], verdict["message"]
+
+
+def test_retention_decays_follow_the_kv_heads_with_or_without_a_feature_map():
+    # one rule: query head h decays with γ of its K/V head h // (H / Hkv), whether K is repeated (hedgehog) or not
+    q, k, v = make_qkv(b=1, h=4, n_q=5, d=8, requires_grad=False)
+    k, v = k[:, :2], v[:, :2]
+    plain = variants.build("retention", num_heads=4, num_kv_heads=2, head_dim=8).double()
+    mapped = variants.build("retention", num_heads=4, num_kv_heads=2, head_dim=8, feature_map="hedgehog").double()
+    own = plain.recurrence_inputs(q, k, v)["log_decay"][0, :, 0]  # (Hkv,): the state is per K/V head
+    repeated = mapped.recurrence_inputs(q, *mapped._grouped_kv(q, k, v))["log_decay"][0, :, 0]  # (H,)
+    torch.testing.assert_close(repeated, own.repeat_interleave(2))
+    unhinted = variants.build("retention", num_heads=4, head_dim=8, feature_map="hedgehog").double()
+    with pytest.raises(ValueError, match=r"decays follow the K/V heads.*num_kv_heads=2"):
+        unhinted(q, k, v, causal=True)

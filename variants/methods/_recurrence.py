@@ -464,6 +464,7 @@ class RecurrentAttention(AttentionVariant):
 
     def reference(self, q, k, v, *, causal=False, key_padding_mask=None):
         """The parallel form over the whole sequence (every weight stored): what the chunked form must equal."""
+        k, v = self._grouped_kv(q, k, v)  # repeated to the query heads where a feature map is learned per query head
         n_q, n_k = q.shape[-2], k.shape[-2]
         q = F.pad(q, (0, 0, n_k - n_q, 0))
         x = self.recurrence_inputs(q, k, v, key_padding_mask)

@@ -183,6 +183,7 @@ class AdditiveAttention(AttentionVariant):
 
     def reference(self, q, k, v, *, causal=False, key_padding_mask=None):
         """The naive form: every score of the (B, H, Nq, Nk, A) tanh stored, one softmax."""
+        k, v = self._grouped_kv(q, k, v)  # grouped K/V: repeated to the query heads, as the forward repeats them
         qa, ka = self.hidden(q, k)
         scores = torch.einsum(
             "bhija,ha->bhij", torch.tanh(qa[:, :, :, None] + ka[:, :, None]), self.v.to(q.dtype)

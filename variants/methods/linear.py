@@ -499,6 +499,7 @@ class FeatureMapAttention(AttentionVariant):
 
     def reference(self, q, k, v, *, causal=False, key_padding_mask=None):
         """The explicit O(N²) form: A = φ(Q)φ(K)ᵀ (masked), rows normalized by their sums (+ eps), times V."""
+        k, v = self._grouped_kv(q, k, v)  # grouped K/V: repeated to the query heads, as the forward repeats them
         a = self.kernel(q, k, causal=causal, key_padding_mask=key_padding_mask)
         return torch.matmul(a, v) / (a.sum(-1, keepdim=True) + self.eps).clamp_min(torch.finfo(a.dtype).tiny)
 

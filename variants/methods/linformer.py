@@ -97,6 +97,7 @@ class Linformer(AttentionVariant):
 
     def reference(self, q, k, v, *, causal=False, key_padding_mask=None):
         """softmax(Q (E K)ᵀ · scale) (F V) with every score stored; rows of an all-padding element 0."""
+        k, v = self._grouped_kv(q, k, v)  # grouped K/V: repeated to the query heads, as the forward repeats them
         kp, vp = self.projected_kv(k, v, key_padding_mask)
         out = dense_attention(q, kp, vp, None, self._scale(q))
         if key_padding_mask is not None:

@@ -352,6 +352,7 @@ class MemoryCompressedAttention(AttentionVariant):
 
     def reference(self, q, k, v, *, causal=False, key_padding_mask=None):
         """The same compression, then dense softmax attention over [slots, raw keys] with the visibility mask."""
+        k, v = self._grouped_kv(q, k, v)  # grouped K/V: repeated to the query heads, as the forward repeats them
         kc, vc, slot_valid = self.compressed_kv(k, v, key_padding_mask)
         values = torch.cat([vc, v], 2) if causal else vc
         return self._reference_weights(q, k, kc, slot_valid, causal, key_padding_mask, values)

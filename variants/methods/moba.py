@@ -499,6 +499,7 @@ class MoBA(AttentionVariant):
 
     def reference(self, q, k, v, *, causal=False, key_padding_mask=None):
         """Dense softmax attention restricted to the selected blocks and the own block up to each query."""
+        k, v = self._grouped_kv(q, k, v)  # grouped K/V: repeated to the query heads, as the forward repeats them
         n_q, n_k = q.shape[-2], k.shape[-2]
         chosen = self.selected_blocks(q, k, key_padding_mask)  # (B, H, Nq, nb)
         key_block = torch.arange(n_k, device=q.device) // self.block

@@ -131,6 +131,7 @@ class NystromAttention(AttentionVariant):
 
     def reference(self, q, k, v, *, causal=False, key_padding_mask=None):
         """The three softmax matrices stored and multiplied left to right (N x m)(m x m)(m x N), times V."""
+        k, v = self._grouped_kv(q, k, v)  # grouped K/V: repeated to the query heads, as the forward repeats them
         scale = self._scale(q)
         q_marks, k_marks, k_ok = self._landmarks(q, k, key_padding_mask)
         pad = None if key_padding_mask is None else key_padding_mask[:, None, None, :]

@@ -11,6 +11,10 @@ forgets fastest (γ = 0.969, a reach of ~32 positions), head 7 slowest (γ = 0.9
 Causal by nature. RetNet's xPos rotation of q and k and its GroupNorm of the outputs belong to the
 layer around the attention (the model's positions and norms), not to this interface; `scale`
 (D^-½ by default) multiplies q, as RetNet scales k by D^-½.
+
+Grouped-query inputs: the decays follow the K/V heads (γ_g for K/V head g, g = 0 … Hkv−1, shared by the query
+heads of its group), with or without a feature map; a feature map repeats K to the query heads first, so it
+takes grouped inputs only where `num_kv_heads` says which head serves which.
 """
 
 from __future__ import annotations
@@ -34,7 +38,7 @@ class Retention(RecurrentAttention):
         supports_non_causal=False,
         why_not_non_causal=WHY_CAUSAL_ONLY,
         subquadratic=True,
-        notes="causal only; decodes with a constant D x Dv state per head",
+        notes="causal only; decodes with a constant D x Dv state per head; grouped K/V: the decays follow the K/V heads",
         function_options=("feature_map", "feature_dim"),
         examples=(
             (("chunk_size", 4),),
@@ -47,7 +51,17 @@ class Retention(RecurrentAttention):
         """γ_h = 1 − 2^(−5−h) for h = 0 … H−1 (float64)."""
         return 1 - 2.0 ** (-5 - torch.arange(heads, dtype=torch.float64))
 
+    def kv_heads_unsupported_reason(self, kv_heads: int) -> str | None:
+        if self.feature_map is not None and self.num_kv_heads is None and self.num_heads not in (None, kv_heads):
+            return (
+                f"its decays follow the K/V heads, and a feature map repeats K to the query heads before the decays "
+                f"are read: build it with num_kv_heads={kv_heads} for grouped-query inputs"
+            )
+        return super().kv_heads_unsupported_reason(kv_heads)
+
     def _inputs(self, q, k, v):
-        b, h, n, _ = k.shape
-        log_decay = torch.log(self.decay(h)).to(k.dtype).to(k.device)[None, :, None].expand(b, h, n)
+        b, h, n, _ = k.shape  # h: the K/V heads, or the query heads where a feature map repeated K to them
+        kv_heads = self.num_kv_heads or h
+        decay = self.decay(kv_heads).repeat_interleave(h // kv_heads)  # γ of each head's K/V head
+        log_decay = torch.log(decay).to(k.dtype).to(k.device)[None, :, None].expand(b, h, n)
         return {"q": q, "k": k, "v": v, "log_decay": log_decay}

@@ -196,6 +196,7 @@ class WindowLinearAttention(AttentionVariant):
     def reference(self, q, k, v, *, causal=False, key_padding_mask=None):
         """The definition with every weight stored (O(N²)): the window's exponentials and the linear kernel
         values of all pairs, masked, summed into one normalizer."""
+        k, v = self._grouped_kv(q, k, v)  # grouped K/V: repeated to the query heads, as the forward repeats them
         n_q, n_k = q.shape[-2], k.shape[-2]
         i = torch.arange(n_k - n_q, n_k, device=q.device)[:, None]
         j = torch.arange(n_k, device=q.device)[None, :]
