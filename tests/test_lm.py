@@ -519,3 +519,42 @@ def test_decode_times_a_token_after_each_context_and_keeps_the_models_own_cache_
     )
     assert refused.exit_code == 2 and "--tasks decode: --variant performer(eps=0.1)" in " ".join(refused.output.split())
     assert not (tmp_path / "x").exists()
+
+
+def test_a_task_past_the_models_positions_or_scoring_nothing_is_refused_before_anything_is_written(tiny, tmp_path):
+    # decode and passkey feed tokens after the context: at L = the model's context a GPT-2 (learned positions) died
+    # with an IndexError after writing its run, and a rotary model decoded past its context; --lengths 1 scored 0 tokens
+    gpt2 = tmp_path / "gpt2"
+    torch.manual_seed(0)
+    transformers.GPT2LMHeadModel(
+        transformers.GPT2Config(vocab_size=257, n_embd=32, n_layer=1, n_head=4, n_positions=512)
+    ).save_pretrained(gpt2)
+    _byte_tokenizer().save_pretrained(gpt2)
+    cases = [
+        (
+            [str(gpt2), "--lengths", "512", "--tasks", "decode"],
+            "--lengths 512: --tasks decode at 512 tokens needs 528 positions (512 of context and 16 generated "
+            "after it), past the model's context of 512",
+        ),
+        ([str(tiny), "--lengths", "400,510", "--tasks", "decode"], "--lengths 510: --tasks decode at 510 tokens"),
+        ([str(tiny), "--lengths", "510", "--tasks", "passkey"], "needs 519 positions (510 of context and 9"),
+        ([str(tiny), "--lengths", "1", "--tasks", "perplexity"], "--tasks perplexity needs contexts of at least 2"),
+    ]
+    for args, message in cases:
+        out = tmp_path / "x"
+        result = bench("lm", "--model", *args, "--out", str(out))
+        text = " ".join(result.output.replace("│", " ").split())
+        assert result.exit_code == 2 and message in text, (args, result.output)
+        assert not out.exists()
+    at_most = bench("lm", "--model", str(gpt2), "--lengths", "496", "--tasks", "decode", "--out", str(out))
+    assert at_most.exit_code == 0, at_most.output  # 496 + 16 = 512 positions: exactly the context, and it runs
+
+
+def test_a_resumed_run_keeps_no_report_unless_asked_again(tiny, tmp_path):
+    out = tmp_path / "run"
+    args = ["--model", str(tiny), "--variant", "sdpa", "--tasks", "perplexity", "--lengths", "320", "--windows", "1"]
+    assert bench("lm", *args, "--no-report", "--out", str(out)).exit_code == 0
+    assert bench("lm", "--resume", str(out)).exit_code == 0
+    assert not (out / "REPORT.md").exists()  # the original command said --no-report
+    assert bench("lm", "--resume", str(out), "--report").exit_code == 0
+    assert (out / "REPORT.md").exists()

@@ -8,6 +8,7 @@ from typing import Annotated, Optional
 import typer
 
 from harness.lm.config import OWN
+from harness.store import rundir
 from harness.store.storage import LM_RESULTS
 
 from .common import at_least, checked, interruptible, make_console, progress_bar, say, within, write_report
@@ -105,8 +106,12 @@ def lm(
     ] = None,
     resume: Annotated[Optional[Path], typer.Option(help="Finish this lm run with its original options.")] = None,
     report: Annotated[
-        bool, typer.Option("--report/--no-report", help="At the end, write RUN_DIR/REPORT.md and its figures.")
-    ] = True,
+        Optional[bool],
+        typer.Option(
+            "--report/--no-report",
+            help="At the end, write RUN_DIR/REPORT.md and its figures. Default: yes; with --resume, as the run began.",
+        ),
+    ] = None,
 ) -> None:
     """A pretrained language model with each attention in place of its own, zero-shot (and with --distill after attention transfer): perplexity against context length, passkey retrieval by length and depth, cost.
 
@@ -162,5 +167,5 @@ def lm(
     with interruptible(console, session.kept, session.resume_command), progress:
         session.run(on_cell, before, on_train)
     console.print(f"results: {session.run_dir / LM_RESULTS}", soft_wrap=True)
-    if report:
+    if rundir.report_asked(session.run_dir, report, resume is not None):
         write_report(session.run_dir, console)

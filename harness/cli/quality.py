@@ -10,6 +10,7 @@ import typer
 
 from harness import options as opts
 from harness.quality.config import TASKS
+from harness.store import rundir
 from harness.store.storage import QUALITY_RESULTS
 
 from .common import OptionOption, Task, at_least, checked, interruptible, make_console, say, write_report
@@ -193,8 +194,12 @@ def quality(
         ),
     ] = None,
     report: Annotated[
-        bool, typer.Option("--report/--no-report", help="At the end, write RUN_DIR/REPORT.md and its figures.")
-    ] = True,
+        Optional[bool],
+        typer.Option(
+            "--report/--no-report",
+            help="At the end, write RUN_DIR/REPORT.md and its figures. Default: yes; with --resume, as the run began.",
+        ),
+    ] = None,
 ) -> None:
     """Train the same small decoder with each attention variant on copy and associative recall; report held-out accuracy.
 
@@ -253,5 +258,5 @@ def quality(
         raise typer.Exit(1) from None
     print_accuracy(rows, session.config, console)
     console.print(f"results: {session.run_dir / QUALITY_RESULTS}")
-    if report:
+    if rundir.report_asked(session.run_dir, report, resume is not None):
         write_report(session.run_dir, console)

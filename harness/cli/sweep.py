@@ -11,6 +11,7 @@ from rich.console import Console
 from harness import options as opts
 from harness.options import MAX_CHECK_LEN
 from harness.readers.summary import render_summary, summarize
+from harness.store import rundir
 from harness.store.storage import METADATA, RESULTS, baseline_of, variant_facts
 
 from .common import (
@@ -140,12 +141,12 @@ def run(
         ),
     ] = False,
     report: Annotated[
-        bool,
+        Optional[bool],
         typer.Option(
             "--report/--no-report",
-            help="At the end, write RUN_DIR/REPORT.md and its figures (what bench report RUN_DIR does).",
+            help="At the end, write RUN_DIR/REPORT.md and its figures (what bench report RUN_DIR does). Default: yes; with --resume, as the run began.",
         ),
-    ] = True,
+    ] = None,
     executor: Annotated[
         ExecutorName,
         typer.Option(
@@ -223,6 +224,7 @@ def run(
         session = open_sweep(request, say(console), console.status)
     with session, interruptible(console, session.kept, session.resume_command):
         rows = _sweep_with_progress(session, console)
+    report = rundir.report_asked(session.run_dir, report, resume is not None)
     if report and any(row["status"] == "ok" for row in rows):
         write_report(session.run_dir, console)
     if rows and not any(row["status"] == "ok" for row in rows):

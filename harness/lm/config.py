@@ -30,6 +30,25 @@ DECODE_STEPS = 16  # generated tokens timed after the prompt (the median is the 
 SCORED = 128  # tokens scored at the end of every context
 
 
+PASSKEY_DIGITS = 6  # a passkey has 5 or 6 digits
+PASSKEY_EXTRA_TOKENS = 4  # greedy tokens generated past the key's digits (spaces, punctuation around the answer)
+
+
+def positions_needed(task: str, length: int) -> int:
+    """Positions a task's context of `length` tokens takes in the model: the prompt, plus every token fed after
+    it (decode: its timed steps; passkey: each generated token but the last, which is never fed back)."""
+    if task == "decode":
+        return length + DECODE_STEPS
+    if task == "passkey":
+        return length + PASSKEY_DIGITS + PASSKEY_EXTRA_TOKENS - 1
+    return length
+
+
+def shortest_length(task: str) -> int:
+    """The shortest context a task measures anything in: perplexity scores min(SCORED, L // 2) tokens, so 2."""
+    return 2 if task == "perplexity" else 1
+
+
 COST_REPEATS, COST_MIN_S = 7, 3.0  # a forward's timed samples: at most 7, or 3 once this many seconds were timed
 
 

@@ -38,7 +38,9 @@ from harness.lm.config import (
     Setting,
     cells,
     parse_depths,
+    positions_needed,
     row_key,
+    shortest_length,
 )
 from harness.lm.model import (
     Attentions,
@@ -201,6 +203,21 @@ def check_config(config: LMConfig, model, tokenizer, tokens: torch.Tensor) -> No
     too_long = [n for n in config.lengths if context and n > context]
     if too_long:
         raise ArgumentError(f"--lengths {','.join(map(str, too_long))}: past the model's context of {context} tokens")
+    for task in config.tasks:
+        too_short = [n for n in config.lengths if n < shortest_length(task)]
+        if too_short:
+            raise ArgumentError(
+                f"--lengths {','.join(map(str, too_short))}: --tasks {task} needs contexts of at least "
+                f"{shortest_length(task)} tokens (perplexity scores the last min({SCORED}, L // 2) of each)"
+            )
+        past = [n for n in config.lengths if context and positions_needed(task, n) > context]
+        if past:
+            n = max(past)
+            raise ArgumentError(
+                f"--lengths {','.join(map(str, past))}: --tasks {task} at {n} tokens needs "
+                f"{positions_needed(task, n)} positions ({n} of context and {positions_needed(task, n) - n} "
+                f"generated after it), past the model's context of {context}"
+            )
     if "perplexity" in config.tasks and len(tokens) < max(config.lengths) + 1:
         raise ArgumentError(
             f"--text: {len(tokens)} tokens, too short for contexts of {max(config.lengths)} (--lengths)"

@@ -11,7 +11,7 @@ import torch
 import variants.hf as vh
 from harness.core.measure import measure_time, timing_stats
 from harness.core.memory import measure_peak, pin_mmap_threshold, steady_allocator
-from harness.lm.config import COST_MIN_S, COST_REPEATS, DECODE_STEPS
+from harness.lm.config import COST_MIN_S, COST_REPEATS, DECODE_STEPS, PASSKEY_DIGITS, PASSKEY_EXTRA_TOKENS
 from harness.options import ArgumentError
 
 FILLER = "The grass is green. The sky is blue. The sun is yellow. Here we go. There and back again. "
@@ -64,13 +64,13 @@ def passkey_prompt(tokenizer, length: int, depth: int, key: str) -> torch.Tensor
 
 def passkey_key(seed: int, length: int, depth: int, index: int) -> str:
     rng = random.Random(f"{seed}-{length}-{depth}-{index}")
-    return str(rng.randrange(10_000, 1_000_000))  # 5 or 6 digits
+    return str(rng.randrange(10_000, 10**PASSKEY_DIGITS))  # 5 or 6 digits
 
 
 def passkey_answer(model, tokenizer, ids: torch.Tensor, key: str) -> dict:
     """Greedy generation after the prompt: the answer, whether it holds the key, the prompt's and each new
     token's time, and the decoding state's bytes after the prompt (the cache generate() kept)."""
-    new = len(key) + 4
+    new = len(key) + PASSKEY_EXTRA_TOKENS
     stamps = []
 
     class Clock:  # a logits processor: called once per generated token

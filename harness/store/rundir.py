@@ -16,7 +16,7 @@ from pathlib import Path
 from harness.core import TIMING_CORE
 from harness.core.machine import environment
 from harness.options import ArgumentError
-from harness.store.storage import create_run_dir, read_metadata
+from harness.store.storage import create_run_dir, read_metadata, write_metadata
 
 COMMANDS = {"sweep": "bench run", "quality": "bench quality", "lm": "bench lm"}
 
@@ -82,6 +82,16 @@ def open_to_resume(run_dir: Path, kind: str, imports_given: list[str]) -> dict:
             f"code, so name it again to allow it: --import {' --import '.join(missing)}"
         )
     return metadata
+
+
+def report_asked(run_dir: Path, given: bool | None, resumed: bool) -> bool:
+    """Whether the command ends by writing RUN_DIR/REPORT.md: --report/--no-report as given now, else as the run's
+    first command said (a run started with --no-report resumes without a report). A new run records its answer."""
+    if resumed:
+        return given if given is not None else bool(read_metadata(run_dir).get("report", True))
+    if given is False:
+        write_metadata(run_dir, {**read_metadata(run_dir), "report": False})
+    return given is not False
 
 
 def resume_command(kind: str, run_dir: Path, imports: tuple[str, ...] | list[str] = ()) -> str:
