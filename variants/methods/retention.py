@@ -12,9 +12,8 @@ Causal by nature. RetNet's xPos rotation of q and k and its GroupNorm of the out
 layer around the attention (the model's positions and norms), not to this interface; `scale`
 (D^-½ by default) multiplies q, as RetNet scales k by D^-½.
 
-Grouped-query inputs: the decays follow the K/V heads (γ_g for K/V head g, g = 0 … Hkv−1, shared by the query
-heads of its group), with or without a feature map; a feature map repeats K to the query heads first, so it
-takes grouped inputs only where `num_kv_heads` says which head serves which.
+Grouped-query inputs: the decays follow the K/V heads (γ_g, g < Hkv, shared by the group's query heads), with
+or without a feature map (which repeats K first, so it needs `num_kv_heads` for grouped inputs).
 """
 
 from __future__ import annotations
