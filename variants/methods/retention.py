@@ -10,9 +10,7 @@ forgets fastest (γ = 0.969, a reach of ~32 positions), head 7 slowest (γ = 0.9
 
 Causal by nature. RetNet's xPos rotation of q and k and its GroupNorm of the outputs belong to the
 layer around the attention (the model's positions and norms), not to this interface; `scale`
-(D^-½ by default) multiplies q, as RetNet scales k by D^-½.
-
-Grouped-query inputs: the decays follow the K/V heads (γ_g, g < Hkv, shared by the group's query heads), with
+(D^-½ by default) multiplies q, as RetNet scales k by D^-½. Grouped-query inputs: the decays follow the K/V heads (γ_g, g < Hkv, shared by the group's query heads), with
 or without a feature map (which repeats K first, so it needs `num_kv_heads` for grouped inputs).
 """
 
