@@ -178,7 +178,10 @@ def test_a_zoology_run_resumes_to_the_same_rows(tmp_path):
     kept = [line for line in (out / "quality.jsonl").read_text().splitlines() if '"cfg_d_model": 32' not in line]
     (out / "quality.jsonl").write_text("\n".join(kept) + "\n")
     assert bench("report", str(out)).exit_code == 0
-    assert "Not trained yet: d_model 32 at lr 0.001: `full`." in (out / "REPORT.md").read_text()
+    text = (out / "REPORT.md").read_text()
+    assert "Not trained yet: d_model 32 at lr 0.001: `full`." in text
+    # the report's first word on the sweep is true of it: unfinished, not "every training was made"
+    assert "The sweep is unfinished: the tables below hold" in text and "Every training was made" not in text
     with pytest.raises(ArgumentError, match="divisible"):
         build_quality_config(variants="full", preset="zoology", given={}, imports=[], d_model="10", heads=4)
 
@@ -240,3 +243,25 @@ def test_a_half_trained_width_does_not_stand_for_the_variant():
     assert [sweep_point(r) for r in chosen_recipe(rows)] == [(16, 1e-2)]
     rows.append(row(32, 1e-2, 0.95))
     assert [sweep_point(r) for r in chosen_recipe(rows)] == [(32, 1e-2)]
+
+
+def test_a_width_sweep_measures_each_widths_step_and_the_report_names_it(tmp_path):
+    # a --d-model sweep measured the step once, at its first width, and the report printed it unlabelled beside
+    # tables of the widest width: each width is measured, and the row and the table say which
+    from harness.readers.quality_frames import cost_frame, step_key
+
+    out = tmp_path / "zoo"
+    args = ["--preset", "zoology", "--variants", "full,linear", "--lengths", "32", "--d-model", "16,32", "--lr", "1e-3"]
+    args += ["--steps", "2", "--train-examples", "40", "--out", str(out)]
+    assert bench("quality", *args).exit_code == 0
+    costs = [json.loads(line) for line in (out / "train_cost.jsonl").read_text().splitlines()]
+    assert sorted((r["variant"], r["cfg_d_model"]) for r in costs) == [
+        ("full", 16), ("full", 32), ("linear", 16), ("linear", 32)
+    ]  # fmt: skip
+    text = (out / "REPORT.md").read_text()
+    assert "| task | L | variant | d_model | tokens/seq |" in text
+    assert "| mqar | 32 | `full` | 16 |" in text and "| mqar | 32 | `full` | 32 |" in text
+    frame = cost_frame(out).to_dict("records")
+    assert len({step_key(r) for r in frame}) == 2  # a step compares with another of the same width only
+    again = bench("quality", "--resume", str(out))  # nothing measured twice
+    assert again.exit_code == 0 and (out / "train_cost.jsonl").read_text().count("\n") == 4

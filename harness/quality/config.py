@@ -55,6 +55,9 @@ class TrainConfig:
 
 TASKS = ("copy", "recall", "mqar")
 ARCHS = ("transformer", "zoology")
+# TrainConfig's fields that change the model a training step runs or the work of the step (not the learning rate,
+# the schedule or the number of steps): a step's cost is joined to an accuracy, or to another cost, on all of them
+STEP_FIELDS = ("d_model", "layers", "heads", "arch", "short_conv", "vocab", "pairs", "queries", "batch", "batch_tokens")
 
 
 def recall_layout(length: int, pairs: int | None = None) -> tuple[int, int]:
@@ -112,6 +115,10 @@ class QualityConfig:
             for d in self.d_models or (self.train.d_model,)
             for lr in self.lrs or (self.train.lr,)
         )
+
+    def step_recipes(self) -> tuple[TrainConfig, ...]:
+        """The recipes whose training steps differ in cost: one a width of the sweep (its rates share a model)."""
+        return tuple(dict.fromkeys(replace(r, lr=self.train.lr) for r in self.recipes()))
 
     def to_json(self) -> dict:
         axes = {"d_models": list(self.d_models), "lrs": list(self.lrs)} if self.d_models or self.lrs else {}

@@ -3,28 +3,34 @@ cost, measured in a process of its own on a quiet machine, then the trainings; r
 
 from __future__ import annotations
 
+from dataclasses import asdict
 from pathlib import Path
 
 import variants
 from harness.core.isolation import run_isolated
-from harness.quality.config import QualityConfig
+from harness.quality.config import QualityConfig, TrainConfig
 from harness.quality.train import measure_training_step, train_one
 from harness.quality.trainings import keep_finished_runs, training_keys, trainings
 from harness.store.storage import QUALITY_RESULTS, TRAIN_COST, RowWriter, drop_torn_tail, read_rows
 
 
-def cost_key(row: dict) -> tuple:
-    return (row["task"], row["variant"], int(row["length"]))
+def cost_key(row: dict, d_model: int) -> tuple:
+    """(task, variant, L, d_model) of a cost row; `d_model`: the width of a row from before rows recorded theirs
+    (measured at the run's first width, `config.train`)."""
+    return (row["task"], row["variant"], int(row["length"]), int(row.get("cfg_d_model", d_model)))
 
 
 COST_TIMEOUT_S = 600  # for one cost measurement (model build, 7 steps, a measured step)
 
 
-def measure_cost(run_dir: Path, config: QualityConfig, task: str, name: str, length: int, options: dict) -> dict:
-    """One training step's cost in a process of its own; a failure (OOM, crash, timeout) is a row that says so."""
+def measure_cost(
+    run_dir: Path, config: QualityConfig, cfg: TrainConfig, task: str, name: str, length: int, options: dict
+) -> dict:
+    """One training step's cost (of recipe `cfg`) in a process of its own; a failure (OOM, crash, timeout) is a row
+    that says so."""
     outcome = run_isolated(
         measure_training_step,
-        (task, length, name, options, config.train, config.device, config.dtype),
+        (task, length, name, options, cfg, config.device, config.dtype),
         timeout=COST_TIMEOUT_S,
         imports=config.imports,
         log_path=str(run_dir / "cost.log"),
@@ -40,6 +46,7 @@ def measure_cost(run_dir: Path, config: QualityConfig, task: str, name: str, len
         "dtype": config.dtype,
         "status": "error",
         "error": outcome.describe(),
+        **{f"cfg_{k}": v for k, v in asdict(cfg).items()},
     }
 
 
@@ -47,7 +54,7 @@ def sweep_quality(
     run_dir: Path, config: QualityConfig, on_eval=None, on_start=None, finished: set[tuple] | None = None
 ) -> list[dict]:
     """Run every training not finished yet; rows are appended as they exist. With config.measure_cost,
-    each (task, variant, length) first gets its training-step cost in RUN_DIR/train_cost.jsonl.
+    each (task, variant, length) first gets its training-step cost at each width in RUN_DIR/train_cost.jsonl.
 
     finished: the result of `keep_finished_runs(run_dir, config)` when the caller already called it.
     """
@@ -55,14 +62,15 @@ def sweep_quality(
     options = config.options
     if config.measure_cost:  # first, all together: a quiet machine for the timings, before hours of training
         drop_torn_tail(run_dir, TRAIN_COST)
-        costed = {cost_key(r) for r in read_rows(run_dir, TRAIN_COST)}
+        costed = {cost_key(r, config.train.d_model) for r in read_rows(run_dir, TRAIN_COST)}
+        cells = dict.fromkeys((t, v, n) for t, v, _, chain in trainings(config) for n in chain)
         with RowWriter(run_dir, TRAIN_COST) as cost_writer:
-            for task, name, n in dict.fromkeys((t, v, n) for t, v, _, chain in trainings(config) for n in chain):
-                if (task, name, n) not in costed:
+            for cfg, (task, name, n) in ((c, cell) for c in config.step_recipes() for cell in cells):
+                if (task, name, n, cfg.d_model) not in costed:
                     if on_start:
                         on_start(task, n, name, None, "cost")
                     cost_writer.append(
-                        measure_cost(run_dir, config, task, name, n, variants.options_taken(name, options))
+                        measure_cost(run_dir, config, cfg, task, name, n, variants.options_taken(name, options))
                     )
     with RowWriter(run_dir, QUALITY_RESULTS) as writer:
         for cfg, (task, name, seed, chain) in ((c, t) for c in config.recipes() for t in trainings(config)):

@@ -272,4 +272,5 @@ def measure_training_step(
         "train_peak_bytes": memory["peak_bytes"],
         "memory_kind": memory["kind"],
         "threads": threads,
+        **{f"cfg_{k}": v for k, v in asdict(cfg).items()},  # the recipe measured (a sweep measures each width)
     }

@@ -7,8 +7,8 @@ from pathlib import Path
 
 import pandas as pd
 
-from harness.quality.config import TrainConfig
-from harness.store.storage import QUALITY_RESULTS, TRAIN_COST, read_rows
+from harness.quality.config import STEP_FIELDS, TrainConfig
+from harness.store.storage import QUALITY_RESULTS, TRAIN_COST, read_metadata, read_rows
 
 KEY = ["task", "variant", "length"]
 NOT_RECIPE = ("cfg_threads", "cfg_eval_every")  # how a training ran, not what it trained
@@ -168,12 +168,33 @@ def accuracy_within(distance: pd.DataFrame, low: int, high: int | None) -> tuple
 
 
 def cost_frame(run_dir: Path) -> pd.DataFrame:
-    """RUN_DIR/train_cost.jsonl: one row per (task, variant, length); empty when the run measured none."""
+    """RUN_DIR/train_cost.jsonl: one row per (task, variant, length, width), with the recipe it measured in cfg_<field>
+    (a row from before rows recorded theirs: the run's own first recipe, what it was measured at); empty when the
+    run measured none."""
     rows = read_rows(Path(run_dir), TRAIN_COST, quiet=True) if (Path(run_dir) / TRAIN_COST).exists() else []
     df = pd.DataFrame(rows)
     if not df.empty:
         df["length"] = df["length"].astype(int)
+        cfg = read_metadata(Path(run_dir)).get("config", {})
+        for f in TrainConfig.__dataclass_fields__.values():
+            column = f"cfg_{f.name}"
+            measured_at = cfg.get(f.name, f.default)
+            df[column] = (
+                df[column].astype(object).where(df[column].notna(), measured_at) if column in df else measured_at
+            )
     return df
+
+
+def step_key(row: dict) -> tuple:
+    """What a training step's cost depends on besides the attention: the task, L, the recipe's model and batch
+    (STEP_FIELDS), the device and dtype. Two variants' costs compare only where this is the same."""
+    return (
+        row["task"],
+        int(row["length"]),
+        *(row.get(f"cfg_{f}") for f in STEP_FIELDS),
+        row.get("device"),
+        row.get("dtype"),
+    )
 
 
 def sweep_rows(run_dir: Path) -> list[dict]:

@@ -208,10 +208,18 @@ def _training_cost_figure(costs: pd.DataFrame, meta: dict, path: Path) -> Path:
             (("step_ms", "training step (ms)", 1.0), ("train_peak_bytes", "peak memory of a step (MiB)", 1 / 2**20))
         ):
             ax = axes[row][col]
+            widths = sorted(sub["cfg_d_model"].unique())  # a sweep's widths: a line each, dashed the narrower
             for variant, group in sub.groupby("variant", sort=False):
                 color, marker = variant_style(variant, meta.get("variants"))
-                group = group.sort_values("seq_len")
-                ax.plot(group["seq_len"], group[ycol] * scale, color=color, marker=marker, lw=1.3, label=variant)
+                for width, line in group.groupby("cfg_d_model", sort=False):
+                    line = line.sort_values("seq_len")
+                    name, dashes = variant, {}
+                    if len(widths) > 1:
+                        name = f"{variant} d_model {width}"
+                        dashes = {} if width == widths[-1] else {"linestyle": "--"}
+                    ax.plot(
+                        line["seq_len"], line[ycol] * scale, color=color, marker=marker, lw=1.3, label=name, **dashes
+                    )
             _length_axis(ax, sorted(sub["seq_len"].unique()), "tokens per sequence")
             ax.set_yscale("log")
             ax.set_ylabel(label)

@@ -103,13 +103,24 @@ def _window_verdicts(distance: pd.DataFrame, task: str, length: int, cfg: dict) 
     return lines
 
 
-def cost_table(costs: pd.DataFrame) -> str:
-    """Training-step cost per (task, L) and variant: time, tokens/s, peak memory."""
+def cost_table(costs: pd.DataFrame, widths: bool = False) -> str:
+    """Training-step cost per (task, L) and variant: time, tokens/s, peak memory (`widths`: with the d_model each
+    was measured at, for a run that sweeps it)."""
     body = []
     for r in costs.to_dict("records"):
+        width = [str(r["cfg_d_model"])] if widths else []
         if r.get("status") != "ok":
             body.append(
-                [r["task"], str(r["length"]), f"`{r['variant']}`", "", "", "", md_text(r.get("error", r.get("status")))]
+                [
+                    r["task"],
+                    str(r["length"]),
+                    f"`{r['variant']}`",
+                    *width,
+                    "",
+                    "",
+                    "",
+                    md_text(r.get("error", r.get("status"))),
+                ]
             )
             continue
         body.append(
@@ -117,13 +128,15 @@ def cost_table(costs: pd.DataFrame) -> str:
                 r["task"],
                 str(r["length"]),
                 f"`{r['variant']}`",
+                *width,
                 str(r["seq_len"]),
                 fmt_time(r["step_ms"] / 1e3),
                 f"{r['tokens_per_s']:,.0f}",
                 fmt_bytes(r["train_peak_bytes"]),
             ]
         )
-    return markdown_table(["task", "L", "variant", "tokens/seq", "step", "tokens/s", "peak memory"], body)
+    header = ["task", "L", "variant", *(["d_model"] if widths else []), "tokens/seq", "step", "tokens/s", "peak memory"]
+    return markdown_table(header, body)
 
 
 def batch_cap(rows: list[dict], cfg: dict) -> str:
@@ -211,7 +224,7 @@ def quality_section(run_dir: Path, cfg: dict, figures) -> list[str]:
         if set(tasks) <= {"copy", "recall"}
         else f"## Quality: {', '.join(TASK_NAMES.get(t, t) for t in tasks)}",
         "",
-        *(sweep_lines(cfg) if cfg.get("d_models") or cfg.get("lrs") else []),
+        *(sweep_lines(run_dir, cfg) if cfg.get("d_models") or cfg.get("lrs") else []),
         f"Preset {cfg.get('preset', 'quick')}. Same model and recipe for every variant: {recipe}. Held-out token accuracy after "
         f"the last step{' (mean over seeds, min-max in brackets)' if seeds > 1 else ''}"
         + ("; copy: and the share of strings reproduced exactly" if set(tasks) <= {"copy", "recall"} else "")
@@ -283,9 +296,14 @@ def quality_section(run_dir: Path, cfg: dict, figures) -> list[str]:
             "### Cost of a training step",
             "",
             "One training step (forward, loss, backward, AdamW) of the same model, measured in a process of its own: "
-            "median of 5 steps after 2 warm-up steps; peak memory over the state before the step.",
+            "median of 5 steps after 2 warm-up steps; peak memory over the state before the step"
+            + (
+                "; d_model: the width the step was measured at (each width of the sweep is measured)."
+                if cfg.get("d_models")
+                else "."
+            ),
             "",
-            cost_table(costs),
+            cost_table(costs, widths=bool(cfg.get("d_models"))),
             "",
         ]
     return lines + figure_links(run_dir, figures)

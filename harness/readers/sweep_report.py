@@ -11,7 +11,15 @@ from harness.readers.quality_frames import sweep_rows, width_frame
 from harness.readers.tables import markdown_table
 
 
-def sweep_lines(cfg: dict) -> list[str]:
+def sweep_lines(run_dir: Path, cfg: dict) -> list[str]:
+    """What the tables of a sweep hold, true of the run as it stands (finished or not)."""
+    if _unfinished_points(width_frame(sweep_rows(run_dir)), cfg):
+        return [
+            "The sweep is unfinished: the tables below hold, for each variant, the widest model trained at every "
+            "learning rate so far, at its best rate; the section on model width holds every point trained and names "
+            "the points not trained yet.",
+            "",
+        ]
     return [
         "Every training was made at each point of the sweep; the tables below hold, for each variant, the widest "
         "model at its best learning rate, and the section on model width holds every point.",

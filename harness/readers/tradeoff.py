@@ -10,7 +10,7 @@ from harness.quality.config import TOKENS_PER_L
 from harness.readers.advise import advise
 from harness.readers.advise_cost import log_interp, speed_rows, split_runs
 from harness.readers.advise_text import advise_table, recommendation
-from harness.readers.quality_frames import cost_frame, quality_rows
+from harness.readers.quality_frames import cost_frame, quality_rows, step_key
 from harness.readers.quality_plots import tradeoff_figure
 from harness.readers.tables import figure_links, markdown_table, md_text
 from harness.store.storage import baseline_of, variant_facts
@@ -93,11 +93,16 @@ def _surviving_speedup(
     if base not in op:
         return []
     body = []
-    for (task, length), group in costs.groupby(["task", "length"], sort=False):
-        steps = dict(zip(group["variant"], group["step_ms"]))
+    groups: dict[tuple, list[dict]] = {}  # a step's cost compares with the baseline's of the same model only
+    for r in costs.to_dict("records"):
+        groups.setdefault(step_key(r), []).append(r)
+    several_widths = len({r["cfg_d_model"] for r in costs.to_dict("records")}) > 1
+    for key, group in groups.items():
+        task, length, d_model = key[0], key[1], group[0]["cfg_d_model"]
+        steps = {r["variant"]: r["step_ms"] for r in group}  # (the last run's where two ran the same model)
         if base not in steps:
             continue
-        tokens = int(group["seq_len"].iloc[0])
+        tokens = int(group[0]["seq_len"])
         base_op, how = log_interp(op[base], tokens)
         for variant, step_ms in steps.items():
             if variant == base or variant not in op:
@@ -107,7 +112,7 @@ def _surviving_speedup(
             body.append(
                 [
                     task,
-                    str(length),
+                    str(length) + (f" (d_model {d_model})" if several_widths else ""),
                     str(tokens),
                     f"`{variant}`",
                     f"{base_op / t:.2f}x{marks}",
