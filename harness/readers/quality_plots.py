@@ -209,17 +209,11 @@ def _training_cost_figure(costs: pd.DataFrame, meta: dict, path: Path) -> Path:
         ):
             ax = axes[row][col]
             widths = sorted(sub["cfg_d_model"].unique())  # a sweep's widths: a line each, dashed the narrower
-            for variant, group in sub.groupby("variant", sort=False):
+            for (variant, width), line in sub.groupby(["variant", "cfg_d_model"], sort=False):
                 color, marker = variant_style(variant, meta.get("variants"))
-                for width, line in group.groupby("cfg_d_model", sort=False):
-                    line = line.sort_values("seq_len")
-                    name, dashes = variant, {}
-                    if len(widths) > 1:
-                        name = f"{variant} d_model {width}"
-                        dashes = {} if width == widths[-1] else {"linestyle": "--"}
-                    ax.plot(
-                        line["seq_len"], line[ycol] * scale, color=color, marker=marker, lw=1.3, label=name, **dashes
-                    )
+                name = variant if len(widths) == 1 else f"{variant} d_model {width}"
+                line, dashes = line.sort_values("seq_len"), {"linestyle": "--"} if width != widths[-1] else {}
+                ax.plot(line["seq_len"], line[ycol] * scale, color=color, marker=marker, lw=1.3, label=name, **dashes)
             _length_axis(ax, sorted(sub["seq_len"].unique()), "tokens per sequence")
             ax.set_yscale("log")
             ax.set_ylabel(label)

@@ -108,33 +108,12 @@ def cost_table(costs: pd.DataFrame, widths: bool = False) -> str:
     was measured at, for a run that sweeps it)."""
     body = []
     for r in costs.to_dict("records"):
-        width = [str(r["cfg_d_model"])] if widths else []
+        cell = [r["task"], str(r["length"]), f"`{r['variant']}`", *([str(r["cfg_d_model"])] if widths else [])]
         if r.get("status") != "ok":
-            body.append(
-                [
-                    r["task"],
-                    str(r["length"]),
-                    f"`{r['variant']}`",
-                    *width,
-                    "",
-                    "",
-                    "",
-                    md_text(r.get("error", r.get("status"))),
-                ]
-            )
+            body.append([*cell, "", "", "", md_text(r.get("error", r.get("status")))])
             continue
-        body.append(
-            [
-                r["task"],
-                str(r["length"]),
-                f"`{r['variant']}`",
-                *width,
-                str(r["seq_len"]),
-                fmt_time(r["step_ms"] / 1e3),
-                f"{r['tokens_per_s']:,.0f}",
-                fmt_bytes(r["train_peak_bytes"]),
-            ]
-        )
+        step = [str(r["seq_len"]), fmt_time(r["step_ms"] / 1e3), f"{r['tokens_per_s']:,.0f}"]
+        body.append([*cell, *step, fmt_bytes(r["train_peak_bytes"])])
     header = ["task", "L", "variant", *(["d_model"] if widths else []), "tokens/seq", "step", "tokens/s", "peak memory"]
     return markdown_table(header, body)
 
