@@ -27,6 +27,7 @@ WINGS = (
     ("harness", 1),
     ("harness.options", 1),
     ("harness.fmt", 1),  # harness: the package's own (empty) module
+    ("harness.stats", 1),
     ("harness.core", 2),
     ("harness.store", 3),
     ("harness.policy", 4),

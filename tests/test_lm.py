@@ -81,7 +81,7 @@ def test_rows_report_and_full_equal_to_the_models_own_attention(tiny, tmp_path):
     for (setting, n, w), row in ppl.items():  # full through the adapter is the model's own attention
         if setting == "full":
             assert row["nll"] == pytest.approx(ppl[("sdpa", n, w)]["nll"], rel=1e-5)
-            assert row["start"] == ppl[("sdpa", n, w)]["start"] and row["scored"] == 128
+            assert row["start"] == ppl[("sdpa", n, w)]["start"] and row["scored"] == n - n // 2  # the second half
     assert all(math.isfinite(r["ppl"]) and r["forward_s"] > 0 for r in by("perplexity"))
     keys = by("passkey")
     assert all(len(r["key"]) in (5, 6) and isinstance(r["correct"], bool) and r["token_s"] > 0 for r in keys)
@@ -106,7 +106,11 @@ def test_rows_report_and_full_equal_to_the_models_own_attention(tiny, tmp_path):
         and "## Cost" in text
         and "`sliding_window(window=16, global_tokens=2)`" in text
     )
-    assert all((out / "figures" / f"lm_{name}.png").exists() for name in ("perplexity", "passkey", "cost"))
+    assert all((out / "figures" / f"lm_{name}.png").exists() for name in ("perplexity", "position", "passkey", "cost"))
+    assert "with its 95% bootstrap interval over the windows (L = 320: 2 windows, 320 tokens" in text
+    assert "Exact match over 1 keys a cell, with Wilson's 95% interval (fewer than 10 trials a cell: wide)." in text
+    starts = {r["start"] for r in by("perplexity") if r["setting"] == "sdpa" and r["length"] == 384}
+    assert len(starts) == 2 and all(s % 384 == 0 for s in starts)  # disjoint windows: slots of the text
 
 
 def test_resume_measures_only_what_is_missing(tiny, tmp_path):
@@ -558,3 +562,20 @@ def test_a_resumed_run_keeps_no_report_unless_asked_again(tiny, tmp_path):
     assert not (out / "REPORT.md").exists()  # the original command said --no-report
     assert bench("lm", "--resume", str(out), "--report").exit_code == 0
     assert (out / "REPORT.md").exists()
+
+
+def test_a_windows_scores_agree_with_the_last_token_nll_and_its_buckets_add_up(tiny):
+    # window_scores (every position's logits) against window_nll (the last tokens only): the same tokens, the same nll
+    from harness.lm.tasks import position_buckets, window_scores
+
+    model, tokenizer = lm.load(tiny, None)
+    tokens = lm.corpus_tokens(tokenizer, None)
+    got = window_scores(model, tokens, 1000, 300, first=300 - 128)
+    nll, _ = lm.window_nll(model, tokens, 1000, 300, 128)
+    assert got["scored"] == 128 and got["nll"] == pytest.approx(nll, rel=1e-5)
+    assert [(lo, hi) for lo, hi, _, _ in got["position_nll"]] == position_buckets(300) == [
+        (1, 2), (2, 4), (4, 8), (8, 16), (16, 32), (32, 64), (64, 128), (128, 256), (256, 300)
+    ]  # fmt: skip
+    assert sum(count for *_, count in got["position_nll"]) == 299  # every position but the first
+    tail = sum(total for lo, hi, total, _ in got["position_nll"] if lo >= 256) / 44  # positions 256-299
+    assert tail == pytest.approx(window_scores(model, tokens, 1000, 300, first=256)["nll"], rel=1e-6)

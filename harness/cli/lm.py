@@ -48,11 +48,20 @@ def lm(
     windows: Annotated[
         int,
         typer.Option(
-            callback=within(1, 1000),
-            help="Perplexity: windows of the text per length (their starts drawn from --seed, the same for every attention).",
+            callback=within(0, 1000),
+            help="Perplexity: windows per length, disjoint, drawn from --seed (the same for every attention). 0: enough for --scored-tokens.",
         ),
-    ] = 3,
-    keys: Annotated[int, typer.Option(callback=within(1, 1000), help="Passkey: keys per (length, depth).")] = 5,
+    ] = 0,
+    scored_tokens: Annotated[
+        int,
+        typer.Option(
+            callback=within(1, 10_000_000),
+            help="Perplexity: tokens scored per (attention, length), each window scoring its second half.",
+        ),
+    ] = 16_000,
+    keys: Annotated[
+        int, typer.Option(callback=within(1, 1000), help="Passkey: keys per (length, depth); below 10, a warning.")
+    ] = 10,
     seed: Annotated[int, typer.Option(callback=within(0, 2**31), help="Seed of the windows and the keys.")] = 0,
     text: Annotated[
         Optional[str],
@@ -115,9 +124,9 @@ def lm(
 ) -> None:
     """A pretrained language model with each attention in place of its own, zero-shot (and with --distill after attention transfer): perplexity against context length, passkey retrieval by length and depth, cost.
 
-    Each context is a window of the text; only its last 128 tokens are scored, so lengths compare like
-    positions. The passkey is a 5-6 digit key said once at a depth of filler text and asked for at the
-    end (greedy, exact match). Cost: one forward's time and peak memory at each length, and in the passkey
+    Each context is a window of the text, its second half scored; tables give a 95% bootstrap interval over
+    windows. The passkey is a 5-6 digit key said once at a depth of filler text and asked for at the end
+    (greedy, exact match; Wilson 95% intervals). Cost: one forward's time and peak memory at each length, and in the passkey
     rows the prompt's time, a generated token's time and the decoding state's bytes. Rows go to
     RUN_DIR/lm.jsonl as they are measured (--resume finishes a run). --distill STEPS measures each variant
     with parameters of its own twice: as is, and after training only those parameters, layer by layer, to
@@ -133,6 +142,7 @@ def lm(
         lengths=lengths,
         depths=depths,
         windows=windows,
+        scored_tokens=scored_tokens,
         keys=keys,
         seed=seed,
         text=text,
@@ -150,6 +160,10 @@ def lm(
             text=train_text,
         ),
     )
+    if keys < 10 and resume is None:
+        console.print(
+            f"[yellow]warning[/]: --keys {keys}: a passkey cell of fewer than 10 trials gives a wide interval"
+        )
     with checked():
         session = open_lm(LMRequest(build=build, resume=resume, out=out), say(console), console.status)
     progress = progress_bar(console)

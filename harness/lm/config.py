@@ -3,6 +3,7 @@ configuration, the tasks and their constants, and the cells it measures in order
 
 from __future__ import annotations
 
+import math
 import re
 from dataclasses import asdict, dataclass, field
 
@@ -27,7 +28,10 @@ DEFAULT_TASKS = ("perplexity", "passkey", "cost")  # (decode: asked for by name,
 DECODE_STEPS = 16  # generated tokens timed after the prompt (the median is the per-token time)
 
 
-SCORED = 128  # tokens scored at the end of every context
+SCORED = 128  # tokens scored at the end of every context (runs made before SCORED_FROM)
+
+
+SCORED_FROM = 0.5  # perplexity scores every token of a window's second half: each has at least L / 2 of context
 
 
 PASSKEY_DIGITS = 6  # a passkey has 5 or 6 digits
@@ -119,10 +123,26 @@ class LMConfig:
     distill_lr: float = 1e-3
     # --linearize: the recipe (Recipe's fields), each variant with parameters also measured after it
     linearize: dict | None = None
+    # perplexity: every token from position ⌊scored_from · L⌋ on is scored; None (runs made before): the last
+    # min(SCORED, L // 2) tokens of each window
+    scored_from: float | None = None
+    scored_tokens: int = 0  # with windows 0: windows enough to score this many tokens at each length
 
     @property
     def recipe(self) -> Recipe | None:
         return None if self.linearize is None else Recipe(**self.linearize)
+
+    def first_scored(self, length: int) -> int:
+        """The position of a window's first scored token (>= 1: the first token has no prefix to predict it)."""
+        if self.scored_from is None:
+            return length - min(SCORED, length // 2)
+        return max(1, int(length * self.scored_from))
+
+    def windows_at(self, length: int) -> int:
+        """Windows of the text scored at `length`: `windows`, or (0) enough to score `scored_tokens`."""
+        if self.windows:
+            return self.windows
+        return math.ceil(self.scored_tokens / (length - self.first_scored(length)))
 
     def to_json(self) -> dict:
         data = asdict(self)
@@ -164,7 +184,7 @@ def cells(config: LMConfig) -> list[tuple]:
             if setting.linearized and length == config.lengths[0]:
                 out.append(("linearize", setting.label, config.recipe.length, None, None, None))
             if "perplexity" in config.tasks:
-                out += [("perplexity", setting.label, length, w, None, None) for w in range(config.windows)]
+                out += [("perplexity", setting.label, length, w, None, None) for w in range(config.windows_at(length))]
             if "passkey" in config.tasks:
                 out += [
                     ("passkey", setting.label, length, None, d, i) for d in config.depths for i in range(config.keys)

@@ -62,7 +62,9 @@ from harness.lm.tasks import (
     passkey_answer,
     passkey_key,
     passkey_prompt,
+    disjoint_window_starts,
     window_nll,
+    window_scores,
     window_starts,
 )
 from harness.options import ArgumentError, parse_option
@@ -157,11 +159,15 @@ def run_lm(
             row.update(attentions.last_distillation or {})
         elif task == "linearize":
             row.update(attentions.last_linearization or lin.summary_of(attentions.folder(setting)))
-        elif task == "perplexity":
+        elif task == "perplexity" and config.scored_from is None:  # (a run from before every window's half was scored)
             start = window_starts(len(tokens), length, config.windows, config.seed)[window]
             scored = min(SCORED, length // 2)
             nll, seconds = window_nll(model, tokens, start, length, scored)
             row.update(window=window, start=start, scored=scored, nll=nll, ppl=math.exp(nll), forward_s=seconds)
+        elif task == "perplexity":
+            start = disjoint_window_starts(len(tokens), length, config.windows_at(length), config.seed)[window]
+            scores = window_scores(model, tokens, start, length, config.first_scored(length))
+            row.update(window=window, start=start, **scores, ppl=math.exp(scores["nll"]))
         elif task == "passkey":
             secret = passkey_key(config.seed, length, depth, index)
             row.update(
@@ -222,6 +228,9 @@ def check_config(config: LMConfig, model, tokenizer, tokens: torch.Tensor) -> No
         raise ArgumentError(
             f"--text: {len(tokens)} tokens, too short for contexts of {max(config.lengths)} (--lengths)"
         )
+    if "perplexity" in config.tasks and config.scored_from is not None:
+        for n in config.lengths:  # (an ArgumentError naming the length whose windows the text cannot hold)
+            disjoint_window_starts(len(tokens), n, config.windows_at(n), config.seed)
     if "decode" in config.tasks and len(tokens) < max(config.lengths) + DECODE_STEPS:
         raise ArgumentError(
             f"--text: {len(tokens)} tokens, too short for a prompt of {max(config.lengths)} and {DECODE_STEPS} "

@@ -12,7 +12,7 @@ from pathlib import Path
 from typing import Callable, ContextManager
 
 from harness.lm import run as lmrun
-from harness.lm.config import Recipe
+from harness.lm.config import SCORED_FROM, Recipe
 from harness.lm.stages import check_projections, peft_module
 from harness.lm.training_text import check_disjoint, training_sequences, training_text
 from harness.options import ArgumentError, parse_lengths, parse_list
@@ -46,6 +46,7 @@ def lm_config(
     distill: int = 0,
     distill_lr: float = 1e-3,
     linearize: dict | None = None,
+    scored_tokens: int = 0,
 ) -> lmrun.LMConfig:
     """The run's configuration from the command line's texts; ArgumentError naming a bad one. `linearize`: the
     recipe's fields as given (--linearize, --lora, --linearize-lr, --lora-lr, --lora-rank, --train-length,
@@ -75,6 +76,8 @@ def lm_config(
         distill=distill,
         distill_lr=distill_lr,
         linearize=recipe,
+        scored_from=SCORED_FROM,
+        scored_tokens=scored_tokens,
     )
 
 

@@ -43,6 +43,53 @@ def window_nll(model, tokens: torch.Tensor, start: int, length: int, scored: int
     return float(nll), seconds
 
 
+def disjoint_window_starts(n_tokens: int, length: int, windows: int, seed: int) -> list[int]:
+    """The first token of each of `windows` windows of `length` tokens that share no token: slots of the text drawn
+    without replacement from (seed, length), the same for every attention; ArgumentError when the text holds fewer."""
+    slots = n_tokens // length
+    if windows > slots:
+        raise ArgumentError(
+            f"--lengths {length}: {windows} windows of {length} tokens are needed (--windows, --scored-tokens), "
+            f"and the text holds {slots} that share no token ({n_tokens} tokens); give a longer --text or fewer"
+        )
+    rng = random.Random(f"disjoint-{seed}-{length}")
+    return [slot * length for slot in rng.sample(range(slots), windows)]
+
+
+def position_buckets(length: int) -> list[tuple[int, int]]:
+    """Log-spaced buckets of token positions [lo, hi): 1-2, 2-4, 4-8, ... up to `length` (position 0 is never
+    predicted)."""
+    out, lo = [], 1
+    while lo < length:
+        out.append((lo, min(2 * lo, length)))
+        lo *= 2
+    return out
+
+
+def window_scores(model, tokens: torch.Tensor, start: int, length: int, first: int) -> dict:
+    """One window's negative log-likelihoods: the mean over its tokens from position `first` on (`nll`, `scored`),
+    the sum and count in each log-spaced position bucket (`position_nll`: [lo, hi, sum, count]), and the seconds of
+    the forward (every position's logits: the buckets need them)."""
+    ids = tokens[start : start + length][None]
+    with torch.no_grad():
+        began = time.perf_counter()
+        logits = model(ids, use_cache=False).logits[0, :-1]  # (L - 1, V): position p + 1 predicted from 0..p
+        seconds = time.perf_counter() - began
+        nll = torch.cat(  # in chunks: the log-softmax of every position at once would double the logits' memory
+            [
+                torch.nn.functional.cross_entropy(chunk.float(), target, reduction="none")
+                for chunk, target in zip(logits.split(1024), ids[0, 1:].split(1024))
+            ]
+        ).double()
+    position = torch.arange(1, length, dtype=torch.long)
+    buckets = [
+        [lo, hi, float(nll[(position >= lo) & (position < hi)].sum()), int(((position >= lo) & (position < hi)).sum())]
+        for lo, hi in position_buckets(length)
+    ]
+    scored = nll[first - 1 :]
+    return {"nll": float(scored.mean()), "scored": int(scored.numel()), "position_nll": buckets, "forward_s": seconds}
+
+
 def passkey_prompt(tokenizer, length: int, depth: int, key: str) -> torch.Tensor:
     """Token ids of exactly `length` tokens: the intro, filler with the key said at `depth`% of it, the question."""
     encode = lambda text: tokenizer(text, add_special_tokens=False)["input_ids"]  # noqa: E731

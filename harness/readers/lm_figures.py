@@ -19,11 +19,12 @@ from harness.readers.lm_frames import (
     decode_table,
     passkey_table,
     perplexity_table,
+    position_table,
 )
 
 
 def draw_lm(run_dir: Path, df: pd.DataFrame, settings: list[str]) -> list[Path]:
-    """figures/lm_perplexity.png, lm_passkey.png, lm_decode.png, lm_linearize.png, lm_cost.png (those the run has
+    """figures/lm_perplexity.png, lm_position.png, lm_passkey.png, lm_decode.png, lm_linearize.png, lm_cost.png (those the run has
     rows for)."""
     import matplotlib
 
@@ -45,7 +46,7 @@ def draw_lm(run_dir: Path, df: pd.DataFrame, settings: list[str]) -> list[Path]:
             ax.errorbar(
                 mine["length"],
                 mine["ppl"],
-                yerr=[mine["ppl"] - mine["ppl_min"], mine["ppl_max"] - mine["ppl"]],
+                yerr=[mine["ppl"] - mine["ppl_low"], mine["ppl_high"] - mine["ppl"]],
                 capsize=3,
                 label=s,
                 **style[s],
@@ -57,13 +58,16 @@ def draw_lm(run_dir: Path, df: pd.DataFrame, settings: list[str]) -> list[Path]:
             xscale="log",
             yscale="log",
             xlabel="context length (tokens)",
-            ylabel="perplexity of the last tokens",
+            ylabel="perplexity of the scored tokens (95% interval)",
             title=f"perplexity against context (zero-shot{trained})",
         )
         _legend(ax, many, 8)
         ax.grid(True, which="both", alpha=0.3)
         _length_axis(ax, ppl["length"])
         out.append(_save(fig, folder / "lm_perplexity.png"))
+    positions = position_table(df)
+    if not positions.empty:
+        out.append(_draw_positions(positions, setting_styles(settings), settings, folder / "lm_position.png"))
     keys = passkey_table(df)
     if not keys.empty:
         shown = [s for s in settings if s in set(keys["setting"])]
@@ -166,6 +170,29 @@ def draw_decode(table: pd.DataFrame, style: dict, settings: list[str], path: Pat
         _length_axis(ax, table["length"])
     axes[0].set_ylim(bottom=0)  # a linear time axis from 0: the ratios between the lines read as drawn
     _legend(axes[1] if many else axes[0], many, 7)
+    return _save(fig, path)
+
+
+def _draw_positions(table: pd.DataFrame, style: dict, settings: list[str], path: Path) -> Path:
+    """Mean NLL against the token's position (log-spaced buckets) at the run's longest length, each attention a
+    line: where in a long context an attention stops predicting as the model does."""
+    import matplotlib.pyplot as plt
+
+    longest = int(table["length"].max())
+    many = len(settings) > LEGEND_INSIDE
+    fig, ax = plt.subplots(figsize=(10, 5.5) if many else (7, 4.5))
+    for s in settings:
+        mine = table[(table["setting"] == s) & (table["length"] == longest)].sort_values("lo")
+        if not mine.empty:
+            ax.plot((mine["lo"] * mine["hi"]) ** 0.5, mine["nll"], label=s, **style[s])
+    ax.set(
+        xscale="log",
+        xlabel="position of the token in its window (log-spaced buckets)",
+        ylabel="mean negative log-likelihood (nats)",
+        title=f"loss by position in windows of {longest} tokens",
+    )
+    ax.grid(True, which="both", alpha=0.3)
+    _legend(ax, many, 8)
     return _save(fig, path)
 
 

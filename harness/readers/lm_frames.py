@@ -8,6 +8,7 @@ from pathlib import Path
 
 import pandas as pd
 
+from harness.stats import bootstrap_pooled_mean, wilson_interval
 from harness.store.storage import LM_RESULTS as RESULTS
 from harness.store.storage import read_rows
 
@@ -50,30 +51,51 @@ def setting_order(df: pd.DataFrame) -> list[str]:
 
 
 def perplexity_table(df: pd.DataFrame) -> pd.DataFrame:
-    """Per (setting, length): mean perplexity over the windows (exp of the mean NLL), min and max, windows."""
-    ppl = df[df["task"] == "perplexity"]
+    """Per (setting, length): the perplexity of every scored token of the windows together (exp of their mean NLL),
+    its 95% bootstrap interval over the windows (`ppl_low`, `ppl_high`), min and max of the windows, windows, tokens."""
+    columns = ["setting", "length", "ppl", "ppl_low", "ppl_high", "ppl_min", "ppl_max", "windows", "tokens"]
+    ppl = df[df["task"] == "perplexity"] if "task" in df else df.iloc[:0]
     if ppl.empty:
-        return pd.DataFrame(columns=["setting", "length", "ppl", "ppl_min", "ppl_max", "windows"])
-    out = (
-        ppl.groupby(["setting", "length"], sort=False)
-        .agg(nll=("nll", "mean"), ppl_min=("ppl", "min"), ppl_max=("ppl", "max"), windows=("window", "nunique"))
-        .reset_index()
-    )
-    out["ppl"] = out["nll"].map(math.exp)  # the perplexity of the windows' scored tokens together
-    return out.drop(columns=["nll"])
+        return pd.DataFrame(columns=columns)
+    out = []
+    for (setting, length), group in ppl.groupby(["setting", "length"], sort=False):
+        sums, counts = list(group["nll"] * group["scored"]), [int(c) for c in group["scored"]]
+        low, high = bootstrap_pooled_mean(sums, counts)
+        nll = sum(sums) / sum(counts)
+        out.append([setting, length, math.exp(nll), math.exp(low), math.exp(high), group["ppl"].min()])
+        out[-1] += [group["ppl"].max(), group["window"].nunique(), sum(counts)]
+    return pd.DataFrame(out, columns=columns)
+
+
+def position_table(df: pd.DataFrame) -> pd.DataFrame:
+    """Per (setting, length, position bucket [lo, hi)) of the windows that recorded one: the mean NLL of every token
+    at those positions over the windows (runs made before scored no bucket: empty)."""
+    rows = df[df["task"] == "perplexity"] if "task" in df and "position_nll" in df else df.iloc[:0]
+    totals: dict[tuple, list[float]] = {}
+    for r in rows.itertuples():
+        if not isinstance(r.position_nll, list):
+            continue
+        for lo, hi, total, count in r.position_nll:
+            cell = totals.setdefault((r.setting, int(r.length), int(lo), int(hi)), [0.0, 0])
+            cell[0], cell[1] = cell[0] + total, cell[1] + count
+    out = [[*key, total / count, count] for key, (total, count) in totals.items() if count]
+    return pd.DataFrame(out, columns=["setting", "length", "lo", "hi", "nll", "tokens"])
 
 
 def passkey_table(df: pd.DataFrame) -> pd.DataFrame:
-    """Per (setting, length, depth): exact-match accuracy over the keys."""
-    keys = df[df["task"] == "passkey"]
+    """Per (setting, length, depth): exact-match accuracy over the keys and its Wilson 95% interval."""
+    keys = df[df["task"] == "passkey"] if "task" in df else df.iloc[:0]
     if keys.empty:
-        return pd.DataFrame(columns=["setting", "length", "depth", "accuracy", "keys"])
+        return pd.DataFrame(columns=["setting", "length", "depth", "accuracy", "keys", "low", "high"])
     keys = keys.assign(correct=keys["correct"].astype(float))
-    return (
+    out = (
         keys.groupby(["setting", "length", "depth"], sort=False)
-        .agg(accuracy=("correct", "mean"), keys=("correct", "size"))
+        .agg(accuracy=("correct", "mean"), keys=("correct", "size"), right=("correct", "sum"))
         .reset_index()
     )
+    bounds = [wilson_interval(int(r), int(n)) for r, n in zip(out["right"], out["keys"])]
+    out["low"], out["high"] = [b[0] for b in bounds], [b[1] for b in bounds]
+    return out.drop(columns=["right"])
 
 
 def cost_table(df: pd.DataFrame) -> pd.DataFrame:

@@ -37,8 +37,13 @@ def write_lm_report(run_dir: Path) -> tuple[Path, list[Path]]:
         f"{model.get('layers')} layers, context {model.get('context')}",
         f"- Text: {corpus.get('source')} ({corpus.get('tokens')} tokens, sha256 {str(corpus.get('sha256'))[:16]}…)"
         + (
-            f"; {cfg.get('windows')} windows a length from seed {cfg.get('seed')}, each scored on its last tokens "
-            "(128, or half a short context)"
+            (
+                f"; {cfg.get('windows')} windows a length from seed {cfg.get('seed')}, each scored on its last tokens "
+                "(128, or half a short context)"
+                if cfg.get("scored_from") is None
+                else f"; disjoint windows from seed {cfg.get('seed')}, each scored from {cfg['scored_from']:.0%} of its "
+                f"length on, {cfg.get('windows') or 'enough for ' + format(cfg.get('scored_tokens'), ',') + ' tokens'} a length"
+            )
             if "perplexity" in tasks
             else ""
         ),
@@ -63,9 +68,14 @@ def write_lm_report(run_dir: Path) -> tuple[Path, list[Path]]:
     lines += [f"![{p.stem}](figures/{p.name})" for p in figures] + [""]
     ppl = perplexity_table(df)
     if not ppl.empty:
-        cell = {(r.setting, int(r.length)): f"{r.ppl:.2f} ({r.ppl_min:.1f}–{r.ppl_max:.1f})" for r in ppl.itertuples()}
+        cell = {(r.setting, int(r.length)): f"{r.ppl:.2f} [{r.ppl_low:.2f}–{r.ppl_high:.2f}]" for r in ppl.itertuples()}
+        count = {int(r.length): f"{int(r.windows)} windows, {int(r.tokens):,} tokens" for r in ppl.itertuples()}
         lines += [
-            "## Perplexity (mean over the windows, min–max)",
+            "## Perplexity",
+            "",
+            "Of every scored token of the windows together, with its 95% bootstrap interval over the windows ("
+            + "; ".join(f"L = {n}: {count[n]}" for n in lengths if n in count)
+            + ").",
             "",
             markdown_table(
                 ["attention", *map(str, lengths)],
@@ -76,9 +86,19 @@ def write_lm_report(run_dir: Path) -> tuple[Path, list[Path]]:
     keys = passkey_table(df)
     if not keys.empty:
         depths = sorted(int(d) for d in keys["depth"].unique())
-        lines += ["## Passkey retrieval (exact match over the keys)", ""]
+        trials = sorted({int(n) for n in keys["keys"]})
+        lines += [
+            "## Passkey retrieval",
+            "",
+            f"Exact match over {'-'.join(map(str, trials[:: max(1, len(trials) - 1)]))} keys a cell, with Wilson's 95% "
+            "interval" + (" (fewer than 10 trials a cell: wide)." if trials[0] < 10 else "."),
+            "",
+        ]
         for s in settings:
-            mine = {(int(r.length), int(r.depth)): f"{r.accuracy:.0%}" for r in keys[keys["setting"] == s].itertuples()}
+            mine = {
+                (int(r.length), int(r.depth)): f"{r.accuracy:.0%} [{r.low:.0%}–{r.high:.0%}]"
+                for r in keys[keys["setting"] == s].itertuples()
+            }
             if mine:
                 lines += [
                     f"`{s}`",
