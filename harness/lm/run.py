@@ -23,6 +23,7 @@ import torch
 import variants
 import variants.hf as vh
 from harness.lm import linearize as lin
+from harness.lm import ruler
 from harness.lm.config import (
     COST_REPEATS,
     DECODE_STEPS,
@@ -30,6 +31,7 @@ from harness.lm.config import (
     LINEARIZED_LABEL,
     OWN,
     RESULTS,
+    RULER_SUBTASKS,
     SCORED,
     SMOLLM2_FILE,
     SMOLLM2_PACKAGE,
@@ -59,6 +61,7 @@ from harness.lm.tasks import (
     decode_cost,
     forward_peak,
     forward_time,
+    greedy_answer,
     passkey_answer,
     passkey_key,
     passkey_prompt,
@@ -176,6 +179,11 @@ def run_lm(
                 key=secret,
                 **passkey_answer(model, tokenizer, passkey_prompt(tokenizer, length, depth, secret), secret),
             )
+        elif task.startswith("ruler:"):
+            subtask = task.split(":", 1)[1]
+            ids, expected = ruler.prompt(tokenizer, subtask, length, config.seed, index)
+            out = greedy_answer(model, tokenizer, torch.tensor(ids, dtype=torch.long), ruler.NEW_TOKENS[subtask])
+            row.update(key_index=index, expected=expected, **out, correct=ruler.correct(out["answer"], expected))
         elif task == "decode":
             row.update(**decode_cost(model, tokens, length))
         else:
@@ -239,6 +247,9 @@ def check_config(config: LMConfig, model, tokenizer, tokens: torch.Tensor) -> No
 
     if "passkey" in config.tasks:
         passkey_prompt(tokenizer, min(config.lengths), 0, "123456")
+    if "ruler" in config.tasks:
+        for subtask in RULER_SUBTASKS:  # (an ArgumentError where the shortest length holds no filler)
+            ruler.prompt(tokenizer, subtask, min(config.lengths), config.seed, 0)
     labels = [s.label for s in config.settings]
     if len(set(labels)) != len(labels):
         raise ArgumentError(f"--variant: {', '.join(labels)} names one attention twice")

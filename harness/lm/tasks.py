@@ -117,7 +117,13 @@ def passkey_key(seed: int, length: int, depth: int, index: int) -> str:
 def passkey_answer(model, tokenizer, ids: torch.Tensor, key: str) -> dict:
     """Greedy generation after the prompt: the answer, whether it holds the key, the prompt's and each new
     token's time, and the decoding state's bytes after the prompt (the cache generate() kept)."""
-    new = len(key) + PASSKEY_EXTRA_TOKENS
+    out = greedy_answer(model, tokenizer, ids, len(key) + PASSKEY_EXTRA_TOKENS)
+    return {"answer": out["answer"], "correct": key in out["answer"].replace(" ", ""), **out}
+
+
+def greedy_answer(model, tokenizer, ids: torch.Tensor, new: int) -> dict:
+    """`new` greedy tokens after the prompt `ids`: the answer's text, the prompt's and each new token's time, and the
+    decoding state's bytes after the prompt (the cache generate() kept)."""
     stamps = []
 
     class Clock:  # a logits processor: called once per generated token
@@ -144,7 +150,6 @@ def passkey_answer(model, tokenizer, ids: torch.Tensor, key: str) -> dict:
     steps = [b - a for a, b in zip(stamps, stamps[1:])]
     return {
         "answer": answer,
-        "correct": key in answer.replace(" ", ""),
         "prefill_s": stamps[0] - began if stamps else None,
         "token_s": sorted(steps)[len(steps) // 2] if steps else None,
         "state_bytes": cache_bytes(cache),

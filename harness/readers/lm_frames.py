@@ -98,6 +98,22 @@ def passkey_table(df: pd.DataFrame) -> pd.DataFrame:
     return out.drop(columns=["right"])
 
 
+def ruler_table(df: pd.DataFrame) -> pd.DataFrame:
+    """Per (setting, length, RULER subtask): exact-match accuracy over the trials and its Wilson 95% interval."""
+    rows = df[df["task"].astype(str).str.startswith("ruler:")] if "task" in df else df.iloc[:0]
+    if rows.empty:
+        return pd.DataFrame(columns=["setting", "length", "subtask", "accuracy", "trials", "low", "high"])
+    rows = rows.assign(subtask=rows["task"].str.split(":").str[1], correct=rows["correct"].astype(float))
+    out = (
+        rows.groupby(["setting", "length", "subtask"], sort=False)
+        .agg(accuracy=("correct", "mean"), trials=("correct", "size"), right=("correct", "sum"))
+        .reset_index()
+    )
+    bounds = [wilson_interval(int(r), int(n)) for r, n in zip(out["right"], out["trials"])]
+    out["low"], out["high"] = [b[0] for b in bounds], [b[1] for b in bounds]
+    return out.drop(columns=["right"])
+
+
 def cost_table(df: pd.DataFrame) -> pd.DataFrame:
     """Per (setting, length): a forward's time and peak extra memory, its ratio to the model's own sdpa at that
     length, and from the passkey rows a generated token's median time and the decoding state's bytes."""

@@ -7,7 +7,15 @@ from pathlib import Path
 
 from harness.fmt import fmt_bytes, fmt_time
 from harness.readers.lm_figures import draw_lm
-from harness.readers.lm_frames import OWN, cost_table, lm_frame, passkey_table, perplexity_table, setting_order
+from harness.readers.lm_frames import (
+    OWN,
+    cost_table,
+    lm_frame,
+    passkey_table,
+    perplexity_table,
+    ruler_table,
+    setting_order,
+)
 from harness.readers.lm_sections import decode_section, distill_section, linearize_section
 from harness.readers.tables import code_span, markdown_table
 from harness.store.storage import read_metadata
@@ -109,6 +117,24 @@ def write_lm_report(run_dir: Path) -> tuple[Path, list[Path]]:
                     ),
                     "",
                 ]
+    ruler = ruler_table(df)
+    if not ruler.empty:
+        lines += [
+            "## RULER group",
+            "",
+            f"Exact match over {int(ruler['trials'].min())} trials a cell, with Wilson's 95% interval: multikey (one of "
+            "four needles asked), multivalue (all four numbers of one word), vartrack (the five variables of a chain); "
+            "docs/lm.md says how each follows RULER.",
+            "",
+        ]
+        for subtask, mine in ruler.groupby("subtask", sort=False):
+            cell = {
+                (r.setting, int(r.length)): f"{r.accuracy:.0%} [{r.low:.0%}–{r.high:.0%}]" for r in mine.itertuples()
+            }
+            shown = [n for n in lengths if any((s, n) in cell for s in settings)]
+            lines += [f"`{subtask}`", "", markdown_table(["attention", *map(str, shown)], [
+                [f"`{s}`", *(cell.get((s, n), "") for n in shown)] for s in settings if any((s, n) in cell for n in shown)
+            ]), ""]  # fmt: skip
     lines += distill_section(df, cfg, settings, lengths, about.get("distill", {}).get("nothing_to_train"))
     lines += linearize_section(df, cfg, lengths, about.get("linearize", {}))
     lines += decode_section(df, settings, lengths)
