@@ -2,6 +2,7 @@
 Wilson's score interval for a proportion (retrieval accuracy). Pure Python: readers and reports import it.
 
     low, high = bootstrap_pooled_mean(sums, counts)   # 95% over windows of sum / count, resampled with replacement
+    low, high = bootstrap_paired_difference(sums_a, sums_b, counts)  # the same windows scored two ways
     low, high = wilson_interval(correct, trials)       # 95% for correct / trials, inside [0, 1] even at 0 or n
 """
 
@@ -31,6 +32,17 @@ def bootstrap_pooled_mean(
     means.sort()
     tail = (1 - LEVEL) / 2
     return means[int(tail * (resamples - 1))], means[int(math.ceil((1 - tail) * (resamples - 1)))]
+
+
+def bootstrap_paired_difference(
+    sums_a: list[float], sums_b: list[float], counts: list[int], resamples: int = RESAMPLES, seed: int = 0
+) -> tuple[float, float]:
+    """95% percentile interval of (sum(sums_a) - sum(sums_b)) / sum(counts), windows resampled with replacement
+    together (each window scored by both a and b): a comparison on the same texts, free of the texts' spread."""
+    if not (len(sums_a) == len(sums_b) == len(counts)) or not counts:
+        raise ValueError(f"bootstrap_paired_difference: {len(sums_a)}, {len(sums_b)} sums and {len(counts)} counts")
+    differences = [a - b for a, b in zip(sums_a, sums_b)]
+    return bootstrap_pooled_mean(differences, counts, resamples, seed)
 
 
 def wilson_interval(successes: int, trials: int) -> tuple[float, float]:

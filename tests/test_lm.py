@@ -108,6 +108,8 @@ def test_rows_report_and_full_equal_to_the_models_own_attention(tiny, tmp_path):
     )
     assert all((out / "figures" / f"lm_{name}.png").exists() for name in ("perplexity", "position", "passkey", "cost"))
     assert "with its 95% bootstrap interval over the windows (L = 320: 2 windows, 320 tokens" in text
+    # full is the model's own attention: on the same windows its paired ratio is 1 with no spread at all
+    assert "| `full` | 1.000 [1.000–1.000] | 1.000 [1.000–1.000] |" in text
     assert "Exact match over 1 keys a cell, with Wilson's 95% interval (fewer than 10 trials a cell: wide)." in text
     starts = {r["start"] for r in by("perplexity") if r["setting"] == "sdpa" and r["length"] == 384}
     assert len(starts) == 2 and all(s % 384 == 0 for s in starts)  # disjoint windows: slots of the text

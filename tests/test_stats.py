@@ -8,7 +8,7 @@ import random
 
 import pytest
 
-from harness.stats import bootstrap_pooled_mean, wilson_interval
+from harness.stats import bootstrap_paired_difference, bootstrap_pooled_mean, wilson_interval
 
 
 @pytest.mark.parametrize(
@@ -40,3 +40,15 @@ def test_the_bootstrap_interval_holds_the_pooled_mean_and_shrinks_with_windows()
     s = math.sqrt(sum((x - sum(many) / 64) ** 2 for x in many) / 63)
     assert (hi64 - lo64) / 2 == pytest.approx(1.96 * s / 8, rel=0.2)
     assert bootstrap_pooled_mean([3.0], [2]) == (1.5, 1.5)
+
+
+def test_a_paired_comparison_cancels_the_spread_of_the_texts():
+    # windows whose own losses spread widely, scored by two methods a constant 0.1 nats apart: the pooled intervals
+    # of each overlap, the paired difference is exactly 0.1
+    rng = random.Random(2)
+    base = [rng.uniform(1.5, 3.5) * 100 for _ in range(8)]
+    shifted = [x + 0.1 * 100 for x in base]
+    low, high = bootstrap_paired_difference(shifted, base, [100] * 8)
+    assert low == pytest.approx(0.1) and high == pytest.approx(0.1)
+    a, b = bootstrap_pooled_mean(shifted, [100] * 8), bootstrap_pooled_mean(base, [100] * 8)
+    assert a[0] < b[1]  # apart, each alone cannot tell the two methods apart

@@ -3,6 +3,7 @@ context length, one colour a method."""
 
 from __future__ import annotations
 
+import math
 from pathlib import Path
 
 import pandas as pd
@@ -185,6 +186,8 @@ def _draw_positions(table: pd.DataFrame, style: dict, settings: list[str], path:
         mine = table[(table["setting"] == s) & (table["length"] == longest)].sort_values("lo")
         if not mine.empty:
             ax.plot((mine["lo"] * mine["hi"]) ** 0.5, mine["nll"], label=s, **style[s])
+    ticks = [4**i for i in range(1 + int(math.log(longest, 4)))]  # plain numbers: 1, 4, 16, ... not 10^2
+    ax.set_xticks(ticks, [str(t) for t in ticks])
     ax.set(
         xscale="log",
         xlabel="position of the token in its window (log-spaced buckets)",

@@ -8,7 +8,7 @@ from pathlib import Path
 
 import pandas as pd
 
-from harness.stats import bootstrap_pooled_mean, wilson_interval
+from harness.stats import bootstrap_paired_difference, bootstrap_pooled_mean, wilson_interval
 from harness.store.storage import LM_RESULTS as RESULTS
 from harness.store.storage import read_rows
 
@@ -64,6 +64,27 @@ def perplexity_table(df: pd.DataFrame) -> pd.DataFrame:
         nll = sum(sums) / sum(counts)
         out.append([setting, length, math.exp(nll), math.exp(low), math.exp(high), group["ppl"].min()])
         out[-1] += [group["ppl"].max(), group["window"].nunique(), sum(counts)]
+    return pd.DataFrame(out, columns=columns)
+
+
+def paired_ratio_table(df: pd.DataFrame) -> pd.DataFrame:
+    """Per (setting, length) scored on the same windows as the model's own sdpa: perplexity / sdpa's on those windows
+    and its 95% paired bootstrap interval (the windows resampled together: the texts' own spread cancels)."""
+    columns = ["setting", "length", "ratio", "low", "high", "windows"]
+    ppl = df[df["task"] == "perplexity"] if "task" in df else df.iloc[:0]
+    own = {(int(r.length), int(r.window)): r for r in ppl[ppl["setting"] == OWN].itertuples()}
+    out = []
+    for (setting, length), group in ppl[ppl["setting"] != OWN].groupby(["setting", "length"], sort=False):
+        pairs = [
+            (r, own[(int(length), int(r.window))]) for r in group.itertuples() if (int(length), int(r.window)) in own
+        ]
+        if not pairs or any(a.scored != b.scored or a.start != b.start for a, b in pairs):
+            continue  # (windows that are not the same text: no paired comparison)
+        sums_a, sums_b = [a.nll * a.scored for a, _ in pairs], [b.nll * b.scored for _, b in pairs]
+        counts = [int(a.scored) for a, _ in pairs]
+        low, high = bootstrap_paired_difference(sums_a, sums_b, counts)
+        ratio = math.exp((sum(sums_a) - sum(sums_b)) / sum(counts))
+        out.append([setting, length, ratio, math.exp(low), math.exp(high), len(pairs)])
     return pd.DataFrame(out, columns=columns)
 
 

@@ -11,6 +11,7 @@ from harness.readers.lm_frames import (
     OWN,
     cost_table,
     lm_frame,
+    paired_ratio_table,
     passkey_table,
     perplexity_table,
     ruler_table,
@@ -88,6 +89,19 @@ def write_lm_report(run_dir: Path) -> tuple[Path, list[Path]]:
             markdown_table(
                 ["attention", *map(str, lengths)],
                 [[f"`{s}`", *(cell.get((s, n), "") for n in lengths)] for s in settings],
+            ),
+            "",
+        ]
+    paired = paired_ratio_table(df)
+    if not paired.empty:
+        cell = {(r.setting, int(r.length)): f"{r.ratio:.3f} [{r.low:.3f}–{r.high:.3f}]" for r in paired.itertuples()}
+        shown = [s for s in settings if any((s, n) in cell for n in lengths)]
+        lines += [
+            f"Against `{OWN}` on the same windows: perplexity / {OWN}'s, with its 95% paired bootstrap interval (the "
+            "windows resampled together, so the texts' own spread cancels).",
+            "",
+            markdown_table(
+                ["attention", *map(str, lengths)], [[f"`{s}`", *(cell.get((s, n), "") for n in lengths)] for s in shown]
             ),
             "",
         ]
