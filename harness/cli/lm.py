@@ -160,9 +160,9 @@ def lm(
             text=train_text,
         ),
     )
-    if keys < 10 and resume is None:
+    if keys < 10 and resume is None and {"passkey", "ruler"} & {t.strip() for t in tasks.split(",")}:
         console.print(
-            f"[yellow]warning[/]: --keys {keys}: a passkey cell of fewer than 10 trials gives a wide interval"
+            f"[yellow]warning[/]: --keys {keys}: a retrieval cell of fewer than 10 trials has a wide interval"
         )
     with checked():
         session = open_lm(LMRequest(build=build, resume=resume, out=out), say(console), console.status)

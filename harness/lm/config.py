@@ -55,7 +55,8 @@ def positions_needed(task: str, length: int) -> int:
 
 
 def shortest_length(task: str) -> int:
-    """The shortest context a task measures anything in: perplexity scores min(SCORED, L // 2) tokens, so 2."""
+    """The shortest context a task measures anything in: perplexity's first token has no prefix to be predicted
+    from, so it scores a token only from L = 2 on."""
     return 2 if task == "perplexity" else 1
 
 

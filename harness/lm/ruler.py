@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import random
 
+from harness.lm.tasks import FILLER
 from harness.options import ArgumentError
 
 NEEDLES = 4  # needles of multikey (one asked, three distractors) and values of multivalue
@@ -67,8 +68,6 @@ def prompt(tokenizer, subtask: str, length: int, seed: int, trial: int) -> tuple
 
 def _spliced(encode, intro: str, needles: list[str], question: str, length: int, rng, subtask: str) -> list[int]:
     """intro + filler with the needles at uniform random places, in their order + question: exactly `length`."""
-    from harness.lm.tasks import FILLER
-
     head, tail, pieces = encode(intro), encode(question), [encode(n) for n in needles]
     room = length - len(head) - len(tail) - sum(map(len, pieces))
     if room < 0:

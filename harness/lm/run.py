@@ -222,7 +222,7 @@ def check_config(config: LMConfig, model, tokenizer, tokens: torch.Tensor) -> No
         if too_short:
             raise ArgumentError(
                 f"--lengths {','.join(map(str, too_short))}: --tasks {task} needs contexts of at least "
-                f"{shortest_length(task)} tokens (perplexity scores the last min({SCORED}, L // 2) of each)"
+                f"{shortest_length(task)} tokens (a window's first token has nothing before it to be predicted from)"
             )
         past = [n for n in config.lengths if context and positions_needed(task, n) > context]
         if past:

@@ -146,9 +146,12 @@ def write_lm_report(run_dir: Path) -> tuple[Path, list[Path]]:
                 (r.setting, int(r.length)): f"{r.accuracy:.0%} [{r.low:.0%}–{r.high:.0%}]" for r in mine.itertuples()
             }
             shown = [n for n in lengths if any((s, n) in cell for s in settings)]
-            lines += [f"`{subtask}`", "", markdown_table(["attention", *map(str, shown)], [
-                [f"`{s}`", *(cell.get((s, n), "") for n in shown)] for s in settings if any((s, n) in cell for n in shown)
-            ]), ""]  # fmt: skip
+            body = [
+                [f"`{s}`", *(cell.get((s, n), "") for n in shown)]
+                for s in settings
+                if any((s, n) in cell for n in shown)
+            ]
+            lines += [f"`{subtask}`", "", markdown_table(["attention", *map(str, shown)], body), ""]
     lines += distill_section(df, cfg, settings, lengths, about.get("distill", {}).get("nothing_to_train"))
     lines += linearize_section(df, cfg, lengths, about.get("linearize", {}))
     lines += decode_section(df, settings, lengths)
