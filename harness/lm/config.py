@@ -42,16 +42,14 @@ PASSKEY_DIGITS = 6  # a passkey has 5 or 6 digits
 PASSKEY_EXTRA_TOKENS = 4  # greedy tokens generated past the key's digits (spaces, punctuation around the answer)
 
 
-def positions_needed(task: str, length: int) -> int:
-    """Positions a task's context of `length` tokens takes in the model: the prompt, plus every token fed after
-    it (decode: its timed steps; passkey: each generated token but the last, which is never fed back)."""
+def tokens_after_prompt(task: str) -> int:
+    """Tokens a task feeds the model after its prompt: decode's timed steps; a generated answer's tokens but the
+    last, which is never fed back (passkey, RULER)."""
     if task == "decode":
-        return length + DECODE_STEPS
+        return DECODE_STEPS
     if task == "passkey":
-        return length + PASSKEY_DIGITS + PASSKEY_EXTRA_TOKENS - 1
-    if task == "ruler":
-        return length + RULER_NEW_TOKENS - 1
-    return length
+        return PASSKEY_DIGITS + PASSKEY_EXTRA_TOKENS - 1
+    return RULER_NEW_TOKENS - 1 if task == "ruler" else 0
 
 
 def shortest_length(task: str) -> int:
@@ -134,10 +132,22 @@ class LMConfig:
     # min(SCORED, L // 2) tokens of each window
     scored_from: float | None = None
     scored_tokens: int = 0  # with windows 0: windows enough to score this many tokens at each length
+    # passkey and RULER prompts leave room inside L for their answer (RULER's convention: L counts the tokens to
+    # generate), so L = the model's context runs; False (runs made before): prompts of L tokens, the answer past them
+    answer_inside: bool = False
 
     @property
     def recipe(self) -> Recipe | None:
         return None if self.linearize is None else Recipe(**self.linearize)
+
+    def prompt_length(self, task: str, length: int) -> int:
+        """Tokens of a task's prompt at length L: L, less the answer's room where the answer fits inside L."""
+        inside = self.answer_inside and task in ("passkey", "ruler")
+        return length - tokens_after_prompt(task) if inside else length
+
+    def positions_needed(self, task: str, length: int) -> int:
+        """Positions a task takes in the model at length L: its prompt and every token fed after it."""
+        return self.prompt_length(task, length) + tokens_after_prompt(task)
 
     def first_scored(self, length: int) -> int:
         """The position of a window's first scored token (>= 1: the first token has no prefix to predict it)."""

@@ -40,7 +40,6 @@ from harness.lm.config import (
     Setting,
     cells,
     parse_depths,
-    positions_needed,
     row_key,
     shortest_length,
 )
@@ -177,13 +176,20 @@ def run_lm(
                 depth=depth,
                 key_index=index,
                 key=secret,
-                **passkey_answer(model, tokenizer, passkey_prompt(tokenizer, length, depth, secret), secret),
+                prompt_tokens=config.prompt_length(task, length),
+                **passkey_answer(
+                    model,
+                    tokenizer,
+                    passkey_prompt(tokenizer, config.prompt_length(task, length), depth, secret),
+                    secret,
+                ),
             )
         elif task.startswith("ruler:"):
             subtask = task.split(":", 1)[1]
-            ids, expected = ruler.prompt(tokenizer, subtask, length, config.seed, index)
+            ids, expected = ruler.prompt(tokenizer, subtask, config.prompt_length("ruler", length), config.seed, index)
             out = greedy_answer(model, tokenizer, torch.tensor(ids, dtype=torch.long), ruler.NEW_TOKENS[subtask])
-            row.update(key_index=index, expected=expected, **out, correct=ruler.correct(out["answer"], expected))
+            row.update(key_index=index, expected=expected, prompt_tokens=len(ids), **out)
+            row.update(correct=ruler.correct(out["answer"], expected))
         elif task == "decode":
             row.update(**decode_cost(model, tokens, length))
         else:
@@ -224,13 +230,13 @@ def check_config(config: LMConfig, model, tokenizer, tokens: torch.Tensor) -> No
                 f"--lengths {','.join(map(str, too_short))}: --tasks {task} needs contexts of at least "
                 f"{shortest_length(task)} tokens (a window's first token has nothing before it to be predicted from)"
             )
-        past = [n for n in config.lengths if context and positions_needed(task, n) > context]
+        past = [n for n in config.lengths if context and config.positions_needed(task, n) > context]
         if past:
             n = max(past)
+            need = config.positions_needed(task, n)
             raise ArgumentError(
-                f"--lengths {','.join(map(str, past))}: --tasks {task} at {n} tokens needs "
-                f"{positions_needed(task, n)} positions ({n} of context and {positions_needed(task, n) - n} "
-                f"generated after it), past the model's context of {context}"
+                f"--lengths {','.join(map(str, past))}: --tasks {task} at {n} tokens needs {need} positions "
+                f"({n} of context and {need - n} generated after it), past the model's context of {context}"
             )
     if "perplexity" in config.tasks and len(tokens) < max(config.lengths) + 1:
         raise ArgumentError(
@@ -246,10 +252,10 @@ def check_config(config: LMConfig, model, tokenizer, tokens: torch.Tensor) -> No
         )
 
     if "passkey" in config.tasks:
-        passkey_prompt(tokenizer, min(config.lengths), 0, "123456")
+        passkey_prompt(tokenizer, config.prompt_length("passkey", min(config.lengths)), 0, "123456")
     if "ruler" in config.tasks:
         for subtask in RULER_SUBTASKS:  # (an ArgumentError where the shortest length holds no filler)
-            ruler.prompt(tokenizer, subtask, min(config.lengths), config.seed, 0)
+            ruler.prompt(tokenizer, subtask, config.prompt_length("ruler", min(config.lengths)), config.seed, 0)
     labels = [s.label for s in config.settings]
     if len(set(labels)) != len(labels):
         raise ArgumentError(f"--variant: {', '.join(labels)} names one attention twice")

@@ -78,6 +78,7 @@ def lm_config(
         linearize=recipe,
         scored_from=SCORED_FROM,
         scored_tokens=scored_tokens,
+        answer_inside=True,
     )
 
 
