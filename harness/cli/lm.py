@@ -60,7 +60,11 @@ def lm(
         ),
     ] = 16_000,
     keys: Annotated[
-        int, typer.Option(callback=within(1, 1000), help="Passkey: keys per (length, depth); below 10, a warning.")
+        int,
+        typer.Option(
+            callback=within(1, 1000),
+            help="Passkey: keys per (length, depth); RULER: trials per (length, task). Below 10, a warning.",
+        ),
     ] = 10,
     seed: Annotated[int, typer.Option(callback=within(0, 2**31), help="Seed of the windows and the keys.")] = 0,
     text: Annotated[
