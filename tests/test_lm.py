@@ -52,6 +52,18 @@ def tiny(tmp_path_factory):
     return folder
 
 
+@pytest.fixture(scope="module")
+def gpt2(tmp_path_factory):
+    """A folder with a tiny random GPT-2 (learned positions, 512 of them) and the byte tokenizer."""
+    folder = tmp_path_factory.mktemp("gpt2")
+    torch.manual_seed(0)
+    transformers.GPT2LMHeadModel(
+        transformers.GPT2Config(vocab_size=257, n_embd=32, n_layer=1, n_head=4, n_positions=512)
+    ).save_pretrained(folder)
+    _byte_tokenizer().save_pretrained(folder)
+    return folder
+
+
 FAST = ["--lengths", "320,384", "--depths", "0,100", "--windows", "2", "--keys", "1", "--no-report"]
 
 
@@ -405,13 +417,7 @@ def test_an_interrupted_linearization_resumes_from_its_checkpoint_to_the_same_mo
     assert all(torch.allclose(p, mine[name], rtol=1e-5, atol=1e-7) for name, p in whole.named_parameters())
 
 
-def test_linearize_refuses_what_it_cannot_train_before_anything_is_written(tiny, tmp_path, monkeypatch):
-    gpt2 = tmp_path / "gpt2"
-    torch.manual_seed(0)
-    transformers.GPT2LMHeadModel(
-        transformers.GPT2Config(vocab_size=257, n_embd=32, n_layer=1, n_head=4, n_positions=512)
-    ).save_pretrained(gpt2)
-    _byte_tokenizer().save_pretrained(gpt2)
+def test_linearize_refuses_what_it_cannot_train_before_anything_is_written(tiny, gpt2, tmp_path, monkeypatch):
     empty, overlapping = tmp_path / "empty.txt", tmp_path / "topics.txt"
     empty.write_text("\n")
     overlapping.write_text(lm.corpus_text(None)[:20_000])
@@ -527,15 +533,11 @@ def test_decode_times_a_token_after_each_context_and_keeps_the_models_own_cache_
     assert not (tmp_path / "x").exists()
 
 
-def test_a_task_past_the_models_positions_or_scoring_nothing_is_refused_before_anything_is_written(tiny, tmp_path):
+def test_a_task_past_the_models_positions_or_scoring_nothing_is_refused_before_anything_is_written(
+    tiny, gpt2, tmp_path
+):
     # decode and passkey feed tokens after the context: at L = the model's context a GPT-2 (learned positions) died
     # with an IndexError after writing its run, and a rotary model decoded past its context; --lengths 1 scored 0 tokens
-    gpt2 = tmp_path / "gpt2"
-    torch.manual_seed(0)
-    transformers.GPT2LMHeadModel(
-        transformers.GPT2Config(vocab_size=257, n_embd=32, n_layer=1, n_head=4, n_positions=512)
-    ).save_pretrained(gpt2)
-    _byte_tokenizer().save_pretrained(gpt2)
     cases = [
         (
             [str(gpt2), "--lengths", "512", "--tasks", "decode"],

@@ -106,31 +106,28 @@ def position_table(df: pd.DataFrame) -> pd.DataFrame:
 def passkey_table(df: pd.DataFrame) -> pd.DataFrame:
     """Per (setting, length, depth): exact-match accuracy over the keys and its Wilson 95% interval."""
     keys = df[df["task"] == "passkey"] if "task" in df else df.iloc[:0]
-    if keys.empty:
-        return pd.DataFrame(columns=["setting", "length", "depth", "accuracy", "keys", "low", "high"])
-    keys = keys.assign(correct=keys["correct"].astype(float))
-    out = (
-        keys.groupby(["setting", "length", "depth"], sort=False)
-        .agg(accuracy=("correct", "mean"), keys=("correct", "size"), right=("correct", "sum"))
-        .reset_index()
-    )
-    bounds = [wilson_interval(int(r), int(n)) for r, n in zip(out["right"], out["keys"])]
-    out["low"], out["high"] = [b[0] for b in bounds], [b[1] for b in bounds]
-    return out.drop(columns=["right"])
+    return _accuracy(keys, ["setting", "length", "depth"], "keys")
 
 
 def ruler_table(df: pd.DataFrame) -> pd.DataFrame:
     """Per (setting, length, RULER subtask): exact-match accuracy over the trials and its Wilson 95% interval."""
-    rows = df[df["task"].astype(str).str.startswith("ruler:")] if "task" in df else df.iloc[:0]
+    rows = df[df["task"].astype(str).str.startswith("ruler:")] if "task" in df else pd.DataFrame()
+    if not rows.empty:
+        rows = rows.assign(subtask=rows["task"].str.split(":").str[1])
+    return _accuracy(rows, ["setting", "length", "subtask"], "trials")
+
+
+def _accuracy(rows: pd.DataFrame, by: list[str], count: str) -> pd.DataFrame:
+    """Per group of `by`: the mean of `correct`, the trials (column `count`), Wilson's 95% interval (low, high)."""
     if rows.empty:
-        return pd.DataFrame(columns=["setting", "length", "subtask", "accuracy", "trials", "low", "high"])
-    rows = rows.assign(subtask=rows["task"].str.split(":").str[1], correct=rows["correct"].astype(float))
+        return pd.DataFrame(columns=[*by, "accuracy", count, "low", "high"])
+    rows = rows.assign(correct=rows["correct"].astype(float))
     out = (
-        rows.groupby(["setting", "length", "subtask"], sort=False)
-        .agg(accuracy=("correct", "mean"), trials=("correct", "size"), right=("correct", "sum"))
+        rows.groupby(by, sort=False)
+        .agg(accuracy=("correct", "mean"), **{count: ("correct", "size")}, right=("correct", "sum"))
         .reset_index()
     )
-    bounds = [wilson_interval(int(r), int(n)) for r, n in zip(out["right"], out["trials"])]
+    bounds = [wilson_interval(int(r), int(n)) for r, n in zip(out["right"], out[count])]
     out["low"], out["high"] = [b[0] for b in bounds], [b[1] for b in bounds]
     return out.drop(columns=["right"])
 
