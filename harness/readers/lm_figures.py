@@ -65,6 +65,7 @@ def draw_lm(run_dir: Path, df: pd.DataFrame, settings: list[str]) -> list[Path]:
         _legend(ax, many, 8)
         ax.grid(True, which="both", alpha=0.3)
         _length_axis(ax, ppl["length"])
+        _plain_log_labels(ax.yaxis)
         out.append(_save(fig, folder / "lm_perplexity.png"))
     positions = position_table(df)
     if not positions.empty:
@@ -197,6 +198,14 @@ def _draw_positions(table: pd.DataFrame, style: dict, settings: list[str], path:
     ax.grid(True, which="both", alpha=0.3)
     _legend(ax, many, 8)
     return _save(fig, path)
+
+
+def _plain_log_labels(axis) -> None:
+    """A log axis labelled 8, 9, 10, 20 rather than 8×10⁰: the same ticks matplotlib would label, plain numbers."""
+    from matplotlib.ticker import LogFormatter
+
+    axis.set_major_formatter(LogFormatter())
+    axis.set_minor_formatter(LogFormatter(labelOnlyBase=False, minor_thresholds=(1, 0.4)))
 
 
 def _length_axis(ax, lengths) -> None:
