@@ -561,10 +561,15 @@ def test_a_task_past_the_models_positions_or_scoring_nothing_is_refused_before_a
     assert keys.exit_code == 0, keys.output
 
 
-def test_a_resumed_run_keeps_no_report_unless_asked_again(tiny, tmp_path):
+def test_a_resumed_run_keeps_no_report_unless_asked_again(tiny, tmp_path, monkeypatch):
     out = tmp_path / "run"
     args = ["--model", str(tiny), "--variant", "sdpa", "--tasks", "perplexity", "--lengths", "320", "--windows", "1"]
-    assert bench("lm", *args, "--no-report", "--out", str(out)).exit_code == 0
+    from harness.lm.session import LMSession
+
+    finish = LMSession.run
+    monkeypatch.setattr(LMSession, "run", lambda *a, **k: (_ for _ in ()).throw(KeyboardInterrupt))
+    assert bench("lm", *args, "--no-report", "--out", str(out)).exit_code == 130  # Ctrl-C before any row
+    monkeypatch.setattr(LMSession, "run", finish)
     assert bench("lm", "--resume", str(out)).exit_code == 0
     assert not (out / "REPORT.md").exists()  # the original command said --no-report
     assert bench("lm", "--resume", str(out), "--report").exit_code == 0

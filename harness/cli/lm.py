@@ -170,6 +170,7 @@ def lm(
         )
     with checked():
         session = open_lm(LMRequest(build=build, resume=resume, out=out), say(console), console.status)
+    report = rundir.report_asked(session.run_dir, report, resume is not None)  # (recorded before a Ctrl-C can come)
     progress = progress_bar(console)
     bar = {}
 
@@ -185,5 +186,5 @@ def lm(
     with interruptible(console, session.kept, session.resume_command), progress:
         session.run(on_cell, before, on_train)
     console.print(f"results: {session.run_dir / LM_RESULTS}", soft_wrap=True)
-    if rundir.report_asked(session.run_dir, report, resume is not None):
+    if report:
         write_report(session.run_dir, console)

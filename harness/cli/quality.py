@@ -250,6 +250,7 @@ def quality(
         session = open_quality(
             QualityRequest(build=build or {}, resume=resume, out=out, imports=tuple(import_ or [])), say(console)
         )
+    report = rundir.report_asked(session.run_dir, report, resume is not None)  # (recorded before a Ctrl-C can come)
     try:
         with interruptible(console, session.kept, session.resume_command):
             rows = quality_with_progress(session, console)
@@ -258,5 +259,5 @@ def quality(
         raise typer.Exit(1) from None
     print_accuracy(rows, session.config, console)
     console.print(f"results: {session.run_dir / QUALITY_RESULTS}")
-    if rundir.report_asked(session.run_dir, report, resume is not None):
+    if report:
         write_report(session.run_dir, console)

@@ -222,9 +222,9 @@ def run(
             retry_failed=retry_failed,
         )
         session = open_sweep(request, say(console), console.status)
+    report = rundir.report_asked(session.run_dir, report, resume is not None)  # (recorded before a Ctrl-C can come)
     with session, interruptible(console, session.kept, session.resume_command):
         rows = _sweep_with_progress(session, console)
-    report = rundir.report_asked(session.run_dir, report, resume is not None)
     if report and any(row["status"] == "ok" for row in rows):
         write_report(session.run_dir, console)
     if rows and not any(row["status"] == "ok" for row in rows):
