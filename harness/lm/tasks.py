@@ -81,11 +81,8 @@ def window_scores(model, tokens: torch.Tensor, start: int, length: int, first: i
                 for chunk, target in zip(logits.split(1024), ids[0, 1:].split(1024))
             ]
         ).double()
-    position = torch.arange(1, length, dtype=torch.long)
-    buckets = [
-        [lo, hi, float(nll[(position >= lo) & (position < hi)].sum()), int(((position >= lo) & (position < hi)).sum())]
-        for lo, hi in position_buckets(length)
-    ]
+    # nll[p - 1] is position p's: a bucket [lo, hi) is the slice nll[lo - 1 : hi - 1]
+    buckets = [[lo, hi, float(nll[lo - 1 : hi - 1].sum()), hi - lo] for lo, hi in position_buckets(length)]
     scored = nll[first - 1 :]
     return {"nll": float(scored.mean()), "scored": int(scored.numel()), "position_nll": buckets, "forward_s": seconds}
 

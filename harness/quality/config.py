@@ -52,6 +52,10 @@ class TrainConfig:
             return self.batch
         return max(1, min(self.batch, self.batch_tokens // seq_len))
 
+    def row_fields(self) -> dict:
+        """The recipe as a row records it: each field as cfg_<field> (accuracy rows, training-step cost rows)."""
+        return {f"cfg_{k}": v for k, v in asdict(self).items()}
+
 
 TASKS = ("copy", "recall", "mqar")
 ARCHS = ("transformer", "zoology")

@@ -3,7 +3,6 @@ cost, measured in a process of its own on a quiet machine, then the trainings; r
 
 from __future__ import annotations
 
-from dataclasses import asdict
 from pathlib import Path
 
 import variants
@@ -46,7 +45,7 @@ def measure_cost(
         "dtype": config.dtype,
         "status": "error",
         "error": outcome.describe(),
-        **{f"cfg_{k}": v for k, v in asdict(cfg).items()},
+        **cfg.row_fields(),
     }
 
 

@@ -13,7 +13,6 @@ from __future__ import annotations
 import math
 import statistics
 import time
-from dataclasses import asdict
 
 import torch
 import torch.nn.functional as F
@@ -165,7 +164,7 @@ def train_one(
     params = sum(p.numel() for p in model.parameters())
     opt = torch.optim.AdamW(model.parameters(), lr=cfg.lr, betas=(0.9, cfg.adam_beta2), weight_decay=cfg.weight_decay)
     g = torch.Generator().manual_seed(seed)
-    recipe = {f"cfg_{k}": v for k, v in asdict(cfg).items()}
+    recipe = cfg.row_fields()
     resolved = resolved_options(variant, options)
     if (
         cfg.warm_start and task_name == "recall" and cfg.queries is not None
@@ -272,5 +271,5 @@ def measure_training_step(
         "train_peak_bytes": memory["peak_bytes"],
         "memory_kind": memory["kind"],
         "threads": threads,
-        **{f"cfg_{k}": v for k, v in asdict(cfg).items()},  # the recipe measured (a sweep measures each width)
+        **cfg.row_fields(),  # the recipe measured (a sweep measures each width)
     }

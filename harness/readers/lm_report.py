@@ -112,7 +112,7 @@ def write_lm_report(run_dir: Path) -> tuple[Path, list[Path]]:
         lines += [
             "## Passkey retrieval",
             "",
-            f"Exact match over {'-'.join(map(str, trials[:: max(1, len(trials) - 1)]))} keys a cell, with Wilson's 95% "
+            f"Exact match over {trials[0]}{'' if len(trials) == 1 else f'-{trials[-1]}'} keys a cell, with Wilson's 95% "
             "interval" + (" (fewer than 10 trials a cell: wide)." if trials[0] < 10 else "."),
             "",
         ]
