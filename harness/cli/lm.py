@@ -25,6 +25,14 @@ def default_settings() -> list[str]:
     return settings
 
 
+def kv_policies_of(given: list[str] | None) -> list[str]:
+    """--kv-policy's names in order (comma lists split, 'all' every policy); checked in check_kv."""
+    from variants import kvcache
+
+    names = [part.strip() for text in given or [] for part in text.split(",") if part.strip()]
+    return kvcache.available() if "all" in names else list(dict.fromkeys(names))
+
+
 def lm(
     model: Annotated[
         Optional[str],
@@ -114,6 +122,19 @@ def lm(
             help="The linearization's training text. Default: the standard library's docstrings (never the scored text)."
         ),
     ] = None,
+    kv_policy: Annotated[
+        Optional[list[str]],
+        typer.Option(
+            "--kv-policy",
+            help="A KV-cache policy to sweep (repeat, or comma-separated; 'all'): streaming_llm, h2o, tova, snapkv, pyramidkv, knorm, expected_attention, random. Each prompt is prefilled once; --variant then defaults to none.",
+        ),
+    ] = None,
+    ratios: Annotated[
+        str, typer.Option(help="KV sweep: compression ratios, the fraction of the prompt's positions removed.")
+    ] = "0.25,0.5,0.75,0.875",
+    kv_modes: Annotated[
+        str, typer.Option(help="KV sweep: aware (the question compressed with the prompt), agnostic (appended after).")
+    ] = "aware,agnostic",
     out: Annotated[
         Optional[Path], typer.Option(help="Run directory to create (default results/lm-<timestamp>-<host>).")
     ] = None,
@@ -140,9 +161,13 @@ def lm(
     from harness.lm.session import LMRequest, open_lm
 
     console = make_console()
+    policies = kv_policies_of(kv_policy)
     build = dict(
         model=model,
-        variants=variant or default_settings(),
+        variants=variant or ([] if policies else default_settings()),
+        kv_policies=policies,
+        ratios=ratios,
+        kv_modes=kv_modes,
         lengths=lengths,
         depths=depths,
         windows=windows,

@@ -29,6 +29,13 @@ RULER_NEW_TOKENS = 48  # the most greedy tokens a RULER answer generates (ruler.
 DEFAULT_TASKS = ("perplexity", "passkey", "cost")  # (decode: asked for by name, its own timed run)
 
 
+KV_MODES = ("aware", "agnostic")  # the question inside the compressed prompt, or appended after compression
+KV_RATIOS = (0.25, 0.5, 0.75, 0.875)  # kvpress's leaderboard: the fraction of the prompt's positions removed
+KV_TASKS = {"passkey": "kv:passkey", "perplexity": "kv:continuation"}  # (ruler: "kv:ruler:<subtask>")
+FULL_CACHE = "full cache"  # the KV sweep's baseline: the exact cache of the same prefill, nothing removed
+CONTINUATION = 256  # tokens fed after a compressed prompt of L tokens and scored (teacher-forced)
+
+
 DECODE_STEPS = 16  # generated tokens timed after the prompt (the median is the per-token time)
 
 
@@ -135,6 +142,11 @@ class LMConfig:
     # passkey and RULER prompts leave room inside L for their answer (RULER's convention: L counts the tokens to
     # generate), so L = the model's context runs; False (runs made before): prompts of L tokens, the answer past them
     answer_inside: bool = False
+    # --kv-policy: the KV-cache policies (variants/kvcache/) swept on one exact prefill per prompt, at each ratio
+    # and mode; their rows' tasks start "kv:" (harness/lm/kv.py)
+    kv_policies: tuple[str, ...] = ()
+    ratios: tuple[float, ...] = KV_RATIOS
+    kv_modes: tuple[str, ...] = KV_MODES
 
     @property
     def recipe(self) -> Recipe | None:
@@ -175,8 +187,9 @@ class LMConfig:
             )
             for s in data["settings"]
         )
-        for key in ("lengths", "depths", "tasks"):
-            data[key] = tuple(data[key])
+        for key in ("lengths", "depths", "tasks", "kv_policies", "ratios", "kv_modes"):
+            if key in data:
+                data[key] = tuple(data[key])
         return cls(**data)
 
 
@@ -216,7 +229,40 @@ def cells(config: LMConfig) -> list[tuple]:
                 out.append(("cost", setting.label, length, None, None, None))
             if "decode" in config.tasks:
                 out.append(("decode", setting.label, length, None, None, None))
+        out += kv_cells(config, length)
     return out
+
+
+def kv_label(policy: str, ratio: float, mode: str) -> str:
+    return f"{policy} {ratio:g} {mode}"
+
+
+def kv_branches(config: LMConfig, task: str) -> list[tuple[str, str | None, float, str]]:
+    """(label, policy, ratio, mode) of every branch of one prompt's prefill: the full cache, then each policy at
+    each ratio in each mode (a continuation has no question: compressed before it, "agnostic" only)."""
+    modes = ("agnostic",) if task == KV_TASKS["perplexity"] else config.kv_modes
+    return [(FULL_CACHE, None, 0.0, "-")] + [
+        (kv_label(p, r, m), p, r, m) for m in modes for p in config.kv_policies for r in config.ratios
+    ]
+
+
+def kv_cells(config: LMConfig, length: int) -> list[tuple]:
+    """The KV sweep's cells at `length`, prompt by prompt (each prompt's branches together: one prefill serves
+    them); continuation windows: `keys` of them."""
+    if not config.kv_policies:
+        return []
+    prompts = []
+    if "passkey" in config.tasks:
+        prompts += [(KV_TASKS["passkey"], None, d, i) for d in config.depths for i in range(config.keys)]
+    if "ruler" in config.tasks:
+        prompts += [("kv:ruler:" + t, None, None, i) for t in RULER_SUBTASKS for i in range(config.keys)]
+    if "perplexity" in config.tasks:
+        prompts += [(KV_TASKS["perplexity"], w, None, None) for w in range(config.keys)]
+    return [
+        (task, label, length, window, depth, index)
+        for task, window, depth, index in prompts
+        for label, *_ in kv_branches(config, task)
+    ]
 
 
 def slug(label: str) -> str:

@@ -32,6 +32,12 @@ WORDS = (
 def prompt(tokenizer, subtask: str, length: int, seed: int, trial: int) -> tuple[list[int], list[str]]:
     """(token ids of exactly `length` tokens, the strings a correct answer holds) for one trial, drawn from
     (seed, subtask, length, trial): the same prompt for every attention."""
+    ids, expected, _ = prompt_parts(tokenizer, subtask, length, seed, trial)
+    return ids, expected
+
+
+def prompt_parts(tokenizer, subtask: str, length: int, seed: int, trial: int) -> tuple[list[int], list[str], int]:
+    """`prompt`'s ids and expected strings, and how many of the ids (the last) are the question."""
     rng = random.Random(f"ruler-{seed}-{subtask}-{length}-{trial}")
     encode = lambda text: tokenizer(text, add_special_tokens=False)["input_ids"]  # noqa: E731
     if subtask == "vartrack":
@@ -63,7 +69,7 @@ def prompt(tokenizer, subtask: str, length: int, seed: int, trial: int) -> tuple
             f"mentioned in the provided text? The special magic {plural} for {asked} mentioned in the provided text {verb}"
         )
         expected = numbers if subtask == "multivalue" else [numbers[0]]
-    return _spliced(encode, intro, needles, question, length, rng, subtask), expected
+    return _spliced(encode, intro, needles, question, length, rng, subtask), expected, len(encode(question))
 
 
 def _spliced(encode, intro: str, needles: list[str], question: str, length: int, rng, subtask: str) -> list[int]:

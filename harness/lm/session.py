@@ -47,6 +47,9 @@ def lm_config(
     distill_lr: float = 1e-3,
     linearize: dict | None = None,
     scored_tokens: int = 0,
+    kv_policies: list[str] | None = None,
+    ratios: str = "0.25,0.5,0.75,0.875",
+    kv_modes: str = "aware,agnostic",
 ) -> lmrun.LMConfig:
     """The run's configuration from the command line's texts; ArgumentError naming a bad one. `linearize`: the
     recipe's fields as given (--linearize, --lora, --linearize-lr, --lora-lr, --lora-rank, --train-length,
@@ -79,7 +82,20 @@ def lm_config(
         scored_from=SCORED_FROM,
         scored_tokens=scored_tokens,
         answer_inside=True,
+        kv_policies=tuple(kv_policies or ()),
+        ratios=parse_ratios(ratios),
+        kv_modes=tuple(m.strip() for m in kv_modes.split(",") if m.strip()),
     )
+
+
+def parse_ratios(text: str) -> tuple[float, ...]:
+    try:
+        ratios = tuple(float(part) for part in text.split(",") if part.strip())
+    except ValueError:
+        raise ArgumentError(f"--ratios {text!r}: not a comma-separated list of numbers (e.g. 0.25,0.5)") from None
+    if not ratios:
+        raise ArgumentError(f"--ratios {text!r}: no ratio given")
+    return ratios
 
 
 @dataclass

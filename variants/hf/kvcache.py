@@ -12,6 +12,7 @@ built. RoPE is applied before the cache: kept keys keep their original rotations
 
 from __future__ import annotations
 
+import contextlib
 import functools
 
 import torch
@@ -65,23 +66,32 @@ def rope_of(model):
     return rope
 
 
+@contextlib.contextmanager
+def kv_attention(model):
+    """The model's attention is "attnbench_kv" inside (feeds skip the switch: timed tokens pay nothing for it)."""
+    previous = model.config._attn_implementation
+    model.set_attn_implementation(_registered())
+    try:
+        yield model
+    finally:
+        model.set_attn_implementation(previous)
+
+
 def feed(model, ids: Tensor, cache, start: int, record: bool = False):
     """Logits (B, t, V) of `ids` (B, t) at positions start.. after `cache` (extended in place); with `record`,
     also each layer's queries (B, H, t, D)."""
-    previous = model.config._attn_implementation
-    model.set_attn_implementation(_registered())
-    layers = _layers(model)
+    switched = model.config._attn_implementation != KV_IMPLEMENTATION
+    layers = _layers(model) if record else []
     for layer in layers:
-        layer.__dict__[RECORD] = [] if record else None
+        layer.__dict__[RECORD] = []
     positions = torch.arange(start, start + ids.shape[1], device=ids.device)[None]
     try:
-        with torch.no_grad():
+        with kv_attention(model) if switched else contextlib.nullcontext(), torch.no_grad():
             logits = model(ids, position_ids=positions, use_cache=True, **{_cache_argument(model): cache}).logits
-        queries = [layer.__dict__[RECORD][0] for layer in layers] if record else None
+        queries = [layer.__dict__[RECORD][0] for layer in layers]
     finally:
         for layer in layers:
             layer.__dict__.pop(RECORD, None)
-        model.set_attn_implementation(previous)
     return (logits, queries) if record else logits
 
 

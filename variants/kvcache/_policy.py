@@ -95,8 +95,11 @@ class KVPolicy:
         check_ratio(ratio)
         if self.needs_rope and prompt.rope is None:
             raise ValueError(f"{self.name}: needs the model's rotary embedding (Prompt.rope), got None")
-        scores = self.scores(prompt)
-        return scores.topk(self.kept(prompt, ratio), dim=-1).indices.sort(-1).values
+        return self.top(self.scores(prompt), prompt, ratio)
+
+    def top(self, scores: Tensor, prompt: Prompt, ratio: float) -> Tensor:
+        """`keep` from scores already computed (they do not depend on the ratio: one scoring, every ratio)."""
+        return scores.topk(self.kept(prompt, check_ratio(ratio)), dim=-1).indices.sort(-1).values
 
     def __repr__(self) -> str:
         options = ", ".join(f"{k}={v!r}" for k, v in vars(self).items())
