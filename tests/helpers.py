@@ -14,6 +14,7 @@ from pathlib import Path
 
 import pandas as pd
 import pytest
+import torch
 from typer.testing import CliRunner
 
 from harness.cli import app
@@ -243,3 +244,50 @@ def peak_bytes(
     assert out.returncode == 0, out.stderr[-2000:]
     peaks = json.loads(out.stdout.strip().splitlines()[-1])
     return peaks if many else peaks[0]
+
+
+def byte_tokenizer():
+    """A byte-level BPE tokenizer without merges: 256 tokens, one per byte (and an end-of-text token)."""
+    import transformers
+    from tokenizers import Tokenizer, decoders, models, pre_tokenizers
+
+    alphabet = sorted(pre_tokenizers.ByteLevel.alphabet())
+    vocab = {c: i for i, c in enumerate(alphabet)}
+    vocab["<|endoftext|>"] = len(vocab)
+    tok = Tokenizer(models.BPE(vocab=vocab, merges=[]))
+    tok.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False)
+    tok.decoder = decoders.ByteLevel()
+    return transformers.PreTrainedTokenizerFast(tokenizer_object=tok, eos_token="<|endoftext|>")
+
+
+def save_tiny_llama(folder: Path) -> Path:
+    """A tiny random Llama (GQA, 512 positions) and the byte tokenizer saved in `folder`, as from_pretrained reads."""
+    import transformers
+
+    torch.manual_seed(0)
+    config = transformers.LlamaConfig(
+        vocab_size=257,
+        hidden_size=32,
+        intermediate_size=64,
+        num_hidden_layers=2,
+        num_attention_heads=4,
+        num_key_value_heads=2,
+        max_position_embeddings=512,
+        eos_token_id=256,
+        bos_token_id=256,
+    )
+    transformers.LlamaForCausalLM(config).save_pretrained(folder)
+    byte_tokenizer().save_pretrained(folder)
+    return folder
+
+
+def save_tiny_gpt2(folder: Path) -> Path:
+    """A tiny random GPT-2 (learned positions, 512 of them) and the byte tokenizer saved in `folder`."""
+    import transformers
+
+    torch.manual_seed(0)
+    transformers.GPT2LMHeadModel(
+        transformers.GPT2Config(vocab_size=257, n_embd=32, n_layer=1, n_head=4, n_positions=512)
+    ).save_pretrained(folder)
+    byte_tokenizer().save_pretrained(folder)
+    return folder

@@ -12,56 +12,22 @@ import torch
 
 transformers = pytest.importorskip("transformers")
 
-from helpers import bench  # noqa: E402
+from helpers import bench, byte_tokenizer, save_tiny_gpt2, save_tiny_llama  # noqa: E402
 
 from harness.lm import run as lm  # noqa: E402
 from harness.options import ArgumentError  # noqa: E402
 
 
-def _byte_tokenizer():
-    """A byte-level BPE tokenizer without merges: 256 tokens, one per byte (and an end-of-text token)."""
-    from tokenizers import Tokenizer, decoders, models, pre_tokenizers
-
-    alphabet = sorted(pre_tokenizers.ByteLevel.alphabet())
-    vocab = {c: i for i, c in enumerate(alphabet)}
-    vocab["<|endoftext|>"] = len(vocab)
-    tok = Tokenizer(models.BPE(vocab=vocab, merges=[]))
-    tok.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False)
-    tok.decoder = decoders.ByteLevel()
-    return transformers.PreTrainedTokenizerFast(tokenizer_object=tok, eos_token="<|endoftext|>")
-
-
 @pytest.fixture(scope="module")
 def tiny(tmp_path_factory):
     """A folder with a tiny random Llama (GQA) and its byte tokenizer, as from_pretrained reads one."""
-    folder = tmp_path_factory.mktemp("tiny-llama")
-    torch.manual_seed(0)
-    config = transformers.LlamaConfig(
-        vocab_size=257,
-        hidden_size=32,
-        intermediate_size=64,
-        num_hidden_layers=2,
-        num_attention_heads=4,
-        num_key_value_heads=2,
-        max_position_embeddings=512,
-        eos_token_id=256,
-        bos_token_id=256,
-    )
-    transformers.LlamaForCausalLM(config).save_pretrained(folder)
-    _byte_tokenizer().save_pretrained(folder)
-    return folder
+    return save_tiny_llama(tmp_path_factory.mktemp("tiny-llama"))
 
 
 @pytest.fixture(scope="module")
 def gpt2(tmp_path_factory):
     """A folder with a tiny random GPT-2 (learned positions, 512 of them) and the byte tokenizer."""
-    folder = tmp_path_factory.mktemp("gpt2")
-    torch.manual_seed(0)
-    transformers.GPT2LMHeadModel(
-        transformers.GPT2Config(vocab_size=257, n_embd=32, n_layer=1, n_head=4, n_positions=512)
-    ).save_pretrained(folder)
-    _byte_tokenizer().save_pretrained(folder)
-    return folder
+    return save_tiny_gpt2(tmp_path_factory.mktemp("gpt2"))
 
 
 FAST = ["--lengths", "320,384", "--depths", "0,100", "--windows", "2", "--keys", "1", "--no-report"]
@@ -293,7 +259,7 @@ def test_an_absent_smollm2_says_how_to_install_it(monkeypatch):
 
 
 def test_passkey_prompts_have_the_length_asked_and_the_key_at_its_depth():
-    tok = _byte_tokenizer()
+    tok = byte_tokenizer()
     where = []
     for depth in (0, 50, 100):
         ids = lm.passkey_prompt(tok, 400, depth, "123456")
@@ -599,7 +565,7 @@ def test_ruler_prompts_have_the_length_asked_and_hold_what_the_answer_needs(subt
     from harness.lm.config import RULER_NEW_TOKENS, RULER_SUBTASKS
 
     assert set(ruler.NEW_TOKENS) == set(RULER_SUBTASKS) and max(ruler.NEW_TOKENS.values()) == RULER_NEW_TOKENS
-    tokenizer = _byte_tokenizer()
+    tokenizer = byte_tokenizer()
     ids, expected = ruler.prompt(tokenizer, subtask, 1200, seed=0, trial=3)
     assert len(ids) == 1200 and (ids, expected) == ruler.prompt(tokenizer, subtask, 1200, seed=0, trial=3)
     text = tokenizer.decode(ids)
@@ -624,7 +590,7 @@ def test_the_ruler_group_runs_and_reports_intervals(tmp_path):
         num_key_value_heads=2, max_position_embeddings=2048, eos_token_id=256, bos_token_id=256,
     )  # fmt: skip
     transformers.LlamaForCausalLM(config).save_pretrained(longer)
-    _byte_tokenizer().save_pretrained(longer)
+    byte_tokenizer().save_pretrained(longer)
     out = tmp_path / "run"
     args = ["--model", str(longer), "--variant", "sdpa", "--tasks", "ruler", "--lengths", "700", "--keys", "2"]
     result = bench("lm", *args, "--out", str(out))

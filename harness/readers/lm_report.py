@@ -7,6 +7,7 @@ from pathlib import Path
 
 from harness.fmt import fmt_bytes, fmt_time
 from harness.readers.lm_figures import draw_lm
+from harness.readers.lm_kv import draw_kv_frontier, kv_rows, kv_section
 from harness.readers.lm_frames import (
     OWN,
     cost_table,
@@ -27,16 +28,21 @@ __all__ = ["lm_frame", "perplexity_table", "write_lm_report"]  # the tables, imp
 def write_lm_report(run_dir: Path) -> tuple[Path, list[Path]]:
     """RUN_DIR/REPORT.md and figures/ of an lm run; ValueError when it has no rows yet."""
     run_dir = Path(run_dir)
-    df = lm_frame(run_dir)
-    if df.empty:
+    whole = lm_frame(run_dir)
+    if whole.empty:
         raise ValueError(f"{run_dir} has no results yet")
+    df = whole.drop(kv_rows(whole).index)  # (the KV sweep's rows have a section of their own)
     meta = read_metadata(run_dir)
     cfg, about, env = meta.get("config", {}), meta.get("machine", {}), meta.get("environment", {})
     model, corpus = about.get("model", {}), about.get("corpus", {})
     settings = setting_order(df)
     tasks = cfg.get("tasks") or ["perplexity", "passkey"]  # (runs made before --tasks ran both)
     lengths = sorted(int(n) for n in df[~df["task"].isin(["distill", "linearize"])]["length"].unique())
-    figures = draw_lm(run_dir, df, settings)
+    figures = draw_lm(run_dir, df, settings) if not df.empty else []
+    frontier = None
+    if not kv_rows(whole).empty:
+        (run_dir / "figures").mkdir(exist_ok=True)
+        frontier = draw_kv_frontier(whole, run_dir / "figures" / "kv_frontier.png")
     lines = [
         f"# attnbench lm: {run_dir.name}",
         "",
@@ -63,7 +69,7 @@ def write_lm_report(run_dir: Path) -> tuple[Path, list[Path]]:
             if "passkey" in tasks
             else []
         ),
-        f"- Attentions: {', '.join(f'`{s}`' for s in settings)} (`{OWN}`: the model's own); "
+        f"- Attentions: {', '.join(f'`{s}`' for s in settings) or 'none beside the KV sweep'} (`{OWN}`: the model's own); "
         + (
             f"zero-shot, and `+ distill {cfg['distill']}` after attention transfer (below)"
             if cfg.get("distill")
@@ -152,6 +158,7 @@ def write_lm_report(run_dir: Path) -> tuple[Path, list[Path]]:
                 if any((s, n) in cell for n in shown)
             ]
             lines += [f"`{subtask}`", "", markdown_table(["attention", *map(str, shown)], body), ""]
+    lines += kv_section(whole, frontier)
     lines += distill_section(df, cfg, settings, lengths, about.get("distill", {}).get("nothing_to_train"))
     lines += linearize_section(df, cfg, lengths, about.get("linearize", {}))
     lines += decode_section(df, settings, lengths)

@@ -1,0 +1,135 @@
+"""bench lm --kv-policy: the KV sweep on a tiny random Llama (rows, one prefill a prompt, the full cache's answer
+as the model's own generation, resume, bad input refused before anything is written) and its readers (intervals,
+the pairing against the full cache, the report's section and frontier figure)."""
+
+from __future__ import annotations
+
+import json
+
+import pandas as pd
+import pytest
+import torch
+
+transformers = pytest.importorskip("transformers")
+
+import variants.hf.kvcache as hk  # noqa: E402
+from helpers import bench, save_tiny_gpt2, save_tiny_llama  # noqa: E402
+
+from harness.lm import run as lm  # noqa: E402
+from harness.readers import lm_kv  # noqa: E402
+
+SWEEP = ["--kv-policy", "knorm,snapkv", "--ratios", "0.5", "--lengths", "320", "--depths", "50", "--keys", "2"]
+
+
+@pytest.fixture(scope="module")
+def tiny(tmp_path_factory):
+    return save_tiny_llama(tmp_path_factory.mktemp("tiny-llama"))
+
+
+@pytest.fixture(scope="module")
+def swept(tiny, tmp_path_factory):
+    """A finished sweep (passkey and continuation, two policies at 0.5, both modes), and its prefill count."""
+    out = tmp_path_factory.mktemp("kv") / "run"
+    calls = []
+    original = hk.prefill
+    hk.prefill = lambda *a, **k: calls.append(1) or original(*a, **k)
+    try:
+        result = bench("lm", "--model", str(tiny), *SWEEP, "--tasks", "passkey,perplexity", "--out", str(out))
+    finally:
+        hk.prefill = original
+    assert result.exit_code == 0, result.output
+    return out, len(calls)
+
+
+def _rows(out):
+    return [json.loads(line) for line in (out / lm.RESULTS).read_text().splitlines()]
+
+
+def test_every_branch_of_every_prompt_is_a_row_from_one_prefill(swept):
+    out, prefills = swept
+    rows = _rows(out)
+    config = lm.LMConfig.from_json(json.loads((out / "metadata.json").read_text())["config"])
+    assert [lm.row_key(r) for r in rows] == lm.cells(config)
+    # passkey: 2 prompts x (full + 2 policies x 2 modes); continuation: 2 windows x (full + 2 policies, agnostic)
+    assert len(rows) == 2 * 5 + 2 * 3
+    assert prefills == 1 + 4, "one check on 8 tokens, then one prefill a prompt"
+    full = {r["key_index"]: r for r in rows if r["task"] == "kv:passkey" and r["policy"] == "none"}
+    for r in rows:
+        if r["policy"] != "none" and r["task"] == "kv:passkey":
+            kept = int(r["prompt_tokens"] * 0.5) if r["mode"] == "aware" else None
+            assert r["state_bytes"] < full[r["key_index"]]["state_bytes"]
+            if kept:  # the aware cache: every layer and K/V head keeps half the prompt
+                assert r["state_bytes"] == full[r["key_index"]]["state_bytes"] * kept // r["prompt_tokens"]
+    report = (out / "REPORT.md").read_text()
+    assert "## KV-cache policies" in report and "`snapkv` agnostic" in report
+    assert (out / "figures" / "kv_frontier.png").is_file()
+
+
+def test_the_full_cache_answers_as_the_models_own_generation(tiny, swept):
+    out, _ = swept
+    model, tokenizer = lm.load(tiny, None)
+    config = lm.LMConfig.from_json(json.loads((out / "metadata.json").read_text())["config"])
+    for r in (r for r in _rows(out) if r["task"] == "kv:passkey" and r["policy"] == "none"):
+        prompt = lm.passkey_prompt(tokenizer, config.prompt_length("passkey", 320), 50, r["key"])
+        with torch.no_grad():
+            own = model.generate(prompt[None], max_new_tokens=r["steps"] + 1, do_sample=False, pad_token_id=256)
+        assert tokenizer.decode(own[0, prompt.numel() :], skip_special_tokens=True) == r["answer"]
+
+
+def test_a_killed_sweep_resumes_without_measuring_again(tiny, tmp_path):
+    out = tmp_path / "run"
+    args = ["lm", "--model", str(tiny), *SWEEP, "--tasks", "passkey", "--no-report", "--out", str(out)]
+    assert bench(*args).exit_code == 0
+    lines = (out / lm.RESULTS).read_text().splitlines()
+    (out / lm.RESULTS).write_text("\n".join(lines[:7]) + "\n")  # the first prompt's 5 rows and 2 of the second's
+    calls = []
+    original = hk.prefill
+    hk.prefill = lambda *a, **k: calls.append(1) or original(*a, **k)
+    try:
+        assert bench("lm", "--resume", str(out), "--no-report").exit_code == 0
+    finally:
+        hk.prefill = original
+    again = _rows(out)
+    assert [json.loads(line) for line in lines[:7]] == again[:7] and len(again) == 10
+    assert len(calls) == 1, "only the unfinished prompt is prefilled again"
+
+
+def test_bad_input_is_refused_before_anything_is_written(tiny, tmp_path):
+    gpt2 = save_tiny_gpt2(tmp_path / "gpt2")
+    cases = [
+        (["--model", str(tiny), "--kv-policy", "knorm", "--ratios", "1.5"], "--ratios=1.5: a compression ratio"),
+        (["--model", str(tiny), "--kv-policy", "knorm", "--ratios", "0"], "strictly between 0 and 1"),
+        (["--model", str(tiny), "--kv-policy", "knorm", "--ratios", "half"], "--ratios 'half': not a comma-separated"),
+        (["--model", str(tiny), "--kv-policy", "snap"], "--kv-policy snap: unknown; choose from"),
+        (["--model", str(tiny), "--kv-policy", "knorm", "--kv-modes", "sideways"], "--kv-modes sideways"),
+        (["--model", str(tiny), "--kv-policy", "knorm", "--tasks", "cost"], "the KV sweep measures --tasks"),
+        (["--model", str(gpt2), "--kv-policy", "expected_attention"], "has no rotary embedding"),
+    ]
+    for args, message in cases:
+        out = tmp_path / "x"
+        result = bench("lm", *args, "--lengths", "320", "--out", str(out))
+        assert result.exit_code != 0 and message in result.output, (args, result.output)
+        assert not out.exists(), args
+
+
+def test_the_readers_pair_each_window_with_the_full_caches():
+    rows = [
+        {"task": "kv:continuation", "setting": s, "policy": p, "ratio": r, "mode": m, "length": 64, "window": w}
+        | {"nll": nll, "scored": 256, "state_bytes": b}
+        for w, base in enumerate([2.0, 3.0, 4.0])
+        for s, p, r, m, nll, b in [
+            ("full cache", "none", 0.0, "-", base, 100),
+            ("knorm 0.5 agnostic", "knorm", 0.5, "agnostic", base + 0.1, 50),
+        ]
+    ]
+    rows += [
+        {"task": "kv:passkey", "setting": "knorm 0.5 aware", "policy": "knorm", "ratio": 0.5, "mode": "aware"}
+        | {"length": 64, "key_index": i, "correct": i < 7, "state_bytes": 50, "token_s": 0.01}
+        for i in range(10)
+    ]
+    ppl = lm_kv.kv_perplexity_table(pd.DataFrame(rows)).set_index("setting")
+    assert ppl.loc["knorm 0.5 agnostic", "vs_full"] == pytest.approx(torch.tensor(0.1).exp().item())
+    assert ppl.loc["knorm 0.5 agnostic", "vs_low"] == pytest.approx(ppl.loc["knorm 0.5 agnostic", "vs_high"])
+    assert ppl.loc["full cache", "low"] < ppl.loc["full cache", "ppl"] < ppl.loc["full cache", "high"]
+    acc = lm_kv.kv_accuracy_table(pd.DataFrame(rows)).iloc[0]
+    assert acc["accuracy"] == 0.7 and acc["trials"] == 10 and 0.39 < acc["low"] < 0.4 and 0.89 < acc["high"] < 0.9
