@@ -21,8 +21,17 @@ import torch
 import variants.hf.kvcache as hk
 from harness.core.measure import timing_stats
 from harness.lm import ruler
-from harness.lm.config import CONTINUATION, KV_TASKS, PASSKEY_DIGITS, PASSKEY_EXTRA_TOKENS, LMConfig, kv_branches
+from harness.lm.config import (
+    CONTINUATION,
+    KV_MODES,
+    KV_TASKS,
+    PASSKEY_DIGITS,
+    PASSKEY_EXTRA_TOKENS,
+    LMConfig,
+    kv_branches,
+)
 from harness.lm.tasks import QUESTION, disjoint_window_starts, passkey_key, passkey_prompt
+from harness.options import ArgumentError
 from variants import kvcache
 
 TIMED_STEPS = 4  # generated tokens timed at least (an answer stops early once it is settled, past these)
@@ -143,3 +152,31 @@ class Branches:
         seconds = time.perf_counter() - began
         nll = float(torch.nn.functional.cross_entropy(logits[0].float(), targets))
         return {"nll": nll, "ppl": math.exp(nll), "scored": CONTINUATION, "forward_s": seconds}
+
+
+def check_kv(config: LMConfig, model, tokens: torch.Tensor) -> None:
+    """ArgumentError, before any prefill, for a KV sweep that could not run: an unknown policy, a ratio outside
+    (0, 1), an unknown mode, a model the policies cannot hook, a text too short for the continuations."""
+    for name in config.kv_policies:
+        if name not in kvcache.available():
+            raise ArgumentError(f"--kv-policy {name}: unknown; choose from {', '.join(kvcache.available())}")
+    for ratio in config.ratios:
+        try:
+            kvcache.check_ratio(ratio, "--ratios")
+        except ValueError as err:
+            raise ArgumentError(str(err)) from None
+    for mode in config.kv_modes:
+        if mode not in KV_MODES:
+            raise ArgumentError(f"--kv-modes {mode}: choose from {', '.join(KV_MODES)}")
+    if not {"passkey", "ruler", "perplexity"} & set(config.tasks):
+        raise ArgumentError("--kv-policy: the KV sweep measures --tasks passkey, ruler or perplexity; none is asked")
+    if "expected_attention" in config.kv_policies and hk.rope_of(model) is None:
+        raise ArgumentError("--kv-policy expected_attention: the model has no rotary embedding (rotary_emb) to read")
+    try:
+        with torch.no_grad():
+            hk.prefill(model, tokens[:8][None])
+    except Exception as err:  # (a model whose layers do not go through the attention interface)
+        raise ArgumentError(f"--kv-policy: {type(model).__name__} cannot be hooked: {err}") from None
+    if "perplexity" in config.tasks:
+        for n in config.lengths:
+            disjoint_window_starts(len(tokens), n + CONTINUATION + 1, config.keys, config.seed)

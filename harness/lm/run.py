@@ -22,16 +22,13 @@ import torch
 
 import variants
 import variants.hf as vh
-import variants.hf.kvcache as hk
 from harness.lm import kv
 from harness.lm import linearize as lin
 from harness.lm import ruler
 from harness.lm.config import (
-    CONTINUATION,
     COST_REPEATS,
     DECODE_STEPS,
     INSTALL,
-    KV_MODES,
     LINEARIZED_LABEL,
     OWN,
     RESULTS,
@@ -74,7 +71,6 @@ from harness.lm.tasks import (
     window_starts,
 )
 from harness.options import ArgumentError, parse_option
-from variants import kvcache
 
 # (the run's parts, which the tests and scripts reach through this module: config.py, model.py, tasks.py)
 __all__ = [
@@ -272,7 +268,7 @@ def check_config(config: LMConfig, model, tokenizer, tokens: torch.Tensor) -> No
         for subtask in RULER_SUBTASKS:  # (an ArgumentError where the shortest length holds no filler)
             ruler.prompt(tokenizer, subtask, config.prompt_length("ruler", min(config.lengths)), config.seed, 0)
     if config.kv_policies:
-        check_kv(config, model, tokens)
+        kv.check_kv(config, model, tokens)
     labels = [s.label for s in config.settings]
     if len(set(labels)) != len(labels):
         raise ArgumentError(f"--variant: {', '.join(labels)} names one attention twice")
@@ -287,31 +283,3 @@ def check_config(config: LMConfig, model, tokenizer, tokens: torch.Tensor) -> No
             except ValueError as err:
                 raise ArgumentError(f"--tasks decode: --variant {setting.label}: {err}") from None
     switch(model, Setting(OWN), config.seed)
-
-
-def check_kv(config: LMConfig, model, tokens: torch.Tensor) -> None:
-    """ArgumentError, before any prefill, for a KV sweep that could not run: an unknown policy, a ratio outside
-    (0, 1), an unknown mode, a model the policies cannot hook, a text too short for the continuations."""
-    for name in config.kv_policies:
-        if name not in kvcache.available():
-            raise ArgumentError(f"--kv-policy {name}: unknown; choose from {', '.join(kvcache.available())}")
-    for ratio in config.ratios:
-        try:
-            kvcache.check_ratio(ratio, "--ratios")
-        except ValueError as err:
-            raise ArgumentError(str(err)) from None
-    for mode in config.kv_modes:
-        if mode not in KV_MODES:
-            raise ArgumentError(f"--kv-modes {mode}: choose from {', '.join(KV_MODES)}")
-    if not {"passkey", "ruler", "perplexity"} & set(config.tasks):
-        raise ArgumentError("--kv-policy: the KV sweep measures --tasks passkey, ruler or perplexity; none is asked")
-    if "expected_attention" in config.kv_policies and hk.rope_of(model) is None:
-        raise ArgumentError("--kv-policy expected_attention: the model has no rotary embedding (rotary_emb) to read")
-    try:
-        with torch.no_grad():
-            hk.prefill(model, tokens[:8][None])
-    except Exception as err:  # (a model whose layers do not go through the attention interface)
-        raise ArgumentError(f"--kv-policy: {type(model).__name__} cannot be hooked: {err}") from None
-    if "perplexity" in config.tasks:
-        for n in config.lengths:
-            disjoint_window_starts(len(tokens), n + CONTINUATION + 1, config.keys, config.seed)
