@@ -65,7 +65,7 @@ def draw_lm(run_dir: Path, df: pd.DataFrame, settings: list[str]) -> list[Path]:
         _legend(ax, many, 8)
         ax.grid(True, which="both", alpha=0.3)
         _length_axis(ax, ppl["length"])
-        _plain_log_labels(ax.yaxis)
+        plain_log_labels(ax.yaxis)
         out.append(_save(fig, folder / "lm_perplexity.png"))
     positions = position_table(df)
     if not positions.empty:
@@ -200,7 +200,7 @@ def _draw_positions(table: pd.DataFrame, style: dict, settings: list[str], path:
     return _save(fig, path)
 
 
-def _plain_log_labels(axis) -> None:
+def plain_log_labels(axis) -> None:
     """A log axis labelled 8, 9, 10, 20 rather than 8×10⁰: the same ticks matplotlib would label, plain numbers."""
     from matplotlib.ticker import LogFormatter
 

@@ -10,6 +10,7 @@ from pathlib import Path
 import pandas as pd
 
 from harness.fmt import fmt_bytes, fmt_time
+from harness.readers.lm_figures import plain_log_labels
 from harness.readers.lm_frames import _accuracy
 from harness.readers.tables import markdown_table
 from harness.stats import bootstrap_paired_difference, bootstrap_pooled_mean
@@ -126,6 +127,10 @@ def kv_section(df: pd.DataFrame, figure: Path | None) -> list[str]:
             "",
             _grid(table, "ppl", "low", "high", False),
             "",
+            "Against the full cache on the same windows: perplexity / the full cache's, 95% paired bootstrap interval.",
+            "",
+            _grid(table[table["policy"] != "none"], "vs_full", "vs_low", "vs_high", False),
+            "",
         ]
     for length, table in accuracy.groupby("length", sort=False):
         fit = decode_slope(table)
@@ -211,9 +216,10 @@ def draw_kv_frontier(df: pd.DataFrame, path: Path, others: list[dict] = ()) -> P
                 x, y, shade = point["bytes"] / 2**20, point["value"] * 100, f"C{(len(policies) + i) % 10}"
                 ax.errorbar([x], [y], yerr=err, fmt="D", mfc="none", color=shade, capsize=2, label=point["label"])
         ax.set_xscale("log")
+        plain_log_labels(ax.xaxis)
         ax.set_xlabel("KV cache kept (MiB, log)")
         ax.set_ylabel("perplexity of the next 256 tokens" if task == CONTINUATION else "exact match (%)")
-        ax.set_title(f"{task[3:]} {'' if task == CONTINUATION else mode}, {length} tokens", fontsize=10)
+        ax.set_title(f"{task[3:]}{'' if task == CONTINUATION else ' ' + mode}, {length} tokens", fontsize=10)
         ax.grid(alpha=0.3)
     for ax in list(axes.flat)[len(panels) :]:
         ax.axis("off")

@@ -218,4 +218,4 @@ def write_lm_report(run_dir: Path) -> tuple[Path, list[Path]]:
         ]
     path = run_dir / "REPORT.md"
     path.write_text("\n".join(lines))
-    return path, figures
+    return path, figures + ([frontier] if frontier else [])
