@@ -18,7 +18,7 @@ from helpers import bench, save_tiny_gpt2, save_tiny_llama  # noqa: E402
 from harness.lm import run as lm  # noqa: E402
 from harness.readers import lm_kv  # noqa: E402
 
-SWEEP = ["--kv-policy", "knorm,snapkv", "--ratios", "0.5", "--lengths", "320", "--depths", "50", "--keys", "2"]
+SWEEP = ["--kv-policy", "knorm,snapkv", "--ratios", "0.5", "--lengths", "384", "--depths", "50", "--keys", "2"]
 
 
 @pytest.fixture(scope="module")
@@ -70,7 +70,7 @@ def test_the_full_cache_answers_as_the_models_own_generation(tiny, swept):
     model, tokenizer = lm.load(tiny, None)
     config = lm.LMConfig.from_json(json.loads((out / "metadata.json").read_text())["config"])
     for r in (r for r in _rows(out) if r["task"] == "kv:passkey" and r["policy"] == "none"):
-        prompt = lm.passkey_prompt(tokenizer, config.prompt_length("passkey", 320), 50, r["key"])
+        prompt = lm.passkey_prompt(tokenizer, config.prompt_length("passkey", 384), 50, r["key"])
         with torch.no_grad():
             own = model.generate(prompt[None], max_new_tokens=r["steps"] + 1, do_sample=False, pad_token_id=256)
         assert tokenizer.decode(own[0, prompt.numel() :], skip_special_tokens=True) == r["answer"]
@@ -104,6 +104,10 @@ def test_bad_input_is_refused_before_anything_is_written(tiny, tmp_path):
         (["--model", str(tiny), "--kv-policy", "knorm", "--kv-modes", "sideways"], "--kv-modes sideways"),
         (["--model", str(tiny), "--kv-policy", "knorm", "--tasks", "cost"], "the KV sweep measures --tasks"),
         (["--model", str(gpt2), "--kv-policy", "expected_attention"], "has no rotary embedding"),
+        (
+            ["--model", str(tiny), "--kv-policy", "snapkv", "--tasks", "perplexity"],
+            "--lengths 320: --tasks perplexity compresses a prompt of 64 tokens there; --kv-policy snapkv needs at least 65",
+        ),
     ]
     for args, message in cases:
         out = tmp_path / "x"

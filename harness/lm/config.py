@@ -33,7 +33,7 @@ KV_MODES = ("aware", "agnostic")  # the question inside the compressed prompt, o
 KV_RATIOS = (0.25, 0.5, 0.75, 0.875)  # kvpress's leaderboard: the fraction of the prompt's positions removed
 KV_TASKS = {"passkey": "kv:passkey", "perplexity": "kv:continuation"}  # (ruler: "kv:ruler:<subtask>")
 FULL_CACHE = "full cache"  # the KV sweep's baseline: the exact cache of the same prefill, nothing removed
-CONTINUATION = 256  # tokens fed after a compressed prompt of L tokens and scored (teacher-forced)
+CONTINUATION = 256  # a window's last tokens: its first L - 256 are compressed, these fed after and scored
 
 
 DECODE_STEPS = 16  # generated tokens timed after the prompt (the median is the per-token time)

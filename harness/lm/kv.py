@@ -7,8 +7,8 @@ continuation measured on the branch: accuracy or perplexity, the kept cache's by
 
 Query-aware: the question is part of the prefill and compressed with it (the first answer token comes from
 the exact forward, as kvpress's hooks give it). Query-agnostic: the context alone is compressed, then the
-question is fed through the compressed cache. Continuation: L tokens compressed, the next CONTINUATION
-tokens fed teacher-forced and scored.
+question is fed through the compressed cache. Continuation: a window of L tokens, its first L − CONTINUATION
+compressed, its last CONTINUATION fed teacher-forced and scored (every position inside L, as the other tasks).
 """
 
 from __future__ import annotations
@@ -27,6 +27,7 @@ from harness.lm.config import (
     KV_TASKS,
     PASSKEY_DIGITS,
     PASSKEY_EXTRA_TOKENS,
+    RULER_SUBTASKS,
     LMConfig,
     kv_branches,
 )
@@ -71,7 +72,7 @@ class Branches:
     def _prepare(self, task, length, window, depth, index) -> None:
         config, tokenizer = self.config, self.tokenizer
         if task == KV_TASKS["perplexity"]:
-            span = length + CONTINUATION + 1
+            span = length + 1  # (the window and the token its last position predicts)
             start = disjoint_window_starts(len(self.tokens), span, config.keys, config.seed)[window]
             ids, question, self.about = self.tokens[start : start + span][None], 0, {"window": window, "start": start}
             self.expected = None
@@ -89,7 +90,7 @@ class Branches:
             ids, self.new = torch.tensor(listed, dtype=torch.long)[None], ruler.NEW_TOKENS[subtask]
             self.about = {"key_index": index, "expected": self.expected, "prompt_tokens": ids.shape[1]}
         self.ids = ids
-        context = ids[:, : ids.shape[1] - CONTINUATION - 1] if task == KV_TASKS["perplexity"] else ids[:, :-question]
+        context = ids[:, : length - CONTINUATION] if task == KV_TASKS["perplexity"] else ids[:, :-question]
         began = time.perf_counter()
         with hk.kv_attention(self.model):
             _, cache, prompts = hk.prefill(self.model, context)
@@ -154,9 +155,10 @@ class Branches:
         return {"nll": nll, "ppl": math.exp(nll), "scored": CONTINUATION, "forward_s": seconds}
 
 
-def check_kv(config: LMConfig, model, tokens: torch.Tensor) -> None:
+def check_kv(config: LMConfig, model, tokenizer, tokens: torch.Tensor) -> None:
     """ArgumentError, before any prefill, for a KV sweep that could not run: an unknown policy, a ratio outside
-    (0, 1), an unknown mode, a model the policies cannot hook, a text too short for the continuations."""
+    (0, 1), an unknown mode, a model the policies cannot hook, a compressed prompt shorter than a policy reads
+    (SnapKV's window), a text too short for the continuations."""
     for name in config.kv_policies:
         if name not in kvcache.available():
             raise ArgumentError(f"--kv-policy {name}: unknown; choose from {', '.join(kvcache.available())}")
@@ -177,6 +179,23 @@ def check_kv(config: LMConfig, model, tokens: torch.Tensor) -> None:
             hk.prefill(model, tokens[:8][None])
     except Exception as err:  # (a model whose layers do not go through the attention interface)
         raise ArgumentError(f"--kv-policy: {type(model).__name__} cannot be hooked: {err}") from None
+    shortest = max(kvcache.build(name).shortest_prompt for name in config.kv_policies)
+    n = min(config.lengths)
+    compressed = {"perplexity": n - CONTINUATION}  # (the tokens each task's compressed prompt holds at length n)
+    if "passkey" in config.tasks:
+        question = len(tokenizer(QUESTION, add_special_tokens=False)["input_ids"])
+        compressed["passkey"] = config.prompt_length("passkey", n) - question
+    if "ruler" in config.tasks:
+        parts = [
+            ruler.prompt_parts(tokenizer, t, config.prompt_length("ruler", n), config.seed, 0) for t in RULER_SUBTASKS
+        ]
+        compressed["ruler"] = min(len(ids) - question for ids, _, question in parts)
+    for task, size in compressed.items():
+        if task in config.tasks and size < shortest:
+            raise ArgumentError(
+                f"--lengths {n}: --tasks {task} compresses a prompt of {size} tokens there; --kv-policy "
+                f"{', '.join(config.kv_policies)} needs at least {shortest} (SnapKV and PyramidKV read a window of 64)"
+            )
     if "perplexity" in config.tasks:
-        for n in config.lengths:
-            disjoint_window_starts(len(tokens), n + CONTINUATION + 1, config.keys, config.seed)
+        for length in config.lengths:
+            disjoint_window_starts(len(tokens), length + 1, config.keys, config.seed)

@@ -268,7 +268,7 @@ def check_config(config: LMConfig, model, tokenizer, tokens: torch.Tensor) -> No
         for subtask in RULER_SUBTASKS:  # (an ArgumentError where the shortest length holds no filler)
             ruler.prompt(tokenizer, subtask, config.prompt_length("ruler", min(config.lengths)), config.seed, 0)
     if config.kv_policies:
-        kv.check_kv(config, model, tokens)
+        kv.check_kv(config, model, tokenizer, tokens)
     labels = [s.label for s in config.settings]
     if len(set(labels)) != len(labels):
         raise ArgumentError(f"--variant: {', '.join(labels)} names one attention twice")

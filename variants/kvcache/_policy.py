@@ -83,6 +83,7 @@ class KVPolicy:
 
     name = ""
     needs_rope = False  # True: `scores` reads prompt.rope (Expected Attention rotates queries to future positions)
+    shortest_prompt = 1  # the fewest prompt positions it scores (SnapKV: more than its window)
 
     def scores(self, prompt: Prompt) -> Tensor:
         raise NotImplementedError
@@ -102,7 +103,7 @@ class KVPolicy:
         return scores.topk(self.kept(prompt, check_ratio(ratio)), dim=-1).indices.sort(-1).values
 
     def __repr__(self) -> str:
-        options = ", ".join(f"{k}={v!r}" for k, v in vars(self).items())
+        options = ", ".join(f"{k}={v!r}" for k, v in vars(self).items() if k != "shortest_prompt")
         return f"{self.name}({options})"
 
 

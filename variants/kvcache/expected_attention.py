@@ -68,6 +68,7 @@ class ExpectedAttention(KVPolicy):
             if isinstance(value, bool) or not isinstance(value, int) or value < low:
                 raise ValueError(f"expected_attention: {arg}={value!r}: a whole number >= {low}")
         self.n_future, self.n_sink = n_future, n_sink
+        self.shortest_prompt = n_sink + 1
         self.use_covariance, self.use_vnorm, self.epsilon = bool(use_covariance), bool(use_vnorm), float(epsilon)
 
     def scores(self, prompt: Prompt) -> Tensor:

@@ -32,6 +32,7 @@ class SnapKV(KVPolicy):
         if kernel_size % 2 == 0:
             raise ValueError(f"{self.name}: kernel_size={kernel_size}: odd (the pooling is centred on each position)")
         self.window_size, self.kernel_size = window_size, kernel_size
+        self.shortest_prompt = window_size + 1
 
     def check_length(self, prompt: Prompt) -> None:
         if prompt.length <= self.window_size:
