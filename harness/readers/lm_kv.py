@@ -122,7 +122,8 @@ def kv_section(df: pd.DataFrame, figure: Path | None) -> list[str]:
     ppl = kv_perplexity_table(df)
     for length, table in ppl.groupby("length", sort=False):
         lines += [
-            f"Continuation at {int(length)} tokens: perplexity of the next 256 tokens after the compressed prompt, "
+            f"Continuation at {int(length)} tokens: perplexity of a window's last 256 tokens after its first "
+            f"{int(length) - 256} were compressed, "
             f"{int(table['windows'].min())} windows, 95% bootstrap interval over windows.",
             "",
             _grid(table, "ppl", "low", "high", False),
@@ -218,7 +219,7 @@ def draw_kv_frontier(df: pd.DataFrame, path: Path, others: list[dict] = ()) -> P
         ax.set_xscale("log")
         plain_log_labels(ax.xaxis)
         ax.set_xlabel("KV cache kept (MiB, log)")
-        ax.set_ylabel("perplexity of the next 256 tokens" if task == CONTINUATION else "exact match (%)")
+        ax.set_ylabel("perplexity of the last 256 tokens" if task == CONTINUATION else "exact match (%)")
         ax.set_title(f"{task[3:]}{'' if task == CONTINUATION else ' ' + mode}, {length} tokens", fontsize=10)
         ax.grid(alpha=0.3)
     for ax in list(axes.flat)[len(panels) :]:
