@@ -156,7 +156,8 @@ def lm(
     RUN_DIR/lm.jsonl as they are measured (--resume finishes a run). --distill STEPS measures each variant
     with parameters of its own twice: as is, and after training only those parameters, layer by layer, to
     reproduce the model's softmax attention outputs (the model's weights untouched). --linearize and --lora
-    measure it after LoLCATs' two stages instead (docs/lm.md), saved in RUN_DIR/linearized/.
+    measure it after LoLCATs' two stages instead (docs/lm.md), saved in RUN_DIR/linearized/. --kv-policy sweeps
+    training-free KV-cache policies: each prompt prefilled once, every policy, ratio and mode a branch of its cache.
     """
     from harness.lm.session import LMRequest, open_lm
 
