@@ -45,6 +45,16 @@ def test_scores_equal_the_per_position_reference(name, heads):
     torch.testing.assert_close(got.double(), want.double(), rtol=1e-4, atol=1e-6)
 
 
+@pytest.mark.parametrize("normalized", [False, True])
+def test_h2o_in_row_blocks_equals_the_reference(monkeypatch, normalized):
+    """H2O's fast path reads the queries ROWS at a time, each block against the keys it sees: blocks of 16 over
+    50 positions (a ragged last block) still sum to the per-query reference."""
+    monkeypatch.setattr(kvcache.policy_module("h2o"), "ROWS", 16)
+    prompt, pol = prompt_of(h=6, hkv=2, n=50, b=2), kvcache.build("h2o", normalized=normalized)
+    want = kvcache.policy_module("h2o").reference_scores(pol, prompt)
+    torch.testing.assert_close(pol.scores(prompt).double(), want, rtol=1e-4, atol=1e-6)
+
+
 @pytest.mark.parametrize("name", kvcache.available())
 @pytest.mark.parametrize("ratio", RATIOS)
 def test_keep_gives_the_budget_per_kv_head_ascending(name, ratio):

@@ -5,8 +5,9 @@ Models"): keep the "heavy hitters", the positions with the most attention accumu
 
 With `normalized=True` each sum is divided by the N − j queries that see position j: kvpress's
 ObservedAttentionPress, which otherwise keeps the same positions (it reads the eager attention weights;
-here they are recomputed from the prompt's queries, 512 rows at a time, so memory stays O(N)). The paper
-also keeps a recent window and evicts while decoding; here, as in kvpress, it is applied once at prefill.
+here they are recomputed from the prompt's queries, 512 rows at a time against the keys they see, so memory
+stays O(N)). The paper also keeps a recent window and evicts while decoding; here, as in kvpress, it is
+applied once at prefill.
 """
 
 from __future__ import annotations
@@ -14,7 +15,7 @@ from __future__ import annotations
 import torch
 from torch import Tensor
 
-from ._policy import KVPolicy, Prompt, group_mean
+from ._policy import KVPolicy, Prompt
 
 ROWS = 512  # query rows of the attention weights held at once
 
@@ -32,18 +33,19 @@ class H2O(KVPolicy):
         self.normalized = normalized
 
     def scores(self, prompt: Prompt) -> Tensor:
-        k = prompt.keys.repeat_interleave(prompt.groups, dim=1)  # (B, H, N, D)
-        n = prompt.length
-        total = torch.zeros(prompt.queries.shape[:2] + (n,), dtype=torch.float32, device=k.device)  # (B, H, N)
+        b, hkv, n, d = prompt.keys.shape
+        groups = prompt.groups
+        total = torch.zeros(b, hkv, groups, n, dtype=torch.float32, device=prompt.keys.device)  # (B, Hkv, G, N)
         for lo in range(0, n, ROWS):
-            q = prompt.queries[:, :, lo : lo + ROWS]  # (B, H, r, D)
-            logits = (q @ k.transpose(-1, -2)).float() * prompt.score_scale  # (B, H, r, N)
-            rows = torch.arange(lo, lo + q.shape[2], device=k.device)[:, None]
-            logits = logits.masked_fill(torch.arange(n, device=k.device) > rows, float("-inf"))
-            total += logits.softmax(-1).sum(2)
+            hi = min(n, lo + ROWS)  # (rows lo..hi see keys 0..hi only: the blocks above the diagonal are skipped)
+            q = prompt.queries[:, :, lo:hi].reshape(b, hkv, groups * (hi - lo), d) * prompt.score_scale
+            logits = (q @ prompt.keys[:, :, :hi].transpose(-1, -2)).float().view(b, hkv, groups, hi - lo, hi)
+            future = torch.ones(hi - lo, hi - lo, dtype=torch.bool, device=q.device).triu(1)  # (the diagonal block)
+            logits[..., lo:].masked_fill_(future, float("-inf"))
+            total[..., :hi] += logits.softmax(-1).sum(3)
         if self.normalized:
-            total = total / torch.arange(n, 0, -1, device=k.device, dtype=total.dtype)
-        return group_mean(total, prompt.keys.shape[1])
+            total = total / torch.arange(n, 0, -1, device=total.device, dtype=total.dtype)
+        return total.mean(2)
 
 
 def reference_scores(policy: H2O, prompt: Prompt) -> Tensor:
