@@ -180,8 +180,24 @@ def ref_hedgehog(x, weight, bias):
     return torch.cat([torch.softmax(z, -1), torch.softmax(-z, -1)], -1)
 
 
-def _hedgehog_qk(attn, q, k):
-    """q and k through the variant's learned maps (queries times the scale first, as the variants take them)."""
+def rope_undone(x, positions, theta):
+    """RoPE undone, from its definition: each pair (x_i, x_{i+D/2}) is a complex number that RoPE turned by
+    p θ^(−2i/D) at position p; turned back by the conjugate (float64)."""
+    d = x.shape[-1]
+    z = torch.complex(x[..., : d // 2].double(), x[..., d // 2 :].double())
+    angle = positions.double()[:, None] * theta ** (-torch.arange(0, d, 2, dtype=torch.float64) / d)
+    z = z * torch.polar(torch.ones_like(angle), -angle)
+    return torch.cat([z.real, z.imag], -1)
+
+
+def _hedgehog_qk(attn, q, k, causal=True):
+    """q and k through the variant's learned maps (queries times the scale first, as the variants take them);
+    with feature_inputs="pre_rope", rotated back first (keys at 0 .. Nk − 1, causal queries the last Nq)."""
+    if getattr(attn, "feature_inputs", "post_rope") == "pre_rope":
+        n_q, n_k = q.shape[-2], k.shape[-2]
+        start = n_k - n_q if causal else 0
+        q = rope_undone(q, torch.arange(start, start + n_q), attn.rope_theta)
+        k = rope_undone(k, torch.arange(n_k), attn.rope_theta)
     return ref_hedgehog(q, attn.q_features.weight, attn.q_features.bias), ref_hedgehog(
         k, attn.k_features.weight, attn.k_features.bias
     )
@@ -189,7 +205,7 @@ def _hedgehog_qk(attn, q, k):
 
 def _ref_linear(attn, q, k, v, causal, kpm):
     if attn.feature_map == "hedgehog":  # the kernel φ(q)·φ(k) of the learned maps, rows normalised (+ eps)
-        fq, fk = _hedgehog_qk(attn, q.double() * (1.0 if attn.scale is None else attn.scale), k)
+        fq, fk = _hedgehog_qk(attn, q.double() * (1.0 if attn.scale is None else attn.scale), k, causal)
         a = (fq @ fk.transpose(-1, -2)) * causal_and_padding(q.shape[-2], k.shape[-2], causal, kpm)
         return (a @ v.double()) / (a.sum(-1, keepdim=True) + attn.eps)
     d = attn.feature_dim or q.shape[-1]  # the dims of q and k that enter φ

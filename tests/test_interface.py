@@ -352,8 +352,9 @@ def test_reference_method_matches_independent_reference(name, options, causal):
 
 @pytest.mark.parametrize("name, options", CASES)
 def test_gradcheck_float64(name, options):
-    attn = build_cpu(name, options, num_heads=1, head_dim=3)
-    q, k, v = make_qkv(b=1, h=1, n_q=5, d=3)
+    d = 4 if options.get("feature_inputs") == "pre_rope" else 3  # (RoPE turns pairs of dims)
+    attn = build_cpu(name, options, num_heads=1, head_dim=d)
+    q, k, v = make_qkv(b=1, h=1, n_q=5, d=d)
     kpm = torch.tensor([[True, False, True, True, True]])
     causal = attn.spec.supports_causal
     assert torch.autograd.gradcheck(lambda q, k, v: attn(q, k, v, causal=causal, key_padding_mask=kpm), (q, k, v))

@@ -48,6 +48,8 @@ def _variant_for_layer(
                     f"sliding_window to take it from"
                 )
             chosen[reach] = max(int(window) - 1, 1)  # transformers' W counts the query itself
+    if chosen.get("feature_inputs") == "pre_rope" and "rope_theta" not in chosen:
+        chosen["rope_theta"] = _rope_theta(config, where, variant)
     spec = variant_class(variant).spec
     if spec.max_len_option and spec.max_len_option not in chosen and getattr(config, "max_position_embeddings", None):
         chosen[spec.max_len_option] = int(
@@ -62,6 +64,25 @@ def _variant_for_layer(
         if any(True for _ in module.parameters()):
             module = module.to(like.dtype)
     return module
+
+
+def _rope_theta(config, where: str, variant: str) -> float:
+    """The base θ of the model's rotary embedding, which feature_inputs="pre_rope" undoes; a ValueError naming the
+    model where it has none, or one the variant cannot undo (scaled or partial rotations)."""
+    params = getattr(config, "rope_parameters", None) or {}
+    theta = params.get("rope_theta", getattr(config, "rope_theta", None))
+    if theta is None:
+        raise ValueError(
+            f"variants.hf: {where}: {variant} feature_inputs='pre_rope' undoes the model's rotary position "
+            f"embedding (RoPE); {type(config).__name__} has none (no rope_theta)"
+        )
+    kind, part = params.get("rope_type", "default"), getattr(config, "partial_rotary_factor", 1.0)
+    if kind != "default" or part != 1.0:
+        raise ValueError(
+            f"variants.hf: {where}: {variant} feature_inputs='pre_rope' undoes plain RoPE over every dim; the model "
+            f"has rope_type={kind!r}, partial_rotary_factor={part}"
+        )
+    return float(theta)
 
 
 def _register_implementation(name: str, spec) -> None:
@@ -153,11 +174,27 @@ def _attention_forward(
     if attention_mask is not None:
         key_padding_mask = attention_mask[:, -n_k:].to(device=query.device, dtype=torch.bool)
     layer = attn.__dict__.pop("_attnbench_state_layer", None)
-    if layer is not None and layer.pending is given_key:  # a state cache's layer: the keys are the new positions only
+    stepped = layer is not None and layer.pending is given_key  # a state cache's layer: the keys are the new positions
+    if getattr(attn, "feature_inputs", None) == "pre_rope":  # the rotation undone at the model's own positions
+        seen = (layer.state.length if layer.state is not None else 0) if stepped else n_k - n_q  # (positions before)
+        attn.position_offset = _position_offset(kwargs.get("position_ids"), seen + n_q - 1)
+    if stepped:
         out = _state_step(attn, layer, query, key, value.to(query.dtype), key_padding_mask, bool(causal))
     else:
         out = attn(query, key, value.to(query.dtype), causal=bool(causal), key_padding_mask=key_padding_mask)
     return out.transpose(1, 2).contiguous(), None
+
+
+def _position_offset(position_ids: Tensor | None, counted: int) -> Tensor:
+    """(B, 1): the model's position of each row's last query minus the variant's count of it (`counted`: n_k − 1 in a
+    call, state.length + n_q − 1 in a step), which the variant adds to every position it counts (left padding
+    included: the last query is never a pad)."""
+    if position_ids is None:
+        raise ValueError(
+            "variants.hf: feature_inputs='pre_rope' needs the layer's position_ids (the positions RoPE rotated q "
+            "and k by); this model's attention does not pass them"
+        )
+    return position_ids[:, -1:].to(torch.long) - counted
 
 
 def _padding_mask(

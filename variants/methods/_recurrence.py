@@ -23,7 +23,7 @@ from torch import Tensor, nn
 
 from .._base import AttentionVariant
 from .._utils import pad_to_multiple, spans
-from .linear import learned_feature_maps
+from .linear import RotaryInputs, learned_feature_maps
 
 WHY_CAUSAL_ONLY = (
     "a recurrence over positions: the state at t holds positions <= t only"  # each spec's why_not_non_causal
@@ -283,7 +283,7 @@ class _GroupedScan(torch.autograd.Function):
 # -- the variant ----------------------------------------------------------------------------------
 
 
-class RecurrentAttention(AttentionVariant):
+class RecurrentAttention(RotaryInputs, AttentionVariant):
     """A gated linear recurrence behind the one interface; subclasses give `spec` and `_inputs`.
 
     Not registered itself. Causal by nature: S_t holds positions <= t only.
@@ -302,7 +302,16 @@ class RecurrentAttention(AttentionVariant):
     delta_rule = False  # True: S_t = a_t (I − β_t k_t k_tᵀ) S_{t-1} + β_t k_t v_tᵀ; False: the gated form
     max_chunk: int | None = None  # a bound on chunk_size the method's numerics need (gla)
 
-    def __init__(self, *, chunk_size: int = 64, feature_map: str | None = None, feature_dim: int | None = None, **base):
+    def __init__(
+        self,
+        *,
+        chunk_size: int = 64,
+        feature_map: str | None = None,
+        feature_dim: int | None = None,
+        feature_inputs: str = "post_rope",
+        rope_theta: float = 10000.0,
+        **base,
+    ):
         """
         Args:
             chunk_size: C, positions per chunk of the chunked form (the C x C form inside, the D x Dv state
@@ -314,8 +323,12 @@ class RecurrentAttention(AttentionVariant):
                 the softmax of a pretrained model; needs num_heads and head_dim). Where the scale is a factor
                 of q (not the delta rules, which normalise q), q enters the map times the scale.
             feature_dim: F' of the feature map (None: head_dim); only with feature_map.
+            feature_inputs: with feature_map: "post_rope" (φ of q, k as a rotary model rotated them: LoLCATs') or
+                "pre_rope" (rotated back by their positions first; linear.py's `RotaryInputs`).
+            rope_theta: the base θ of the rotation "pre_rope" undoes (variants.hf takes the model's).
         """
         super().__init__(**base)
+        self._init_rotary(feature_inputs, rope_theta, feature_map)
         self._check_int("chunk_size", chunk_size, 1)
         if feature_dim is not None and feature_map is None:
             raise ValueError(
@@ -389,7 +402,8 @@ class RecurrentAttention(AttentionVariant):
         scaling), log_decay ((B, H, N), or (B, H, N, D) per key dim; absent for deltanet), beta ((B, H, N),
         delta-rule methods) and scale; padded positions as the recurrence skips them (k = 0, log a = 0, β = 0).
         The output equals o_t = scale · q_tᵀ S_t of the textbook recurrence run on them, step by step."""
-        inputs = self._masked(self._inputs(*self._mapped(q, k), v), self._keep(key_padding_mask, k))
+        mapped = self._mapped(self._pre_rope(q, 0), self._pre_rope(k, 0))
+        inputs = self._masked(self._inputs(*mapped, v), self._keep(key_padding_mask, k))
         return {**inputs, "scale": self._query_scale(q)}
 
     @staticmethod
@@ -422,6 +436,7 @@ class RecurrentAttention(AttentionVariant):
             q = F.pad(q, (0, 0, n_k - n_q, 0))
         b, h, _, d = k.shape
         state = k.new_zeros(b, h, self.key_dim(d), v.shape[-1])
+        q, k = self._pre_rope(q, 0), self._pre_rope(k, 0)  # (q padded to the keys' positions: both from 0)
         return self._scan(q, k, v, keep, state)[0][:, :, n_k - n_q :]
 
     def _scan(self, q: Tensor, k: Tensor, v: Tensor, keep: Tensor | None, state: Tensor) -> tuple[Tensor, Tensor]:
@@ -495,6 +510,7 @@ class RecurrentAttention(AttentionVariant):
 
     def _step(self, q, k, v, state, keep):
         s = state.tensors["S"]  # (a padded position is skipped: no decay, no write; nothing of it is kept)
+        q, k = self._pre_rope(q, state.length), self._pre_rope(k, state.length)
         if q.dtype in (torch.float16, torch.bfloat16):
             out, s = self._scan(q.float(), k.float(), v.float(), self._keep(keep, q.float()), s.float())
             out, s = out.to(q.dtype), s.to(q.dtype)

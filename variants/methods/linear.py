@@ -192,6 +192,65 @@ class Hedgehog(nn.Module):
 
 
 LEARNED_MAPS = ("hedgehog",)  # feature maps with parameters (per head: they need num_heads and head_dim)
+FEATURE_INPUTS = ("post_rope", "pre_rope")  # what of a rotary model's q, k a learned map reads (option feature_inputs)
+
+
+def unrotated(x: Tensor, positions: Tensor, theta: float) -> Tensor:
+    """x (B, H, N, D) that RoPE rotated at `positions` ((N,) or (B, N)), rotated back: R_{−p} x. RoPE (transformers'
+    convention) turns each pair (x_i, x_{i+D/2}) by p θ^(−2i/D), x cos + rotate_half(x) sin; the inverse is
+    x cos − rotate_half(x) sin. The angles are computed as transformers computes them (float32; float64 inputs
+    get float64 angles), so the model's rotation is undone to rounding."""
+    d = x.shape[-1]
+    exact = torch.float64 if x.dtype == torch.float64 else torch.float32
+    inv = 1.0 / (theta ** (torch.arange(0, d, 2, dtype=torch.int64, device=x.device).to(exact) / d))
+    angles = positions.to(exact)[..., None] * inv  # (N, D/2) or (B, N, D/2)
+    angles = torch.cat([angles, angles], dim=-1)
+    if angles.dim() == 3:
+        angles = angles[:, None]  # (B, 1, N, D): every head
+    half = torch.cat([-x[..., d // 2 :], x[..., : d // 2]], dim=-1)
+    return x * angles.cos().to(x.dtype) - half * angles.sin().to(x.dtype)
+
+
+class RotaryInputs:
+    """The option `feature_inputs` of a variant with a learned feature map (window_linear, linear and the
+    recurrences with feature_map="hedgehog"). "post_rope" (LoLCATs', the default): φ reads q and k as the model
+    rotated them, so φ(q_t)·φ(k_s) depends on the absolute positions t and s. "pre_rope" (a departure from
+    LoLCATs): φ reads them rotated back by their position, so the kernel depends on the content only; softmax
+    parts keep the rotated q, k. The variant counts positions 0 .. N − 1 in a call (queries the last Nq) and
+    state.length + i in a step; `position_offset` (0, or (B, 1) set by variants.hf each call from the model's
+    position ids) is added to them."""
+
+    def _init_rotary(self, feature_inputs: str, rope_theta: float, feature_map: str | None) -> None:
+        name = self.spec.name
+        if feature_inputs not in FEATURE_INPUTS:
+            raise ValueError(
+                f"{name}: option feature_inputs={feature_inputs!r} is invalid; allowed: 'post_rope' (the learned "
+                f"map reads q, k as RoPE rotated them: LoLCATs') or 'pre_rope' (rotated back first)"
+            )
+        if feature_inputs == "pre_rope" and feature_map not in LEARNED_MAPS:
+            raise ValueError(
+                f"{name}: option feature_inputs='pre_rope' is for a learned feature map (feature_map='hedgehog'), "
+                f"got feature_map={feature_map!r}"
+            )
+        if isinstance(rope_theta, bool) or not isinstance(rope_theta, (int, float)) or not 1 < rope_theta < math.inf:
+            raise ValueError(
+                f"{name}: option rope_theta={rope_theta!r} is invalid; expected a number > 1 (RoPE's base)"
+            )
+        if feature_inputs == "pre_rope" and self.head_dim is not None and self.head_dim % 2:
+            raise ValueError(
+                f"{name}: option feature_inputs='pre_rope' needs an even head_dim (RoPE turns pairs of dims), "
+                f"got head_dim={self.head_dim}"
+            )
+        self.feature_inputs, self.rope_theta = feature_inputs, float(rope_theta)
+        self.position_offset: Tensor | int = 0
+
+    def _pre_rope(self, x: Tensor, start: int) -> Tensor:
+        """x (B, H, N, D) at the variant's positions start .. start + N − 1 as φ reads it: rotated back where
+        feature_inputs is "pre_rope", else as it is."""
+        if self.feature_inputs != "pre_rope":
+            return x
+        positions = torch.arange(start, start + x.shape[-2], device=x.device) + self.position_offset
+        return unrotated(x, positions, self.rope_theta)
 
 
 def learned_feature_maps(
@@ -433,9 +492,9 @@ class FeatureMapAttention(AttentionVariant):
     def feature_map_for(self, q: Tensor) -> FeatureMap:
         raise NotImplementedError
 
-    def _feature_inputs(self, x: Tensor, query: bool) -> Tensor:
-        """What of q (query=True) or k enters φ: all of it unless a subclass says fewer dims, or maps it by a
-        learned map first (whose features the scan then takes as they are)."""
+    def _feature_inputs(self, x: Tensor, query: bool, start: int = 0) -> Tensor:
+        """What of q (query=True) or k, at positions start .. start + N − 1, enters φ: all of it unless a subclass
+        says fewer dims, or maps it by a learned map first (whose features the scan then takes as they are)."""
         return x
 
     def default_scale(self, d: int) -> float:
@@ -456,10 +515,10 @@ class FeatureMapAttention(AttentionVariant):
         if torch.is_autocast_enabled(q.device.type):  # the scan's sums stay in the inputs' dtype, forward and backward
             with torch.autocast(q.device.type, enabled=False):
                 return self._attend(q, k, v, causal, key_padding_mask)
-        q, k = self._feature_inputs(q, True), self._feature_inputs(k, False)
+        n_q, n_k = q.shape[-2], k.shape[-2]
+        q, k = self._feature_inputs(q, True, n_k - n_q if causal else 0), self._feature_inputs(k, False)
         factor = self._query_factor(q)
         keep = None if key_padding_mask is None else key_padding_mask[:, None, :, None].to(k.dtype)  # (B, 1, Nk, 1)
-        n_q, n_k = q.shape[-2], k.shape[-2]
         if causal and n_q < n_k:  # the queries are the last Nq positions: zero rows put them there, and are cut after.
             # The prefix sums over the first Nk - Nq keys are the running state of the scan: O(Nk F Dv), as
             # building that state from the keys costs anyway (a KV cache keeps keys, not the state)
@@ -485,11 +544,11 @@ class FeatureMapAttention(AttentionVariant):
 
     def kernel(self, q: Tensor, k: Tensor, *, causal: bool = False, key_padding_mask: Tensor | None = None) -> Tensor:
         """The explicit (B, H, Nq, Nk) kernel matrix A = φ(q) φ(k)ᵀ, masked (O(N²): for checks at small N)."""
-        q, k = self._feature_inputs(q, True), self._feature_inputs(k, False)
+        n_q, n_k = q.shape[-2], k.shape[-2]
+        q, k = self._feature_inputs(q, True, n_k - n_q if causal else 0), self._feature_inputs(k, False)
         factor = self._query_factor(q)
         q = q if factor == 1.0 else q * factor
         keep = None if key_padding_mask is None else key_padding_mask[:, None, :, None].to(k.dtype)
-        n_q, n_k = q.shape[-2], k.shape[-2]
         fmap = self.feature_map_for(q)
         consts = fmap.setup(q, k, keep)
         start = n_k - n_q if causal else 0  # the queries' positions
@@ -540,7 +599,7 @@ class FeatureMapAttention(AttentionVariant):
         sums = state.tensors["S"]
         dtype = q.dtype
         q, k, v = (x.to(sums.dtype) for x in (q, k, v))
-        q, k = self._feature_inputs(q, True), self._feature_inputs(k, False)
+        q, k = self._feature_inputs(q, True, state.length), self._feature_inputs(k, False, state.length)
         factor = self._query_factor(q)
         keep = None if keep is None else keep[:, None, :, None].to(sums.dtype)  # (B, 1, t, 1)
         phi_q, phi_k, rescale, extra = self._decode_features(q if factor == 1.0 else q * factor, k, state, keep)
@@ -578,7 +637,7 @@ class FeatureMapAttention(AttentionVariant):
 
 
 @register
-class LinearAttention(FeatureMapAttention):
+class LinearAttention(RotaryInputs, FeatureMapAttention):
     spec = VariantSpec(
         name="linear",
         family="kernel feature maps",
@@ -593,7 +652,7 @@ class LinearAttention(FeatureMapAttention):
         notes="F features a row: D (elu, relu), 2D (cosformer), 1 + D + D^2 (taylor), 2 feature_dim (hedgehog, learned per head: "
         "needs num_heads and head_dim); cosformer: M = max(Nq, Nk) unless "
         "max_len is given (give it for decoding: a prefix's outputs then do not change with N)",
-        function_options=("feature_map", "max_len", "feature_dim"),
+        function_options=("feature_map", "max_len", "feature_dim", "feature_inputs", "rope_theta"),
         examples=(
             (("chunk_size", 4),),
             (("feature_map", "relu"),),
@@ -602,10 +661,20 @@ class LinearAttention(FeatureMapAttention):
             (("feature_map", "cosformer"), ("chunk_size", 4), ("max_len", 64)),
             (("feature_map", "hedgehog"), ("chunk_size", 4)),
             (("feature_map", "hedgehog"), ("feature_dim", 3)),
+            (("feature_map", "hedgehog"), ("feature_inputs", "pre_rope"), ("chunk_size", 4)),
         ),
     )
 
-    def __init__(self, *, feature_map: str = "elu", max_len: int | None = None, feature_dim: int | None = None, **base):
+    def __init__(
+        self,
+        *,
+        feature_map: str = "elu",
+        max_len: int | None = None,
+        feature_dim: int | None = None,
+        feature_inputs: str = "post_rope",
+        rope_theta: float = 10000.0,
+        **base,
+    ):
         """
         Args:
             feature_map: φ applied to queries and keys: "elu" (elu(x) + 1, Katharopoulos et al.), "relu",
@@ -617,9 +686,13 @@ class LinearAttention(FeatureMapAttention):
             feature_dim: taylor, elu, relu, cosformer: d', only the first d' dims of q and k enter φ (None: all
                 D). Based runs taylor on d' = 16 (its q, k projections are that narrow; the values keep their
                 width): F = 1 + d' + d'². hedgehog: F', the width of x W (None: D).
+            feature_inputs: hedgehog only: "post_rope" (φ of q, k as a rotary model rotated them: LoLCATs') or
+                "pre_rope" (rotated back by their positions first: a position-free kernel; `RotaryInputs`).
+            rope_theta: the base θ of the rotation "pre_rope" undoes (variants.hf takes the model's).
             scale: factor applied to q before φ; None (the default) leaves q as it is, as in the paper.
         """
         super().__init__(**base)
+        self._init_rotary(feature_inputs, rope_theta, feature_map)
         if feature_map not in FEATURE_MAPS and feature_map not in LEARNED_MAPS:
             raise ValueError(
                 f"linear: option feature_map={feature_map!r} is invalid; allowed: "
@@ -684,8 +757,9 @@ class LinearAttention(FeatureMapAttention):
             raise ValueError(f"linear: cannot step to {state.length + q.shape[2]} positions: {reason}")
         return super()._step(q, k, v, state, keep)
 
-    def _feature_inputs(self, x: Tensor, query: bool) -> Tensor:
+    def _feature_inputs(self, x: Tensor, query: bool, start: int = 0) -> Tensor:
         if self._learned():
+            x = self._pre_rope(x, start)
             return self.q_features(x * float(self._scale(x))) if query else self.k_features(x)
         if self.feature_dim is not None and self.feature_dim > x.shape[-1]:
             raise ValueError(f"linear: feature_dim={self.feature_dim} > the inputs' head dim D={x.shape[-1]}")

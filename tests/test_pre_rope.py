@@ -1,0 +1,149 @@
+"""feature_inputs="pre_rope" (linear.py's `RotaryInputs`): a learned feature map reads q and k with RoPE undone.
+
+Checked: the rotation undone is the inverse of transformers' own `apply_rotary_pos_emb`; the kernel is
+shift-invariant (the same text at two offsets gives the same outputs; post_rope's does not); decoding with an
+offset equals the forward; in a tiny Llama the whole model is unchanged by shifted position ids with pre_rope
+(not with post_rope), its cache included, θ taken from the model; bad input named.
+"""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+import variants
+from conftest import rope_undone
+from variants.methods.linear import unrotated
+
+THETA = 100.0
+CASES = [
+    ("window_linear", {"window": 3, "block": 2}),
+    ("linear", {"feature_map": "hedgehog", "chunk_size": 4}),
+    ("gated_deltanet", {"feature_map": "hedgehog", "chunk_size": 4}),
+    ("mamba2", {"feature_map": "hedgehog", "chunk_size": 4}),
+]
+
+
+def rope_applied(x, positions, theta=THETA):
+    """RoPE from its definition: each pair (x_i, x_{i+D/2}) as a complex number turned by p θ^(−2i/D)."""
+    return rope_undone(x, -positions, theta)
+
+
+def build(name, options, inputs="pre_rope", seed=0):
+    torch.manual_seed(seed)
+    attn = variants.build(name, num_heads=2, head_dim=8, feature_inputs=inputs, rope_theta=THETA, **options).double()
+    with torch.no_grad():  # away from the identity start, so φ is no special case
+        for p in attn.parameters():
+            p.add_(0.3 * torch.randn_like(p))
+    return attn
+
+
+def qkv(n=12, seed=1):
+    g = torch.Generator().manual_seed(seed)
+    return [torch.randn(1, 2, n, 8, generator=g, dtype=torch.float64) for _ in range(3)]
+
+
+def test_unrotated_inverts_transformers_rotation():
+    llama = pytest.importorskip("transformers.models.llama.modeling_llama")
+    config = pytest.importorskip("transformers").LlamaConfig(
+        hidden_size=32, num_attention_heads=4, rope_parameters={"rope_type": "default", "rope_theta": 500.0}
+    )
+    rotary = llama.LlamaRotaryEmbedding(config)
+    q, k = torch.randn(2, 4, 6, 8), torch.randn(2, 4, 6, 8)
+    positions = torch.tensor([[0, 1, 2, 3, 4, 5], [8000, 8001, 8002, 8003, 8004, 8005]])
+    cos, sin = rotary(q, positions)
+    q_rot, k_rot = llama.apply_rotary_pos_emb(q, k, cos, sin)
+    torch.testing.assert_close(unrotated(q_rot, positions, 500.0), q, atol=1e-5, rtol=1e-5)
+    torch.testing.assert_close(unrotated(k_rot, positions, 500.0), k, atol=1e-5, rtol=1e-5)
+
+
+@pytest.mark.parametrize("name, options", CASES, ids=[c[0] for c in CASES])
+def test_the_pre_rope_kernel_is_shift_invariant(name, options):
+    q0, k0, v = qkv()
+    outs = {}
+    for inputs in ("pre_rope", "post_rope"):
+        attn = build(name, options, inputs)
+        for offset in (0, 37):
+            positions = torch.arange(offset, offset + q0.shape[2])
+            attn.position_offset = offset  # (variants.hf sets it from the model's position ids)
+            outs[inputs, offset] = attn(rope_applied(q0, positions), rope_applied(k0, positions), v, causal=True)
+    torch.testing.assert_close(outs["pre_rope", 0], outs["pre_rope", 37], atol=1e-5, rtol=1e-5)
+    assert (outs["post_rope", 0] - outs["post_rope", 37]).abs().max() > 1e-3  # LoLCATs' reads absolute positions
+
+
+@pytest.mark.parametrize("name, options", CASES, ids=[c[0] for c in CASES])
+def test_decoding_at_an_offset_equals_the_forward(name, options):
+    attn = build(name, options)
+    attn.position_offset = 11
+    q, k, v = qkv(n=10)
+    with torch.no_grad():
+        whole = attn(q, k, v, causal=True)
+        state, parts = attn.init_state(1, 2, 8, 8, torch.float64, torch.device("cpu")), []
+        for sl in (slice(0, 4), slice(4, 5), slice(5, 10)):
+            out, state = attn.step(q[:, :, sl], k[:, :, sl], v[:, :, sl], state)
+            parts.append(out)
+    torch.testing.assert_close(torch.cat(parts, 2), whole)
+
+
+def tiny_llama():
+    transformers = pytest.importorskip("transformers")
+    torch.manual_seed(0)
+    config = transformers.LlamaConfig(
+        vocab_size=61,
+        hidden_size=32,
+        intermediate_size=64,
+        num_hidden_layers=2,
+        num_attention_heads=4,
+        num_key_value_heads=2,
+        max_position_embeddings=256,
+        rope_parameters={"rope_type": "default", "rope_theta": 500.0},
+        attn_implementation="sdpa",
+    )
+    return transformers.LlamaForCausalLM(config).double().eval()
+
+
+@pytest.mark.parametrize("inputs", ["pre_rope", "post_rope"])
+def test_a_llama_with_pre_rope_ignores_where_the_text_starts(inputs):
+    import variants.hf as vh
+
+    model = vh.use(tiny_llama(), "window_linear", window=3, feature_inputs=inputs)
+    attn = next(m for m in model.modules() if isinstance(m, variants.variant_class("window_linear")))
+    with torch.no_grad():  # the maps away from their start, and the linear part weighed as much as the window
+        for m in model.modules():
+            if isinstance(m, type(attn)):
+                m.window_factor.fill_(-5.0)
+                for p in m.parameters():
+                    p.add_(0.5 * torch.randn_like(p))
+    ids = torch.randint(1, 61, (2, 14), generator=torch.Generator().manual_seed(2))
+    with torch.no_grad():
+        logits = model(ids).logits
+        shifted = model(ids, position_ids=torch.arange(50, 64)[None].expand(2, -1)).logits
+        first = model(ids[:, :10], use_cache=True)  # the rest one position at a time through the cache
+        cache, steps = first.past_key_values, []
+        for t in range(10, 14):
+            out = model(ids[:, t : t + 1], cache=cache, use_cache=True)
+            cache = out.past_key_values
+            steps.append(out.logits)
+    if inputs == "pre_rope":
+        assert attn.rope_theta == 500.0  # (the model's, not the option's default)
+        torch.testing.assert_close(shifted, logits, atol=1e-6, rtol=1e-6)
+    else:
+        assert (shifted - logits).abs().max() > 1e-3
+    torch.testing.assert_close(torch.cat([first.logits, *steps], 1), logits)
+
+
+def test_bad_input_is_named():
+    with pytest.raises(ValueError, match="feature_inputs='sideways'"):
+        variants.build("window_linear", num_heads=2, head_dim=8, feature_inputs="sideways")
+    with pytest.raises(ValueError, match="feature_map='elu'"):
+        variants.build("linear", feature_inputs="pre_rope")
+    with pytest.raises(ValueError, match="even head_dim"):
+        variants.build("window_linear", num_heads=2, head_dim=7, feature_inputs="pre_rope")
+    with pytest.raises(ValueError, match="rope_theta=0.5"):
+        variants.build("window_linear", num_heads=2, head_dim=8, feature_inputs="pre_rope", rope_theta=0.5)
+    transformers = pytest.importorskip("transformers")
+    import variants.hf as vh
+
+    gpt2 = transformers.GPT2LMHeadModel(transformers.GPT2Config(n_layer=1, n_embd=32, n_head=4, vocab_size=61))
+    with pytest.raises(ValueError, match="rotary position embedding"):
+        vh.use(gpt2, "window_linear", window=3, feature_inputs="pre_rope")(torch.tensor([[1, 2, 3]]))
