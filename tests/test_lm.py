@@ -383,6 +383,25 @@ def test_an_interrupted_linearization_resumes_from_its_checkpoint_to_the_same_mo
     assert all(torch.allclose(p, mine[name], rtol=1e-5, atol=1e-7) for name, p in whole.named_parameters())
 
 
+def test_position_offsets_place_each_training_sequence_where_the_recipe_draws_it(tiny, tmp_path):
+    from harness.lm import linearize as lin
+
+    recipe = lin.Recipe(transfer_steps=3, lora_steps=2, lora_lr=1e-2, length=64, position_offsets=300)
+    starts = [recipe.start_position(step) for step in range(50)]
+    assert all(0 <= s <= 300 for s in starts) and len(set(starts)) > 10  # uniform over 0 .. MAX, by the step:
+    assert starts == [recipe.start_position(step) for step in range(50)]  # a resumed run draws the same
+    assert {lin.Recipe(transfer_steps=1).start_position(step) for step in range(9)} == {0}
+    model, tokenizer = lm.load(tiny, None)
+    train, held_out = lin.training_sequences(tokenizer, recipe, lm.corpus_text(None))
+    model = lm.switch(model, lm.Setting("window_linear", {"window": 8, "feature_inputs": "pre_rope"}), seed=0)
+    seen = []
+    model.model.register_forward_pre_hook(lambda m, a, kw: seen.append(kw.get("position_ids")), with_kwargs=True)
+    _, record = lin.linearize(model, train[:4], held_out[:1], recipe, tmp_path / "lin")
+    trained = [int(p[0, 0]) for p in seen if p is not None]  # (held-out checks run at position 0: ids not given)
+    assert trained == starts[:3] + starts[:2]  # stage 1's steps, then stage 2's
+    assert record["transfer"]["position_offsets"] == record["lora"]["position_offsets"] == 300
+
+
 def test_linearize_refuses_what_it_cannot_train_before_anything_is_written(tiny, gpt2, tmp_path, monkeypatch):
     empty, overlapping = tmp_path / "empty.txt", tmp_path / "topics.txt"
     empty.write_text("\n")
@@ -404,6 +423,10 @@ def test_linearize_refuses_what_it_cannot_train_before_anything_is_written(tiny,
             "--train-length 100000: tokens a training sequence, from 2 to the model's context (512)",
         ),
         (["--model", str(tiny), "--lora-lr", "2"], "--lora-lr 2.0: a learning rate between 0 and 1"),
+        (
+            ["--model", str(tiny), "--position-offsets", "500"],
+            "--position-offsets 500: a 64-token training sequence starting there ends past the model's context (512)",
+        ),
     ]
     for args, message in cases:
         out = tmp_path / "x"

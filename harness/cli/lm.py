@@ -116,6 +116,13 @@ def lm(
     train_length: Annotated[
         int, typer.Option(callback=within(2, 1_000_000), help="Tokens a training sequence.")
     ] = 1024,
+    position_offsets: Annotated[
+        int,
+        typer.Option(
+            callback=within(0, 10_000_000),
+            help="Training sequences start at a random position 0..MAX (position ids shifted), so the recipe sees every rotation. 0: at 0.",
+        ),
+    ] = 0,
     train_text: Annotated[
         Optional[str],
         typer.Option(
@@ -188,6 +195,7 @@ def lm(
             lora_rank=lora_rank,
             length=train_length,
             text=train_text,
+            position_offsets=position_offsets,
         ),
     )
     if keys < 10 and resume is None and {"passkey", "ruler"} & {t.strip() for t in tasks.split(",")}:

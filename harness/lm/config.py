@@ -4,6 +4,7 @@ configuration, the tasks and their constants, and the cells it measures in order
 from __future__ import annotations
 
 import math
+import random
 import re
 from dataclasses import asdict, dataclass, field
 
@@ -92,9 +93,17 @@ class Recipe:
     lora_rank: int = 8  # r (alpha = 2r, LoLCATs' 8 and 16)
     length: int = 1024  # tokens a training sequence (LoLCATs packs Alpaca into 1024-token chunks)
     text: str | None = None  # a training text file; None: the standard library's docstrings
+    position_offsets: int = 0  # each training sequence starts at a position drawn from 0 .. this (0: at 0)
 
     def to_json(self) -> dict:
         return asdict(self)
+
+    def start_position(self, step: int) -> int:
+        """Where training step `step`'s sequence starts: uniform over 0 .. position_offsets, drawn from a generator
+        seeded by the step (a resumed run draws the same); 0 without offsets."""
+        if not self.position_offsets:
+            return 0
+        return random.Random(step).randint(0, self.position_offsets)
 
 
 @dataclass(frozen=True)

@@ -29,6 +29,7 @@ from harness.lm.stages import (
     lora_state,
     next_token_loss,
     peft_module,
+    positions,
     transfer_step,
     variant_parameters,
     with_lora,
@@ -130,7 +131,7 @@ def linearize(
             )
 
         seconds = _stage_loop(
-            lambda step: transfer_step(model, train[step % len(train)]),
+            lambda step: transfer_step(model, train[step % len(train)], recipe.start_position(step)),
             optimizer,
             params,
             recipe.transfer_steps,
@@ -146,6 +147,7 @@ def linearize(
             "steps": recipe.transfer_steps,
             "lr": recipe.transfer_lr,
             "tokens": recipe.transfer_steps * recipe.length,
+            "position_offsets": recipe.position_offsets,
             "parameters": sum(p.numel() for p in params),
             "seconds": seconds,
             "losses": losses,
@@ -185,7 +187,8 @@ def linearize(
 
         def lora_step(step):
             ids = train[step % len(train)][None]
-            loss = wrapped(input_ids=ids, labels=ids, use_cache=False).loss
+            at = positions(ids, recipe.start_position(step))
+            loss = wrapped(input_ids=ids, position_ids=at, labels=ids, use_cache=False).loss
             loss.backward()
             return float(loss.detach())
 
@@ -207,6 +210,7 @@ def linearize(
             "lr": recipe.lora_lr,
             "rank": recipe.lora_rank,
             "tokens": recipe.lora_steps * recipe.length,
+            "position_offsets": recipe.position_offsets,
             "parameters": sum(p.numel() for p in params),
             "seconds": seconds,
             "losses": losses,

@@ -53,7 +53,7 @@ def lm_config(
 ) -> lmrun.LMConfig:
     """The run's configuration from the command line's texts; ArgumentError naming a bad one. `linearize`: the
     recipe's fields as given (--linearize, --lora, --linearize-lr, --lora-lr, --lora-rank, --train-length,
-    --train-text), None or transfer_steps and lora_steps 0 for none."""
+    --train-text, --position-offsets), None or transfer_steps and lora_steps 0 for none."""
     rates = {"--distill-lr": distill_lr}
     if linearize:
         rates.update(
@@ -216,6 +216,11 @@ def check_linearize(config: lmrun.LMConfig, model, tokenizer, tokens) -> None:
     if recipe.length < 2 or (context and recipe.length > context):
         raise ArgumentError(
             f"--train-length {recipe.length}: tokens a training sequence, from 2 to the model's context ({context})"
+        )
+    if recipe.position_offsets and context and recipe.position_offsets + recipe.length > context:
+        raise ArgumentError(
+            f"--position-offsets {recipe.position_offsets}: a {recipe.length}-token training sequence starting there "
+            f"ends past the model's context ({context}); at most {context - recipe.length}"
         )
     if recipe.lora_steps:
         peft_module()

@@ -64,9 +64,15 @@ def attention_error(model, sequences: torch.Tensor) -> float:
     return sum(sum(e) / len(e) for e in errors.values()) / len(errors)
 
 
-def transfer_step(model, ids: torch.Tensor) -> float:
-    """One forward of the softmax model over `ids`; at every layer the variant's MSE against the softmax output,
-    back-propagated into the variant's parameters only (each layer's graph freed at once). The mean loss."""
+def positions(ids: torch.Tensor, start: int) -> torch.Tensor:
+    """(1, L) position ids of a training sequence placed at `start` (--position-offsets)."""
+    return torch.arange(start, start + ids.shape[-1], device=ids.device)[None]
+
+
+def transfer_step(model, ids: torch.Tensor, start: int = 0) -> float:
+    """One forward of the softmax model over `ids` (at positions start ..); at every layer the variant's MSE against
+    the softmax output, back-propagated into the variant's parameters only (each layer's graph freed at once). The
+    mean loss."""
     losses = []
     layers = len(attached_variants(model))
 
@@ -77,7 +83,7 @@ def transfer_step(model, ids: torch.Tensor) -> float:
         losses.append(float(loss.detach()))
 
     with transfer.softmax_teacher(model, on_layer), torch.no_grad():
-        model(ids[None], use_cache=False, logits_to_keep=1)
+        model(ids[None], position_ids=positions(ids, start), use_cache=False, logits_to_keep=1)
     return sum(losses) / len(losses)
 
 
