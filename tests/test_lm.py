@@ -383,10 +383,10 @@ def test_an_interrupted_linearization_resumes_from_its_checkpoint_to_the_same_mo
     assert all(torch.allclose(p, mine[name], rtol=1e-5, atol=1e-7) for name, p in whole.named_parameters())
 
 
-def test_position_offsets_place_each_training_sequence_where_the_recipe_draws_it(tiny, tmp_path):
+def test_position_offsets_and_accumulation_place_each_training_sequence(tiny, tmp_path):
     from harness.lm import linearize as lin
 
-    recipe = lin.Recipe(transfer_steps=3, lora_steps=2, lora_lr=1e-2, length=64, position_offsets=300)
+    recipe = lin.Recipe(transfer_steps=3, lora_steps=2, lora_lr=1e-2, length=64, position_offsets=300, accumulate=2)
     starts = [recipe.start_position(step) for step in range(50)]
     assert all(0 <= s <= 300 for s in starts) and len(set(starts)) > 10  # uniform over 0 .. MAX, by the step:
     assert starts == [recipe.start_position(step) for step in range(50)]  # a resumed run draws the same
@@ -398,8 +398,9 @@ def test_position_offsets_place_each_training_sequence_where_the_recipe_draws_it
     model.model.register_forward_pre_hook(lambda m, a, kw: seen.append(kw.get("position_ids")), with_kwargs=True)
     _, record = lin.linearize(model, train[:4], held_out[:1], recipe, tmp_path / "lin")
     trained = [int(p[0, 0]) for p in seen if p is not None]  # (held-out checks run at position 0: ids not given)
-    assert trained == starts[:3] + starts[:2]  # stage 1's steps, then stage 2's
+    assert trained == starts[:6] + starts[:4]  # stage 1's 3 steps of 2 sequences, then stage 2's 2 of 2
     assert record["transfer"]["position_offsets"] == record["lora"]["position_offsets"] == 300
+    assert record["transfer"]["tokens"] == 3 * 2 * 64 and len(record["transfer"]["losses"]) == 3
 
 
 def test_linearize_refuses_what_it_cannot_train_before_anything_is_written(tiny, gpt2, tmp_path, monkeypatch):

@@ -123,6 +123,13 @@ def lm(
             help="Training sequences start at a random position 0..MAX (position ids shifted), so the recipe sees every rotation. 0: at 0.",
         ),
     ] = 0,
+    accumulate: Annotated[
+        int,
+        typer.Option(
+            callback=within(1, 1024),
+            help="Training sequences an optimizer step, gradients summed (LoLCATs' stage 1: 8).",
+        ),
+    ] = 1,
     train_text: Annotated[
         Optional[str],
         typer.Option(
@@ -196,6 +203,7 @@ def lm(
             length=train_length,
             text=train_text,
             position_offsets=position_offsets,
+            accumulate=accumulate,
         ),
     )
     if keys < 10 and resume is None and {"passkey", "ruler"} & {t.strip() for t in tasks.split(",")}:

@@ -94,16 +94,21 @@ class Recipe:
     length: int = 1024  # tokens a training sequence (LoLCATs packs Alpaca into 1024-token chunks)
     text: str | None = None  # a training text file; None: the standard library's docstrings
     position_offsets: int = 0  # each training sequence starts at a position drawn from 0 .. this (0: at 0)
+    accumulate: int = 1  # sequences an optimizer step, their gradients summed (LoLCATs' stage 1: 8)
+
+    def sequences(self, step: int) -> range:
+        """The indices of the training sequences optimizer step `step` reads (`accumulate` of them, in order)."""
+        return range(step * self.accumulate, (step + 1) * self.accumulate)
 
     def to_json(self) -> dict:
         return asdict(self)
 
-    def start_position(self, step: int) -> int:
-        """Where training step `step`'s sequence starts: uniform over 0 .. position_offsets, drawn from a generator
-        seeded by the step (a resumed run draws the same); 0 without offsets."""
+    def start_position(self, sequence: int) -> int:
+        """Where training sequence number `sequence` starts: uniform over 0 .. position_offsets, drawn from a
+        generator seeded by the number (a resumed run draws the same); 0 without offsets."""
         if not self.position_offsets:
             return 0
-        return random.Random(step).randint(0, self.position_offsets)
+        return random.Random(sequence).randint(0, self.position_offsets)
 
 
 @dataclass(frozen=True)

@@ -131,7 +131,13 @@ def linearize(
             )
 
         seconds = _stage_loop(
-            lambda step: transfer_step(model, train[step % len(train)], recipe.start_position(step)),
+            lambda step: (
+                sum(
+                    transfer_step(model, train[i % len(train)], recipe.start_position(i), 1 / recipe.accumulate)
+                    for i in recipe.sequences(step)
+                )
+                / recipe.accumulate
+            ),
             optimizer,
             params,
             recipe.transfer_steps,
@@ -146,7 +152,8 @@ def linearize(
         record["transfer"] = {
             "steps": recipe.transfer_steps,
             "lr": recipe.transfer_lr,
-            "tokens": recipe.transfer_steps * recipe.length,
+            "tokens": recipe.transfer_steps * recipe.accumulate * recipe.length,
+            "accumulate": recipe.accumulate,
             "position_offsets": recipe.position_offsets,
             "parameters": sum(p.numel() for p in params),
             "seconds": seconds,
@@ -186,11 +193,14 @@ def linearize(
             )
 
         def lora_step(step):
-            ids = train[step % len(train)][None]
-            at = positions(ids, recipe.start_position(step))
-            loss = wrapped(input_ids=ids, position_ids=at, labels=ids, use_cache=False).loss
-            loss.backward()
-            return float(loss.detach())
+            total = 0.0
+            for i in recipe.sequences(step):  # (gradients summed over the step's sequences)
+                ids = train[i % len(train)][None]
+                at = positions(ids, recipe.start_position(i))
+                loss = wrapped(input_ids=ids, position_ids=at, labels=ids, use_cache=False).loss
+                (loss / recipe.accumulate).backward()
+                total += float(loss.detach())
+            return total / recipe.accumulate
 
         seconds = _stage_loop(
             lora_step,
@@ -209,7 +219,8 @@ def linearize(
             "steps": recipe.lora_steps,
             "lr": recipe.lora_lr,
             "rank": recipe.lora_rank,
-            "tokens": recipe.lora_steps * recipe.length,
+            "tokens": recipe.lora_steps * recipe.accumulate * recipe.length,
+            "accumulate": recipe.accumulate,
             "position_offsets": recipe.position_offsets,
             "parameters": sum(p.numel() for p in params),
             "seconds": seconds,

@@ -69,17 +69,17 @@ def positions(ids: torch.Tensor, start: int) -> torch.Tensor:
     return torch.arange(start, start + ids.shape[-1], device=ids.device)[None]
 
 
-def transfer_step(model, ids: torch.Tensor, start: int = 0) -> float:
+def transfer_step(model, ids: torch.Tensor, start: int = 0, weight: float = 1.0) -> float:
     """One forward of the softmax model over `ids` (at positions start ..); at every layer the variant's MSE against
-    the softmax output, back-propagated into the variant's parameters only (each layer's graph freed at once). The
-    mean loss."""
+    the softmax output, times `weight`, back-propagated into the variant's parameters only (each layer's graph freed
+    at once; gradients add up over calls). The mean loss."""
     losses = []
     layers = len(attached_variants(model))
 
     def on_layer(path, module, q, k, v, target, causal):
         with torch.enable_grad():
             loss = F.mse_loss(module.forward(q, k, v, causal=causal), target)
-            (loss / layers).backward()
+            (loss * weight / layers).backward()
         losses.append(float(loss.detach()))
 
     with transfer.softmax_teacher(model, on_layer), torch.no_grad():
