@@ -403,6 +403,31 @@ def test_position_offsets_and_accumulation_place_each_training_sequence(tiny, tm
     assert record["transfer"]["tokens"] == 3 * 2 * 64 and len(record["transfer"]["losses"]) == 3
 
 
+def test_eval_every_keeps_the_best_stage_one_state_and_steps_the_plateau(tiny, tmp_path, monkeypatch):
+    from harness.lm import distill
+    from harness.lm import linearize as lin
+
+    recipe = lin.Recipe(transfer_steps=6, length=64, eval_every=2)
+    model, tokenizer = lm.load(tiny, None)
+    train, held_out = lin.training_sequences(tokenizer, recipe, lm.corpus_text(None))
+    model = lm.switch(model, lm.Setting("window_linear", {"window": 8}), seed=0)
+    errors, states = iter([1.0, 0.5, 0.7, 0.8, 0.5]), []  # before, after steps 2, 4 and 6, and after the stage
+
+    def scripted(model, held_out):
+        states.append(distill.attached_state(model))
+        return next(errors)
+
+    monkeypatch.setattr(lin, "attention_error", scripted)
+    monkeypatch.setattr(lin, "PLATEAU_PATIENCE", 0)  # (a step without a new best lowers the rate at once)
+    model, record = lin.linearize(model, train[:4], held_out[:1], recipe, tmp_path / "lin")
+    stage = record["transfer"]
+    assert [e[:2] for e in stage["evals"]] == [[2, 0.5], [4, 0.7], [6, 0.8]] and stage["kept_step"] == 2
+    assert [e[2] for e in stage["evals"]] == pytest.approx([1e-2, 1e-2, 1e-3])  # cut ×0.1 after step 4's miss
+    kept, at_2, at_4 = states[4], states[1], states[2]  # the state after the stage is the one of step 2
+    assert all(torch.equal(kept[p][k], at_2[p][k]) for p in kept for k in kept[p])
+    assert not all(torch.equal(kept[p][k], at_4[p][k]) for p in kept for k in kept[p])
+
+
 def test_linearize_refuses_what_it_cannot_train_before_anything_is_written(tiny, gpt2, tmp_path, monkeypatch):
     empty, overlapping = tmp_path / "empty.txt", tmp_path / "topics.txt"
     empty.write_text("\n")

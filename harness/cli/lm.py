@@ -130,6 +130,13 @@ def lm(
             help="Training sequences an optimizer step, gradients summed (LoLCATs' stage 1: 8).",
         ),
     ] = 1,
+    eval_every: Annotated[
+        int,
+        typer.Option(
+            callback=within(0, 1_000_000),
+            help="Stage 1: held-out error every E steps; LoLCATs' plateau schedule (lr ×0.1 after 10 without a new best), the best state kept. 0: off.",
+        ),
+    ] = 0,
     train_text: Annotated[
         Optional[str],
         typer.Option(
@@ -204,6 +211,7 @@ def lm(
             text=train_text,
             position_offsets=position_offsets,
             accumulate=accumulate,
+            eval_every=eval_every,
         ),
     )
     if keys < 10 and resume is None and {"passkey", "ruler"} & {t.strip() for t in tasks.split(",")}:

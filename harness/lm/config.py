@@ -95,6 +95,7 @@ class Recipe:
     text: str | None = None  # a training text file; None: the standard library's docstrings
     position_offsets: int = 0  # each training sequence starts at a position drawn from 0 .. this (0: at 0)
     accumulate: int = 1  # sequences an optimizer step, their gradients summed (LoLCATs' stage 1: 8)
+    eval_every: int = 0  # stage 1's held-out error every this many steps, the plateau schedule (linearize.py); 0: off
 
     def sequences(self, step: int) -> range:
         """The indices of the training sequences optimizer step `step` reads (`accumulate` of them, in order)."""

@@ -37,6 +37,9 @@ from harness.lm.stages import (
 from harness.lm.training_text import training_sequences
 
 CHECKPOINT_S = 60.0  # seconds of training between checkpoints
+# --eval-every: the rate times PLATEAU_FACTOR after PLATEAU_PATIENCE evaluations without a new best, down to
+# PLATEAU_MIN_LR (LoLCATs' stage-1 reduce_lr_on_plateau), the best evaluated state kept at the end
+PLATEAU_FACTOR, PLATEAU_PATIENCE, PLATEAU_MIN_LR = 0.1, 10, 1e-5
 
 
 # (what callers reach through this module: the saved state lives in checkpoints.py, the text in training_text.py)
@@ -65,9 +68,10 @@ def _stage_loop(
     save: Callable,
     on_step: Callable | None,
     clip: float | None = None,
+    after: Callable | None = None,
 ) -> float:
-    """Steps start .. steps - 1 of one stage; a checkpoint every CHECKPOINT_S seconds of training. Returns the
-    stage's seconds (those of earlier sittings included)."""
+    """Steps start .. steps - 1 of one stage (`after(steps done)` once each step is taken); a checkpoint every
+    CHECKPOINT_S seconds of training. Returns the stage's seconds (those of earlier sittings included)."""
     began, last_save = time.perf_counter(), time.perf_counter()
     for step in range(start, steps):
         optimizer.zero_grad(set_to_none=True)
@@ -75,6 +79,8 @@ def _stage_loop(
         if clip is not None:
             torch.nn.utils.clip_grad_norm_(params, clip)
         optimizer.step()
+        if after:
+            after(step + 1)
         if on_step:
             on_step(step + 1, steps, losses[-1])
         if time.perf_counter() - last_save >= CHECKPOINT_S and step + 1 < steps:
@@ -115,6 +121,23 @@ def linearize(
             optimizer.load_state_dict(saved["optimizer"])
         before = saved["error_before"] if resumed else attention_error(model, held_out)
         losses = list(saved["losses"]) if resumed else []
+        plateau = torch.optim.lr_scheduler.ReduceLROnPlateau(
+            optimizer, mode="min", factor=PLATEAU_FACTOR, patience=PLATEAU_PATIENCE, min_lr=PLATEAU_MIN_LR
+        )
+        start = transfer.attached_state(model) if recipe.eval_every else None
+        best = {"evals": [], "error": before, "step": 0, "state": start}  # (the start counts: step 0)
+        if resumed and "plateau" in saved:
+            plateau.load_state_dict(saved["plateau"])
+            best = saved["best"]
+
+        def evaluate(done):  # --eval-every: the held-out error, the plateau schedule, the best state
+            if not recipe.eval_every or done % recipe.eval_every:
+                return
+            error = attention_error(model, held_out)
+            best["evals"].append([done, error, optimizer.param_groups[0]["lr"]])
+            plateau.step(error)
+            if error < best["error"]:
+                best.update(error=error, step=done, state=transfer.attached_state(model))
 
         def save(step, seconds):
             checkpoint.save(
@@ -126,6 +149,8 @@ def linearize(
                     "error_before": before,
                     "variant_state": transfer.attached_state(model),
                     "optimizer": optimizer.state_dict(),
+                    "plateau": plateau.state_dict(),
+                    "best": best,
                     "record": record,
                 }
             )
@@ -146,7 +171,10 @@ def linearize(
             losses,
             save,
             None if on_step is None else lambda s, n, loss: on_step("attention transfer", s, n, loss),
+            after=evaluate,
         )
+        if recipe.eval_every and best["step"] != recipe.transfer_steps:  # the best evaluated state, not the last
+            transfer.load_attached_state(model, best["state"])
         for p in params:
             p.requires_grad_(False)
         record["transfer"] = {
@@ -160,6 +188,9 @@ def linearize(
             "losses": losses,
             "error_before": before,
             "error_after": attention_error(model, held_out),
+            "eval_every": recipe.eval_every,
+            "evals": best["evals"],  # [step, held-out error, learning rate before the schedule's step]
+            "kept_step": best["step"] if recipe.eval_every else recipe.transfer_steps,
         }
         saved = {"variant_state": transfer.attached_state(model), "record": record}
         checkpoint.save(saved)

@@ -53,7 +53,7 @@ def lm_config(
 ) -> lmrun.LMConfig:
     """The run's configuration from the command line's texts; ArgumentError naming a bad one. `linearize`: the
     recipe's fields as given (--linearize, --lora, --linearize-lr, --lora-lr, --lora-rank, --train-length,
-    --train-text, --position-offsets, --accumulate), None or transfer_steps and lora_steps 0 for none."""
+    --train-text, --position-offsets, --accumulate, --eval-every), None or transfer_steps and lora_steps 0 for none."""
     rates = {"--distill-lr": distill_lr}
     if linearize:
         rates.update(
