@@ -205,7 +205,8 @@ def _hedgehog_qk(attn, q, k, causal=True):
 
 def _ref_linear(attn, q, k, v, causal, kpm):
     if attn.feature_map == "hedgehog":  # the kernel φ(q)·φ(k) of the learned maps, rows normalised (+ eps)
-        fq, fk = _hedgehog_qk(attn, q.double() * (1.0 if attn.scale is None else attn.scale), k, causal)
+        factor = 1.0 if attn.scale is None or not attn.query_scaled else attn.scale
+        fq, fk = _hedgehog_qk(attn, q.double() * factor, k, causal)
         a = (fq @ fk.transpose(-1, -2)) * causal_and_padding(q.shape[-2], k.shape[-2], causal, kpm)
         return (a @ v.double()) / (a.sum(-1, keepdim=True) + attn.eps)
     d = attn.feature_dim or q.shape[-1]  # the dims of q and k that enter φ
@@ -358,8 +359,8 @@ def _recurrence_qk(attn, q, k, scale):
     where the variant has them, q times the scale first where it is a factor of q (then the factor is 1)."""
     if attn.feature_map != "hedgehog":
         return q.double(), k.double(), scale
-    if attn.spec.scale_is_query_factor:
-        return (*_hedgehog_qk(attn, q.double() * scale, k), 1.0)
+    if attn.spec.scale_is_query_factor:  # (φ_q of q times the scale, or of q itself: query_scaled=False)
+        return (*_hedgehog_qk(attn, q.double() * (scale if attn.query_scaled else 1.0), k), 1.0)
     return (*_hedgehog_qk(attn, q, k), scale)
 
 
@@ -458,7 +459,7 @@ def _ref_window_linear(attn, q, k, v, causal, kpm):
     s = (q @ k.transpose(-1, -2) * scale).masked_fill(~window, float("-inf"))
     top = s.amax(-1, keepdim=True)
     e = torch.exp(s - torch.where(torch.isfinite(top), top, torch.zeros_like(top)))
-    fq, fk = _hedgehog_qk(attn, q * scale, k)
+    fq, fk = _hedgehog_qk(attn, q * (scale if attn.query_scaled else 1.0), k)
     lin = (fq @ fk.transpose(-1, -2)) * older
     f = torch.sigmoid(attn.window_factor.double())[:, None, None]
     weights = f * e + lin

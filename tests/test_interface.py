@@ -377,6 +377,14 @@ def test_scale_is_honoured(name, options, causal):
     q, k, v = make_qkv(b=2, h=2, n_q=10, d=8, requires_grad=False)
     kpm = make_padding(2, 10, seed=2, all_padded_row=False)
     out = attn(q, k, v, causal=causal, key_padding_mask=kpm)
+    if not getattr(attn, "query_scaled", True):  # a learned map reading q unscaled (LoLCATs'): only a softmax part
+        torch.testing.assert_close(out, attn.reference(q, k, v, causal=causal, key_padding_mask=kpm))
+        unscaled = plain(q, k, v, causal=causal, key_padding_mask=kpm)  # (window_linear's window) or an output
+        if name == "window_linear" or not attn.spec.scale_is_query_factor:  # factor (the delta rules) reads it
+            assert not torch.allclose(out, unscaled)
+        else:
+            torch.testing.assert_close(out, unscaled)  # nothing reads it
+        return
     if attn.spec.scale_is_query_factor:
         torch.testing.assert_close(
             out, plain(q * (s / plain.default_scale(q.shape[-1])), k, v, causal=causal, key_padding_mask=kpm)

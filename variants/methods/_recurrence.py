@@ -23,7 +23,7 @@ from torch import Tensor, nn
 
 from .._base import AttentionVariant
 from .._utils import pad_to_multiple, spans
-from .linear import RotaryInputs, learned_feature_maps
+from .linear import MapInputs, learned_feature_maps
 
 WHY_CAUSAL_ONLY = (
     "a recurrence over positions: the state at t holds positions <= t only"  # each spec's why_not_non_causal
@@ -283,7 +283,7 @@ class _GroupedScan(torch.autograd.Function):
 # -- the variant ----------------------------------------------------------------------------------
 
 
-class RecurrentAttention(RotaryInputs, AttentionVariant):
+class RecurrentAttention(MapInputs, AttentionVariant):
     """A gated linear recurrence behind the one interface; subclasses give `spec` and `_inputs`.
 
     Not registered itself. Causal by nature: S_t holds positions <= t only.
@@ -310,6 +310,8 @@ class RecurrentAttention(RotaryInputs, AttentionVariant):
         feature_dim: int | None = None,
         feature_inputs: str = "post_rope",
         rope_theta: float = 10000.0,
+        feature_init: str = "identity",
+        query_scaled: bool = True,
         **base,
     ):
         """
@@ -323,19 +325,24 @@ class RecurrentAttention(RotaryInputs, AttentionVariant):
                 the softmax of a pretrained model; needs num_heads and head_dim). Where the scale is a factor
                 of q (not the delta rules, which normalise q), q enters the map times the scale.
             feature_dim: F' of the feature map (None: head_dim); only with feature_map.
-            feature_inputs: with feature_map: "post_rope" (φ of q, k as a rotary model rotated them: LoLCATs') or
-                "pre_rope" (rotated back by their positions first; linear.py's `RotaryInputs`).
-            rope_theta: the base θ of the rotation "pre_rope" undoes (variants.hf takes the model's).
+            feature_inputs: with feature_map (linear.py's `MapInputs`): "post_rope" (φ reads q, k as RoPE rotated
+                them: LoLCATs') or "pre_rope" (rotated back by their positions first).
+            rope_theta: the base θ of the rotation pre_rope undoes (variants.hf takes the model's).
+            feature_init: with feature_map: "identity" (W = I, b = 0) or "kaiming" (LoLCATs': no bias).
+            query_scaled: with feature_map, where the scale is a factor of q: φ_q reads q times it (True) or q
+                itself (False, LoLCATs').
         """
         super().__init__(**base)
-        self._init_rotary(feature_inputs, rope_theta, feature_map)
+        self._init_map_inputs(feature_map, feature_inputs, rope_theta, feature_init, query_scaled)
         self._check_int("chunk_size", chunk_size, 1)
         if feature_dim is not None and feature_map is None:
             raise ValueError(
                 f"{self.spec.name}: option feature_dim={feature_dim!r} is for a feature_map; got feature_map=None"
             )
         self.feature_map, self.feature_dim = feature_map, feature_dim
-        maps = learned_feature_maps(self.spec.name, feature_map, self.num_heads, self.head_dim, feature_dim)
+        maps = learned_feature_maps(
+            self.spec.name, feature_map, self.num_heads, self.head_dim, feature_dim, feature_init
+        )
         if maps is not None:
             self.q_features, self.k_features = maps
         if self.max_chunk is not None and chunk_size > self.max_chunk:
@@ -384,7 +391,7 @@ class RecurrentAttention(RotaryInputs, AttentionVariant):
         its scale first where the scale is a factor of q, as linear attention's learned map takes it)."""
         if self.feature_map is None:
             return q, k
-        if self.spec.scale_is_query_factor:
+        if self.spec.scale_is_query_factor and self.query_scaled:
             q = q * float(self._scale(q))
         return self.q_features(q), self.k_features(k)
 

@@ -49,12 +49,13 @@ class DeltaNet(RecurrentAttention):
         scale_is_query_factor=False,
         not_deployable=(NO_ONNX_SOLVE,),  # q is L2-normalised first: scale multiplies the normalised q
         notes="causal only; needs num_heads and head_dim (β per head from the keys); decodes with a constant D x Dv state",
-        function_options=("feature_map", "feature_dim", "feature_inputs", "rope_theta"),
+        function_options=("feature_map", "feature_dim", "feature_inputs", "rope_theta", "feature_init", "query_scaled"),
         examples=(
             (("chunk_size", 4),),
             (("chunk_size", 64),),
             (("chunk_size", 4), ("feature_map", "hedgehog"), ("feature_dim", 3)),
             (("chunk_size", 4), ("feature_map", "hedgehog"), ("feature_inputs", "pre_rope")),
+            (("chunk_size", 4), ("feature_map", "hedgehog"), ("feature_init", "kaiming"), ("query_scaled", False)),
         ),
     )
 

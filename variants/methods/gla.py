@@ -47,7 +47,7 @@ class GatedLinearAttention(RecurrentAttention):
         subquadratic=True,
         notes="causal only; needs num_heads and head_dim (gates per head from the keys); chunk_size <= 16; "
         "log α floored at −5; decodes with a constant D x Dv state",
-        function_options=("feature_map", "feature_dim", "feature_inputs", "rope_theta"),
+        function_options=("feature_map", "feature_dim", "feature_inputs", "rope_theta", "feature_init", "query_scaled"),
         examples=(
             (("chunk_size", 4),),
             (("chunk_size", 16),),

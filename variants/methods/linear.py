@@ -176,15 +176,20 @@ class Hedgehog(nn.Module):
     """Hedgehog's feature map, one per head: φ(x) = [softmax(x W_h + b_h), softmax(−x W_h − b_h)] (B, H, N, 2F).
 
     Both halves are positive and sum to 1, so φ(q)·φ(k) lies in (0, 2]: a kernel that is large where x W
-    points the same way for q and k, as exp(q·k) is. W starts as the identity (D x F: the first F dims,
-    or D dims and zeros), b at zero — φ(x) = [softmax(x), softmax(−x)] — a stable start that attention
-    transfer then trains to imitate the softmax (LoLCATs: Zhang et al. 2025).
+    points the same way for q and k, as exp(q·k) is. init="identity": W starts as the identity (D x F: the
+    first F dims, or D dims and zeros), b at zero — φ(x) = [softmax(x), softmax(−x)] — a stable start that
+    attention transfer then trains to imitate the softmax. init="kaiming" (LoLCATs' code, Zhang et al. 2025):
+    W kaiming-uniform as torch draws it for an (H, D, F) tensor, and no bias (b is a buffer of zeros).
     """
 
-    def __init__(self, heads: int, head_dim: int, features: int):
+    def __init__(self, heads: int, head_dim: int, features: int, init: str = "identity"):
         super().__init__()
-        self.weight = nn.Parameter(torch.eye(head_dim, features).repeat(heads, 1, 1))  # (H, D, F)
-        self.bias = nn.Parameter(torch.zeros(heads, features))  # (H, F)
+        if init == "kaiming":
+            self.weight = nn.Parameter(nn.init.kaiming_uniform_(torch.empty(heads, head_dim, features)))
+            self.register_buffer("bias", torch.zeros(heads, features))  # (not trained: no bias)
+        else:
+            self.weight = nn.Parameter(torch.eye(head_dim, features).repeat(heads, 1, 1))  # (H, D, F)
+            self.bias = nn.Parameter(torch.zeros(heads, features))  # (H, F)
 
     def forward(self, x: Tensor) -> Tensor:
         z = torch.matmul(x, self.weight.to(x.dtype)) + self.bias.to(x.dtype)[:, None]  # (B, H, N, F)
@@ -193,6 +198,7 @@ class Hedgehog(nn.Module):
 
 LEARNED_MAPS = ("hedgehog",)  # feature maps with parameters (per head: they need num_heads and head_dim)
 FEATURE_INPUTS = ("post_rope", "pre_rope")  # what of a rotary model's q, k a learned map reads (option feature_inputs)
+FEATURE_INITS = ("identity", "kaiming")  # how a learned map starts (option feature_init)
 
 
 def unrotated(x: Tensor, positions: Tensor, theta: float) -> Tensor:
@@ -211,25 +217,48 @@ def unrotated(x: Tensor, positions: Tensor, theta: float) -> Tensor:
     return x * angles.cos().to(x.dtype) - half * angles.sin().to(x.dtype)
 
 
-class RotaryInputs:
-    """The option `feature_inputs` of a variant with a learned feature map (window_linear, linear and the
-    recurrences with feature_map="hedgehog"). "post_rope" (LoLCATs', the default): φ reads q and k as the model
-    rotated them, so φ(q_t)·φ(k_s) depends on the absolute positions t and s. "pre_rope" (a departure from
-    LoLCATs): φ reads them rotated back by their position, so the kernel depends on the content only; softmax
-    parts keep the rotated q, k. The variant counts positions 0 .. N − 1 in a call (queries the last Nq) and
-    state.length + i in a step; `position_offset` (0, or (B, 1) set by variants.hf each call from the model's
-    position ids) is added to them."""
+class MapInputs:
+    """The options of a variant with a learned feature map (window_linear, linear and the recurrences with
+    feature_map="hedgehog") saying what the map reads and how it starts; each default is this project's first
+    form, the other value LoLCATs' code or a departure from it:
 
-    def _init_rotary(self, feature_inputs: str, rope_theta: float, feature_map: str | None) -> None:
+    - feature_inputs: "post_rope" (LoLCATs'): φ reads q and k as the model rotated them, so φ(q_t)·φ(k_s) depends
+      on the absolute positions t and s. "pre_rope" (a departure): rotated back by their positions first, so the
+      kernel depends on the content only; softmax parts keep the rotated q, k. The variant counts positions
+      0 .. N − 1 in a call (queries the last Nq) and state.length + i in a step; `position_offset` (0, or (B, 1)
+      set by variants.hf each call from the model's position ids) is added to them. rope_theta: RoPE's base.
+    - feature_init: "identity" (W = I, b = 0) or "kaiming" (LoLCATs': W kaiming-uniform, no bias): `Hedgehog`.
+    - query_scaled: True: φ_q reads q times the scale; False (LoLCATs'): q as it is.
+    """
+
+    def _init_map_inputs(
+        self, feature_map: str | None, feature_inputs: str, rope_theta: float, feature_init: str, query_scaled: bool
+    ) -> None:
         name = self.spec.name
         if feature_inputs not in FEATURE_INPUTS:
             raise ValueError(
                 f"{name}: option feature_inputs={feature_inputs!r} is invalid; allowed: 'post_rope' (the learned "
                 f"map reads q, k as RoPE rotated them: LoLCATs') or 'pre_rope' (rotated back first)"
             )
-        if feature_inputs == "pre_rope" and feature_map not in LEARNED_MAPS:
+        if feature_init not in FEATURE_INITS:
             raise ValueError(
-                f"{name}: option feature_inputs='pre_rope' is for a learned feature map (feature_map='hedgehog'), "
+                f"{name}: option feature_init={feature_init!r} is invalid; allowed: 'identity' (W = I, b = 0) or "
+                f"'kaiming' (LoLCATs': kaiming-uniform W, no bias)"
+            )
+        if not isinstance(query_scaled, bool):
+            raise ValueError(f"{name}: option query_scaled={query_scaled!r} is invalid; expected True or False")
+        changed = [
+            f"{k}={v!r}"
+            for k, v, d in (
+                ("feature_inputs", feature_inputs, "post_rope"),
+                ("feature_init", feature_init, "identity"),
+                ("query_scaled", query_scaled, True),
+            )
+            if v != d
+        ]
+        if changed and feature_map not in LEARNED_MAPS:
+            raise ValueError(
+                f"{name}: option {changed[0]} is for a learned feature map (feature_map='hedgehog'), "
                 f"got feature_map={feature_map!r}"
             )
         if isinstance(rope_theta, bool) or not isinstance(rope_theta, (int, float)) or not 1 < rope_theta < math.inf:
@@ -242,7 +271,13 @@ class RotaryInputs:
                 f"got head_dim={self.head_dim}"
             )
         self.feature_inputs, self.rope_theta = feature_inputs, float(rope_theta)
+        self.feature_init, self.query_scaled = feature_init, query_scaled
         self.position_offset: Tensor | int = 0
+
+    def _map_query(self, q: Tensor, start: int) -> Tensor:
+        """q (B, H, N, D) at positions start .. as φ_q reads it: rotated back (pre_rope), times the scale (query_scaled)."""
+        q = self._pre_rope(q, start)
+        return q * float(self._scale(q)) if self.query_scaled else q
 
     def _pre_rope(self, x: Tensor, start: int) -> Tensor:
         """x (B, H, N, D) at the variant's positions start .. start + N − 1 as φ reads it: rotated back where
@@ -254,7 +289,12 @@ class RotaryInputs:
 
 
 def learned_feature_maps(
-    owner: str, feature_map: str | None, heads: int | None, head_dim: int | None, feature_dim: int | None
+    owner: str,
+    feature_map: str | None,
+    heads: int | None,
+    head_dim: int | None,
+    feature_dim: int | None,
+    init: str = "identity",
 ) -> tuple[nn.Module, nn.Module] | None:
     """(φ of the queries, φ of the keys) for a learned map, or None for feature_map=None; the ValueError names
     the option (every variant that takes a learned map on q and k builds it here)."""
@@ -276,7 +316,7 @@ def learned_feature_maps(
             f"{owner}: option feature_dim={feature_dim!r} is invalid; expected an int >= 1 (F' of "
             f"{feature_map}: 2F' features a row) or None (= head_dim)"
         )
-    return Hedgehog(heads, head_dim, features), Hedgehog(heads, head_dim, features)
+    return Hedgehog(heads, head_dim, features, init), Hedgehog(heads, head_dim, features, init)
 
 
 # -- the scan ----------------------------------------------------------------------------------
@@ -637,7 +677,7 @@ class FeatureMapAttention(AttentionVariant):
 
 
 @register
-class LinearAttention(RotaryInputs, FeatureMapAttention):
+class LinearAttention(MapInputs, FeatureMapAttention):
     spec = VariantSpec(
         name="linear",
         family="kernel feature maps",
@@ -652,7 +692,15 @@ class LinearAttention(RotaryInputs, FeatureMapAttention):
         notes="F features a row: D (elu, relu), 2D (cosformer), 1 + D + D^2 (taylor), 2 feature_dim (hedgehog, learned per head: "
         "needs num_heads and head_dim); cosformer: M = max(Nq, Nk) unless "
         "max_len is given (give it for decoding: a prefix's outputs then do not change with N)",
-        function_options=("feature_map", "max_len", "feature_dim", "feature_inputs", "rope_theta"),
+        function_options=(
+            "feature_map",
+            "max_len",
+            "feature_dim",
+            "feature_inputs",
+            "rope_theta",
+            "feature_init",
+            "query_scaled",
+        ),
         examples=(
             (("chunk_size", 4),),
             (("feature_map", "relu"),),
@@ -662,6 +710,7 @@ class LinearAttention(RotaryInputs, FeatureMapAttention):
             (("feature_map", "hedgehog"), ("chunk_size", 4)),
             (("feature_map", "hedgehog"), ("feature_dim", 3)),
             (("feature_map", "hedgehog"), ("feature_inputs", "pre_rope"), ("chunk_size", 4)),
+            (("feature_map", "hedgehog"), ("feature_init", "kaiming"), ("query_scaled", False)),
         ),
     )
 
@@ -673,6 +722,8 @@ class LinearAttention(RotaryInputs, FeatureMapAttention):
         feature_dim: int | None = None,
         feature_inputs: str = "post_rope",
         rope_theta: float = 10000.0,
+        feature_init: str = "identity",
+        query_scaled: bool = True,
         **base,
     ):
         """
@@ -686,13 +737,15 @@ class LinearAttention(RotaryInputs, FeatureMapAttention):
             feature_dim: taylor, elu, relu, cosformer: d', only the first d' dims of q and k enter φ (None: all
                 D). Based runs taylor on d' = 16 (its q, k projections are that narrow; the values keep their
                 width): F = 1 + d' + d'². hedgehog: F', the width of x W (None: D).
-            feature_inputs: hedgehog only: "post_rope" (φ of q, k as a rotary model rotated them: LoLCATs') or
-                "pre_rope" (rotated back by their positions first: a position-free kernel; `RotaryInputs`).
-            rope_theta: the base θ of the rotation "pre_rope" undoes (variants.hf takes the model's).
+            feature_inputs: hedgehog only (`MapInputs`): "post_rope" (φ reads q, k as RoPE rotated them: LoLCATs')
+                or "pre_rope" (rotated back by their positions first: a position-free kernel).
+            rope_theta: the base θ of the rotation pre_rope undoes (variants.hf takes the model's).
+            feature_init: hedgehog only: "identity" (W = I, b = 0) or "kaiming" (LoLCATs': kaiming-uniform W, no bias).
+            query_scaled: hedgehog only: φ_q reads q times the scale (True) or q itself (False, LoLCATs').
             scale: factor applied to q before φ; None (the default) leaves q as it is, as in the paper.
         """
         super().__init__(**base)
-        self._init_rotary(feature_inputs, rope_theta, feature_map)
+        self._init_map_inputs(feature_map, feature_inputs, rope_theta, feature_init, query_scaled)
         if feature_map not in FEATURE_MAPS and feature_map not in LEARNED_MAPS:
             raise ValueError(
                 f"linear: option feature_map={feature_map!r} is invalid; allowed: "
@@ -712,7 +765,7 @@ class LinearAttention(RotaryInputs, FeatureMapAttention):
         self.feature_map, self.max_len, self.feature_dim = feature_map, max_len, feature_dim
         if learned:  # φ of q and of k, trained (attention transfer): computed before the scan, under autograd
             self.q_features, self.k_features = learned_feature_maps(
-                "linear", feature_map, self.num_heads, self.head_dim, feature_dim
+                "linear", feature_map, self.num_heads, self.head_dim, feature_dim, feature_init
             )
             self._map = GivenFeatures()
         else:
@@ -759,8 +812,7 @@ class LinearAttention(RotaryInputs, FeatureMapAttention):
 
     def _feature_inputs(self, x: Tensor, query: bool, start: int = 0) -> Tensor:
         if self._learned():
-            x = self._pre_rope(x, start)
-            return self.q_features(x * float(self._scale(x))) if query else self.k_features(x)
+            return self.q_features(self._map_query(x, start)) if query else self.k_features(self._pre_rope(x, start))
         if self.feature_dim is not None and self.feature_dim > x.shape[-1]:
             raise ValueError(f"linear: feature_dim={self.feature_dim} > the inputs' head dim D={x.shape[-1]}")
         return x if self.feature_dim is None else x[..., : self.feature_dim]

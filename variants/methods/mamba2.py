@@ -37,12 +37,13 @@ class Mamba2(RecurrentAttention):
         why_not_non_causal=WHY_CAUSAL_ONLY,
         subquadratic=True,
         notes="causal only; needs num_heads and head_dim (gates per head from the keys); decodes with a constant D x Dv state",
-        function_options=("feature_map", "feature_dim", "feature_inputs", "rope_theta"),
+        function_options=("feature_map", "feature_dim", "feature_inputs", "rope_theta", "feature_init", "query_scaled"),
         examples=(
             (("chunk_size", 4),),
             (("chunk_size", 64),),
             (("chunk_size", 4), ("feature_map", "hedgehog"), ("feature_dim", 3)),
             (("chunk_size", 4), ("feature_map", "hedgehog"), ("feature_inputs", "pre_rope")),
+            (("chunk_size", 4), ("feature_map", "hedgehog"), ("feature_init", "kaiming"), ("query_scaled", False)),
         ),
     )
 

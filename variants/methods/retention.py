@@ -36,7 +36,7 @@ class Retention(RecurrentAttention):
         why_not_non_causal=WHY_CAUSAL_ONLY,
         subquadratic=True,
         notes="causal only; decodes with a constant D x Dv state per head; grouped K/V: the decays follow the K/V heads",
-        function_options=("feature_map", "feature_dim", "feature_inputs", "rope_theta"),
+        function_options=("feature_map", "feature_dim", "feature_inputs", "rope_theta", "feature_init", "query_scaled"),
         examples=(
             (("chunk_size", 4),),
             (("chunk_size", 64),),

@@ -6,7 +6,7 @@ Hedgehog feature maps φ (linear.py), to every older key; both parts share one n
     o_t = (f_h Σ_{t−w <= s <= t} e_ts v_s + Σ_{s < t−w} φ(q_t)·φ(k_s) v_s)
           / (f_h Σ_{t−w <= s <= t} e_ts   + Σ_{s < t−w} φ(q_t)·φ(k_s))
     e_ts = exp(scale q_t·k_s − m_t),   m_t = max_{t−w <= s <= t} scale q_t·k_s,   f_h = σ(window_factor_h)
-    φ(q_t) = φ_q(scale q_t),  φ(k_s) = φ_k(k_s)    (Hedgehog maps, one pair per head)
+    φ(q_t) = φ_q(scale q_t),  φ(k_s) = φ_k(k_s)    (Hedgehog maps, one pair per head; query_scaled=False: φ_q(q_t))
 
 With feature_inputs="pre_rope" (a departure from LoLCATs) a rotary model's rotation is undone before φ:
 φ(q_t) = φ_q(scale R_{−t} q_t), φ(k_s) = φ_k(R_{−s} k_s), and the window keeps the rotated q, k.
@@ -23,7 +23,7 @@ from torch import Tensor, nn
 from .._base import AttentionVariant, VariantSpec, register
 from .._decoding import masks_appended
 from .._utils import pad_to_multiple, spans
-from .linear import RotaryInputs, learned_feature_maps
+from .linear import MapInputs, learned_feature_maps
 
 WINDOW_FACTOR_INIT = -2.197  # σ(−2.197) ≈ 0.1, LoLCATs' initial weight of the window against the linear part
 BLOCK = 64  # queries a tile (at most w)
@@ -68,7 +68,7 @@ def _combine(
 
 
 @register
-class WindowLinearAttention(RotaryInputs, AttentionVariant):
+class WindowLinearAttention(MapInputs, AttentionVariant):
     """(LoLCATs' own code: the window's exponentials are taken relative to their row maximum, so the largest
     score of the window weighs f_h against the linear part's kernel values, which lie in (0, 2]; f_h starts
     at σ(−2.197) = 0.1.) A pretrained softmax model keeps its local attention exactly — most of the mass at
@@ -100,11 +100,12 @@ class WindowLinearAttention(RotaryInputs, AttentionVariant):
         subquadratic=True,
         notes="causal only; needs num_heads and head_dim (feature maps and window factor per head); F = 2 feature_dim; "
         "decodes with the last w keys and values plus a constant F x (Dv + 1) state",
-        function_options=("window", "feature_dim", "feature_inputs", "rope_theta"),
+        function_options=("window", "feature_dim", "feature_inputs", "rope_theta", "feature_init", "query_scaled"),
         examples=(
             (("window", 3),),
             (("window", 5), ("feature_dim", 3), ("block", 2)),
             (("window", 3), ("feature_inputs", "pre_rope"), ("block", 2)),
+            (("window", 3), ("feature_init", "kaiming"), ("query_scaled", False)),
         ),
     )
 
@@ -116,6 +117,8 @@ class WindowLinearAttention(RotaryInputs, AttentionVariant):
         block: int | None = None,
         feature_inputs: str = "post_rope",
         rope_theta: float = 10000.0,
+        feature_init: str = "identity",
+        query_scaled: bool = True,
         **base,
     ):
         """
@@ -124,18 +127,20 @@ class WindowLinearAttention(RotaryInputs, AttentionVariant):
                 attended linearly. LoLCATs: 64.
             feature_dim: F' of the Hedgehog maps on q and k (F = 2F' features a row); None: head_dim.
             block: c, queries per tile (None: min(w, 64), at least 1). A tuning knob: the result does not depend on it.
-            feature_inputs: "post_rope" (φ of q, k as a rotary model rotated them: LoLCATs') or "pre_rope" (rotated
-                back by their positions first, the window keeping them rotated; linear.py's `RotaryInputs`).
-            rope_theta: the base θ of the rotation "pre_rope" undoes (variants.hf takes the model's).
+            feature_inputs: "post_rope" (φ reads q, k as RoPE rotated them: LoLCATs') or "pre_rope" (rotated back by
+                their positions first; the window keeps them rotated). linear.py's `MapInputs`.
+            rope_theta: the base θ of the rotation pre_rope undoes (variants.hf takes the model's).
+            feature_init: "identity" (W = I, b = 0) or "kaiming" (LoLCATs': kaiming-uniform W, no bias).
+            query_scaled: φ_q reads q times the scale (True) or q itself (False, LoLCATs').
             scale: factor of q, in the window's scores q·k and into its feature map; None means D ** -0.5.
         """
         super().__init__(**base)
-        self._init_rotary(feature_inputs, rope_theta, "hedgehog")
+        self._init_map_inputs("hedgehog", feature_inputs, rope_theta, feature_init, query_scaled)
         self._check_int("window", window, 0)
         self._check_int("block", block, 1, allow_none=True)
         self.window, self.block, self.feature_dim = window, block, feature_dim
         self.q_features, self.k_features = learned_feature_maps(
-            "window_linear", "hedgehog", self.num_heads, self.head_dim, feature_dim
+            "window_linear", "hedgehog", self.num_heads, self.head_dim, feature_dim, feature_init
         )
         self.window_factor = nn.Parameter(torch.full((self.num_heads,), WINDOW_FACTOR_INIT))
 
@@ -173,7 +178,7 @@ class WindowLinearAttention(RotaryInputs, AttentionVariant):
             if key_padding_mask is None
             else key_padding_mask.to(q.dtype)
         )
-        phi_q = self.q_features(self._pre_rope(q, 0) * float(self._scale(q)))  # (B, H, N, F)
+        phi_q = self.q_features(self._map_query(q, 0))  # (B, H, N, F)
         phi_k = self.k_features(self._pre_rope(k, 0))
         q, _ = pad_to_multiple(q, c)
         phi_q, _ = pad_to_multiple(phi_q, c)
@@ -229,7 +234,7 @@ class WindowLinearAttention(RotaryInputs, AttentionVariant):
         window = (j <= i) & (i - j <= self.window) & real[:, None, None, :]
         older = (i - j > self.window) & real[:, None, None, :]
         scores = torch.matmul(q, k.transpose(-1, -2)) * self._scale(q)
-        phi_q = self.q_features(self._pre_rope(q, n_k - n_q) * float(self._scale(q)))
+        phi_q = self.q_features(self._map_query(q, n_k - n_q))
         linear = torch.matmul(phi_q, self.k_features(self._pre_rope(k, 0)).transpose(-1, -2)) * older
         return _combine(
             self._factor(q.dtype),
@@ -288,7 +293,7 @@ class WindowLinearAttention(RotaryInputs, AttentionVariant):
         window = (pos <= i) & (i - pos <= w) & real
         older = ((i - pos > w) & real).to(q.dtype)
         ve = _ones_column(values)
-        phi_q = self.q_features(self._pre_rope(q, n) * float(self._scale(q)))
+        phi_q = self.q_features(self._map_query(q, n))
         phi_k = self.k_features(self._pre_rope(keys, n - state.tensors["k"].shape[2]))
         linear = torch.matmul(phi_q, phi_k.transpose(-1, -2)) * older
         scores = torch.matmul(q, keys.transpose(-1, -2)) * self._scale(q)

@@ -1,9 +1,11 @@
-"""feature_inputs="pre_rope" (linear.py's `RotaryInputs`): a learned feature map reads q and k with RoPE undone.
+"""What a learned feature map reads and how it starts (linear.py's `MapInputs`): feature_inputs="pre_rope" undoes
+RoPE, feature_init="kaiming" and query_scaled=False are LoLCATs' code's forms.
 
-Checked: the rotation undone is the inverse of transformers' own `apply_rotary_pos_emb`; the kernel is
+Checked: the rotation undone is the inverse of transformers' own `apply_rotary_pos_emb`; the pre-RoPE kernel is
 shift-invariant (the same text at two offsets gives the same outputs; post_rope's does not); decoding with an
 offset equals the forward; in a tiny Llama the whole model is unchanged by shifted position ids with pre_rope
-(not with post_rope), its cache included, θ taken from the model; bad input named.
+(not with post_rope), its cache included, θ taken from the model; kaiming maps start as torch draws them, with no
+trained bias; bad input named. (References, gradients and decoding: the registry's tests run every example.)
 """
 
 from __future__ import annotations
@@ -132,6 +134,20 @@ def test_a_llama_with_pre_rope_ignores_where_the_text_starts(inputs):
     torch.testing.assert_close(torch.cat([first.logits, *steps], 1), logits)
 
 
+def test_kaiming_maps_start_as_lolcats_draws_them_with_no_trained_bias():
+    torch.manual_seed(0)
+    attn = variants.build("window_linear", num_heads=3, head_dim=8, feature_dim=4, feature_init="kaiming")
+    weight = attn.q_features.weight  # (H, D, F): torch's fan_in for it is D·F
+    bound = (6 / (8 * 4)) ** 0.5  # kaiming_uniform_'s bound with its defaults (a = 0): sqrt(6 / fan_in)
+    assert weight.shape == (3, 8, 4) and weight.abs().max() <= bound and weight.abs().max() > bound / 2
+    trained = {name for name, _ in attn.named_parameters()}
+    assert "q_features.bias" not in trained and "q_features.weight" in trained and not attn.q_features.bias.any()
+    identity = variants.build("window_linear", num_heads=3, head_dim=8, feature_dim=4)
+    assert torch.equal(identity.q_features.weight[0], torch.eye(8, 4)) and "q_features.bias" in dict(
+        identity.named_parameters()
+    )
+
+
 def test_bad_input_is_named():
     with pytest.raises(ValueError, match="feature_inputs='sideways'"):
         variants.build("window_linear", num_heads=2, head_dim=8, feature_inputs="sideways")
@@ -139,6 +155,12 @@ def test_bad_input_is_named():
         variants.build("linear", feature_inputs="pre_rope")
     with pytest.raises(ValueError, match="even head_dim"):
         variants.build("window_linear", num_heads=2, head_dim=7, feature_inputs="pre_rope")
+    with pytest.raises(ValueError, match="feature_init='xavier'"):
+        variants.build("window_linear", num_heads=2, head_dim=8, feature_init="xavier")
+    with pytest.raises(ValueError, match="query_scaled='no'"):
+        variants.build("mamba2", num_heads=2, head_dim=8, feature_map="hedgehog", query_scaled="no")
+    with pytest.raises(ValueError, match="feature_init='kaiming' is for a learned feature map"):
+        variants.build("mamba2", num_heads=2, head_dim=8, feature_init="kaiming")
     with pytest.raises(ValueError, match="rope_theta=0.5"):
         variants.build("window_linear", num_heads=2, head_dim=8, feature_inputs="pre_rope", rope_theta=0.5)
     transformers = pytest.importorskip("transformers")
