@@ -428,6 +428,34 @@ def test_eval_every_keeps_the_best_stage_one_state_and_steps_the_plateau(tiny, t
     assert not all(torch.equal(kept[p][k], at_4[p][k]) for p in kept for k in kept[p])
 
 
+def test_the_held_out_error_by_position_is_flat_for_pre_rope_maps_only(tiny, monkeypatch):
+    from harness.lm import linearize as lin
+    from harness.lm import stages
+
+    monkeypatch.setattr(stages, "POSITION_BUCKETS", ((0, 128), (128, 256), (256, 512), (512, 1024)))
+    model, tokenizer = lm.load(tiny, None)
+    _, held_out = lin.training_sequences(tokenizer, lin.Recipe(transfer_steps=1, length=64), lm.corpus_text(None))
+    errors = {}
+    for inputs in ("pre_rope", "post_rope"):
+        switched = lm.switch(model, lm.Setting("window_linear", {"window": 8, "feature_inputs": inputs}), seed=0)
+        torch.manual_seed(1)
+        with torch.no_grad():  # (the maps away from the identity start, the linear part weighed as the window)
+            for p in stages.variant_parameters(switched):
+                p.add_(torch.randn_like(p) * 0.5).clamp_(max=1.0)
+        errors[inputs] = stages.error_by_position(switched, held_out[:1], context=512)
+    assert list(errors["pre_rope"]) == ["0-128", "128-256", "256-512"]  # (512-1024 is past the context)
+    flat, moved = list(errors["pre_rope"].values()), list(errors["post_rope"].values())
+    assert max(flat) - min(flat) < 1e-6 * max(flat) and max(moved) - min(moved) > 1e-3 * max(moved)  # same text
+    import pandas as pd
+
+    from harness.readers import lm_frames, lm_sections
+
+    row = {"task": "linearize", "setting": "w + linearized", "seconds": 1.0, "tokens": 64, "lora": None}
+    frame = pd.DataFrame([{**row, "transfer": {"error_by_position": {"0-1024": 0.2, "4096-8192": 0.94}}}])
+    text = "\n".join(lm_sections._error_by_position(lm_frames.linearize_table(frame)))
+    assert "| attention | 0-1024 | 4096-8192 |" in text and "| `w + linearized` | 0.200 | 0.940 |" in text
+
+
 def test_linearize_refuses_what_it_cannot_train_before_anything_is_written(tiny, gpt2, tmp_path, monkeypatch):
     empty, overlapping = tmp_path / "empty.txt", tmp_path / "topics.txt"
     empty.write_text("\n")

@@ -26,6 +26,7 @@ from harness.lm.checkpoints import Checkpoint, finished, load_linearized, row_of
 from harness.lm.config import Recipe
 from harness.lm.stages import (
     attention_error,
+    error_by_position,
     lora_state,
     next_token_loss,
     peft_module,
@@ -188,6 +189,9 @@ def linearize(
             "losses": losses,
             "error_before": before,
             "error_after": attention_error(model, held_out),
+            "error_by_position": error_by_position(
+                model, held_out, getattr(getattr(model, "config", None), "max_position_embeddings", None)
+            ),
             "eval_every": recipe.eval_every,
             "evals": best["evals"],  # [step, held-out error, learning rate before the schedule's step]
             "kept_step": best["step"] if recipe.eval_every else recipe.transfer_steps,

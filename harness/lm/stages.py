@@ -49,9 +49,10 @@ def variant_parameters(model) -> list[torch.nn.Parameter]:
     return [p for m in attached_variants(model).values() for p in m.parameters()]
 
 
-def attention_error(model, sequences: torch.Tensor) -> float:
+def attention_error(model, sequences: torch.Tensor, start: int = 0) -> float:
     """Held-out error of the attached variants against the softmax: per layer MSE / the softmax output's mean
-    square, averaged over the sequences and the layers (1.0: as far as predicting zero)."""
+    square, averaged over the sequences and the layers (1.0: as far as predicting zero); the sequences placed
+    at positions start .. (the same text and targets anywhere: what the error owes to position alone)."""
     errors: dict[str, list[float]] = {}
 
     def on_layer(path, module, q, k, v, target, causal):
@@ -60,8 +61,24 @@ def attention_error(model, sequences: torch.Tensor) -> float:
 
     with transfer.softmax_teacher(model, on_layer), torch.no_grad():
         for ids in sequences:
-            model(ids[None], use_cache=False, logits_to_keep=1)
+            at = None if not start else positions(ids, start)
+            model(ids[None], position_ids=at, use_cache=False, logits_to_keep=1)
     return sum(sum(e) / len(e) for e in errors.values()) / len(errors)
+
+
+POSITION_BUCKETS = ((0, 1024), (1024, 2048), (2048, 4096), (4096, 8192))  # positions the held-out error is read in
+
+
+def error_by_position(model, sequences: torch.Tensor, context: int | None) -> dict[str, float]:
+    """The held-out error with the sequences placed at the end of each POSITION_BUCKETS span that the model's
+    context holds ("0-1024": ..., "4096-8192": ...): the probe that showed post-RoPE maps failing past their
+    training positions (a 1024-token sequence at 0, 1024, 3072 and 7168)."""
+    length, out = sequences.shape[-1], {}
+    for lo, hi in POSITION_BUCKETS:
+        start = max(lo, hi - length)
+        if context is None or start + length <= context:
+            out[f"{lo}-{hi}"] = attention_error(model, sequences, start)
+    return out
 
 
 def positions(ids: torch.Tensor, start: int) -> torch.Tensor:

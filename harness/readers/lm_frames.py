@@ -195,7 +195,8 @@ def decode_exponent(table: pd.DataFrame, setting: str, low: int = 1024) -> float
 
 def linearize_table(df: pd.DataFrame) -> pd.DataFrame:
     """Per linearized attention: each stage's trained parameters, steps, tokens and seconds, stage 1's held-out
-    attention error and stage 2's held-out next-token loss before and after, the seconds in all."""
+    attention error (and, in runs that read it, after by position: a dict) and stage 2's held-out next-token loss
+    before and after, the seconds in all."""
     rows = df[df["task"] == "linearize"] if "task" in df else df
     out = []
     for r in rows.itertuples():
@@ -206,7 +207,8 @@ def linearize_table(df: pd.DataFrame) -> pd.DataFrame:
                 "seconds": r.seconds,
                 "tokens": r.tokens,
                 **{
-                    f"transfer_{k}": t.get(k) for k in ("parameters", "steps", "seconds", "error_before", "error_after")
+                    f"transfer_{k}": t.get(k)
+                    for k in ("parameters", "steps", "seconds", "error_before", "error_after", "error_by_position")
                 },
                 **{
                     f"lora_{k}": lo.get(k)

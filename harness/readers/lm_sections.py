@@ -189,6 +189,7 @@ def linearize_section(df: pd.DataFrame, cfg: dict, lengths: list[int], about: di
         markdown_table(["attention", *map(str, lengths)], [own_row, *quality]),
         "",
     ]
+    lines += _error_by_position(table)
     nothing = about.get("nothing_to_linearize")
     if nothing:
         lines += [
@@ -198,3 +199,23 @@ def linearize_section(df: pd.DataFrame, cfg: dict, lengths: list[int], about: di
             "",
         ]
     return lines
+
+
+def _error_by_position(table: pd.DataFrame) -> list[str]:
+    """Stage 1's held-out error with the same text moved to each span of positions (runs from before: none)."""
+    rows = [
+        r for r in table.itertuples() if isinstance(r.transfer_error_by_position, dict) and r.transfer_error_by_position
+    ]
+    if not rows:
+        return []
+    spans = list(dict.fromkeys(span for r in rows for span in r.transfer_error_by_position))
+    cells = [
+        [f"`{r.setting}`", *(f"{r.transfer_error_by_position.get(s, float('nan')):.3f}" for s in spans)] for r in rows
+    ]
+    return [
+        "Stage 1's held-out error after training, the same held-out text placed at the end of each span of positions "
+        "(the targets move with it: what is left is what the maps owe to position):",
+        "",
+        markdown_table(["attention", *spans], cells),
+        "",
+    ]
