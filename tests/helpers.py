@@ -260,23 +260,23 @@ def byte_tokenizer():
     return transformers.PreTrainedTokenizerFast(tokenizer_object=tok, eos_token="<|endoftext|>")
 
 
+def tiny_llama_config(**changes):
+    """A tiny Llama's config (GQA: 4 query heads on 2 K/V heads, 512 positions, the byte tokenizer's 257 ids)."""
+    import transformers
+
+    sizes = dict(hidden_size=32, intermediate_size=64, num_hidden_layers=2, num_attention_heads=4)
+    ids = dict(vocab_size=257, eos_token_id=256, bos_token_id=256)
+    return transformers.LlamaConfig(
+        **{**sizes, **ids, "num_key_value_heads": 2, "max_position_embeddings": 512, **changes}
+    )
+
+
 def save_tiny_llama(folder: Path) -> Path:
     """A tiny random Llama (GQA, 512 positions) and the byte tokenizer saved in `folder`, as from_pretrained reads."""
     import transformers
 
     torch.manual_seed(0)
-    config = transformers.LlamaConfig(
-        vocab_size=257,
-        hidden_size=32,
-        intermediate_size=64,
-        num_hidden_layers=2,
-        num_attention_heads=4,
-        num_key_value_heads=2,
-        max_position_embeddings=512,
-        eos_token_id=256,
-        bos_token_id=256,
-    )
-    transformers.LlamaForCausalLM(config).save_pretrained(folder)
+    transformers.LlamaForCausalLM(tiny_llama_config()).save_pretrained(folder)
     byte_tokenizer().save_pretrained(folder)
     return folder
 

@@ -15,6 +15,7 @@ import torch
 
 import variants
 from conftest import rope_undone
+from helpers import tiny_llama_config
 from variants.methods.linear import unrotated
 
 THETA = 100.0
@@ -90,17 +91,8 @@ def test_decoding_at_an_offset_equals_the_forward(name, options):
 def tiny_llama():
     transformers = pytest.importorskip("transformers")
     torch.manual_seed(0)
-    config = transformers.LlamaConfig(
-        vocab_size=61,
-        hidden_size=32,
-        intermediate_size=64,
-        num_hidden_layers=2,
-        num_attention_heads=4,
-        num_key_value_heads=2,
-        max_position_embeddings=256,
-        rope_parameters={"rope_type": "default", "rope_theta": 500.0},
-        attn_implementation="sdpa",
-    )
+    rope = {"rope_type": "default", "rope_theta": 500.0}
+    config = tiny_llama_config(rope_parameters=rope, attn_implementation="sdpa")
     return transformers.LlamaForCausalLM(config).double().eval()
 
 
@@ -116,7 +108,7 @@ def test_a_llama_with_pre_rope_ignores_where_the_text_starts(inputs):
                 m.window_factor.fill_(-5.0)
                 for p in m.parameters():
                     p.add_(0.5 * torch.randn_like(p))
-    ids = torch.randint(1, 61, (2, 14), generator=torch.Generator().manual_seed(2))
+    ids = torch.randint(1, 257, (2, 14), generator=torch.Generator().manual_seed(2))
     with torch.no_grad():
         logits = model(ids).logits
         shifted = model(ids, position_ids=torch.arange(50, 64)[None].expand(2, -1)).logits
