@@ -55,6 +55,11 @@ def run_recipe(run: Path) -> str:
     return f"{config.preset} preset, {config.seeds} seed{'s' if config.seeds != 1 else ''}"
 
 
+def number(x: float) -> str:
+    """A perplexity in a table cell: 11.1, 3,317, 9.4e5 (three figures where the value runs to millions)."""
+    return f"{x:.1f}" if x < 100 else f"{x:,.0f}" if x < 1e5 else f"{x:.1e}".replace("e+0", "e").replace("e+", "e")
+
+
 def lm_column(runs: list[Path]) -> tuple[str, dict[str, str]]:
     """Each variant's perplexity in SmolLM2 at the longest context every lm run measured, from every run: zero-shot,
     'distilled' after --distill, 'linearized' after --linearize (LoLCATs' recipe)."""
@@ -71,7 +76,7 @@ def lm_column(runs: list[Path]) -> tuple[str, dict[str, str]]:
             if name.startswith("sdpa"):  # (the model's own attention, and its LoRA control)
                 continue
             text = (
-                f"{r['ppl']:,.1f}"
+                f"{number(r['ppl'])} [{number(r['ppl_low'])}–{number(r['ppl_high'])}]"
                 + (f" ({options}" if options else "")
                 + (" distilled" if steps else "")
                 + (" linearized" if linearized else "")
@@ -130,7 +135,8 @@ def main(quality_run: str, *lm_runs: str) -> None:
         f"recurrent is constant).\n"
         f"- Recall: held-out accuracy in [{quality_run}]({quality_run}/REPORT.md) ({run_recipe(Path(quality_run))}; mean over seeds).\n"
         f"- SmolLM2: perplexity with the attention swapped zero-shot, 'distilled' after `--distill`'s attention transfer "
-        f"(for a variant with parameters), 'linearized' after `--linearize`'s LoLCATs recipe, in "
+        f"(for a variant with parameters), 'linearized' after `--linearize`'s LoLCATs recipe, [its 95% bootstrap "
+        f"interval over the scored windows], in "
         + ", ".join(f"[{run}]({run}/REPORT.md)" for run in lm_runs)
         + "; — where not measured.\n"
         f"- Filled by `python scripts/menu_table.py {quality_run} {' '.join(lm_runs)}`.\n\n" + "\n".join(rows) + "\n"
