@@ -467,6 +467,37 @@ def _ref_window_linear(attn, q, k, v, causal, kpm):
     return (weights @ v) / torch.where(den > 0, den, torch.ones_like(den))
 
 
+def _ref_forgetting(attn, q, k, v, causal, kpm):
+    """The Forgetting Transformer by its definition, row by row in float64: s_ij = scale q_i·k_j + Σ_{l=j+1..i}
+    log f_l with f_l = σ(k_l·w + b) per K/V head (0 at a padded position: it forgets nothing), softmax over the
+    real keys j <= i; a row with none gives 0."""
+    assert causal, "forgetting is causal only"
+    q, k, v = q.double(), k.double(), v.double()
+    n_q, n_k = q.shape[-2], k.shape[-2]
+    real = torch.ones(q.shape[0], n_k, dtype=torch.bool) if kpm is None else kpm
+    log_f = (
+        torch.nn.functional.logsigmoid(
+            torch.einsum("bhld,hd->bhl", k, attn.gate.w.double()) + attn.gate.b.double()[:, None]
+        )
+        * real[:, None, :].double()
+    )
+    group = q.shape[1] // k.shape[1]
+    out = torch.zeros(*q.shape[:-1], v.shape[-1], dtype=torch.float64)
+    for b in range(q.shape[0]):
+        for h in range(q.shape[1]):
+            g = h // group
+            for row in range(n_q):
+                i = n_k - n_q + row
+                keys = [j for j in range(i + 1) if real[b, j]]
+                if not keys:
+                    continue
+                s = torch.stack(
+                    [q[b, h, row] @ k[b, g, j] * _scale_of(attn, q) + log_f[b, g, j + 1 : i + 1].sum() for j in keys]
+                )
+                out[b, h, row] = torch.softmax(s, 0) @ v[b, g, keys]
+    return out
+
+
 # the function each reference computes, keyed by the variant that defines it; a variant whose spec says
 # another computes the same function (`same_function_as`) is checked against that one's reference
 INDEPENDENT_REFERENCES = {
@@ -486,6 +517,7 @@ INDEPENDENT_REFERENCES = {
     "gated_deltanet": _ref_gated_deltanet,
     "moba": _ref_moba,
     "window_linear": _ref_window_linear,
+    "forgetting": _ref_forgetting,
 }
 
 

@@ -456,6 +456,33 @@ def test_the_held_out_error_by_position_is_flat_for_pre_rope_maps_only(tiny, mon
     assert "| attention | 0-1024 | 4096-8192 |" in text and "| `w + linearized` | 0.200 | 0.940 |" in text
 
 
+def test_the_out_of_window_share_is_read_for_window_variants_beside_softmax(tiny, monkeypatch):
+    from harness.lm import stages
+
+    monkeypatch.setattr(stages, "SHARE_LENGTHS", (32, 64, 4096))
+    model, tokenizer = lm.load(tiny, None)
+    text = torch.tensor(tokenizer(lm.corpus_text(None)[:4000])["input_ids"][:100])
+    shares = {}
+    for inputs in ("pre_rope", "post_rope"):
+        switched = lm.switch(model, lm.Setting("window_linear", {"window": 8, "feature_inputs": inputs}), seed=0)
+        shares[inputs] = stages.older_shares(switched, text, context=512)
+    assert list(shares["pre_rope"]) == ["32", "64"]  # (4096: longer than the text and the context)
+    for n in ("32", "64"):
+        assert all(0.0 < x < 1.0 for x in shares["pre_rope"][n])
+        assert shares["pre_rope"][n][1] == pytest.approx(shares["post_rope"][n][1])  # softmax's: the same q, k
+    assert shares["pre_rope"]["64"][1] > shares["pre_rope"]["32"][1]  # more keys older than the window
+    linear = lm.switch(model, lm.Setting("linear", {"feature_map": "hedgehog"}), seed=0)
+    assert stages.older_shares(linear, text, context=512) == {}
+    import pandas as pd
+
+    from harness.readers import lm_frames, lm_sections
+
+    row = {"task": "linearize", "setting": "w + linearized", "seconds": 1.0, "tokens": 64, "lora": None}
+    frame = pd.DataFrame([{**row, "transfer": {"older_share": {"1024": [0.5, 0.25], "8192": [0.99, 0.65]}}}])
+    text = "\n".join(lm_sections._older_share(lm_frames.linearize_table(frame)))
+    assert "| attention | 1024 | 8192 |" in text and "| `w + linearized` | 50% / 25% | 99% / 65% |" in text
+
+
 def test_linearize_refuses_what_it_cannot_train_before_anything_is_written(tiny, gpt2, tmp_path, monkeypatch):
     empty, overlapping = tmp_path / "empty.txt", tmp_path / "topics.txt"
     empty.write_text("\n")

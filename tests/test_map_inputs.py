@@ -161,3 +161,25 @@ def test_bad_input_is_named():
     gpt2 = transformers.GPT2LMHeadModel(transformers.GPT2Config(n_layer=1, n_embd=32, n_head=4, vocab_size=61))
     with pytest.raises(ValueError, match="rotary position embedding"):
         vh.use(gpt2, "window_linear", window=3, feature_inputs="pre_rope")(torch.tensor([[1, 2, 3]]))
+
+
+@pytest.mark.parametrize("inputs", ["post_rope", "pre_rope"])
+def test_older_shares_follow_their_definition(inputs):
+    """window_linear.older_shares against a per-row sum: the linear part's mass over the shared normalizer, and
+    exact softmax's probability on the same old keys (grouped K: each query head reads its group's key)."""
+    attn = build("window_linear", {"window": 3, "block": 2}, inputs)
+    q, _, _ = qkv(n=12)
+    k = torch.randn(1, 1, 12, 8, dtype=torch.float64)
+    mine, exact = attn.older_shares(q, k, rows=5)
+    scale, f = 8**-0.5, torch.sigmoid(attn.window_factor)
+    phi_q = attn.q_features(attn._map_query(q, 0))
+    phi_k = attn.k_features(attn._pre_rope(k.expand(1, 2, 12, 8), 0))
+    for h in range(2):
+        for row, t in enumerate(range(7, 12)):
+            s = torch.stack([q[0, h, t] @ k[0, 0, j] * scale for j in range(t + 1)])
+            old = [j for j in range(t + 1) if t - j > 3]
+            win = [j for j in range(t + 1) if t - j <= 3]
+            lin = sum(phi_q[0, h, t] @ phi_k[0, h, j] for j in old)
+            e = torch.exp(s[win] - s[win].max()).sum()
+            torch.testing.assert_close(mine[0, h, row], lin / (f[h] * e + lin))
+            torch.testing.assert_close(exact[0, h, row], torch.softmax(s, 0)[old].sum())

@@ -27,6 +27,7 @@ from harness.lm.config import Recipe
 from harness.lm.stages import (
     attention_error,
     error_by_position,
+    older_shares,
     lora_state,
     next_token_loss,
     peft_module,
@@ -178,6 +179,7 @@ def linearize(
             transfer.load_attached_state(model, best["state"])
         for p in params:
             p.requires_grad_(False)
+        context = getattr(getattr(model, "config", None), "max_position_embeddings", None)
         record["transfer"] = {
             "steps": recipe.transfer_steps,
             "lr": recipe.transfer_lr,
@@ -189,9 +191,9 @@ def linearize(
             "losses": losses,
             "error_before": before,
             "error_after": attention_error(model, held_out),
-            "error_by_position": error_by_position(
-                model, held_out, getattr(getattr(model, "config", None), "max_position_embeddings", None)
-            ),
+            "error_by_position": error_by_position(model, held_out, context),
+            # (the training text's last tokens: the held-out sequences and those before them)
+            "older_share": older_shares(model, torch.cat([train.flatten(), held_out.flatten()]), context),
             "eval_every": recipe.eval_every,
             "evals": best["evals"],  # [step, held-out error, learning rate before the schedule's step]
             "kept_step": best["step"] if recipe.eval_every else recipe.transfer_steps,

@@ -81,6 +81,35 @@ def error_by_position(model, sequences: torch.Tensor, context: int | None) -> di
     return out
 
 
+SHARE_LENGTHS = (1024, 2048, 4096, 8192)  # contexts the out-of-window attention share is read at
+SHARE_ROWS = 64  # the last queries of each context it is read over
+
+
+def older_shares(model, text: torch.Tensor, context: int | None) -> dict[str, list[float]]:
+    """{"L": [the variant's share, softmax's]} for each SHARE_LENGTHS context the text and the model's context
+    hold: the attention mass the last SHARE_ROWS queries put on keys older than the window, averaged over layers,
+    heads and rows, with the model running softmax (so both read the same q, k). Only for variants that split
+    their keys at a window (`older_shares`, window_linear's); {} for the others. `text`: 1-D token ids, its last
+    L tokens read."""
+    out = {}
+    for length in SHARE_LENGTHS:
+        if length > text.numel() or (context is not None and length > context):
+            continue
+        sums: list[list[float]] = []
+
+        def on_layer(path, module, q, k, v, target, causal):
+            if hasattr(module, "older_shares"):
+                mine, exact = module.older_shares(q, k, rows=SHARE_ROWS)
+                sums.append([float(mine.mean()), float(exact.mean())])
+
+        with transfer.softmax_teacher(model, on_layer), torch.no_grad():
+            model(text[-length:][None], use_cache=False, logits_to_keep=1)
+        if not sums:
+            return {}
+        out[str(length)] = [sum(s[0] for s in sums) / len(sums), sum(s[1] for s in sums) / len(sums)]
+    return out
+
+
 def positions(ids: torch.Tensor, start: int) -> torch.Tensor:
     """(1, L) position ids of a training sequence placed at `start` (--position-offsets)."""
     return torch.arange(start, start + ids.shape[-1], device=ids.device)[None]

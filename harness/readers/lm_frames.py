@@ -208,7 +208,15 @@ def linearize_table(df: pd.DataFrame) -> pd.DataFrame:
                 "tokens": r.tokens,
                 **{
                     f"transfer_{k}": t.get(k)
-                    for k in ("parameters", "steps", "seconds", "error_before", "error_after", "error_by_position")
+                    for k in (
+                        "parameters",
+                        "steps",
+                        "seconds",
+                        "error_before",
+                        "error_after",
+                        "error_by_position",
+                        "older_share",
+                    )
                 },
                 **{
                     f"lora_{k}": lo.get(k)

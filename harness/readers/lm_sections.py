@@ -218,4 +218,21 @@ def _error_by_position(table: pd.DataFrame) -> list[str]:
         "",
         markdown_table(["attention", *spans], cells),
         "",
+        *_older_share(table),
+    ]
+
+
+def _older_share(table: pd.DataFrame) -> list[str]:
+    """The out-of-window attention share, the variant's against softmax's, at each context (window variants)."""
+    rows = [r for r in table.itertuples() if isinstance(r.transfer_older_share, dict) and r.transfer_older_share]
+    if not rows:
+        return []
+    lengths = list(dict.fromkeys(n for r in rows for n in r.transfer_older_share))
+    cells = [[f"`{r.setting}`", *("{:.0%} / {:.0%}".format(*r.transfer_older_share[n]) for n in lengths)] for r in rows]
+    return [
+        "After stage 1, the share of the last 64 queries' attention on keys older than the window, the variant's / "
+        "softmax's on the same q, k (the training text's last tokens; averaged over layers and heads):",
+        "",
+        markdown_table(["attention", *lengths], cells),
+        "",
     ]
