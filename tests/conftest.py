@@ -314,7 +314,7 @@ def ref_recurrence(q, k, v, scale, log_decay=None, beta=None, kpm=None):
     """The textbook recurrence, one position after another, in float64; the queries are the last Nq positions.
 
     gated (beta None):  S_t = diag(exp(log_decay_t)) S_{t-1} + k_t v_tᵀ
-    delta rule:         S_t = exp(log_decay_t) (I − β_t k_t k_tᵀ) S_{t-1} + β_t k_t v_tᵀ   (log_decay None: 0)
+    delta rule:         S_t = (I − β_t k_t k_tᵀ) diag(exp(log_decay_t)) S_{t-1} + β_t k_t v_tᵀ   (log_decay None: 0)
     o_t = scale · q_tᵀ S_t; a padded position (kpm False) leaves the state as it was.
     """
     q, k, v = q.double(), k.double(), v.double()
@@ -332,7 +332,7 @@ def ref_recurrence(q, k, v, scale, log_decay=None, beta=None, kpm=None):
             new = a * s + write
         else:
             bt = beta[:, :, t].double()[..., None, None]
-            new = a * torch.matmul(eye - bt * torch.einsum("bhd,bhe->bhde", kt, kt), s) + bt * write
+            new = torch.matmul(eye - bt * torch.einsum("bhd,bhe->bhde", kt, kt), a * s) + bt * write
         s = new if kpm is None else torch.where(kpm[:, t, None, None, None], new, s)
         i = t - (n_k - n_q)
         if i >= 0:
@@ -404,6 +404,17 @@ def _ref_deltanet(attn, q, k, v, causal, kpm):
 def _ref_gated_deltanet(attn, q, k, v, causal, kpm):
     q, k, scale = _recurrence_qk(attn, q, k, _scale_of(attn, q))
     log_decay, _ = _ssd_decay(k, attn.decay)
+    k, v, log_decay, beta = per_query_head(q, _unit(k), v, log_decay, _beta(k, attn.beta))
+    return ref_recurrence(_unit(q), k, v, scale, log_decay, beta, kpm)
+
+
+def _ref_kda(attn, q, k, v, causal, kpm):
+    """Kimi Delta Attention: the delta rule after a decay per key channel, log α = max(−exp(A_log) softplus(k W +
+    b), −5), from its parameters."""
+    q, k, scale = _recurrence_qk(attn, q, k, _scale_of(attn, q))
+    d = attn.decay
+    dt = F.softplus(torch.einsum("bhld,hde->bhle", k, d.w.double()) + d.b.double()[:, None])
+    log_decay = (-d.a_log.double().exp()[:, None, None] * dt).clamp_min(-5.0)
     k, v, log_decay, beta = per_query_head(q, _unit(k), v, log_decay, _beta(k, attn.beta))
     return ref_recurrence(_unit(q), k, v, scale, log_decay, beta, kpm)
 
@@ -518,6 +529,7 @@ INDEPENDENT_REFERENCES = {
     "moba": _ref_moba,
     "window_linear": _ref_window_linear,
     "forgetting": _ref_forgetting,
+    "kda": _ref_kda,
 }
 
 

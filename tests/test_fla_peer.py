@@ -1,8 +1,8 @@
 """The 2025-26 methods against flash-linear-attention's own plain-PyTorch references (`fla/ops/*/naive.py`),
 loaded from their files so fla's Triton kernels are never imported (fla-core installs --no-deps: .ci/run).
 
-Each method's gates are read from the variant and handed to fla's function with the same q, k, v: the two
-must agree to 1e-5 in float32 (grouped-query inputs included)."""
+Each method's gates are read from the variant and handed to fla's function with the same q, k, v (fla's
+layers compute them around these kernels): the two must agree to 1e-5 in float32, grouped-query included."""
 
 from __future__ import annotations
 
@@ -48,4 +48,30 @@ def test_forgetting_agrees_with_fla(kv_heads, fused_span):
     with torch.no_grad():
         g = attn.log_forget(k).repeat_interleave(4 // kv_heads, 1)  # fla takes the gate per query head
         theirs = naive(bthd(q), bthd(k), bthd(v), g.transpose(1, 2), scale=16**-0.5)
+    torch.testing.assert_close(ours, theirs.transpose(1, 2), atol=1e-5, rtol=1e-5)
+
+
+@pytest.mark.parametrize("kv_heads", [4, 2])
+def test_kda_agrees_with_fla(kv_heads):
+    """Our chunked KDA against fla's step-by-step naive_recurrent_kda on the recurrence's own inputs (the
+    normalised q, k, the per-channel log decay and β: fla's layer computes those around its kernel)."""
+    naive = fla_naive("kda").naive_recurrent_kda
+    torch.manual_seed(0)
+    attn = variants.build("kda", num_heads=4, head_dim=16, num_kv_heads=kv_heads, chunk_size=8)
+    with torch.no_grad():
+        attn.decay.w.mul_(30)  # (decays that differ by channel and position)
+    q = torch.randn(2, 4, 40, 16)
+    k, v = torch.randn(2, kv_heads, 40, 16), torch.randn(2, kv_heads, 40, 16)
+    ours = attn(q, k, v, causal=True)
+    with torch.no_grad():
+        x = attn.recurrence_inputs(q, k, v)
+        per_q = {n: x[n].repeat_interleave(4 // kv_heads, 1) for n in ("k", "v", "log_decay", "beta")}
+        theirs, _ = naive(
+            bthd(x["q"]),
+            bthd(per_q["k"]),
+            bthd(per_q["v"]),
+            per_q["log_decay"].transpose(1, 2),
+            per_q["beta"].transpose(1, 2),
+            scale=x["scale"],
+        )
     torch.testing.assert_close(ours, theirs.transpose(1, 2), atol=1e-5, rtol=1e-5)

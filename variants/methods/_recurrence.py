@@ -1,12 +1,12 @@
-"""The chunked engine of the gated linear recurrences (retention, mamba2, gla, deltanet, gated_deltanet).
+"""The chunked engine of the gated linear recurrences (retention, mamba2, gla, deltanet, gated_deltanet, kda).
 
 Each of those methods is a recurrence over positions t of a state S_t, a D x Dv matrix per head
 (rows: key dims), read by the query: o_t = scale · q_tᵀ S_t. Two families:
 
     gated:       S_t = diag(a_t) S_{t-1} + k_t v_tᵀ                       (retention, mamba2, gla)
-    delta rule:  S_t = a_t (I − β_t k_t k_tᵀ) S_{t-1} + β_t k_t v_tᵀ      (deltanet: a_t = 1; gated_deltanet)
+    delta rule:  S_t = (I − β_t k_t k_tᵀ) diag(a_t) S_{t-1} + β_t k_t v_tᵀ  (deltanet: a_t = 1; gated_deltanet; kda)
 
-with a_t = exp(log_decay_t) a scalar per head and position, or (gla) a vector over the key dims. The
+with a_t = exp(log_decay_t) a scalar per head and position, or (gla, kda) a vector over the key dims. The
 delta rule writes S_t = a_t S_{t-1} + k_t u_tᵀ with u_t = β_t (v_t − a_t S_{t-1}ᵀ k_t): it stores the
 error of the state's prediction of v_t for k_t, so writing a key twice replaces its value.
 
@@ -72,10 +72,14 @@ def dense_delta(q: Tensor, k: Tensor, v: Tensor, beta: Tensor, log_decay: Tensor
     """The delta rule's parallel form: U = (I + A)⁻¹ diag(β) V, O = (Q Kᵀ ⊙ D) U (see the module docstring)."""
     n = q.shape[2]
     d = decay_matrix(log_decay if log_decay is not None else beta.new_zeros(beta.shape))
-    a = (torch.matmul(k, k.transpose(-1, -2)) * d).tril(-1) * beta[..., None]
+    if d.dim() == 5:  # per key dim (kda): Σ_d x_td D_tsd k_sd
+        kk, qk = (torch.einsum("bhtd,bhsd,bhtsd->bhts", x, k, d) for x in (k, q))
+    else:
+        kk, qk = torch.matmul(k, k.transpose(-1, -2)) * d, torch.matmul(q, k.transpose(-1, -2)) * d
+    a = kk.tril(-1) * beta[..., None]
     eye = torch.eye(n, dtype=q.dtype, device=q.device)
     u = torch.linalg.solve_triangular(a + eye, v * beta[..., None], upper=False, unitriangular=True)
-    return torch.matmul(torch.matmul(q, k.transpose(-1, -2)) * d, u)
+    return torch.matmul(qk, u)
 
 
 # -- the chunked forms ---------------------------------------------------------------------------
@@ -140,13 +144,24 @@ def delta_chunks(
 ) -> tuple[Tensor, Tensor]:
     """Delta-rule recurrence over L positions (a multiple of `chunk`) from `state` (B, H, D, Dv).
 
-    q, k: (B, H, L, D) (q already scaled); v: (B, H, L, Dv); beta: (B, H, L); log_decay: (B, H, L) or None.
+    q, k: (B, H, L, D) (q already scaled); v: (B, H, L, Dv); beta: (B, H, L); log_decay: (B, H, L), (B, H, L, D)
+    per key dim (kda: S_t = (I − β_t k_t k_tᵀ) diag(a_t) S_{t-1} + β_t k_t v_tᵀ, γ then a vector), or None.
     Per chunk, with γ_t = exp(b_t) the decay from the chunk's start and S the state before it:
         U = U' − W S,  (I + A) [W, U'] = [diag(β γ) K, diag(β) V],  A_ts = β_t (γ_t / γ_s) k_t·k_s (s < t)
         O = diag(γ) Q S + (Q Kᵀ ⊙ Γ) U,  S ← γ_C S + (K ⊙ γ_C / γ)ᵀ U
     """
     qc, kc, vc = _chunked(q, k, v, chunk=chunk)
     bc = beta.unflatten(2, (-1, chunk))  # (B, H, c, C)
+    if log_decay is not None and log_decay.dim() == 4:  # kda: γ per key dim, taken relative to the chunk's middle
+        b = log_decay.unflatten(2, (-1, chunk)).cumsum(3)  # (B, H, c, C, D)
+        mid = b[:, :, :, chunk // 2 : chunk // 2 + 1]
+        k_lo = kc * (mid - b).exp()  # k_s / γ_s and k_t γ_t, each relative to the middle: Γ_ts = (γ_t / γ_s) per dim
+        a = torch.matmul(kc * (b - mid).exp(), k_lo.transpose(-1, -2)).tril_(-1).mul_(bc[..., None])
+        scores = torch.matmul(qc * (b - mid).exp(), k_lo.transpose(-1, -2)).tril_()
+        gamma = b.exp()
+        k_beta, q_in, k_out = kc * (bc[..., None] * gamma), qc * gamma, kc * (b[:, :, :, -1:] - b).exp()
+        last = gamma[:, :, :, -1, :, None]  # (B, H, c, D, 1)
+        return _delta_across_chunks(qc, kc, vc, bc, a, scores, k_beta, q_in, k_out, last, state, chunk)
     kk = torch.matmul(kc, kc.transpose(-1, -2))
     scores = torch.matmul(qc, kc.transpose(-1, -2))
     if log_decay is None:  # deltanet: no decay, γ = 1 (the same formulas without their factors)
@@ -162,7 +177,12 @@ def delta_chunks(
         gamma = b.exp()[..., None]
         k_beta, q_in, k_out = kc * (bc[..., None] * gamma), qc * gamma, kc * (b[..., -1:] - b).exp()[..., None]
         last = b[:, :, :, -1].exp()[..., None, None]  # (B, H, c, 1, 1)
-    eye = torch.eye(chunk, dtype=q.dtype, device=q.device).expand_as(a)
+    return _delta_across_chunks(qc, kc, vc, bc, a, scores, k_beta, q_in, k_out, last, state, chunk)
+
+
+def _delta_across_chunks(qc, kc, vc, bc, a, scores, k_beta, q_in, k_out, last, state, chunk):
+    """delta_chunks' second half: each chunk's solve, then the state carried across chunks."""
+    eye = torch.eye(chunk, dtype=qc.dtype, device=qc.device).expand_as(a)
     t = torch.linalg.solve_triangular(a, eye, upper=False, unitriangular=True)  # (I + A)⁻¹: the diagonal is read as 1
     w = torch.matmul(t, k_beta)
     grouped = qc.shape[1] != kc.shape[1]  # a group of query heads per K/V head (their reads broadcast over it)
