@@ -53,6 +53,33 @@ def test_mha_passes_options_and_registers_variant_parameters():
     assert mha.attention.window == 3
 
 
+def test_the_output_gate_multiplies_the_heads_by_a_sigmoid_of_the_query():
+    """Qwen3-Next's gated attention: W_o (attention(x) ⊙ σ(x W_g + b_g)), written out; a gate held open is the
+    ungated module."""
+    torch.manual_seed(0)
+    gated = variants.MultiHeadAttention(32, 4, variant="full", output_gate=True).double()
+    x = torch.randn(2, 9, 32, dtype=torch.float64)
+    plain = variants.MultiHeadAttention(32, 4, variant="full").double()
+    plain.load_state_dict({k: v for k, v in gated.state_dict().items() if not k.startswith("gate_proj")})
+    heads = (hand_written_mha(plain, x, x, x, True) - plain.out_proj.bias) @ torch.linalg.inv(plain.out_proj.weight.T)
+    gate = torch.sigmoid(x @ gated.gate_proj.weight.T + gated.gate_proj.bias)
+    want = (heads * gate) @ gated.out_proj.weight.T + gated.out_proj.bias
+    torch.testing.assert_close(gated(x, causal=True), want)
+    with torch.no_grad():
+        gated.gate_proj.weight.zero_(), gated.gate_proj.bias.fill_(50.0)  # σ(50) = 1 in float64 to 1e-21
+    torch.testing.assert_close(gated(x, causal=True), plain(x, causal=True))
+    with pytest.raises(ValueError, match=r"output_gate must be a bool, got 'yes'"):
+        variants.MultiHeadAttention(32, 4, output_gate="yes")
+
+
+@pytest.mark.parametrize("variant", ["full", "forgetting", "kda", "linear", "window_linear"])
+def test_a_block_with_the_output_gate_trains_with_any_variant(variant):
+    torch.manual_seed(0)
+    block = variants.TransformerBlock(16, 2, 32, variant=variant, output_gate=True)
+    block(torch.randn(2, 7, 16), causal=True).sum().backward()
+    assert block.attn.gate_proj.weight.grad is not None and block.attn.gate_proj.weight.grad.abs().sum() > 0
+
+
 def test_mha_bad_arguments():
     with pytest.raises(ValueError, match=r"d_model=30 must be divisible by num_heads=4"):
         variants.MultiHeadAttention(30, 4)

@@ -120,6 +120,21 @@ def test_short_conv_mixes_only_earlier_positions_and_is_in_every_variants_model(
     assert TinyDecoder(10, TrainConfig(d_model=16, heads=2), "full", max_len=20).convs is None  # the default: none
 
 
+def test_the_output_gate_is_in_every_variants_model_and_recorded():
+    from harness.quality.model import ZoologyLM, training_memory_estimate
+
+    cfg = TrainConfig(d_model=16, layers=2, heads=2, output_gate=True)
+    for variant in ("full", "kda"):
+        blocks = TinyDecoder(10, cfg, variant, max_len=20).blocks
+        assert all(b.attn.gate_proj is not None for b in blocks)
+    zoology = ZoologyLM(10, TrainConfig(d_model=16, layers=2, heads=2, arch="zoology", output_gate=True), "full")
+    assert zoology.mixers[1].gate_proj is not None
+    plain = TinyDecoder(10, TrainConfig(d_model=16, layers=2, heads=2), "full", max_len=20)
+    assert plain.blocks[0].attn.gate_proj is None  # the default: none
+    sizes = [training_memory_estimate(c, 20, 10, "full", {})["parameters"] for c in (TrainConfig(d_model=16), cfg)]
+    assert sizes[1] - sizes[0] == 2 * (16 * 16 + 16) * 4 * 4  # the gates' weights, their gradients and two moments
+
+
 def test_trainable_variants_on_cpu():
     names = trainable_variants("cpu")
     assert {"full", "sliding_window", "linear", "memory_compressed"} <= set(names)
@@ -149,6 +164,7 @@ def test_quality_cli_writes_rows_and_report(tmp_path):
         "32",
         "--short-conv",
         "0",  # (the state below is the attention's alone)
+        "--output-gate",
         "--out",
         str(out),
     )
@@ -172,7 +188,7 @@ def test_quality_cli_writes_rows_and_report(tmp_path):
         "options",
     ):
         assert rows[col].notna().all(), col
-    assert "held-out token accuracy" in result.output
+    assert "held-out token accuracy" in result.output and rows["cfg_output_gate"].all()
     from typer.testing import CliRunner
 
     from harness.cli import app
@@ -180,7 +196,7 @@ def test_quality_cli_writes_rows_and_report(tmp_path):
     report = CliRunner().invoke(app, ["report", str(out)])
     assert report.exit_code == 0, report.output
     text = (out / "REPORT.md").read_text()
-    assert "## Quality: copy and associative recall" in text and "| `full` |" in text
+    assert "## Quality: copy and associative recall" in text and "| `full` |" in text and "output gate" in text
     assert (out / "figures" / "quality_accuracy.png").exists() and (out / "figures" / "quality_curves.png").exists()
     # recall against state size: full's KV cache of the recall sequence (2 layers x k, v x 4 heads x 8 dims x 4 bytes a
     # position) against linear's constant recurrent state

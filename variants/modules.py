@@ -61,7 +61,9 @@ class MultiHeadAttention(nn.Module):
     """Multi-head attention whose attention step is any registered variant.
 
     out = W_o · concat_h variant(q W_q^h, k W_k^h, v W_v^h). `dropout` applies to the attention
-    output before W_o (a generic variant exposes no attention weights to drop).
+    output before W_o (a generic variant exposes no attention weights to drop). With `output_gate`, the
+    concatenated heads are multiplied elementwise by σ(query W_g) first (Qwen3-Next's gated attention: Qiu et
+    al. 2025, "Gated Attention for Large Language Models"), whatever the variant.
 
     Example:
         >>> mha = MultiHeadAttention(64, 4, variant="full")
@@ -77,10 +79,13 @@ class MultiHeadAttention(nn.Module):
         variant: str = "full",
         dropout: float = 0.0,
         bias: bool = True,
+        output_gate: bool = False,
         **variant_options,
     ):
         super().__init__()
         _check_positive_int("MultiHeadAttention", "d_model", d_model)
+        if not isinstance(output_gate, bool):
+            raise ValueError(f"MultiHeadAttention: output_gate must be a bool, got {output_gate!r}")
         _check_positive_int("MultiHeadAttention", "num_heads", num_heads)
         if d_model % num_heads:
             raise ValueError(f"MultiHeadAttention: d_model={d_model} must be divisible by num_heads={num_heads}")
@@ -91,6 +96,7 @@ class MultiHeadAttention(nn.Module):
         self.k_proj = nn.Linear(d_model, d_model, bias=bias)
         self.v_proj = nn.Linear(d_model, d_model, bias=bias)
         self.out_proj = nn.Linear(d_model, d_model, bias=bias)
+        self.gate_proj = nn.Linear(d_model, d_model, bias=bias) if output_gate else None
         self.dropout = nn.Dropout(dropout)
         variant_options.setdefault("num_heads", num_heads)
         variant_options.setdefault("head_dim", d_model // num_heads)
@@ -121,6 +127,8 @@ class MultiHeadAttention(nn.Module):
             causal=causal,
             key_padding_mask=key_padding_mask,
         )
+        if self.gate_proj is not None:
+            out = out * torch.sigmoid(self.gate_proj(query))
         return self.out_proj(self.dropout(out))
 
 
@@ -172,6 +180,7 @@ class TransformerBlock(nn.Module):
         variant: str = "full",
         norm: str = "pre",
         dropout: float = 0.0,
+        output_gate: bool = False,
         **variant_options,
     ):
         super().__init__()
@@ -179,7 +188,9 @@ class TransformerBlock(nn.Module):
             raise ValueError(f"TransformerBlock: norm must be 'pre' or 'post', got {norm!r}")
         _check_positive_int("TransformerBlock", "d_ff", d_ff)
         self.norm = norm
-        self.attn = MultiHeadAttention(d_model, num_heads, variant=variant, dropout=dropout, **variant_options)
+        self.attn = MultiHeadAttention(
+            d_model, num_heads, variant=variant, dropout=dropout, output_gate=output_gate, **variant_options
+        )
         self.ff = nn.Sequential(nn.Linear(d_model, d_ff), nn.GELU(), nn.Linear(d_ff, d_model))
         self.norm1, self.norm2 = nn.LayerNorm(d_model), nn.LayerNorm(d_model)
         self.dropout = nn.Dropout(dropout)

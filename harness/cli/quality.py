@@ -117,6 +117,13 @@ def quality(
             help="Width of a causal depthwise convolution before each block's attention (Mamba-2's, GLA's and DeltaNet's short convolution; 4 in their papers). Default: the preset's (0: none).",
         ),
     ] = None,
+    output_gate: Annotated[
+        Optional[bool],
+        typer.Option(
+            "--output-gate/--no-output-gate",
+            help="Multiply each attention's heads by a learned sigmoid gate of its input before the output projection (Qwen3-Next's gated attention), in every variant's model. Default: the preset's (off).",
+        ),
+    ] = None,
     vocab: Annotated[
         Optional[int],
         typer.Option(
@@ -243,6 +250,7 @@ def quality(
                 vocab=vocab,
                 warm_start=warm_start,
                 short_conv=short_conv,
+                output_gate=output_gate,
                 early_stop=early_stop,
                 train_examples=train_examples,
             )

@@ -37,6 +37,7 @@ class TrainConfig:
     short_conv: int = (
         0  # width of a causal depthwise convolution on each block's input, in every variant's model (0: none)
     )
+    output_gate: bool = False  # σ(x W_g) times the attention's heads before W_o, in every variant's model (Qwen3-Next)
     # "zoology": Zoology's model, its layers a gated short convolution then the attention in turn, no MLP and no
     # positions (its LanguageModel with Hybrid[BaseConv, mixer] and an Identity state mixer); "transformer": blocks
     # of attention and MLP over sinusoidal positions
@@ -61,7 +62,19 @@ TASKS = ("copy", "recall", "mqar")
 ARCHS = ("transformer", "zoology")
 # TrainConfig's fields that change the model a training step runs or the work of the step (not the learning rate,
 # the schedule or the number of steps): a step's cost is joined to an accuracy, or to another cost, on all of them
-STEP_FIELDS = ("d_model", "layers", "heads", "arch", "short_conv", "vocab", "pairs", "queries", "batch", "batch_tokens")
+STEP_FIELDS = (
+    "d_model",
+    "layers",
+    "heads",
+    "arch",
+    "short_conv",
+    "output_gate",
+    "vocab",
+    "pairs",
+    "queries",
+    "batch",
+    "batch_tokens",
+)
 
 
 def recall_layout(length: int, pairs: int | None = None) -> tuple[int, int]:

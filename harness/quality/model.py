@@ -55,7 +55,13 @@ class TinyDecoder(nn.Module):
         self.pos = variants.SinusoidalPositionalEncoding(cfg.d_model, max_len)
         self.blocks = nn.ModuleList(
             variants.TransformerBlock(
-                cfg.d_model, cfg.heads, 4 * cfg.d_model, variant=variant, norm="pre", **variant_options
+                cfg.d_model,
+                cfg.heads,
+                4 * cfg.d_model,
+                variant=variant,
+                norm="pre",
+                output_gate=cfg.output_gate,
+                **variant_options,
             )
             for _ in range(cfg.layers)
         )
@@ -86,7 +92,9 @@ class ZoologyLM(nn.Module):
         d = cfg.d_model
         self.embed = nn.Embedding(vocab_size, d)
         self.mixers = nn.ModuleList(
-            variants.MultiHeadAttention(d, cfg.heads, variant=variant, **variant_options) if i % 2 else GatedConv(d)
+            variants.MultiHeadAttention(d, cfg.heads, variant=variant, output_gate=cfg.output_gate, **variant_options)
+            if i % 2
+            else GatedConv(d)
             for i in range(cfg.layers)
         )
         self.convs = nn.ModuleList(
@@ -177,6 +185,7 @@ def training_memory_estimate(
     upper-end estimate: what `bench quality` refuses before writing anything when it passes the budget."""
     d, h, layers = cfg.d_model, cfg.heads, cfg.layers
     parameters = 2 * vocab_size * d + layers * (12 * d * d + 13 * d) + layers * cfg.short_conv * d
+    parameters += layers * (d * d + d) * cfg.output_gate
     batch = cfg.batch_at(seq_len)
     rows = max(batch, cfg.eval_examples)
     with torch.device("meta"):  # shapes only: a huge size costs nothing here

@@ -96,6 +96,7 @@ PRESET_RECIPE = (
     "queries",
     "warm_start",
     "short_conv",
+    "output_gate",
     "layers",
     "heads",
     "vocab",

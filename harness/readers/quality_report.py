@@ -179,6 +179,7 @@ def quality_section(run_dir: Path, cfg: dict, figures) -> list[str]:
             if cfg.get("short_conv")
             else ""
         )
+        + ("a sigmoid output gate on each attention's heads (Qwen3-Next's), " if cfg.get("output_gate") else "")
         + f"batch={cfg.get('batch')}{batch_cap(rows, cfg)}, {rates} "
         + (
             "(AdamW, warm-up then cosine), "
