@@ -509,6 +509,41 @@ def _ref_forgetting(attn, q, k, v, causal, kpm):
     return out
 
 
+def _ref_dsa(attn, q, k, v, causal, kpm):
+    """DeepSeek Sparse Attention by its definition, query by query in float64: the lightning indexer's I_ts =
+    Σ_j w_tj ReLU(q̄_t W_q,j · k_s W_k) with w_tj = q̄_t·u_j + w0_j (q̄: the mean of the K/V head's queries), the
+    top_k real keys s <= t by I (ties to the earlier key), softmax over those."""
+    assert causal, "dsa is causal only"
+    q, k, v = q.double(), k.double(), v.double()
+    qd, kd = q.detach(), k.detach()  # (the selection is discrete: no gradient through the indexer)
+    ix = attn.indexer
+    n_q, n_k = q.shape[-2], k.shape[-2]
+    groups = q.shape[1] // k.shape[1]
+    real = torch.ones(q.shape[0], n_k, dtype=torch.bool) if kpm is None else kpm
+    out = torch.zeros(*q.shape[:-1], v.shape[-1], dtype=torch.float64)
+    for b in range(q.shape[0]):
+        for g in range(k.shape[1]):
+            for row in range(n_q):
+                t = n_k - n_q + row
+                qm = qd[b, g * groups : (g + 1) * groups, row].mean(0)
+                score = {}
+                for s in range(t + 1):
+                    if real[b, s]:
+                        ks = kd[b, g, s] @ ix.w_k[g].detach().double()
+                        score[s] = sum(
+                            float(qm @ ix.u[g, j].detach().double() + ix.w0[g, j].detach())
+                            * max(0.0, float((qm @ ix.w_q[g, j].detach().double()) @ ks))
+                            for j in range(ix.w_q.shape[1])
+                        )
+                chosen = sorted(score, key=lambda s: (-score[s], s))[: attn.top_k]
+                if not chosen:
+                    continue
+                for h in range(g * groups, (g + 1) * groups):
+                    w = torch.softmax(k[b, g, chosen] @ q[b, h, row] * _scale_of(attn, q), 0)
+                    out[b, h, row] = w @ v[b, g, chosen]
+    return out
+
+
 # the function each reference computes, keyed by the variant that defines it; a variant whose spec says
 # another computes the same function (`same_function_as`) is checked against that one's reference
 INDEPENDENT_REFERENCES = {
@@ -530,6 +565,7 @@ INDEPENDENT_REFERENCES = {
     "window_linear": _ref_window_linear,
     "forgetting": _ref_forgetting,
     "kda": _ref_kda,
+    "dsa": _ref_dsa,
 }
 
 

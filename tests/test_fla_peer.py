@@ -75,3 +75,31 @@ def test_kda_agrees_with_fla(kv_heads):
             scale=x["scale"],
         )
     torch.testing.assert_close(ours, theirs.transpose(1, 2), atol=1e-5, rtol=1e-5)
+
+
+def test_dsa_agrees_with_fla():
+    """DeepSeek Sparse Attention as DeepSeek runs it (one K/V head, MQA): fla's naive_dsa_indexer picks the same
+    keys wherever the choice is not a tie among the ReLU's zeros, and naive_dsa over our selection gives our
+    outputs."""
+    naive = fla_naive("dsa")
+    torch.manual_seed(0)
+    attn = variants.build("dsa", num_heads=4, head_dim=16, num_kv_heads=1, top_k=4, index_heads=2, index_dim=8, block=7)
+    with torch.no_grad():
+        attn.indexer.w_q.normal_(), attn.indexer.w_k.normal_(), attn.indexer.w0.fill_(1.0)  # (positive weights)
+    q, k, v = torch.randn(2, 4, 40, 16), torch.randn(2, 1, 40, 16), torch.randn(2, 1, 40, 16)
+    ours = attn(q, k, v, causal=True)
+    with torch.no_grad():
+        index, valid = attn.selected(q, k)
+        ix = attn.indexer
+        q_mean = q.mean(1)  # (B, T, D): the K/V head's group is every query head
+        q_idx = torch.einsum("btd,jde->btje", q_mean, ix.w_q[0])
+        w_idx = torch.einsum("btd,jd->btj", q_mean, ix.u[0]) + ix.w0[0]
+        theirs_index = naive.naive_dsa_indexer(q_idx, k[:, 0] @ ix.w_k[0], w_idx, topk=4, activation="relu")
+        scores = ix.scores(q.mean(1, keepdim=True), ix.keys(k))[:, 0]  # (B, T, T)
+        kth = scores.masked_fill(torch.ones(40, 40, dtype=torch.bool).triu(1), -torch.inf).topk(4, -1).values[..., -1]
+        clear = kth > 0  # rows whose fourth-best key scores above the zeros
+        assert clear.sum() > 40
+        assert torch.equal(index[:, 0].sort(-1).values[clear], theirs_index.sort(-1).values[clear])
+        given = index[:, 0].masked_fill(~valid[:, 0], -1)
+        theirs = naive.naive_dsa(bthd(q), bthd(k), bthd(v), None, None, indices=given, topk=4, scale=16**-0.5)
+    torch.testing.assert_close(ours, theirs.transpose(1, 2), atol=1e-5, rtol=1e-5)

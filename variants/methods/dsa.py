@@ -1,0 +1,194 @@
+"""DeepSeek Sparse Attention: DeepSeek-AI 2025, "DeepSeek-V3.2: Pushing the Frontier of Open Large Language
+Models" (the attention of DeepSeek-V3.2 and GLM-5).
+
+A lightning indexer scores every earlier key cheaply; each query then attends exactly, by softmax, to the
+top_k keys it scored highest:
+
+    I_ts = Σ_j w_tj ReLU(q^I_tj · k^I_s)         (j over a few indexer heads of index_dim dims)
+    S_t  = the top_k keys s <= t by I_ts       (every key s <= t while t < top_k)
+    o_t  = Σ_{s in S_t} softmax_s(scale q_t·k_s) v_s
+
+Here per K/V head g (DeepSeek's MLA runs as one shared K/V head, g = 1): q^I_tj = q̄_t W_q,gj, k^I_s = k_s W_k,g,
+w_tj = q̄_t·u_gj, with q̄_t the mean of the group's queries (the paper reads the hidden state). The indexer
+starts as ReLU(q̄_t·k_s) (W = I, one head, w = 1). Its selection is discrete: the output's loss gives it no
+gradient (DeepSeek trains it with a KL loss to the dense attention). O(N² d_I) indexer, O(N top_k D) attention.
+"""
+
+from __future__ import annotations
+
+import torch
+import torch.nn.functional as F
+from torch import Tensor, nn
+from torch.utils.checkpoint import checkpoint
+
+from .._base import AttentionVariant, VariantSpec, register
+from .._utils import spans
+
+BLOCK = 64  # queries a step: their indexer scores (block x N) and gathered keys (block x top_k x D) at once
+
+
+class LightningIndexer(nn.Module):
+    """I_ts = Σ_j w_tj ReLU(q^I_tj · k^I_s) per K/V head: q^I = q̄ W_q (heads x index_dim), k^I = k W_k, w = q̄ u.
+    Starts as ReLU(q̄·k) with index_dim = D and one head (later heads start at zero weight)."""
+
+    def __init__(self, kv_heads: int, head_dim: int, heads: int, dim: int):
+        super().__init__()
+        eye = torch.eye(head_dim, dim)
+        self.w_q = nn.Parameter(eye.expand(kv_heads, heads, head_dim, dim).clone())
+        self.w_k = nn.Parameter(eye.expand(kv_heads, head_dim, dim).clone())
+        self.u = nn.Parameter(torch.zeros(kv_heads, heads, head_dim))
+        self.w0 = nn.Parameter(torch.zeros(kv_heads, heads).index_fill_(1, torch.tensor([0]), 1.0))
+
+    def keys(self, k: Tensor) -> Tensor:
+        """k^I (B, Hkv, N, index_dim)."""
+        return torch.matmul(k, self.w_k.to(k.dtype)[None])
+
+    def scores(self, q_mean: Tensor, k_index: Tensor) -> Tensor:
+        """I (B, Hkv, Nq, Nk) of the queries' group means (B, Hkv, Nq, D) against the keys' k^I."""
+        q_index = torch.einsum("bgnd,gjde->bgjne", q_mean, self.w_q.to(q_mean.dtype))  # (B, Hkv, heads, Nq, dI)
+        w = torch.einsum("bgnd,gjd->bgjn", q_mean, self.u.to(q_mean.dtype)) + self.w0.to(q_mean.dtype)[None, :, :, None]
+        relu = F.relu(torch.matmul(q_index, k_index[:, :, None].transpose(-1, -2)))  # (B, Hkv, heads, Nq, Nk)
+        return (w[..., None] * relu).sum(2)
+
+
+@register
+class DeepSeekSparseAttention(AttentionVariant):
+    """Sparse where it counts: the indexer's scores are N x N but narrow (index_dim, few heads, no values, in
+    DeepSeek's kernels FP8), while the attention proper reads top_k keys a query. On a CPU the gather of each
+    query's own keys costs what its contiguous reads save, so the speed-up of the paper's H800 kernels is not
+    expected here (measured by `bench run`). Causal; decoding keeps the KV cache (the indexer keys recomputed
+    from it: k^I is a linear map of k)."""
+
+    spec = VariantSpec(
+        name="dsa",
+        summary="DeepSeek Sparse Attention: a lightning indexer picks each query's top_k keys, exact softmax over them",
+        style=("#de9ed6", "*"),
+        reference="DeepSeek-AI 2025, 'DeepSeek-V3.2: Pushing the Frontier of Open Large Language Models'",
+        time_complexity="O(N² d_I + N top_k D)",
+        memory_complexity="O(N D) + a block x N of indexer scores and block x top_k x D of keys",
+        supports_non_causal=False,
+        why_not_non_causal="each query selects among the keys before it (DeepSeek-V3.2's decoder)",
+        supports_cross_attention=False,
+        not_deployable=(("onnx", "torch.onnx has no conversion for aten.sort.stable, the indexer's selection"),),
+        notes="causal only; needs num_heads and head_dim (an indexer per K/V head); with top_k >= N exact softmax",
+        function_options=("top_k", "index_heads", "index_dim"),
+        examples=((("top_k", 4), ("block", 3)), (("top_k", 2), ("index_heads", 2), ("index_dim", 3), ("block", 5))),
+    )
+
+    def __init__(
+        self, *, top_k: int = 2048, index_heads: int = 1, index_dim: int | None = None, block: int = BLOCK, **base
+    ):
+        """
+        Args:
+            top_k: keys each query attends to (DeepSeek-V3.2: 2048); queries with fewer earlier keys see them all.
+            index_heads: the indexer's heads j (DeepSeek-V3.2: 64; 1 here, the start ReLU(q̄·k) needs one).
+            index_dim: d_I, each indexer head's dims (DeepSeek-V3.2: 128); None: head_dim.
+            block: queries computed at once. A tuning knob: the result does not depend on it.
+            scale: factor of q in the attention's scores; None means D ** -0.5.
+        """
+        super().__init__(**base)
+        self._check_int("top_k", top_k, 1)
+        self._check_int("index_heads", index_heads, 1)
+        self._check_int("index_dim", index_dim, 1, allow_none=True)
+        self._check_int("block", block, 1)
+        if self.num_heads is None or self.head_dim is None:
+            raise ValueError(
+                "dsa: options num_heads and head_dim are required (its lightning indexer is learned per K/V head), "
+                f"got num_heads={self.num_heads}, head_dim={self.head_dim}"
+            )
+        self.top_k, self.block = top_k, block
+        kv_heads = self.num_kv_heads or self.num_heads
+        self.indexer = LightningIndexer(kv_heads, self.head_dim, index_heads, index_dim or self.head_dim)
+
+    def kv_heads_unsupported_reason(self, kv_heads: int) -> str | None:
+        want = self.num_kv_heads or self.num_heads
+        if kv_heads == want:
+            return None
+        return (
+            f"its indexer is built for {want} K/V heads (num_kv_heads={self.num_kv_heads}, num_heads={self.num_heads}); "
+            f"build it with num_kv_heads={kv_heads} for grouped-query inputs"
+        )
+
+    def softmax_equivalent_length(self) -> int | None:
+        return self.top_k  # every query sees at most top_k keys: all of them
+
+    def check_length(self, n: int) -> int:
+        return max(n, 2 * self.top_k + self.block + 1)  # queries with more keys than top_k, over several blocks
+
+    def selected(self, q: Tensor, k: Tensor, key_padding_mask: Tensor | None = None) -> tuple[Tensor, Tensor]:
+        """(indices (B, Hkv, Nq, min(top_k, Nk)), valid (bool, the same shape)): each query's chosen keys, by the
+        indexer, among the real keys up to it (queries the last Nq positions); invalid where it has fewer. Equal
+        scores (the ReLU's zeros) go to the earlier key."""
+        return self._selected(q, k, self.indexer.keys(k), key_padding_mask)
+
+    def _selected(self, q, k, k_index, key_padding_mask):
+        n_q, n_k = q.shape[-2], k.shape[-2]
+        q_mean = q.unflatten(1, (k.shape[1], q.shape[1] // k.shape[1])).mean(2)  # (B, Hkv, Nq, D)
+        scores = self.indexer.scores(q_mean, k_index)
+        i = torch.arange(n_k - n_q, n_k, device=q.device)[:, None]
+        allowed = torch.arange(n_k, device=q.device)[None, :] <= i
+        if key_padding_mask is not None:
+            allowed = allowed & key_padding_mask[:, None, None, :n_k]
+        top, index = scores.masked_fill(~allowed, -torch.inf).sort(dim=-1, descending=True, stable=True)
+        top, index = top[..., : self.top_k], index[..., : self.top_k]
+        return index, top != -torch.inf  # (a NaN score counts: it reaches its row)
+
+    def _attend(self, q, k, v, causal, key_padding_mask):
+        n_q, n_k = q.shape[-2], k.shape[-2]
+        k_index = self.indexer.keys(k)
+        grad = torch.is_grad_enabled() and any(t.requires_grad for t in (q, k, v))
+        out = []
+        for rows in spans(n_q, self.block):
+            end = n_k - n_q + rows.stop  # the keys some query of the block may see
+            args = (q[:, :, rows], k[:, :, :end], v[:, :, :end], k_index[:, :, :end], key_padding_mask)
+            # (with a gradient each block is recomputed in the backward: its gathered keys are not all kept)
+            out.append(checkpoint(self._block, *args, use_reentrant=False) if grad else self._block(*args))
+        return torch.cat(out, dim=2)
+
+    def _block(self, q, k, v, k_index, key_padding_mask):
+        """Queries q (the last of them at k's last position) over their selected keys of k, v."""
+        index, valid = self._selected(q, k, k_index, key_padding_mask)
+        take = lambda x: torch.gather(  # noqa: E731  (B, Hkv, rows, top_k, ·): each query's own keys
+            x[:, :, None].expand(-1, -1, index.shape[2], -1, -1),
+            3,
+            index[..., None].expand(-1, -1, -1, -1, x.shape[-1]),
+        )
+        keys, values = take(k), take(v)
+        qg = q.unflatten(1, (k.shape[1], q.shape[1] // k.shape[1]))  # (B, Hkv, G, rows, D)
+        s = torch.einsum("bgmrd,bgrkd->bgmrk", qg, keys) * self._scale(q)
+        # a query with no real key gives zeros (NaN inputs still reach theirs)
+        seen = valid.any(-1)[:, :, None, :, None]
+        s = s.masked_fill(~valid[:, :, None], -torch.inf).masked_fill(~seen, 0.0)  # (no NaN gradient there)
+        p = torch.softmax(s, dim=-1)
+        return torch.where(seen, torch.einsum("bgmrk,bgrke->bgmre", p, values), 0.0).flatten(1, 2)
+
+    def reference(self, q, k, v, *, causal=False, key_padding_mask=None):
+        """Softmax over every key with the unselected ones masked (O(N²)): the selection as a dense mask."""
+        index, valid = self.selected(q, k, key_padding_mask)
+        chosen = torch.zeros(*index.shape[:-1], k.shape[-2], dtype=torch.bool, device=q.device)
+        chosen.scatter_(-1, index, valid)  # (B, Hkv, Nq, Nk)
+        groups = q.shape[1] // k.shape[1]
+        k, v, chosen = (x.repeat_interleave(groups, 1) for x in (k, v, chosen))
+        s = torch.matmul(q, k.transpose(-1, -2)) * self._scale(q)
+        seen = chosen.any(-1, keepdim=True)
+        out = torch.matmul(torch.softmax(s.masked_fill(~chosen, -torch.inf).masked_fill(~seen, 0.0), dim=-1), v)
+        return torch.where(seen, out, 0.0)
+
+    # -- what the harness reads ------------------------------------------------------------------
+    def flops(self, n_q, n_k, d, dv, causal):
+        heads, dim = self.indexer.w_q.shape[1], self.indexer.w_q.shape[-1]
+        pairs = n_q * (n_k - n_q) + n_q * (n_q + 1) // 2
+        chosen = sum(min(self.top_k, n_k - n_q + i + 1) for i in range(0, n_q, max(1, n_q // 64))) * max(1, n_q // 64)
+        return 2.0 * pairs * heads * dim + 2.0 * (n_q + n_k) * d * dim * heads + 2.0 * chosen * (d + dv)
+
+    def memory_estimate(self, batch, heads, n_q, n_k, d, dv, element_size, causal, backward):
+        rows = min(self.block, n_q)
+        kv_heads = self.num_kv_heads or self.num_heads
+        per_block = batch * kv_heads * rows * (n_k * (2 + self.indexer.w_q.shape[1]) + min(self.top_k, n_k) * (d + dv))
+        blocks = -(-n_q // rows) if backward else 1
+        return int(4 * per_block * 2 * blocks) + super().memory_estimate(
+            batch, heads, n_q, n_k, d, dv, element_size, causal, backward
+        )
+
+    def extra_repr(self) -> str:
+        return f"top_k={self.top_k}, block={self.block}"
