@@ -544,6 +544,23 @@ def _ref_dsa(attn, q, k, v, causal, kpm):
     return out
 
 
+def _ref_mla(attn, q, k, v, causal, kpm):
+    """Multi-head latent attention by its definition in float64: each position's latent c = [k̂, v] W_down (k̂: every
+    K/V head's key without its first rope_dim / 2 rotary pairs), keys [kept dims, (c W_uk)_h] and values (c W_uv)_h,
+    then exact softmax."""
+    q, k, v = q.double(), k.double(), v.double()
+    b, kv, n, d = k.shape
+    half = attn.rope_dim // 2
+    kept = list(range(half)) + [d // 2 + i for i in range(half)]
+    rest = [i for i in range(d) if i not in kept]
+    x = torch.cat([k[..., rest].permute(0, 2, 1, 3).reshape(b, n, -1), v.permute(0, 2, 1, 3).reshape(b, n, -1)], -1)
+    c = x @ attn.down.double()
+    keys = k.clone()
+    keys[..., rest] = (c @ attn.up_k.double()).view(b, n, kv, len(rest)).permute(0, 2, 1, 3)
+    values = (c @ attn.up_v.double()).view(b, n, kv, d).permute(0, 2, 1, 3)
+    return _ref_full(attn, q, keys, values, causal, kpm)
+
+
 # the function each reference computes, keyed by the variant that defines it; a variant whose spec says
 # another computes the same function (`same_function_as`) is checked against that one's reference
 INDEPENDENT_REFERENCES = {
@@ -566,6 +583,7 @@ INDEPENDENT_REFERENCES = {
     "forgetting": _ref_forgetting,
     "kda": _ref_kda,
     "dsa": _ref_dsa,
+    "mla": _ref_mla,
 }
 
 
