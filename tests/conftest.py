@@ -8,6 +8,8 @@ the moment its file exists; `independent_reference` says what to add for one wit
 
 from __future__ import annotations
 
+import math
+
 import pytest
 import torch
 import torch.nn.functional as F
@@ -561,6 +563,33 @@ def _ref_mla(attn, q, k, v, causal, kpm):
     return _ref_full(attn, q, keys, values, causal, kpm)
 
 
+def _ref_rwkv7(attn, q, k, v, causal, kpm):
+    """RWKV-7 by its equations, position by position in float64: w = exp(−e^−½ σ(k W_w + b_w)), a = σ(k W_a + b_a),
+    κ̂ = (k ⊙ ξ) / ‖k ⊙ ξ‖; S_t = (diag(w_t) − (a_t ⊙ κ̂_t) κ̂_tᵀ) S_{t-1} + k_t v_tᵀ per K/V head (a padded position
+    leaves S as it was); o_t = scale · q_tᵀ S_t for each query head of the group."""
+    g = attn.gates
+    q, k, v = q.double(), k.double(), v.double()
+    b, kv, n_k, d = k.shape
+    n_q, groups = q.shape[2], q.shape[1] // kv
+    out = torch.zeros(*q.shape[:-1], v.shape[-1], dtype=torch.float64)
+    for bi in range(b):
+        for h in range(kv):
+            s = torch.zeros(d, v.shape[-1], dtype=torch.float64)
+            for t in range(n_k):
+                x = k[bi, h, t]
+                if kpm is None or kpm[bi, t]:
+                    w = torch.exp(-math.exp(-0.5) * torch.sigmoid(x @ g.w_w[h].double() + g.b_w[h].double()))
+                    a = torch.sigmoid(x @ g.w_a[h].double() + g.b_a[h].double())
+                    kk = x * g.xi[h].double()
+                    kk = kk / kk.norm().clamp_min(1e-6)
+                    s = (torch.diag(w) - torch.outer(a * kk, kk)) @ s + torch.outer(x, v[bi, h, t])
+                row = t - (n_k - n_q)
+                if row >= 0:
+                    for m in range(h * groups, (h + 1) * groups):
+                        out[bi, m, row] = _scale_of(attn, q) * q[bi, m, row] @ s
+    return out
+
+
 # the function each reference computes, keyed by the variant that defines it; a variant whose spec says
 # another computes the same function (`same_function_as`) is checked against that one's reference
 INDEPENDENT_REFERENCES = {
@@ -584,6 +613,7 @@ INDEPENDENT_REFERENCES = {
     "kda": _ref_kda,
     "dsa": _ref_dsa,
     "mla": _ref_mla,
+    "rwkv7": _ref_rwkv7,
 }
 
 

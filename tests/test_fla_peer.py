@@ -103,3 +103,22 @@ def test_dsa_agrees_with_fla():
         given = index[:, 0].masked_fill(~valid[:, 0], -1)
         theirs = naive.naive_dsa(bthd(q), bthd(k), bthd(v), None, None, indices=given, topk=4, scale=16**-0.5)
     torch.testing.assert_close(ours, theirs.transpose(1, 2), atol=1e-5, rtol=1e-5)
+
+
+@pytest.mark.parametrize("kv_heads", [4, 2])
+def test_rwkv7_agrees_with_fla(kv_heads):
+    """RWKV-7 against fla's generalised delta rule (dplr_recurrence: S_t = (diag(exp gk_t) + β_t α_tᵀ) S_{t-1} +
+    k_t v_tᵀ, q scaled by D^-½ inside), with RWKV-7's α = −κ̂ and β = a ⊙ κ̂ (as fla's RWKV-7 layer passes them)."""
+    naive = fla_naive("generalized_delta_rule/dplr").dplr_recurrence
+    torch.manual_seed(0)
+    attn = variants.build("rwkv7", num_heads=4, head_dim=16, num_kv_heads=kv_heads, group=7)
+    with torch.no_grad():
+        attn.gates.w_w.mul_(10), attn.gates.w_a.mul_(10), attn.gates.xi.uniform_(0.5, 1.5)
+    q = torch.randn(2, 4, 40, 16)
+    k, v = torch.randn(2, kv_heads, 40, 16), torch.randn(2, kv_heads, 40, 16)
+    ours = attn(q, k, v, causal=True)
+    with torch.no_grad():
+        log_w, a, removal = (x.repeat_interleave(4 // kv_heads, 1) for x in attn.gates(k))
+        kq, vq = k.repeat_interleave(4 // kv_heads, 1), v.repeat_interleave(4 // kv_heads, 1)
+        theirs, _ = naive(q, kq, vq, -removal, a * removal, log_w)
+    torch.testing.assert_close(ours, theirs, atol=1e-5, rtol=1e-5)
