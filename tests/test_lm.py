@@ -172,6 +172,33 @@ def test_bad_input_is_refused_before_anything_is_written(tiny, tmp_path):
         assert not out.exists()
 
 
+def test_mla_is_fitted_to_the_models_own_keys_and_values(tiny):
+    """In bench lm, mla's projections come from the SVD of the model's keys and values on the distillation text
+    (MHA2MLA's initialisation): with a latent as wide as the 12 tokens' rank, those tokens' logits are the model's
+    own; the fit is made once a variant and kept."""
+    from harness.lm import distill as transfer
+    from harness.lm.model import Attentions
+
+    model, tokenizer = lm.load(tiny, None)
+    ids = torch.tensor(tokenizer(lm.corpus_text(None)[:400])["input_ids"][:12])[None]
+    with torch.no_grad():
+        want = model(ids).logits
+    switched = lm.switch(model, lm.Setting("mla", {"latent_dim": 16}), seed=0)
+    assert transfer.fittable(switched)
+    energy = transfer.fit_to_own(switched, ids)
+    assert len(energy) == 2 and all(e == pytest.approx(1.0) for e in energy.values())
+    with torch.no_grad():
+        torch.testing.assert_close(switched(ids).logits, want, atol=1e-4, rtol=1e-4)
+    config = lm.LMConfig(model=str(tiny), settings=(lm.Setting("mla", {"latent_dim": 4}),), lengths=(64,))
+    attentions = Attentions(config, lm.switch(model, lm.Setting(lm.OWN), seed=0), tokenizer)
+    fitted = attentions.switch(config.settings[0])
+    assert ("fit", "mla", (("latent_dim", 4),)) in attentions.kept
+    down = next(m for m in transfer._attached(fitted).values()).down.detach().clone()
+    attentions.switch(lm.Setting(lm.OWN))
+    again = attentions.switch(config.settings[0])
+    assert torch.equal(next(m for m in transfer._attached(again).values()).down, down)
+
+
 def test_distill_trains_only_the_variants_parameters_and_reports_before_and_after(tiny, tmp_path):
     out = tmp_path / "run"
     args = [

@@ -149,6 +149,25 @@ def softmax_teacher(model, on_layer=None):
             handle.remove()
 
 
+def fittable(model) -> bool:
+    """Whether an attached variant sets itself from the model's keys and values (`fit`)."""
+    return any(hasattr(m, "fit") for m in _attached(model).values())
+
+
+def fit_to_own(model, sequences: torch.Tensor) -> dict[str, float]:
+    """Variants that set themselves from the model's own keys and values (`fit`: mla's SVD, as MHA2MLA and
+    TransMLA initialise it) fitted, layer by layer, on the softmax model's keys and values of `sequences`;
+    {layer path: the fraction of their energy kept}. {} when no attached variant has a `fit`."""
+    modules = {path: m for path, m in _attached(model).items() if hasattr(m, "fit")}
+    if not modules:
+        return {}
+    kept = capture(model, sequences)
+    return {
+        path: module.fit(torch.cat([x[1] for x in kept[path]], dim=2), torch.cat([x[2] for x in kept[path]], dim=2))
+        for path, module in modules.items()
+    }
+
+
 def capture(model, sequences: torch.Tensor) -> dict[str, list[tuple]]:
     """{layer path: [(q, k, v, softmax output) per sequence]} with the model running softmax attention throughout."""
     with softmax_teacher(model) as kept, torch.no_grad():

@@ -142,6 +142,12 @@ class Attentions:
             self.changed = False
         self.model, self.current = switch(self.model, setting, self.config.seed), setting.label
         self.last_distillation = self.last_linearization = None
+        fit_key = ("fit", setting.variant, tuple(sorted(setting.options.items())))
+        if fit_key in self.kept:  # (mla: its projections from the model's own keys and values, once a variant)
+            transfer.load_attached_state(self.model, self.kept[fit_key])
+        elif setting.variant != OWN and transfer.fittable(self.model):
+            transfer.fit_to_own(self.model, transfer.distill_sequences(self.tokenizer, distill_length(self.config)))
+            self.kept[fit_key] = transfer.attached_state(self.model)
         if setting.distill:
             if setting.label in self.kept:
                 transfer.load_attached_state(self.model, self.kept[setting.label])

@@ -122,7 +122,8 @@ class MultiHeadLatentAttention(AttentionVariant):
         in the least-squares sense (the SVD of [k̂, v]); returns the fraction of their energy it keeps."""
         x = self._joint(k, v).flatten(0, 1).double()  # (samples, width)
         _, s, vh = torch.linalg.svd(x, full_matrices=False)
-        basis = vh[: self.latent_dim].T  # (width, d_c)
+        basis = vh[: self.latent_dim].T  # (width, d_c); fewer samples than d_c: the other latent dims unused
+        basis = torch.nn.functional.pad(basis, (0, self.latent_dim - basis.shape[1]))
         split = self.kv_heads * (self.head_dim - self.rope_dim)
         self.down.copy_(basis.to(self.down.dtype))
         self.up_k.copy_(basis[:split].T.to(self.up_k.dtype))
