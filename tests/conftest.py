@@ -590,6 +590,33 @@ def _ref_rwkv7(attn, q, k, v, causal, kpm):
     return out
 
 
+def _ref_log_linear(attn, q, k, v, causal, kpm):
+    """Log-linear Mamba-2 by its definition, query by query in float64: o_t = Σ_{s<=t} λ_t^ℓ a_ts (scale q_t·k_s)
+    Δ_s v_s with ℓ = bit_length(t XOR s), λ = softplus(scale q W_λ + b_λ) per query head, Mamba-2's a and Δ per K/V
+    head (a padded position: no decay, no write)."""
+    assert causal, "log_linear is causal only"
+    q, k, v = q.double(), k.double(), v.double()
+    n_q, n_k = q.shape[-2], k.shape[-2]
+    real = torch.ones(q.shape[0], n_k, dtype=torch.bool) if kpm is None else kpm
+    log_a, dt = _ssd_decay(k, attn.dt)
+    log_a, dt = log_a * real[:, None].double(), dt * real[:, None].double()
+    lam = F.softplus(
+        torch.einsum("bhnd,hdl->bhnl", q * _scale_of(attn, q), attn.w_level.double()) + attn.b_level.double()[:, None]
+    )
+    groups = q.shape[1] // k.shape[1]
+    out = torch.zeros(*q.shape[:-1], v.shape[-1], dtype=torch.float64)
+    for h in range(q.shape[1]):
+        g = h // groups
+        for row in range(n_q):
+            t = n_k - n_q + row
+            for s in range(t + 1):
+                level = (t ^ s).bit_length()
+                decay = torch.exp(log_a[:, g, s + 1 : t + 1].sum(-1))
+                w = lam[:, h, row, level] * decay * (q[:, h, row] * k[:, g, s]).sum(-1) * _scale_of(attn, q)
+                out[:, h, row] += (w * dt[:, g, s])[:, None] * v[:, g, s]
+    return out
+
+
 # the function each reference computes, keyed by the variant that defines it; a variant whose spec says
 # another computes the same function (`same_function_as`) is checked against that one's reference
 INDEPENDENT_REFERENCES = {
@@ -614,6 +641,7 @@ INDEPENDENT_REFERENCES = {
     "dsa": _ref_dsa,
     "mla": _ref_mla,
     "rwkv7": _ref_rwkv7,
+    "log_linear": _ref_log_linear,
 }
 
 

@@ -122,3 +122,24 @@ def test_rwkv7_agrees_with_fla(kv_heads):
         kq, vq = k.repeat_interleave(4 // kv_heads, 1), v.repeat_interleave(4 // kv_heads, 1)
         theirs, _ = naive(q, kq, vq, -removal, a * removal, log_w)
     torch.testing.assert_close(ours, theirs, atol=1e-5, rtol=1e-5)
+
+
+@pytest.mark.parametrize("kv_heads", [4, 2])
+def test_log_linear_agrees_with_fla(kv_heads):
+    """Log-linear Mamba-2 against fla's naive_log_linear_attn (its H matrix: the decay times λ at the Fenwick
+    level of each pair) on the same scaled q, k, Δ-scaled v, log decay and level weights."""
+    naive = fla_naive("log_linear_attn").naive_log_linear_attn
+    torch.manual_seed(0)
+    attn = variants.build("log_linear", num_heads=4, head_dim=16, num_kv_heads=kv_heads, chunk_size=8, levels=7)
+    with torch.no_grad():
+        attn.w_level.mul_(20)  # (level weights that differ by query and level)
+    q = torch.randn(2, 4, 40, 16)
+    k, v = torch.randn(2, kv_heads, 40, 16), torch.randn(2, kv_heads, 40, 16)
+    ours = attn(q, k, v, causal=True)
+    with torch.no_grad():
+        qg, ks, vs, log_a, lam = attn._inputs(q, k, v, None)
+        rep = lambda x: x.repeat_interleave(4 // kv_heads, 1)  # noqa: E731  (fla: one head axis)
+        theirs = naive(
+            bthd(qg.flatten(1, 2)), bthd(rep(ks)), bthd(rep(vs)), rep(log_a).transpose(1, 2), bthd(lam.flatten(1, 2))
+        )
+    torch.testing.assert_close(ours, theirs.transpose(1, 2), atol=1e-5, rtol=1e-5)

@@ -260,6 +260,10 @@ def test_decoding_step_by_step_equals_the_causal_forward(name, step):
         c = attn.compression  # (read by a step; the slots' buffer grows by doubling: at most twice that is held)
         assert attn.step_read_bytes(state) == (14 // c + 14 % c) * 2 * 2 * 16 * q.element_size()
         assert all(size <= 2 * (i * step // c + c) * 2 * 2 * 16 * q.element_size() for i, size in enumerate(sizes, 1))
+    elif state.kind == "fenwick":  # log_linear: a D x Dv bucket for each set bit of the positions so far
+        assert sizes == [
+            bin(min(14, (i + 1) * step)).count("1") * 2 * 2 * 8 * 8 * q.element_size() for i in range(len(sizes))
+        ]
     elif state.kind == "latent":  # mla: latent_dim + Hkv · rope_dim numbers a position, not the keys and values
         per = attn.latent_dim + 2 * attn.rope_dim
         assert sizes == [min(14, (i + 1) * step) * 2 * per * q.element_size() for i in range(len(sizes))]

@@ -18,7 +18,7 @@ class Decodes:
     """The decoding half of `AttentionVariant` (variants/_variant.py), which supplies `spec`, the reasons
     (`causal_unsupported_reason`, `kv_heads_unsupported_reason`, ...), `_grouped_kv` and the causal call."""
 
-    state_kind = "kv"  # what `init_state` keeps: "kv", "window", "compressed", "latent", "recurrent"... (_decoding.py)
+    state_kind = "kv"  # what `init_state` keeps: "kv", "window", "compressed", "latent", "fenwick"... (_decoding.py)
     step_positions: int | None = None  # the most new positions one `_step` takes (`step` splits longer ones); None: any
 
     @classmethod

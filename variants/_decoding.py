@@ -4,13 +4,13 @@
     state = attn.prefill(q, k, v, state)          # a prompt whose outputs are not needed
     out, state = attn.step(q, k, v, state)        # q, k, v: (B, H, t, D) of t >= 1 new positions
 
-Five kinds (`DecodingState.kind`, the variant's `state_kind`):
+Six kinds (`DecodingState.kind`, the variant's `state_kind`):
   "kv"         a KV cache: every key and value so far (it grows with N), the default of every causal variant:
                a step is its own causal call over the cache, bottom-right aligned (= the causal forward).
   "window"     the first g (global / sink) positions and the last w: at most g + w positions whatever N.
   "compressed" memory_compressed's slots of the complete blocks and the raw keys of the unfinished one:
                N / c + (< c) positions, growing c times slower than a KV cache.
-  "latent"     mla's latent of each position (for every head) and its kept rotary key dims, read absorbed.
+  "latent"     mla's latents (one a position for every head, read absorbed); "fenwick": log_linear's buckets.
   "recurrent"  a fixed-size state: a D x Dv matrix per head for the gated recurrences, the F x (Dv + 1)
                sums Σ φ(k) [v, 1]ᵀ of linear attention and performer; constant memory whatever N.
 """
