@@ -10,7 +10,8 @@ import torch
 pytest.importorskip("transformers")
 
 import variants.hf.kvcache as hk  # noqa: E402
-from transformers import AttentionInterface, LlamaConfig, LlamaForCausalLM  # noqa: E402
+from helpers import tiny_llama_config  # noqa: E402
+from transformers import AttentionInterface, LlamaForCausalLM  # noqa: E402
 from variants import kvcache  # noqa: E402
 
 N, NEW = 40, 5
@@ -19,15 +20,8 @@ OPTIONS = {"snapkv": {"window_size": 8}, "pyramidkv": {"window_size": 8}, "expec
 
 def llama(seed=0):
     torch.manual_seed(seed)
-    config = LlamaConfig(
-        vocab_size=61,
-        hidden_size=32,
-        intermediate_size=64,
-        num_hidden_layers=3,
-        num_attention_heads=4,
-        num_key_value_heads=2,
-        max_position_embeddings=128,
-        attn_implementation="sdpa",
+    config = tiny_llama_config(
+        vocab_size=61, num_hidden_layers=3, max_position_embeddings=128, attn_implementation="sdpa"
     )
     return LlamaForCausalLM(config).double().eval()
 
