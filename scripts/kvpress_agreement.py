@@ -12,11 +12,9 @@ sets are identical, and the mean overlap of the kept sets. Exit 1 where a share 
 from __future__ import annotations
 
 import argparse
-import json
-import subprocess
 import sys
-import tempfile
-from pathlib import Path
+
+from kvpress_side import run_side
 
 PRESSES = {  # our policy: kvpress's press
     "snapkv": "SnapKVPress",
@@ -84,20 +82,14 @@ def main() -> int:
     folder, gguf = locate(None)
     _, tokenizer = load(folder, gguf)
     ids = passkey_prompt(tokenizer, args.length, 50, "863891").tolist()
-    with tempfile.TemporaryDirectory() as tmp:
-        ids_file, out_file, script = Path(tmp) / "ids.json", Path(tmp) / "kept.json", Path(tmp) / "side.py"
-        ids_file.write_text(json.dumps(ids))
-        script.write_text(KVPRESS_SIDE)
-        done = subprocess.run(
-            [args.kvpress_python, str(script), str(folder), gguf, str(ids_file), str(args.ratio), str(out_file)]
-            + list(PRESSES.values()),
-            capture_output=True,
-            text=True,
-        )
-        if done.returncode:
-            print(done.stderr[-3000:], file=sys.stderr)
-            return 2
-        theirs = json.loads(out_file.read_text())
+    theirs = run_side(
+        args.kvpress_python,
+        KVPRESS_SIDE,
+        {"ids": ids},
+        [str(folder), gguf, "{ids}", str(args.ratio), "{out}", *PRESSES.values()],
+    )
+    if theirs is None:
+        return 2
     mine = ours(ids, args.ratio)
     print(f"kvpress with transformers {theirs['transformers']}; SmolLM2-135M, {args.length} tokens, ratio {args.ratio}")
     print(f"{'policy':<20}{'same kept set':>16}{'mean overlap':>15}")

@@ -12,11 +12,10 @@ prompts (its `aware` rows), and on how many prompts the two agree (right or wron
 from __future__ import annotations
 
 import argparse
-import json
-import subprocess
 import sys
-import tempfile
 from pathlib import Path
+
+from kvpress_side import run_side
 
 PRESSES = {  # our policy: kvpress's press (None: no press, the full cache)
     "none": None,
@@ -77,22 +76,15 @@ def main() -> int:
     _, tokenizer = load(folder, gguf)
     secrets = [passkey_key(config.seed, args.length, 50, i) for i in range(config.keys)]
     prompts = [passkey_prompt(tokenizer, config.prompt_length("passkey", args.length), 50, s).tolist() for s in secrets]
-    with tempfile.TemporaryDirectory() as tmp:
-        prompts_file, out_file, script = Path(tmp) / "prompts.json", Path(tmp) / "answers.json", Path(tmp) / "side.py"
-        prompts_file.write_text(json.dumps(prompts))
-        script.write_text(KVPRESS_SIDE)
-        presses = [press or "none" for press in PRESSES.values()]
-        done = subprocess.run(
-            [args.kvpress_python, str(script), str(folder), gguf, str(prompts_file), str(args.ratio), str(out_file)]
-            + [str(NEW_TOKENS)]
-            + presses,
-            capture_output=True,
-            text=True,
-        )
-        if done.returncode:
-            print(done.stderr[-3000:], file=sys.stderr)
-            return 2
-        theirs = json.loads(out_file.read_text())
+    theirs = run_side(
+        args.kvpress_python,
+        KVPRESS_SIDE,
+        {"prompts": prompts},
+        [str(folder), gguf, "{prompts}", str(args.ratio), "{out}", str(NEW_TOKENS)]
+        + [press or "none" for press in PRESSES.values()],
+    )
+    if theirs is None:
+        return 2
     rows = pd.read_json(Path(args.run) / "lm.jsonl", lines=True)
     rows = rows[(rows["task"] == "kv:passkey") & (rows["length"] == args.length) & (rows["depth"] == 50)]
     print(
