@@ -64,7 +64,7 @@ class DeepSeekSparseAttention(AttentionVariant):
         summary="DeepSeek Sparse Attention: a lightning indexer picks each query's top_k keys, exact softmax over them",
         style=("#de9ed6", "*"),
         reference="DeepSeek-AI 2025, 'DeepSeek-V3.2: Pushing the Frontier of Open Large Language Models'",
-        time_complexity="O(N² d_I + N top_k D)",
+        time_complexity="O(N^2 d_I + N top_k D)",
         memory_complexity="O(N D) + a block x N of indexer scores and block x top_k x D of keys",
         supports_non_causal=False,
         why_not_non_causal="each query selects among the keys before it (DeepSeek-V3.2's decoder)",
@@ -81,7 +81,7 @@ class DeepSeekSparseAttention(AttentionVariant):
         """
         Args:
             top_k: keys each query attends to (DeepSeek-V3.2: 2048); queries with fewer earlier keys see them all.
-            index_heads: the indexer's heads j (DeepSeek-V3.2: 64; 1 here, the start ReLU(q̄·k) needs one).
+            index_heads: the indexer's heads j (DeepSeek-V3.2: 64; 1 here: its start, ReLU(mean q · k), needs one).
             index_dim: d_I, each indexer head's dims (DeepSeek-V3.2: 128); None: head_dim.
             block: queries computed at once. A tuning knob: the result does not depend on it.
             scale: factor of q in the attention's scores; None means D ** -0.5.
@@ -108,6 +108,12 @@ class DeepSeekSparseAttention(AttentionVariant):
             f"its indexer is built for {want} K/V heads (num_kv_heads={self.num_kv_heads}, num_heads={self.num_heads}); "
             f"build it with num_kv_heads={kv_heads} for grouped-query inputs"
         )
+
+    @classmethod
+    def training_options(cls, window: int, head_dim: int) -> dict:
+        """top_k = the window: each query attends to as many keys as a window's (its default 2048 would make it
+        exact attention at a small run's lengths)."""
+        return {"top_k": window}
 
     def softmax_equivalent_length(self) -> int | None:
         return self.top_k  # every query sees at most top_k keys: all of them

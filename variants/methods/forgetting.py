@@ -94,7 +94,7 @@ class ForgettingAttention(AttentionVariant):
         summary="Forgetting Transformer: softmax with a learned data-dependent forget gate on the scores; fused kernel",
         style=("#637939", "v"),
         reference="Lin, Nikishin, He & Courville 2025, 'Forgetting Transformer: Softmax Attention with a Forget Gate'",
-        time_complexity="O(N² D)",
+        time_complexity="O(N^2 D)",
         memory_complexity="O(N D) (past 64 nats of forgetting, or with padding: a block x N bool mask a call)",
         supports_non_causal=False,
         why_not_non_causal="the gate decays a key by the positions between it and a later query: a decoder's order",

@@ -139,6 +139,16 @@ class MultiHeadLatentAttention(AttentionVariant):
         keys, values = self.expand(self.compress(k, v), k.index_select(-1, self.kept))
         return self._softmax.reference(q, keys, values, causal=causal, key_padding_mask=key_padding_mask)
 
+    def attention_matrix(self, q, k, *, causal=False, key_padding_mask=None):
+        """softmax(scale q k̃ᵀ) with k̃ the keys' reconstruction through the latent with zero values: one latent
+        holds both, so with real values the reconstructed keys move with them (the weights this draws are the
+        keys' own share)."""
+        v = k.new_zeros(*k.shape[:-1], self.head_dim)
+        keys, _ = self.expand(self.compress(k, v), k.index_select(-1, self.kept))
+        eye = torch.eye(k.shape[-2], dtype=q.dtype, device=q.device).expand(*k.shape[:2], -1, -1)
+        with torch.no_grad():
+            return self._softmax(q, keys, eye, causal=causal, key_padding_mask=key_padding_mask)
+
     # -- decoding: the latents, read in the absorbed form -------------------------------------------
     def _empty_state(self, batch, heads, head_dim, value_dim, dtype, device):
         return {
