@@ -17,8 +17,9 @@ CAUSAL_ONLY = [name for name in shipped() if not variants.variant_class(name).sp
 
 
 def test_the_family_is_registered():
-    assert set(RECURRENT) == {"retention", "mamba2", "gla", "deltanet", "gated_deltanet"}
-    assert set(CAUSAL_ONLY) == set(RECURRENT) | {"moba", "window_linear"}
+    assert set(RECURRENT) == {"retention", "mamba2", "gla", "deltanet", "gated_deltanet", "kda"}
+    causal = {"moba", "window_linear", "forgetting", "dsa", "log_linear", "rwkv7"}
+    assert set(CAUSAL_ONLY) == set(RECURRENT) | causal
 
 
 @pytest.mark.parametrize("n_q", [13, 5], ids=["Nq13", "Nq5-bottom-right"])
