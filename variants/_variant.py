@@ -99,6 +99,17 @@ class AttentionVariant(Decodes, nn.Module):
             return self.num_heads
         return self.num_kv_heads
 
+    def _kv_parameters_reason(self, kv_heads: int, parts: str) -> str | None:
+        """`kv_heads_unsupported_reason` of a variant whose `parts` ("its gates are") are sized for
+        `_kv_parameter_heads()` K/V heads: None when kv_heads is that, else what to build instead."""
+        want = self._kv_parameter_heads()
+        if kv_heads == want:
+            return None
+        return (
+            f"{parts} built for {want} K/V heads (num_kv_heads={self.num_kv_heads}, num_heads={self.num_heads}); "
+            f"build it with num_kv_heads={kv_heads} for grouped-query inputs"
+        )
+
     # -- what the harness reads ---------------------------------------------------------------
     def flops(self, n_q: int, n_k: int, d: int, dv: int, causal: bool) -> float:
         """Useful FLOPs of one forward call, per (batch * head)."""

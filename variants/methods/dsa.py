@@ -101,13 +101,7 @@ class DeepSeekSparseAttention(AttentionVariant):
         self.indexer = LightningIndexer(kv_heads, self.head_dim, index_heads, index_dim or self.head_dim)
 
     def kv_heads_unsupported_reason(self, kv_heads: int) -> str | None:
-        want = self.num_kv_heads or self.num_heads
-        if kv_heads == want:
-            return None
-        return (
-            f"its indexer is built for {want} K/V heads (num_kv_heads={self.num_kv_heads}, num_heads={self.num_heads}); "
-            f"build it with num_kv_heads={kv_heads} for grouped-query inputs"
-        )
+        return self._kv_parameters_reason(kv_heads, "its indexer is")
 
     @classmethod
     def training_options(cls, window: int, head_dim: int) -> dict:

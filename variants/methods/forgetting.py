@@ -130,13 +130,7 @@ class ForgettingAttention(AttentionVariant):
         self.gate = ForgetGate(self._kv_parameter_heads(), self.head_dim, gate_bias)
 
     def kv_heads_unsupported_reason(self, kv_heads: int) -> str | None:
-        want = self._kv_parameter_heads()
-        if kv_heads == want:
-            return None
-        return (
-            f"its forget gates are built for {want} K/V heads (num_kv_heads={self.num_kv_heads}, "
-            f"num_heads={self.num_heads}); build it with num_kv_heads={kv_heads} for grouped-query inputs"
-        )
+        return self._kv_parameters_reason(kv_heads, "its forget gates are")
 
     def log_forget(self, k: Tensor, key_padding_mask: Tensor | None = None) -> Tensor:
         """log f_t (B, Hkv, N) of the keys; 0 at padded positions (nothing forgotten across them)."""

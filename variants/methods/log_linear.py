@@ -82,13 +82,7 @@ class LogLinearAttention(AttentionVariant):
         self.b_level = nn.Parameter(torch.full((self.num_heads, levels), math.log(math.expm1(1.0))))  # softplus: 1
 
     def kv_heads_unsupported_reason(self, kv_heads: int) -> str | None:
-        want = self._kv_parameter_heads()
-        if kv_heads == want:
-            return None
-        return (
-            f"its gates are built for {want} K/V heads (num_kv_heads={self.num_kv_heads}, num_heads={self.num_heads}); "
-            f"build it with num_kv_heads={kv_heads} for grouped-query inputs"
-        )
+        return self._kv_parameters_reason(kv_heads, "its gates are")
 
     def length_unsupported_reason(self, n_q: int, n_k: int) -> str | None:
         if n_k > 2 ** (self.levels - 1):

@@ -89,12 +89,7 @@ class MultiHeadLatentAttention(AttentionVariant):
         self._softmax = FullAttention(scale=self.scale)
 
     def kv_heads_unsupported_reason(self, kv_heads: int) -> str | None:
-        if kv_heads == self.kv_heads:
-            return None
-        return (
-            f"its projections are built for {self.kv_heads} K/V heads (num_kv_heads={self.num_kv_heads}, "
-            f"num_heads={self.num_heads}); build it with num_kv_heads={kv_heads} for grouped-query inputs"
-        )
+        return self._kv_parameters_reason(kv_heads, "its projections are")
 
     # -- the latent --------------------------------------------------------------------------------
     def _joint(self, k: Tensor, v: Tensor) -> Tensor:

@@ -105,13 +105,7 @@ class RWKV7(AttentionVariant):
         self.gates = DplrGates(self._kv_parameter_heads(), self.head_dim)
 
     def kv_heads_unsupported_reason(self, kv_heads: int) -> str | None:
-        want = self._kv_parameter_heads()
-        if kv_heads == want:
-            return None
-        return (
-            f"its gates are built for {want} K/V heads (num_kv_heads={self.num_kv_heads}, num_heads={self.num_heads}); "
-            f"build it with num_kv_heads={kv_heads} for grouped-query inputs"
-        )
+        return self._kv_parameters_reason(kv_heads, "its gates are")
 
     def _scan(self, q, k, v, keep, state):
         """Outputs (B, H, L, Dv) of positions q, k, v from `state`, and the state after them: _recurrence.py's
