@@ -131,15 +131,16 @@ def main(quality_run: str, *lm_runs: str) -> None:
         kept = recall.get(name) or (f"{recall[same]} (= `{same}`)" if same in recall else "—")
         rows.append("| " + " | ".join([*cells, state_kind(name), kept, lm.get(name, "—")]) + " |")
     body = (
-        f"- Decodes: the state `init_state` keeps (kv grows with N, window and compressed are bounded or shortened, "
-        f"recurrent is constant).\n"
-        f"- Recall: held-out accuracy in [{quality_run}]({quality_run}/REPORT.md) ({run_recipe(Path(quality_run))}; mean over seeds).\n"
+        f"- Decodes: the state `init_state` keeps (kv and latent grow with N, fenwick as log N, window and compressed "
+        f"are bounded or shortened, recurrent is constant). Recall: held-out accuracy in [{quality_run}]({quality_run}/"
+        f"REPORT.md) ({run_recipe(Path(quality_run))}; mean over seeds).\n"
         f"- SmolLM2: perplexity with the attention swapped zero-shot, 'distilled' after `--distill`'s attention transfer "
         f"(for a variant with parameters), 'linearized' after `--linearize`'s LoLCATs recipe, [its 95% bootstrap "
         f"interval over the scored windows], in "
         + ", ".join(f"[{run}]({run}/REPORT.md)" for run in lm_runs)
-        + "; — where not measured.\n"
-        f"- Filled by `python scripts/menu_table.py {quality_run} {' '.join(lm_runs)}`.\n\n" + "\n".join(rows) + "\n"
+        + f"; — where not measured. Filled by `python scripts/menu_table.py {quality_run} {' '.join(lm_runs)}`.\n\n"
+        + "\n".join(rows)
+        + "\n"
     )
     README.write_text(replace_block(text[: block.start(1)] + body + text[block.end(1) :], DEPLOY, deploy_sentence()))
     page = DOCS_VARIANTS.read_text()

@@ -99,6 +99,16 @@ class AttentionVariant(Decodes, nn.Module):
             return self.num_heads
         return self.num_kv_heads
 
+    def _require_head_shape(self, why: str) -> tuple[int, int]:
+        """(num_heads, head_dim) for a variant whose parameters are sized per head; a ValueError naming both
+        hints when either is missing, `why` saying which parameters need them."""
+        if self.num_heads is None or self.head_dim is None:
+            raise ValueError(
+                f"{self.spec.name}: options num_heads and head_dim are required ({why}), "
+                f"got num_heads={self.num_heads!r}, head_dim={self.head_dim!r}"
+            )
+        return self.num_heads, self.head_dim
+
     def _kv_parameters_reason(self, kv_heads: int, parts: str) -> str | None:
         """`kv_heads_unsupported_reason` of a variant whose `parts` ("its gates are") are sized for
         `_kv_parameter_heads()` K/V heads: None when kv_heads is that, else what to build instead."""

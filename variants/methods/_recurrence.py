@@ -377,11 +377,7 @@ class RecurrentAttention(MapInputs, AttentionVariant):
         """(heads, K) for per-head gate parameters over the K key dims the recurrence runs on (D, or the feature
         map's 2 F'): the K/V heads where grouped-query inputs are computed natively (num_kv_heads), else the
         query heads; a ValueError naming the missing hint."""
-        if self.num_heads is None or self.head_dim is None:
-            raise ValueError(
-                f"{self.spec.name}: options num_heads and head_dim are required (its gates are parameters "
-                f"per head over the key dims), got num_heads={self.num_heads}, head_dim={self.head_dim}"
-            )
+        self._require_head_shape("its gates are parameters per head over the key dims")
         return self._kv_parameter_heads(), self.key_dim(self.head_dim)
 
     def kv_heads_unsupported_reason(self, kv_heads: int) -> str | None:

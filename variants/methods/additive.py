@@ -150,11 +150,7 @@ class AdditiveAttention(AttentionVariant):
             scale: factor of the scores v·tanh(...) before the softmax; None means 1 (Bahdanau's has none).
         """
         super().__init__(**base)
-        if self.num_heads is None or self.head_dim is None:
-            raise ValueError(
-                "additive: options num_heads and head_dim are required (W_q, W_k and v are parameters per "
-                f"head), got num_heads={self.num_heads!r}, head_dim={self.head_dim!r}"
-            )
+        self._require_head_shape("W_q, W_k and v are parameters per head")
         self._check_int("attn_dim", attn_dim, 1, allow_none=True)
         h, d = self.num_heads, self.head_dim
         a = d if attn_dim is None else attn_dim

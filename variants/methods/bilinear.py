@@ -39,11 +39,7 @@ class BilinearAttention(FullAttention):
             scale: factor of the scores q W kᵀ before the softmax; None means D ** -0.5.
         """
         super().__init__(**base)
-        if self.num_heads is None or self.head_dim is None:
-            raise ValueError(
-                "bilinear: options num_heads and head_dim are required (W is a parameter of shape "
-                f"(num_heads, head_dim, head_dim)), got num_heads={self.num_heads!r}, head_dim={self.head_dim!r}"
-            )
+        self._require_head_shape("W is a parameter of shape (num_heads, head_dim, head_dim)")
         self.weight = nn.Parameter(torch.empty(self.num_heads, self.head_dim, self.head_dim))
         self.reset_parameters()
 

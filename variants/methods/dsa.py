@@ -22,7 +22,7 @@ from torch import Tensor, nn
 from torch.utils.checkpoint import checkpoint
 
 from .._base import AttentionVariant, VariantSpec, register
-from .._utils import spans
+from .._utils import masked_softmax, spans
 
 BLOCK = 64  # queries a step: their indexer scores (block x N) and gathered keys (block x top_k x D) at once
 
@@ -91,11 +91,7 @@ class DeepSeekSparseAttention(AttentionVariant):
         self._check_int("index_heads", index_heads, 1)
         self._check_int("index_dim", index_dim, 1, allow_none=True)
         self._check_int("block", block, 1)
-        if self.num_heads is None or self.head_dim is None:
-            raise ValueError(
-                "dsa: options num_heads and head_dim are required (its lightning indexer is learned per K/V head), "
-                f"got num_heads={self.num_heads}, head_dim={self.head_dim}"
-            )
+        self._require_head_shape("its lightning indexer is learned per K/V head")
         self.top_k, self.block = top_k, block
         kv_heads = self.num_kv_heads or self.num_heads
         self.indexer = LightningIndexer(kv_heads, self.head_dim, index_heads, index_dim or self.head_dim)
@@ -158,8 +154,7 @@ class DeepSeekSparseAttention(AttentionVariant):
         s = torch.einsum("bgmrd,bgrkd->bgmrk", qg, keys) * self._scale(q)
         # a query with no real key gives zeros (NaN inputs still reach theirs)
         seen = valid.any(-1)[:, :, None, :, None]
-        s = s.masked_fill(~valid[:, :, None], -torch.inf).masked_fill(~seen, 0.0)  # (no NaN gradient there)
-        p = torch.softmax(s, dim=-1)
+        p = masked_softmax(s, valid[:, :, None])  # an empty row: zeros, no NaN gradient
         return torch.where(seen, torch.einsum("bgmrk,bgrke->bgmre", p, values), 0.0).flatten(1, 2)
 
     def reference(self, q, k, v, *, causal=False, key_padding_mask=None):
@@ -171,14 +166,17 @@ class DeepSeekSparseAttention(AttentionVariant):
         k, v, chosen = (x.repeat_interleave(groups, 1) for x in (k, v, chosen))
         s = torch.matmul(q, k.transpose(-1, -2)) * self._scale(q)
         seen = chosen.any(-1, keepdim=True)
-        out = torch.matmul(torch.softmax(s.masked_fill(~chosen, -torch.inf).masked_fill(~seen, 0.0), dim=-1), v)
+        out = torch.matmul(masked_softmax(s, chosen), v)
         return torch.where(seen, out, 0.0)
 
     # -- what the harness reads ------------------------------------------------------------------
     def flops(self, n_q, n_k, d, dv, causal):
         heads, dim = self.indexer.w_q.shape[1], self.indexer.w_q.shape[-1]
         pairs = n_q * (n_k - n_q) + n_q * (n_q + 1) // 2
-        chosen = sum(min(self.top_k, n_k - n_q + i + 1) for i in range(0, n_q, max(1, n_q // 64))) * max(1, n_q // 64)
+        # Σ_i min(top_k, Nk − Nq + i + 1): query i sees first + i keys, capped at top_k
+        first, cap = n_k - n_q + 1, self.top_k
+        below = min(max(cap - first + 1, 0), n_q)  # the queries seeing fewer than top_k keys
+        chosen = below * first + below * (below - 1) // 2 + (n_q - below) * cap
         return 2.0 * pairs * heads * dim + 2.0 * (n_q + n_k) * d * dim * heads + 2.0 * chosen * (d + dv)
 
     def memory_estimate(self, batch, heads, n_q, n_k, d, dv, element_size, causal, backward):

@@ -119,11 +119,7 @@ class ForgettingAttention(AttentionVariant):
         self._check_int("block", block, 1)
         if isinstance(gate_bias, bool) or not isinstance(gate_bias, (int, float)):
             raise ValueError(f"forgetting: option gate_bias={gate_bias!r} is invalid; expected a number")
-        if self.num_heads is None or self.head_dim is None:
-            raise ValueError(
-                "forgetting: options num_heads and head_dim are required (a forget gate per head over the key "
-                f"dims), got num_heads={self.num_heads}, head_dim={self.head_dim}"
-            )
+        self._require_head_shape("a forget gate per head over the key dims")
         if isinstance(fused_span, bool) or not isinstance(fused_span, (int, float)) or not fused_span >= 0:
             raise ValueError(f"forgetting: option fused_span={fused_span!r} is invalid; expected a number >= 0")
         self.block, self.fused_span = block, float(fused_span)

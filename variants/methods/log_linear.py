@@ -26,6 +26,16 @@ from .._utils import pad_to_multiple
 from ._recurrence import SSDDecay
 
 
+def add_bucket(tree: dict, state: Tensor) -> None:
+    """Add a bucket of one (chunk or position) to the Fenwick tree {j: state of 2^j units}, in place: a binary
+    counter's carry, two buckets of 2^j making one of 2^(j + 1)."""
+    j = 0
+    while j in tree:
+        state = state + tree.pop(j)
+        j += 1
+    tree[j] = state
+
+
 def levels_of(n_q_start: int, n_q: int, n_k: int, device) -> Tensor:
     """ℓ(t, s) = bit_length(t XOR s) for queries at n_q_start .. n_q_start + n_q − 1 and keys 0 .. n_k − 1."""
     x = torch.arange(n_q_start, n_q_start + n_q, device=device)[:, None] ^ torch.arange(n_k, device=device)[None, :]
@@ -71,11 +81,7 @@ class LogLinearAttention(AttentionVariant):
         self._check_int("levels", levels, 2)
         if chunk_size & (chunk_size - 1):
             raise ValueError(f"log_linear: option chunk_size={chunk_size} is invalid; expected a power of two")
-        if self.num_heads is None or self.head_dim is None:
-            raise ValueError(
-                "log_linear: options num_heads and head_dim are required (gates and level weights per head), got "
-                f"num_heads={self.num_heads}, head_dim={self.head_dim}"
-            )
+        self._require_head_shape("gates and level weights per head")
         self.chunk_size, self.levels = chunk_size, levels
         self.dt = SSDDecay(self._kv_parameter_heads(), self.head_dim)
         self.w_level = nn.Parameter(torch.randn(self.num_heads, self.head_dim, levels) * self.head_dim**-0.5 * 0.1)
@@ -138,11 +144,7 @@ class LogLinearAttention(AttentionVariant):
             total = b[..., -1:]
             writes = torch.matmul((kc * (total - b).exp()[..., None]).transpose(-1, -2), vc)  # to the chunk's end
             tree = {j: s * total.exp()[..., None] for j, s in tree.items()}
-            j = 0
-            while j in tree:  # a binary counter's carry: two buckets of 2^j chunks make one of 2^(j + 1)
-                writes = writes + tree.pop(j)
-                j += 1
-            tree[j] = writes
+            add_bucket(tree, writes)
         return torch.cat(outs, dim=3).flatten(1, 2)[:, :, :n], tree
 
     def reference(self, q, k, v, *, causal=False, key_padding_mask=None):
@@ -183,11 +185,7 @@ class LogLinearAttention(AttentionVariant):
             for j, s in tree.items():
                 read = read + lam[:, :, :, i, j + 1, None, None] * s[:, :, None]
             outs.append(torch.einsum("bgmd,bgmde->bgme", qg[:, :, :, i], read))
-            j = 0
-            while j in tree:
-                write = write + tree.pop(j)
-                j += 1
-            tree[j] = write
+            add_bucket(tree, write)
         stacked = torch.stack([tree[j] for j in sorted(tree)], dim=2) if tree else state.tensors["S"]
         return torch.stack(outs, dim=3).flatten(1, 2), state.advanced(k.shape[2], S=stacked)
 

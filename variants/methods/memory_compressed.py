@@ -233,11 +233,7 @@ class MemoryCompressedAttention(AttentionVariant):
         """
         super().__init__(**base)
         self._check_int("compression", compression, 1)
-        if self.num_heads is None or self.head_dim is None:
-            raise ValueError(
-                "memory_compressed: options num_heads and head_dim are required (the per-head convolutions are "
-                f"parameters), got num_heads={self.num_heads!r}, head_dim={self.head_dim!r}"
-            )
+        self._require_head_shape("the per-head convolutions are parameters")
         h, d = self.num_heads, self.head_dim
         self._check_int("value_dim", value_dim, 1, allow_none=True)
         dv = d if value_dim is None else value_dim

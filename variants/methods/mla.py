@@ -21,6 +21,7 @@ from torch import Tensor, nn
 
 from .._base import AttentionVariant, VariantSpec, register
 from .._decoding import masks_appended
+from .._utils import masked_softmax
 from .full import FullAttention, full_attention_pairs
 
 
@@ -59,11 +60,7 @@ class MultiHeadLatentAttention(AttentionVariant):
             scale: factor of q in the scores; None means D ** -0.5.
         """
         super().__init__(**base)
-        if self.num_heads is None or self.head_dim is None:
-            raise ValueError(
-                "mla: options num_heads and head_dim are required (its projections span every K/V head), got "
-                f"num_heads={self.num_heads}, head_dim={self.head_dim}"
-            )
+        self._require_head_shape("its projections span every K/V head")
         d, kv = self.head_dim, self.num_kv_heads or self.num_heads
         self._check_int("rope_dim", rope_dim, 0)
         if rope_dim % 2 or rope_dim > d:
@@ -179,8 +176,8 @@ class MultiHeadLatentAttention(AttentionVariant):
         if mask is not None:
             allowed = allowed & mask[:, None, None, None, :]
         seen = allowed.any(-1, keepdim=True)
-        s = (scores * self._scale(q)).masked_fill(~allowed, -torch.inf).masked_fill(~seen, 0.0)
-        weighted = torch.einsum("bgmtn,bnc->bgmtc", torch.softmax(s, dim=-1), c)  # Σ_s p_s c_s
+        p = masked_softmax(scores * self._scale(q), allowed)  # an empty row: zeros, no NaN gradient
+        weighted = torch.einsum("bgmtn,bnc->bgmtc", p, c)  # Σ_s p_s c_s
         out = torch.einsum("bgmtc,cge->bgmte", weighted, up_v).flatten(1, 2)
         return torch.where(seen.flatten(1, 2), out, 0.0), after
 

@@ -96,11 +96,7 @@ class RWKV7(AttentionVariant):
         """
         super().__init__(**base)
         self._check_int("group", group, 1)
-        if self.num_heads is None or self.head_dim is None:
-            raise ValueError(
-                "rwkv7: options num_heads and head_dim are required (its gates are parameters per head over the key "
-                f"dims), got num_heads={self.num_heads}, head_dim={self.head_dim}"
-            )
+        self._require_head_shape("its gates are parameters per head over the key dims")
         self.group = group
         self.gates = DplrGates(self._kv_parameter_heads(), self.head_dim)
 
