@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import hashlib
+import math
 import json
 from pathlib import Path
 
@@ -12,6 +13,8 @@ import torch
 import variants
 from harness.readers.summary import crossover, fit_exponent, summarize
 from helpers import NS, bench, make_run
+
+ROOT = Path(__file__).resolve().parent.parent
 
 
 def digest(path: Path) -> str:
@@ -254,3 +257,36 @@ def test_the_lr_sweep_table_takes_each_variants_best_rate_and_refuses_runs_that_
     assert "| `linear` | 9.5 KiB | 20.0% | **79.0%** | 79.0% (lr 0.01) |" in text, text
     with pytest.raises(ValueError, match="cfg_pairs"):
         lr_sweep.sweep([low, run("other", 1e-2, {"full": 0.5}, pairs=8)])
+
+
+def _lm_run(path: Path, settings: dict[str, list[float]], seed: int = 0) -> Path:
+    """A minimal lm run directory: perplexity rows of `settings` ({setting: NLL per window}) at L = 64."""
+    import json
+
+    path.mkdir()
+    config = {"seed": seed, "windows": 2, "scored_from": 0.5, "scored_tokens": 0}
+    machine = {"model": {"sha256": "m"}, "corpus": {"sha256": "t"}}
+    (path / "metadata.json").write_text(json.dumps({"config": config, "machine": machine, "kind": "lm"}))
+    rows = [
+        {"task": "perplexity", "setting": s, "length": 64, "window": w, "start": 100 * w, "scored": 32, "nll": nll}
+        for s, nlls in settings.items()
+        for w, nll in enumerate(nlls)
+    ]
+    (path / "lm.jsonl").write_text("".join(json.dumps(r) + "\n" for r in rows))
+    return path
+
+
+def test_lm_paired_pairs_another_runs_sdpa_window_by_window_and_refuses_other_texts(tmp_path, capsys):
+    # scripts/lm_paired.py: a conversion run made without sdpa against the run that measured it, on the same windows
+    import importlib.util
+
+    spec = importlib.util.spec_from_file_location("lm_paired", ROOT / "scripts" / "lm_paired.py")
+    paired = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(paired)
+    base = _lm_run(tmp_path / "base", {"sdpa": [2.0, 3.0], "ablation": [9.0, 9.0]})
+    run = _lm_run(tmp_path / "run", {"converted": [2.5, 3.5]})
+    paired.main(str(base), str(run))
+    out = capsys.readouterr().out
+    assert "converted" in out and f"{math.exp(0.5):8.3f}" in out and "ablation" not in out
+    with pytest.raises(SystemExit, match="config.seed differs"):
+        paired.main(str(base), str(_lm_run(tmp_path / "seed1", {"converted": [2.5, 3.5]}, seed=1)))
