@@ -180,13 +180,19 @@ def linearize_section(df: pd.DataFrame, cfg: dict, lengths: list[int], about: di
         f"Stage 2: {recipe.get('lora_steps')} steps of LoRA (rank {recipe.get('lora_rank')}, learning rate "
         f"{recipe.get('lora_lr')}) on q, k, v, o with next-token loss, the variant's parameters frozen, then merged "
         f"(perplexity of the held-out training text before → after). `sdpa + LoRA` is the control: the same LoRA "
-        "on the model's own attention. Each stage: parameters · steps · time · before → after.",
+        "on the model's own attention. Each stage: parameters · steps · time · before → after."
+        + (
+            f" Each training sequence starts at a random position below {recipe['position_offsets']} (position ids "
+            "shifted, targets unchanged: `--position-offsets`)."
+            if recipe.get("position_offsets")
+            else ""
+        ),
         "",
         markdown_table(["attention", "stage 1", "stage 2", "tokens", "time"], budget),
         "",
         "Perplexity of the scored text, zero-shot → after (× the model's own `sdpa`):",
         "",
-        markdown_table(["attention", *map(str, lengths)], [own_row, *quality]),
+        markdown_table(["attention", *map(str, lengths)], [own_row, *quality] if any(own_row[1:]) else quality),
         "",
     ]
     lines += _error_by_position(table)
