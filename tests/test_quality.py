@@ -227,6 +227,9 @@ def test_decoding_state_is_each_layers_prefilled_state():
         decoding_state(linear, 10, cfg) == decoding_state(linear, 40, cfg)
         and decoding_state(linear, 10, cfg)["state_kind"] == "recurrent"
     )
+    # mla holds a FullAttention for its softmax: only the layer's own latent counts (latent_dim Hkv·D/2 a position)
+    mla = decoding_state(TinyDecoder(8, cfg, "mla", max_len=64), 10, cfg)
+    assert mla == {"state_bytes": 10 * per_position // 4, "state_kind": "latent"}
     assert decoding_state(TinyDecoder(8, cfg, "nystrom", max_len=64, landmarks=4), 10, cfg) == {
         "state_bytes": None,
         "state_kind": None,

@@ -138,7 +138,11 @@ def decoding_state(model: nn.Module, seq_len: int, cfg: TrainConfig) -> dict:
     {"state_bytes", "state_kind"}, each None for an attention that cannot decode. Made by each layer's own
     prefill of random positions (what a state holds does not depend on the values), plus what the short
     convolutions keep (`cfg.short_conv` - 1 inputs of each layer: the same for every variant)."""
-    layers = [m for m in model.modules() if isinstance(m, variants.AttentionVariant)]
+    layers, inside = [], set()  # the model's attention layers, not a variant a layer holds inside it (mla's softmax)
+    for module in model.modules():
+        if isinstance(module, variants.AttentionVariant) and id(module) not in inside:
+            layers.append(module)
+            inside.update(id(m) for m in module.modules())
     if not layers or any(layer.decode_unsupported_reason() for layer in layers):
         return {"state_bytes": None, "state_kind": None}
     heads, head_dim = cfg.heads, cfg.d_model // cfg.heads

@@ -60,7 +60,7 @@ def forgetting_attention(
     n_q, n_k = q.shape[-2], k.shape[-2]
     c = log_f.double().cumsum(-1)  # (B, Hkv, Nk)
     q1 = torch.cat([q * scale, q.new_ones(*q.shape[:-1], 1)], dim=-1)
-    if n_q == n_k and key_padding_mask is None and float(c[..., 0].max() - c[..., -1].min()) <= fused_span:
+    if n_q == n_k and key_padding_mask is None and float((c[..., 0].max() - c[..., -1].min()).detach()) <= fused_span:
         k1 = torch.cat([k, -(c - c[..., -1:]).to(k.dtype)[..., None]], dim=-1)
         return sdpa(q1, k1, v, is_causal=True, scale=1.0)
     dead = dead_query_rows(key_padding_mask, n_q, True)
