@@ -45,6 +45,16 @@ class GatedConv(nn.Module):
         return u + self.conv.convolved(u) * self.projection(u)
 
 
+def attention_layers(model: nn.Module) -> list[variants.AttentionVariant]:
+    """The model's attention variants, each once: not a variant a layer holds inside it (mla's softmax)."""
+    layers, inside = [], set()
+    for module in model.modules():
+        if isinstance(module, variants.AttentionVariant) and id(module) not in inside:
+            layers.append(module)
+            inside.update(id(m) for m in module.modules())
+    return layers
+
+
 class TinyDecoder(nn.Module):
     """Token embedding + sinusoidal positions + pre-norm TransformerBlocks (causal) + LM head; with
     cfg.short_conv, each block's input first passes a `ShortConv` (the same for every variant)."""
@@ -103,7 +113,7 @@ class ZoologyLM(nn.Module):
         self.norms = nn.ModuleList(nn.ModuleList([nn.LayerNorm(d), nn.LayerNorm(d)]) for _ in range(cfg.layers))
         self.norm = nn.LayerNorm(d)
         self.head = nn.Linear(d, vocab_size, bias=False)
-        inside = {id(m) for v in self.modules() if isinstance(v, variants.AttentionVariant) for m in v.modules()}
+        inside = {id(m) for v in attention_layers(self) for m in v.modules()}
         for name, module in self.named_modules():
             if isinstance(module, (nn.Linear, nn.Embedding)) and id(module) not in inside:
                 std = 0.02 / math.sqrt(2 * cfg.layers) if name.endswith("out_proj") else 0.02
@@ -138,11 +148,7 @@ def decoding_state(model: nn.Module, seq_len: int, cfg: TrainConfig) -> dict:
     {"state_bytes", "state_kind"}, each None for an attention that cannot decode. Made by each layer's own
     prefill of random positions (what a state holds does not depend on the values), plus what the short
     convolutions keep (`cfg.short_conv` - 1 inputs of each layer: the same for every variant)."""
-    layers, inside = [], set()  # the model's attention layers, not a variant a layer holds inside it (mla's softmax)
-    for module in model.modules():
-        if isinstance(module, variants.AttentionVariant) and id(module) not in inside:
-            layers.append(module)
-            inside.update(id(m) for m in module.modules())
+    layers = attention_layers(model)
     if not layers or any(layer.decode_unsupported_reason() for layer in layers):
         return {"state_bytes": None, "state_kind": None}
     heads, head_dim = cfg.heads, cfg.d_model // cfg.heads
