@@ -1,5 +1,5 @@
 """What the micro-benchmarks measure: the cases (variant x N x pass x causal), and the session's
-built, gated variants. Timing and memory go through `harness.core.measure`, as in `bench run`."""
+built, gated variants. Timing and memory go through `harness.core` (calls, gate, timing), as in `bench run`."""
 
 from __future__ import annotations
 
@@ -12,11 +12,13 @@ import variants
 from variants._base import VariantSpec
 from variants.methods.sliding_window import LongformerPattern
 from harness.core import measure
+from harness.core.calls import make_inputs, set_threads
+from harness.core.gate import CHECK_BATCH, gate, gate_length
 from harness.fmt import fmt_bytes
 from harness.options import ArgumentError, merge_options, parse_lengths, parse_list, parse_option
 from harness.policy import memory_budgets, resolve_variants
 from harness.sweep.config import Cell, RunConfig
-from harness.sweep.runner import predicted_bytes, useful_flops
+from harness.sweep.fate import predicted_bytes, useful_flops
 
 FLEX = "flex_attention (torch)"  # the yardstick of the sliding-window variants: torch's FlexAttention, called directly
 
@@ -149,7 +151,7 @@ class Suite:
         self.memory = config.getoption("--bench-memory")
         self.disabled = config.getoption("benchmark_disable", False)
         self.device = torch.device(self.s["device"])
-        measure.set_threads()
+        set_threads()
         self.peak_gflops = None if self.disabled else measure.matmul_peak(self.s["device"], self.s["dtype"])["gflops"]
         gpu = {"free_bytes": torch.cuda.mem_get_info()[0]} if self.device.type == "cuda" else None
         self.budgets = memory_budgets("auto", (self.s["device"],), {"gpu": gpu})
@@ -208,10 +210,10 @@ class Suite:
         if key not in self._gates:
             s = self.s
             backward = attn.backward_unsupported_reason(s["device"]) is None and "fwdbwd" in s["passes"]
-            n = measure.gate_length(attn, 320, max(s["lengths"]))
-            self._gates[key] = measure.gate(
+            n = gate_length(attn, 320, max(s["lengths"]))
+            self._gates[key] = gate(
                 attn,
-                measure.CHECK_BATCH,
+                CHECK_BATCH,
                 s["heads"],
                 n,
                 s["head_dim"],
@@ -246,6 +248,6 @@ class Suite:
 
     def inputs(self, case: Case):
         s = self.s
-        return measure.make_inputs(
+        return make_inputs(
             s["batch"], s["heads"], case.n, s["head_dim"], s["dtype"], self.device, case.pass_ == "fwdbwd"
         )

@@ -5,7 +5,7 @@
     pytest benchmarks/ --benchmark-disable --bench-lengths 64            # each case once, gate included (CI)
     pytest benchmarks/ --benchmark-only --bench-variants full,linear --bench-also 'linear feature_map=relu'  # one variant, two option sets
 
-Every benchmark calls the measuring core of `bench run` (`harness.core.measure`): the same inputs, the
+Every benchmark calls the measuring core of `bench run` (`harness.core`: calls, gate, timing): the same inputs, the
 same correctness gate before timing, the same call per pass, threads from the affinity mask.
 """
 

@@ -11,6 +11,8 @@ from __future__ import annotations
 import pytest
 
 from harness.core import measure
+from harness.core.calls import pass_call
+from harness.core.timing import warmed
 
 
 def test_attention(benchmark, suite, case):
@@ -19,8 +21,8 @@ def test_attention(benchmark, suite, case):
         pytest.skip(reason)
     attn = suite.gated(case)
     q, k, v = suite.inputs(case)
-    call = measure.pass_call(attn, q, k, v, causal=case.causal, backward=case.pass_ == "fwdbwd", sync=True)
-    measure.warmed(
+    call = pass_call(attn, q, k, v, causal=case.causal, backward=case.pass_ == "fwdbwd", sync=True)
+    warmed(
         call, suite.device, warmup=1
     )  # as bench run: compilation (FlexAttention compiles per shape), steady allocator
     benchmark.group = case.group

@@ -5,10 +5,10 @@
 
 For each point — performer with features 16 … 1024, nystrom with landmarks 8 … 512, linformer (at its
 initialisation) with rank 32 … 1024, linear with each feature map, and full as the time's yardstick —
-one process measures the forward time with the harness's measuring core (`harness.core.measure.measure_time`:
+one process measures the forward time with the harness's measuring core (`harness.core.timing.measure_time`:
 steady allocator, warm-up, calibrated samples, the median) and the relative error ‖out − exact‖ / ‖exact‖
 of the output against exact softmax attention computed in float64, on the same standard-normal inputs
-(`harness.core.measure.make_inputs`, the gate's). Writes OUT/tradeoff.json (the points and the machine) and
+(`harness.core.calls.make_inputs`, the gate's). Writes OUT/tradeoff.json (the points and the machine) and
 OUT/error_vs_time.png. Run it alone on a quiet machine: the times are side by side in one process.
 """
 
@@ -23,7 +23,8 @@ from pathlib import Path
 import torch
 
 import variants
-from harness.core import measure
+from harness.core.calls import make_inputs, pass_call, set_threads
+from harness.core.timing import measure_time, timing_stats
 from harness.core.machine import environment
 
 KNOBS = {  # variant -> (option, values): what trades accuracy for time
@@ -54,13 +55,13 @@ def point(name: str, options: dict, q, k, v, exact, causal: bool, min_time: floa
     with torch.no_grad():
         out = attn(q, k, v, causal=causal)
     error = ((out.double() - exact).norm() / exact.norm()).item()
-    call = measure.pass_call(attn, q, k, v, causal=causal, backward=False)
-    timing = measure.measure_time(call, torch.device("cpu"), warmup=1, repeats=5, min_time=min_time)
+    call = pass_call(attn, q, k, v, causal=causal, backward=False)
+    timing = measure_time(call, torch.device("cpu"), warmup=1, repeats=5, min_time=min_time)
     return {
         "variant": name,
         "options": options,
         "error": error,
-        "time_median_s": measure.timing_stats(timing.times)["time_median_s"],
+        "time_median_s": timing_stats(timing.times)["time_median_s"],
         "samples": len(timing.times),
     }
 
@@ -109,8 +110,8 @@ def main(argv: list[str]) -> None:
     args = parser.parse_args(argv)
     if args.n < 512:
         parser.error(f"--n {args.n}: at least 512 (nystrom's largest knob value is 512 landmarks)")
-    measure.set_threads()
-    q, k, v = measure.make_inputs(1, 8, args.n, 64, "float32", "cpu", False)
+    set_threads()
+    q, k, v = make_inputs(1, 8, args.n, 64, "float32", "cpu", False)
     exact = exact_output(q, k, v, args.causal, 64**-0.5)
     todo = [("full", {})] + [(name, {option: value}) for name, (option, values) in KNOBS.items() for value in values]
     points, started = [], time.time()
@@ -129,7 +130,7 @@ def main(argv: list[str]) -> None:
         "n": args.n,
         "causal": args.causal,
         "shape": {"batch": 1, "heads": 8, "head_dim": 64},
-        "inputs": "standard normal (harness.core.measure.make_inputs)",
+        "inputs": "standard normal (harness.core.calls.make_inputs)",
         "seconds": round(time.time() - started, 1),
         "environment": environment(sys.argv),
         "points": points,

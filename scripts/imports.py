@@ -2,13 +2,17 @@
 that runs against the order, import cycles, and the imports made inside functions.
 
     python scripts/imports.py            # the summary, then one line per module
-    python scripts/imports.py --check    # exit 1 (and say why) on a cycle, an upward import, or a
-                                         # function-local project import that is not allowed
+    python scripts/imports.py --check    # exit 1 (and say why) on a cycle, an upward import, a
+                                         # function-local project import that is not allowed, or a
+                                         # name taken from a module that only passes it on
 
 The wings, bottom up: a module may import the wings below its own and modules of its own wing, never
 a wing beside or above it. The readers take only the torch-free schemas of the sweep and quality wings.
 A project import inside a function is allowed only where a torch-free module needs a wing that loads
-torch (the command line's commands, a stored configuration resolving its options).
+torch (the command line's commands, a stored configuration resolving its options). One address per name:
+only a package's `__init__` face and variants/_base.py pass names on (`__all__`); everyone else, the
+tests and scripts included, imports a name from the module that defines it, and no private name crosses
+from one package to another.
 """
 
 from __future__ import annotations
@@ -83,6 +87,77 @@ def imports(name: str, path: Path, known: dict) -> list[tuple[str, int, bool]]:
             visit(child, local or isinstance(child, (ast.FunctionDef, ast.AsyncFunctionDef, ast.Lambda)))
 
     visit(ast.parse(path.read_text()), False)
+    return found
+
+
+FACES = ("variants._base",)  # besides the packages' __init__ files: the modules whose job is to pass names on
+CALLERS = ("variants", "harness", "scripts", "benchmarks", "tests")  # whose imports the one-address check reads
+
+
+def _names(path: Path) -> tuple[set[str], dict[str, str], list[str]]:
+    """(names the file defines at the top, {name: module} of what it imports by name, its __all__)."""
+    defined, imported, exported = set(), {}, []
+    for node in ast.parse(path.read_text()).body:
+        if isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef, ast.ClassDef)):
+            defined.add(node.name)
+        elif isinstance(node, (ast.Assign, ast.AnnAssign)):
+            for target in node.targets if isinstance(node, ast.Assign) else [node.target]:
+                defined.update(n.id for n in ast.walk(target) if isinstance(n, ast.Name))
+            if any(isinstance(t, ast.Name) and t.id == "__all__" for t in getattr(node, "targets", [])):
+                exported = [e.value for e in node.value.elts]
+        elif isinstance(node, ast.ImportFrom) and node.module:
+            imported.update({a.asname or a.name: node.module for a in node.names})
+    return defined, imported, exported
+
+
+def forwarding(root: Path, known: dict) -> list[str]:
+    """Every name passed on by a module that is not a face, and every import of a name from a module that only
+    imported it (or of a private name from another package)."""
+    facts = {name: _names(path) for name, path in known.items()}
+    found = []
+    for name, (defined, imported, exported) in facts.items():
+        if known[name].name != "__init__.py" and name not in FACES:
+            found += [
+                f"{known[name].relative_to(root)}: __all__ passes on {n}, defined in {imported[n]}"
+                for n in exported
+                if n in imported and n not in defined
+            ]
+    for package in CALLERS:
+        for path in sorted((root / package).rglob("*.py")):
+            tree = ast.parse(path.read_text())
+            aliases = {}  # a module imported whole, by the name the file calls it
+            for node in ast.walk(tree):
+                if isinstance(node, ast.Import):
+                    aliases.update({a.asname: a.name for a in node.names if a.asname and a.name in facts})
+                elif isinstance(node, ast.ImportFrom) and node.level == 0 and node.module:
+                    aliases.update(
+                        {a.asname or a.name: f"{node.module}.{a.name}" for a in node.names}
+                        if any(f"{node.module}.{a.name}" in facts for a in node.names)
+                        else {}
+                    )
+            for node in ast.walk(tree):
+                if isinstance(node, ast.Attribute) and isinstance(node.value, ast.Name):
+                    module = aliases.get(node.value.id)
+                    if module in facts and known[module].name != "__init__.py" and module not in FACES:
+                        defined, imported, _ = facts[module]
+                        if node.attr in imported and node.attr not in defined and f"{module}.{node.attr}" not in known:
+                            found.append(
+                                f"{path.relative_to(root)}:{node.lineno}: reaches {node.attr} through {module}, "
+                                f"which imports it from {imported[node.attr]}"
+                            )
+                if not (isinstance(node, ast.ImportFrom) and node.level == 0 and node.module in facts):
+                    continue
+                defined, imported, _ = facts[node.module]
+                face = known[node.module].name == "__init__.py" or node.module in FACES
+                where = f"{path.relative_to(root)}:{node.lineno}"
+                for alias in node.names:
+                    n = alias.name
+                    if not face and n in imported and n not in defined and f"{node.module}.{n}" not in known:
+                        found.append(f"{where}: imports {n} from {node.module}, which imports it from {imported[n]}")
+                    own = ".".join(path.relative_to(root).parts[:-1])
+                    if n.startswith("_") and not n.startswith("__") and package != "tests":
+                        if node.module.rpartition(".")[0] != own and node.module != own:
+                            found.append(f"{where}: imports the private {n} from {node.module}, another package")
     return found
 
 
@@ -174,6 +249,7 @@ def problems(root: Path = ROOT) -> tuple[dict, list[str], dict]:
                     f"{where}: {name} imports {target} inside a function; import it at the top"
                     + ("" if name not in heavy else f" ({name} loads torch anyway)")
                 )
+    found += forwarding(root, known)
     return graph, found, {"heavy": heavy, "known": known}
 
 
@@ -182,7 +258,7 @@ def main() -> int:
     parser.add_argument(
         "--check",
         action="store_true",
-        help="exit 1 on a cycle, an upward import or a function-local import not allowed",
+        help="exit 1 on a cycle, an upward import, a function-local import not allowed or a forwarded name",
     )
     args = parser.parse_args()
     graph, found, facts = problems()
@@ -191,7 +267,9 @@ def main() -> int:
     print(
         f"{len(graph)} modules, {top} imports at the top of files, {len(local)} inside functions "
         f"(a torch-free module reaching a wing that loads torch), {len(cycles(graph))} cycles, "
-        f"{sum('wing' in p for p in found)} imports against the wings' order"
+        f"{sum('wing' in p for p in found)} imports against the wings' order, "
+        f"{sum('passes on' in p or 'which imports it from' in p for p in found)} names reached through a module "
+        "that only passes them on"
     )
     if not args.check:
         for name in sorted(graph):

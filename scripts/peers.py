@@ -20,7 +20,8 @@ from pathlib import Path
 import torch
 
 import variants
-from harness.core import measure
+from harness.core.calls import make_inputs, set_threads
+from harness.core.timing import measure_time, timing_stats
 from harness.core.machine import environment
 from harness.core.memory import measure_peak, pin_mmap_threshold, steady_allocator
 
@@ -50,7 +51,7 @@ PEER_NAMES = {
 #              naive_recurrent_gla (fla-core 0.6 has no chunked GLA in plain PyTorch), delta_rule_chunkwise
 #              (deltanet, its chunk 32), naive_chunk_gated_delta_rule (gated_deltanet). Each row also records
 #              the largest difference of the two outputs (an independent check of ours).
-# Times: the harness's measuring core (`harness.core.measure.measure_time`); memory: `harness.core.memory.measure_peak`
+# Times: the harness's measuring core (`harness.core.timing.measure_time`); memory: `harness.core.memory.measure_peak`
 # after the timing (extra bytes of one call beyond its inputs). fwdbwd: forward, then backward of a fixed
 # random output gradient to the inputs and the parameters. A peer that cannot run a configuration gets its
 # error recorded instead of figures. Run it alone on a quiet machine.
@@ -88,7 +89,7 @@ def attention_call(fn, q, k, v, backward: bool):
 def builders(n: int) -> dict:
     """{method: {"ours"/"peer": (what is called, a function of backward -> the call)}}."""
     torch.manual_seed(0)
-    q, k, v = measure.make_inputs(1, HEADS, n, HEAD_DIM, "float32", "cpu", True)
+    q, k, v = make_inputs(1, HEADS, n, HEAD_DIM, "float32", "cpu", True)
     x = torch.randn(1, n, D_MODEL, requires_grad=True)
 
     def ours_performer():
@@ -213,12 +214,12 @@ def builders(n: int) -> dict:
 
 def measure_one(make_call, min_time: float) -> dict:
     call = make_call()
-    timing = measure.measure_time(call, torch.device("cpu"), warmup=1, repeats=5, min_time=min_time)
+    timing = measure_time(call, torch.device("cpu"), warmup=1, repeats=5, min_time=min_time)
     pin_mmap_threshold()
     peak = measure_peak(call, torch.device("cpu"))["peak_bytes"]
     steady_allocator()
     return {
-        "time_median_s": measure.timing_stats(timing.times)["time_median_s"],
+        "time_median_s": timing_stats(timing.times)["time_median_s"],
         "samples": len(timing.times),
         "peak_bytes": peak,
     }
@@ -239,7 +240,7 @@ def main(argv: list[str]) -> None:
     passes = args.passes.split(",")
     if not set(passes) <= {"fwd", "fwdbwd"}:
         parser.error(f"--passes {args.passes}: each of fwd, fwdbwd")
-    measure.set_threads()
+    set_threads()
     results, started = [], time.time()
     pairs = builders(args.n)
     wanted = list(pairs) if args.methods == "all" else args.methods.split(",")

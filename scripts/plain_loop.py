@@ -23,7 +23,7 @@ import torch
 
 import variants
 from harness.core.isolation import run_isolated
-from harness.core.measure import make_inputs, pass_call, set_threads
+from harness.core.calls import make_inputs, pass_call, set_threads
 from harness.core.memory import steady_allocator
 from harness.store.storage import read_metadata
 from harness.sweep import worker

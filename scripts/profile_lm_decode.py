@@ -15,10 +15,11 @@ import torch
 
 import variants.hf as vh
 from harness.lm import run as lm
+from harness.lm.model import corpus_tokens, load
 
 
 def profile(model, ids: torch.Tensor, length: int, steps: int, cache) -> torch.profiler.profile:
-    passed = {vh._cache_argument(model) or "past_key_values": cache}
+    passed = {vh.cache_argument(model) or "past_key_values": cache}
     with torch.no_grad():
         model(ids[:, :length], **passed, use_cache=True, logits_to_keep=1)
         for i in range(length, length + 3):
@@ -32,8 +33,8 @@ def profile(model, ids: torch.Tensor, length: int, steps: int, cache) -> torch.p
 def main(length: int = 8192, steps: int = 5) -> None:
     import transformers
 
-    model, tokenizer = lm.load(*lm.locate(None))
-    ids = lm.corpus_tokens(tokenizer, None)[: length + 3 + steps][None]
+    model, tokenizer = load(*lm.locate(None))
+    ids = corpus_tokens(tokenizer, None)[: length + 3 + steps][None]
     for name in ("sdpa", "full"):
         if name != "sdpa":
             vh.use(model, name)

@@ -41,7 +41,7 @@ def _inputs(n: int, grad: bool):
 def build_call(name: str, n: int, pass_: str, causal: bool, window: int, compression: int):
     """A no-argument call of one (method, pass, causal) at N; `flex_direct` is FlexAttention called directly."""
     import variants
-    from harness.core.measure import pass_call
+    from harness.core.calls import pass_call
 
     backward = pass_ == "fwdbwd"
     q, k, v = _inputs(n, backward)

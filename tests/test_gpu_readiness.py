@@ -15,11 +15,12 @@ import torch
 
 import variants
 from conftest import make_qkv, ref_linear
-from harness.core import measure
+from harness.core.gate import gate_verdict
+from harness.core.timing import CPU_MIN_SAMPLE_S, time_calls, warm_up
 from harness.core.isolation import is_oom
 from harness.sweep import worker
 from harness.sweep.config import Cell, RunConfig
-from harness.sweep.runner import shape_only_variant, useful_flops
+from harness.sweep.fate import shape_only_variant, useful_flops
 from helpers import FAST, bench, run_dir_rows
 
 TESTS = Path(__file__).resolve().parent
@@ -188,7 +189,7 @@ class FakeClock:
 
 def test_time_calls_batches_short_calls_per_sample():
     clock = FakeClock(per_call=10e-6, overhead=50e-6)  # a 10 µs kernel, 50 µs of launch/sync overhead per sample
-    times, per_sample = measure.time_calls(clock.call, clock, repeats=5, min_time=1.0, min_sample_s=1e-3)
+    times, per_sample = time_calls(clock.call, clock, repeats=5, min_time=1.0, min_sample_s=1e-3)
     assert per_sample == 17  # ceil(1 ms / 60 µs measured for the calibrating call)
     assert len(times) == 5
     assert all(t == pytest.approx(10e-6 + 50e-6 / 17) for t in times)  # overhead shared by 17 calls, not added to each
@@ -196,17 +197,17 @@ def test_time_calls_batches_short_calls_per_sample():
 
 def test_time_calls_one_call_per_sample_on_cpu_and_min_time():
     clock = FakeClock(per_call=0.4, overhead=0.0)
-    times, per_sample = measure.time_calls(clock.call, clock, repeats=10, min_time=1.0)
+    times, per_sample = time_calls(clock.call, clock, repeats=10, min_time=1.0)
     assert per_sample == 1 and len(times) == 3  # 3 samples of 0.4 s pass min_time = 1 s
 
 
 def test_a_call_lasting_min_time_is_timed_once_with_min_repeats_1():
     # pyperf's calibration: a call that alone lasts min_time is stable on its own; shorter ones still fill min_time
     long = FakeClock(per_call=1.5, overhead=0.0)
-    assert len(measure.time_calls(long.call, long, repeats=10, min_time=1.0, min_repeats=1)[0]) == 1
-    assert len(measure.time_calls(long.call, long, repeats=10, min_time=1.0)[0]) == 3  # the default: at least 3
+    assert len(time_calls(long.call, long, repeats=10, min_time=1.0, min_repeats=1)[0]) == 1
+    assert len(time_calls(long.call, long, repeats=10, min_time=1.0)[0]) == 3  # the default: at least 3
     short = FakeClock(per_call=0.4, overhead=0.0)
-    assert len(measure.time_calls(short.call, short, repeats=10, min_time=1.0, min_repeats=1)[0]) == 3  # 1.2 s >= 1 s
+    assert len(time_calls(short.call, short, repeats=10, min_time=1.0, min_repeats=1)[0]) == 3  # 1.2 s >= 1 s
 
 
 def test_one_sample_has_no_spread_and_only_load_flags_it():
@@ -225,23 +226,23 @@ def test_last_warm_up_call_calibrates_samples_without_another_call():
     # a cell of seconds a call must not pay one more call to learn what its warm-up already measured
     clock = FakeClock(per_call=10e-6, overhead=50e-6)
     calls = []
-    last = measure.warm_up(lambda: (calls.append(1), clock.call()), clock, calls=3, seconds=0.0)
+    last = warm_up(lambda: (calls.append(1), clock.call()), clock, calls=3, seconds=0.0)
     assert len(calls) == 3 and last == pytest.approx(60e-6)
     calls.clear()
-    times, per_sample = measure.time_calls(
+    times, per_sample = time_calls(
         lambda: (calls.append(1), clock.call()), clock, repeats=5, min_time=1.0, min_sample_s=1e-3, per_call=last
     )
     assert per_sample == 17 and len(calls) == 5 * 17  # ceil(1 ms / 60 µs), and no calibrating call
-    assert measure.warm_up(clock.call, clock, calls=0, seconds=0.0) is None
+    assert warm_up(clock.call, clock, calls=0, seconds=0.0) is None
 
 
 def test_warm_up_runs_by_count_and_by_time():
     clock = FakeClock(per_call=0.004, overhead=0.0)
     calls = []
-    measure.warm_up(lambda: (calls.append(1), clock.call()), clock, calls=1, seconds=0.025)
+    warm_up(lambda: (calls.append(1), clock.call()), clock, calls=1, seconds=0.025)
     assert len(calls) == 7  # until 25 ms have passed at 4 ms a call
     calls.clear()
-    measure.warm_up(lambda: (calls.append(1), clock.call()), clock, calls=2, seconds=0.0)
+    warm_up(lambda: (calls.append(1), clock.call()), clock, calls=2, seconds=0.0)
     assert len(calls) == 2
 
 
@@ -271,7 +272,7 @@ def test_rows_record_kernel_memory_kind_and_calls_per_sample(tmp_path):
     # sample holds dozens; the timed calls may be 4 x faster than the last warm-up call the count came from), or of
     # one call only where load made that call itself long (a quarter of CPU_MIN_SAMPLE_S) - never a lone short call
     alone = rows[rows["calls_per_sample"] == 1]
-    assert (alone["time_median_s"] >= measure.CPU_MIN_SAMPLE_S / 4).all(), rows[["calls_per_sample", "time_median_s"]]
+    assert (alone["time_median_s"] >= CPU_MIN_SAMPLE_S / 4).all(), rows[["calls_per_sample", "time_median_s"]]
     meta = json.loads((out / "metadata.json").read_text())
     assert meta["machine"]["matmul_peak_precision"]["cpu/float32"] == "float32"
 
@@ -307,14 +308,14 @@ def test_gate_checks_a_batch_of_two_even_for_batch_one_runs():
 def test_gate_verdicts():
     want = torch.randn(4, 8, dtype=torch.float64)
     low = want.float()  # the dense definition in float32: rounding error only
-    ok = measure.gate_verdict(want.float() + 1e-7, low, want, "float32")
+    ok = gate_verdict(want.float() + 1e-7, low, want, "float32")
     assert ok["ok"]
-    assert not measure.gate_verdict(want.float() * 1.001, low, want, "float32")["ok"]
-    zeros = measure.gate_verdict(torch.zeros(4, 8), low, want, "float32")
+    assert not gate_verdict(want.float() * 1.001, low, want, "float32")["ok"]
+    zeros = gate_verdict(torch.zeros(4, 8), low, want, "float32")
     assert not zeros["ok"] and "all zeros" in zeros["describe"]
-    nan = measure.gate_verdict(torch.full((4, 8), float("nan")), low, want, "float32")
+    nan = gate_verdict(torch.full((4, 8), float("nan")), low, want, "float32")
     assert not nan["ok"] and "non-finite" in nan["describe"]
-    overflow = measure.gate_verdict(want.half(), torch.full((4, 8), float("inf")), want, "float16")
+    overflow = gate_verdict(want.half(), torch.full((4, 8), float("inf")), want, "float16")
     assert overflow["ok"] and "overflows" in overflow["describe"]
 
 
@@ -360,7 +361,7 @@ def test_flex_has_no_float64_on_cuda_and_the_sweep_skips_it():
     assert "no float64 on cuda" in cls.dtype_unsupported_reason("cuda", "float64")
     assert "no float64 on cpu" in cls.dtype_unsupported_reason("cpu", "float64")  # compiled flex refuses it there too
     assert cls.dtype_unsupported_reason("cpu", "float32") is None
-    from harness.sweep.runner import static_skip_reason
+    from harness.sweep.fate import static_skip_reason
 
     reason = static_skip_reason(
         config(variants=("sliding_window_flex",), dtype="float64"),

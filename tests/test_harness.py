@@ -498,7 +498,7 @@ def test_a_cell_predicted_past_the_cell_timeout_is_skipped_not_run():
     """A series' time extrapolated from its two largest ok N: a cell whose fewest calls (warm-up, --min-repeats
     timed, one for memory) would pass half of --cell-timeout (the prediction's margin) is skipped with the
     prediction, before anything runs; never the baseline's."""
-    from harness.sweep import runner
+    from harness.sweep.fate import SweepState, calls_per_cell, decide
     from harness.sweep.config import Cell, RunConfig
     from harness.sweep.plan import build_run_config
 
@@ -535,14 +535,12 @@ def test_a_cell_predicted_past_the_cell_timeout_is_skipped_not_run():
         for v in ("full", "linear")
         for n, t in ((32, 0.02), (64, 0.1), (128, 0.4))
     ]
-    state = runner.SweepState.from_rows(rows)
+    state = SweepState.from_rows(rows)
     cell = Cell("cpu", "linear", "fwd", False, 256, None)
     assert state.predicted_time(cell) == pytest.approx((1.6, 2.0, 64, 128))  # the two largest below N: slope 2
     assert state.predicted_time(Cell("cpu", "linear", "fwd", False, 64, None)) is None  # one point below: no slope
     assert state.predicted_time(Cell("cpu", "linear", "fwdbwd", False, 256, None)) is None  # another series
-    status, message, measured, _ = runner.decide(
-        config, cell, state, {}, None, executor=None
-    )  # (nothing to run it with)
+    status, message, measured, _ = decide(config, cell, state, {}, None, executor=None)  # (nothing to run it with)
     assert status == "skipped" and measured is None
     assert message == (
         "predicted 1.6 s a call (~N^2.00 from N=64 and 128): its 3 calls would pass 2 s, 1/2 of "
@@ -551,9 +549,7 @@ def test_a_cell_predicted_past_the_cell_timeout_is_skipped_not_run():
     three = RunConfig.from_json(
         {**config.to_json(), "min_repeats": 3, "cell_timeout": 5}
     )  # at least 3 timed calls: 5 a cell
-    assert (
-        runner.calls_per_cell(three) == 5 and runner.decide(three, cell, state, {}, None, executor=None)[0] == "skipped"
-    )
+    assert calls_per_cell(three) == 5 and decide(three, cell, state, {}, None, executor=None)[0] == "skipped"
     before = {
         key: value for key, value in config.to_json().items() if key != "min_repeats"
     }  # a run from before it was recorded
@@ -567,23 +563,19 @@ def test_a_cell_predicted_past_the_cell_timeout_is_skipped_not_run():
             raise Ran
 
     baseline = Cell("cpu", "full", "fwd", False, 256, None)
-    assert state.predicted_time(baseline)[0] * runner.calls_per_cell(config) > config.cell_timeout
+    assert state.predicted_time(baseline)[0] * calls_per_cell(config) > config.cell_timeout
     with pytest.raises(
         Ran
     ):  # full, the baseline of every speed-up, is predicted past it too, yet never skipped by prediction
-        runner.decide(config, baseline, state, {}, None, executor=Refuses())
-    near = runner.SweepState.from_rows([{**r, "time_median_s": r["time_median_s"] / 2} for r in rows])
-    assert near.predicted_time(cell)[0] * runner.calls_per_cell(config) == pytest.approx(
-        2.4
-    )  # under 4 s, over half of it
-    assert runner.decide(config, cell, near, {}, None, executor=None)[0] == "skipped"
-    fast = runner.SweepState.from_rows([{**r, "time_median_s": r["time_median_s"] / 4} for r in rows])
-    assert fast.predicted_time(cell)[0] * runner.calls_per_cell(config) == pytest.approx(
-        1.2
-    )  # under half of 4 s: it runs
+        decide(config, baseline, state, {}, None, executor=Refuses())
+    near = SweepState.from_rows([{**r, "time_median_s": r["time_median_s"] / 2} for r in rows])
+    assert near.predicted_time(cell)[0] * calls_per_cell(config) == pytest.approx(2.4)  # under 4 s, over half of it
+    assert decide(config, cell, near, {}, None, executor=None)[0] == "skipped"
+    fast = SweepState.from_rows([{**r, "time_median_s": r["time_median_s"] / 4} for r in rows])
+    assert fast.predicted_time(cell)[0] * calls_per_cell(config) == pytest.approx(1.2)  # under half of 4 s: it runs
     with pytest.raises(Ran):
-        runner.decide(config, cell, fast, {}, None, executor=Refuses())
-    tiny = runner.SweepState.from_rows([{**r, "time_median_s": r["time_median_s"] / 100} for r in rows])
+        decide(config, cell, fast, {}, None, executor=Refuses())
+    tiny = SweepState.from_rows([{**r, "time_median_s": r["time_median_s"] / 100} for r in rows])
     assert tiny.predicted_time(cell) is None  # 4 ms at N=128: fixed costs still shape the slope, no prediction
 
 

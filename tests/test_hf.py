@@ -166,17 +166,17 @@ def test_a_variant_reading_past_mistrals_window_gets_a_cache_that_keeps_it(name,
     assert torch.equal(model.generate(ids, use_cache=True, **kwargs), model.generate(ids, use_cache=False, **kwargs))
     first = model(ids[:, :10], attention_mask=mask[:, :10], use_cache=True)
     cache = getattr(first, "cache", None) or first.past_key_values
-    rest = model(ids[:, 10:], attention_mask=mask, use_cache=True, **{vh._cache_argument(model): cache}).logits
+    rest = model(ids[:, 10:], attention_mask=mask, use_cache=True, **{vh.cache_argument(model): cache}).logits
     torch.testing.assert_close(rest, model(ids, attention_mask=mask).logits[:, 10:])
     # a cache of the model's own kind, passed by hand, would silently lose what the variant reads: refused
     own = transformers.DynamicCache(config=model.config)
-    model(ids[:, :10], use_cache=True, **{vh._cache_argument(model): own})
+    model(ids[:, :10], use_cache=True, **{vh.cache_argument(model): own})
     with pytest.raises(
         ValueError,
         match=rf"cache kept only the last 4 positions of its sliding layers \(7 dropped\), "
         rf"but {name} reads further back",
     ):
-        model(ids[:, 10:], use_cache=True, **{vh._cache_argument(model): own})
+        model(ids[:, 10:], use_cache=True, **{vh.cache_argument(model): own})
 
 
 def test_a_window_within_mistrals_keeps_the_models_own_cache():
@@ -185,7 +185,7 @@ def test_a_window_within_mistrals_keeps_the_models_own_cache():
     first = model(ids[:, :10], attention_mask=mask[:, :10], use_cache=True)
     cache = getattr(first, "cache", None) or first.past_key_values
     assert type(cache.layers[0]).__name__ == "DynamicSlidingWindowLayer"
-    rest = model(ids[:, 10:], attention_mask=mask, use_cache=True, **{vh._cache_argument(model): cache}).logits
+    rest = model(ids[:, 10:], attention_mask=mask, use_cache=True, **{vh.cache_argument(model): cache}).logits
     torch.testing.assert_close(rest, model(ids, attention_mask=mask).logits[:, 10:])
 
 
@@ -237,14 +237,14 @@ def test_generation_keeps_the_variants_own_state_with_left_padding(name):
     assert torch.equal(out.sequences, model.generate(ids, use_cache=False, **kwargs))
     cache = getattr(out, "cache", None) or out.past_key_values
     attn = next(iter(vh.attention_layers(model).values())).attnbench_attention
-    if vh._decoding_refusal(attn) is not None:  # (none of the registry's causal examples today)
+    if vh.decoding_refusal(attn) is not None:  # (none of the registry's causal examples today)
         assert type(cache).__name__ == "DynamicCache"
         return
     assert type(cache).__name__ == "StateCache"
     assert [layer.state.kind for layer in cache.layers] == [attn.state_kind] * 2
     assert all(layer.state.length == N + 7 for layer in cache.layers)  # the last token is not fed back
     # a state cache passed by hand gives the same
-    hand = model.generate(ids, **{vh._cache_argument(model): vh.state_cache(model)}, **kwargs)
+    hand = model.generate(ids, **{vh.cache_argument(model): vh.state_cache(model)}, **kwargs)
     assert torch.equal(hand, out.sequences)
 
 

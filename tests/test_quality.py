@@ -7,7 +7,9 @@ import torch
 from helpers import bench
 
 from harness.quality.tasks import CopyTask, RecallTask, make_task
-from harness.quality.train import TinyDecoder, TrainConfig, lr_factor, train_one, trainable_variants
+from harness.quality.train import lr_factor, train_one
+from harness.quality.model import TinyDecoder, trainable_variants
+from harness.quality.config import TrainConfig
 
 
 def test_copy_task_layout():
@@ -212,7 +214,7 @@ def test_quality_cli_writes_rows_and_report(tmp_path):
 def test_decoding_state_is_each_layers_prefilled_state():
     """decoding_state sums every layer's own prefilled state: a window's is bounded, a recurrence's constant,
     a KV cache's linear in the sequence; an attention that cannot decode has none."""
-    from harness.quality.train import decoding_state
+    from harness.quality.model import decoding_state
 
     cfg = TrainConfig(d_model=16, layers=3, heads=2)
     per_position = 3 * 2 * 2 * 8 * 4  # layers x (k, v) x heads x head dim x float32

@@ -227,7 +227,7 @@ def test_long_lengths_are_trained_by_the_long_variants_only_after_the_others(tmp
 def test_a_seed_trains_variant_by_variant_one_of_each_family_first():
     # an interrupted long run then holds whole families (every task of the representatives) before the rest
     from harness.quality.config import QualityConfig
-    from harness.quality.train import trainings
+    from harness.quality.trainings import trainings
 
     config = QualityConfig(
         tasks=("copy", "recall"),
@@ -461,7 +461,8 @@ def test_advise_marks_measured_interpolated_and_extrapolated(tmp_path):
 
 
 def test_advise_filters_by_memory_and_accuracy(tmp_path):
-    from harness.readers.advise import advise, recommendation
+    from harness.readers.advise import advise
+    from harness.readers.advise_text import recommendation
 
     speed = make_run(tmp_path / "speed")
     quality = make_quality_run(tmp_path / "quality", {"full": 0.95, "linear": 0.4})
@@ -655,7 +656,8 @@ def test_advise_says_a_task_has_no_finished_training(tmp_path):
 
 def test_advise_states_unequal_seeds(tmp_path):
     # finding 6: an unfinished quality run averaged full over 3 seeds and the others over 2, without a word
-    from harness.readers.advise import advise, advise_table
+    from harness.readers.advise import advise
+    from harness.readers.advise_text import advise_table
 
     speed = make_run(tmp_path / "speed")
     quality = make_quality_run(tmp_path / "quality", {"full": 0.95, "linear": 0.4})
@@ -676,7 +678,7 @@ def test_tradeoff_report_draws_accuracy_against_time(tmp_path):
     # the made-up speed run is non-causal and has no causal rows: the report says so
     result = _invoke("report", str(speed), str(quality), "--out", str(out))
     assert result.exit_code == 2 and "no fwdbwd causal rows" in _text(result)
-    from harness.readers.report import write_tradeoff_report
+    from harness.readers.tradeoff import write_tradeoff_report
 
     path, figures = write_tradeoff_report([speed, quality], out, causal=False)
     text = path.read_text()

@@ -239,7 +239,7 @@ def test_unreachable_address_fails_within_seconds_and_writes_nothing(tmp_path):
 def test_ray_not_installed_names_the_extra(monkeypatch):
     import sys
 
-    from harness.sweep.ray_executor import ray_module
+    from harness.sweep.ray_node import ray_module
 
     monkeypatch.setitem(sys.modules, "ray", None)
     with pytest.raises(

@@ -480,10 +480,10 @@ def test_gates_need_the_shape_hints(name):
 
 
 def test_bench_run_skips_non_causal_cells_with_the_reason():
-    from harness.sweep import runner
+    from harness.sweep.fate import static_skip_reason
     from harness.sweep.config import Cell, RunConfig
 
     config = RunConfig(variants=("deltanet",), lengths=(64,), devices=("cpu",), passes=("fwd",), causal=(False, True))
-    skip = runner.static_skip_reason(config, Cell("cpu", "deltanet", "fwd", False, 64))
+    skip = static_skip_reason(config, Cell("cpu", "deltanet", "fwd", False, 64))
     assert skip == "deltanet is causal only: a recurrence over positions: the state at t holds positions <= t only"
-    assert runner.static_skip_reason(config, Cell("cpu", "deltanet", "fwd", True, 64)) is None
+    assert static_skip_reason(config, Cell("cpu", "deltanet", "fwd", True, 64)) is None

@@ -90,7 +90,7 @@ def test_summary_crossover_of_synthetic_run(tmp_path):
 def test_compare_ratios_and_exit_codes(tmp_path):
     a = make_run(tmp_path / "a")
     b = make_run(tmp_path / "b", slow_factor=1.2)  # full and linear 20% slower, full_naive and flex unchanged
-    from harness.readers.report import compare_runs
+    from harness.readers.compare import compare_runs
 
     cells, per_variant, broken = compare_runs(a, b)
     assert broken.empty  # every cell ok in A is ok in B

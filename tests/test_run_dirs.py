@@ -290,7 +290,7 @@ def test_non_finite_options_are_rejected_before_anything_exists(tmp_path, value)
 
 
 def test_gate_rejects_all_zero_output_even_when_the_definition_is_zero_too():
-    from harness.core.measure import gate_verdict
+    from harness.core.gate import gate_verdict
 
     zeros = torch.zeros(2, 4)
     verdict = gate_verdict(zeros, zeros, zeros.double(), "float32")
@@ -416,7 +416,7 @@ def test_poisoned_numbers_are_rejected_before_any_file_exists(tmp_path, args, me
 
 
 def test_interrupted_start_up_leaves_no_directory(tmp_path, monkeypatch):
-    from harness.sweep import runner
+    from harness.sweep import session
 
     reached = []
 
@@ -424,7 +424,7 @@ def test_interrupted_start_up_leaves_no_directory(tmp_path, monkeypatch):
         reached.append(config)
         raise KeyboardInterrupt
 
-    monkeypatch.setattr(runner, "measure_machine", interrupted)
+    monkeypatch.setattr(session, "measure_machine", interrupted)
     out = tmp_path / "startup"
     result = bench("run", "--variants", "full", "--lengths", "32", "--out", str(out))
     assert reached, f"the start-up never reached measure_machine, so this test checked nothing: {result.output}"

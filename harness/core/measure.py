@@ -17,41 +17,7 @@ from __future__ import annotations
 
 import torch
 
-from harness.core.calls import decode_call, make_inputs, pass_call, set_threads
-from harness.core.gate import CHECK_BATCH, gate, gate_length, gate_verdict
-from harness.core.timing import (
-    CPU_MIN_SAMPLE_S,
-    WARMUP_S,
-    Timing,
-    clock_for,
-    measure_time,
-    time_calls,
-    timing_stats,
-    warm_up,
-    warmed,
-)
-
-# (the calls, the gate and timing live in calls.py, gate.py and timing.py; callers reach them through here)
-__all__ = [
-    "CHECK_BATCH",
-    "CPU_MIN_SAMPLE_S",
-    "WARMUP_S",
-    "Timing",
-    "decode_call",
-    "gate",
-    "gate_length",
-    "gate_verdict",
-    "make_inputs",
-    "matmul_peak",
-    "measure_time",
-    "memory_bandwidth",
-    "pass_call",
-    "set_threads",
-    "time_calls",
-    "timing_stats",
-    "warm_up",
-    "warmed",
-]
+from harness.core.timing import clock_for, warm_up
 
 
 def memory_bandwidth(device: str, threads: int = 0, seconds: float = 1.0) -> dict:

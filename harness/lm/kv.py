@@ -19,7 +19,7 @@ import time
 import torch
 
 import variants.hf.kvcache as hk
-from harness.core.measure import timing_stats
+from harness.core.timing import timing_stats
 from harness.lm import ruler
 from harness.lm.config import (
     CONTINUATION,

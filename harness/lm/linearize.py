@@ -22,7 +22,7 @@ from typing import Callable
 import torch
 
 from harness.lm import distill as transfer
-from harness.lm.checkpoints import Checkpoint, finished, load_linearized, row_of, save_dequantized, summary_of
+from harness.lm.checkpoints import Checkpoint, row_of, save_dequantized
 from harness.lm.config import Recipe
 from harness.lm.stages import (
     attention_error,
@@ -36,27 +36,11 @@ from harness.lm.stages import (
     variant_parameters,
     with_lora,
 )
-from harness.lm.training_text import training_sequences
 
 CHECKPOINT_S = 60.0  # seconds of training between checkpoints
 # --eval-every: the rate times PLATEAU_FACTOR after PLATEAU_PATIENCE evaluations without a new best, down to
 # PLATEAU_MIN_LR (LoLCATs' stage-1 reduce_lr_on_plateau), the best evaluated state kept at the end
 PLATEAU_FACTOR, PLATEAU_PATIENCE, PLATEAU_MIN_LR = 0.1, 10, 1e-5
-
-
-# (what callers reach through this module: the saved state lives in checkpoints.py, the text in training_text.py)
-__all__ = [
-    "CHECKPOINT_S",
-    "Checkpoint",
-    "Recipe",
-    "finished",
-    "linearize",
-    "load_linearized",
-    "row_of",
-    "save_dequantized",
-    "summary_of",
-    "training_sequences",
-]
 
 
 def _stage_loop(

@@ -14,6 +14,7 @@ import torch
 import variants.hf as vh
 from harness.lm import distill as transfer
 from harness.lm import linearize as lin
+from harness.lm.checkpoints import finished, load_linearized
 from harness.lm.config import INSTALL, LINEARIZED_DIR, OWN, LMConfig, Setting, distill_length, slug
 from harness.lm.stages import TARGETS
 from harness.lm.training_text import training_sequences
@@ -49,7 +50,7 @@ def load(folder: Path, gguf: str | None, threads: int = 0):
         both_ways = [
             path
             for path, layer in vh.attention_layers(model).items()
-            if getattr(layer, "is_causal", True) is False and not vh._is_cross_attention(path, layer)
+            if getattr(layer, "is_causal", True) is False and not vh.is_cross_attention(path, layer)
         ]
         if both_ways:
             raise ArgumentError(
@@ -159,7 +160,7 @@ class Attentions:
                 self.kept[setting.label] = transfer.attached_state(self.model)
         if setting.linearized:
             folder = self.folder(setting)
-            if lin.finished(folder) is None:
+            if finished(folder) is None:
                 train, held_out = training_sequences(self.tokenizer, self.config.recipe, corpus_text(self.config.text))
                 on_step = (
                     None
@@ -170,7 +171,7 @@ class Attentions:
                     self.model, train, held_out, self.config.recipe, folder, own=setting.variant == OWN, on_step=on_step
                 )
             else:
-                lin.load_linearized(self.model, folder)
+                load_linearized(self.model, folder)
             self.changed = True
         return self.model
 

@@ -23,41 +23,23 @@ import torch
 import variants
 import variants.hf as vh
 from harness.lm import kv
-from harness.lm import linearize as lin
+from harness.lm.checkpoints import summary_of
 from harness.lm import ruler
 from harness.lm.config import (
-    COST_REPEATS,
     DECODE_STEPS,
     INSTALL,
-    LINEARIZED_LABEL,
     OWN,
-    RESULTS,
     RULER_SUBTASKS,
     SCORED,
     SMOLLM2_FILE,
     SMOLLM2_PACKAGE,
-    TASKS,
     LMConfig,
     Setting,
     cells,
-    parse_depths,
-    row_key,
     shortest_length,
 )
-from harness.lm.model import (
-    Attentions,
-    corpus_text,
-    corpus_tokens,
-    load,
-    model_hash,
-    switch,
-    text_hash,
-    with_distilled,
-    with_linearized,
-)
+from harness.lm.model import Attentions, switch
 from harness.lm.tasks import (
-    INTRO,
-    QUESTION,
     decode_cost,
     forward_peak,
     forward_time,
@@ -71,39 +53,6 @@ from harness.lm.tasks import (
     window_starts,
 )
 from harness.options import ArgumentError, parse_option
-
-# (the run's parts, which the tests and scripts reach through this module: config.py, model.py, tasks.py)
-__all__ = [
-    "COST_REPEATS",
-    "DECODE_STEPS",
-    "INTRO",
-    "LINEARIZED_LABEL",
-    "LMConfig",
-    "QUESTION",
-    "RESULTS",
-    "SMOLLM2_FILE",
-    "SMOLLM2_PACKAGE",
-    "TASKS",
-    "Setting",
-    "cells",
-    "check_config",
-    "corpus_text",
-    "corpus_tokens",
-    "load",
-    "locate",
-    "model_hash",
-    "parse_depths",
-    "parse_setting",
-    "passkey_prompt",
-    "row_key",
-    "run_lm",
-    "switch",
-    "text_hash",
-    "window_nll",
-    "window_starts",
-    "with_distilled",
-    "with_linearized",
-]
 
 
 def locate(model: str | None) -> tuple[Path, str | None]:
@@ -171,7 +120,7 @@ def run_lm(
         if task == "distill":
             row.update(attentions.last_distillation or {})
         elif task == "linearize":
-            row.update(attentions.last_linearization or lin.summary_of(attentions.folder(setting)))
+            row.update(attentions.last_linearization or summary_of(attentions.folder(setting)))
         elif task == "perplexity" and config.scored_from is None:  # (a run from before every window's half was scored)
             start = window_starts(len(tokens), length, config.windows, config.seed)[window]
             scored = min(SCORED, length // 2)

@@ -12,7 +12,8 @@ from pathlib import Path
 from typing import Callable, ContextManager
 
 from harness.lm import run as lmrun
-from harness.lm.config import SCORED_FROM, Recipe
+from harness.lm.model import corpus_text, corpus_tokens, load, model_hash, text_hash, with_distilled, with_linearized
+from harness.lm.config import RESULTS, SCORED_FROM, TASKS, LMConfig, Recipe, cells, parse_depths, row_key
 from harness.lm.stages import check_projections, peft_module
 from harness.lm.training_text import check_disjoint, training_sequences, training_text
 from harness.options import ArgumentError, parse_lengths, parse_list
@@ -50,7 +51,7 @@ def lm_config(
     kv_policies: list[str] | None = None,
     ratios: str = "0.25,0.5,0.75,0.875",
     kv_modes: str = "aware,agnostic",
-) -> lmrun.LMConfig:
+) -> LMConfig:
     """The run's configuration from the command line's texts; ArgumentError naming a bad one. `linearize`: the
     recipe's fields as given (--linearize, --lora, --linearize-lr, --lora-lr, --lora-rank, --train-length,
     --train-text, --position-offsets, --accumulate, --eval-every), None or transfer_steps and lora_steps 0 for none."""
@@ -65,16 +66,16 @@ def lm_config(
     recipe = None
     if linearize and (linearize.get("transfer_steps") or linearize.get("lora_steps")):
         recipe = Recipe(**linearize).to_json()
-    return lmrun.LMConfig(
+    return LMConfig(
         model=model or "smollm2",
         settings=tuple(lmrun.parse_setting(v) for v in variants),
         lengths=parse_lengths(lengths),
-        depths=lmrun.parse_depths(depths),
+        depths=parse_depths(depths),
         windows=windows,
         keys=keys,
         seed=seed,
         text=text,
-        tasks=parse_list(tasks, "--tasks", lmrun.TASKS),
+        tasks=parse_list(tasks, "--tasks", TASKS),
         threads=threads,
         distill=distill,
         distill_lr=distill_lr,
@@ -101,7 +102,7 @@ def parse_ratios(text: str) -> tuple[float, ...]:
 @dataclass
 class LMSession:
     run_dir: Path
-    config: lmrun.LMConfig
+    config: LMConfig
     model: object
     tokenizer: object
     tokens: object
@@ -111,7 +112,7 @@ class LMSession:
         return rundir.resume_command("lm", self.run_dir)
 
     def kept(self) -> str:
-        return f"finished rows are kept in {self.run_dir / lmrun.RESULTS}"
+        return f"finished rows are kept in {self.run_dir / RESULTS}"
 
     def run(self, on_cell=None, before: Callable[[int], None] | None = None, on_train=None) -> None:
         """Every cell without a row, under the run's lock; `before(cells)` once the lock is held (`on_cell`
@@ -119,13 +120,13 @@ class LMSession:
         step of a linearization)."""
         with RunLock(self.run_dir):
             done = (
-                {lmrun.row_key(r) for r in read_rows(self.run_dir, lmrun.RESULTS, quiet=True)}
-                if (self.run_dir / lmrun.RESULTS).exists()
+                {row_key(r) for r in read_rows(self.run_dir, RESULTS, quiet=True)}
+                if (self.run_dir / RESULTS).exists()
                 else set()
             )
             if before is not None:
-                before(len(lmrun.cells(self.config)))
-            with RowWriter(self.run_dir, lmrun.RESULTS) as writer:
+                before(len(cells(self.config)))
+            with RowWriter(self.run_dir, RESULTS) as writer:
                 lmrun.run_lm(
                     self.config,
                     self.model,
@@ -147,17 +148,17 @@ def open_lm(
     """Open the lm run `request` asks for and load its model; ArgumentError for a value that is not allowed."""
     if request.resume is not None:
         metadata = rundir.open_to_resume(request.resume, "lm", [])
-        config = lmrun.LMConfig.from_json(metadata["config"])
+        config = LMConfig.from_json(metadata["config"])
         run_dir = request.resume
     else:
         config = lm_config(**request.build)
-        lmrun.corpus_text(config.text)  # (an absent or empty file is refused before the model loads)
+        corpus_text(config.text)  # (an absent or empty file is refused before the model loads)
         run_dir = rundir.new_run_dir(request.out, "lm-")
     folder, gguf = lmrun.locate(None if config.model == "smollm2" else config.model)
     with status(f"loading {folder / gguf if gguf else folder}"):
-        net, tokenizer = lmrun.load(folder, gguf, config.threads)
-        tokens = lmrun.corpus_tokens(tokenizer, config.text)
-        digest = lmrun.model_hash(folder, gguf)
+        net, tokenizer = load(folder, gguf, config.threads)
+        tokens = corpus_tokens(tokenizer, config.text)
+        digest = model_hash(folder, gguf)
     if request.resume is not None:
         if metadata.get("machine", {}).get("model", {}).get("sha256") != digest:
             raise ArgumentError(
@@ -166,14 +167,14 @@ def open_lm(
         say(f"resuming {run_dir} with its original options (other options given now are ignored)")
     else:
         lmrun.check_config(config, net, tokenizer, tokens)
-        config, nothing = lmrun.with_distilled(config, net)
+        config, nothing = with_distilled(config, net)
         if nothing:
             say(
                 f"--distill: nothing to train in {', '.join(nothing)} (no parameters of their own): evaluated as they are"
             )
         if config.recipe is not None:
             check_linearize(config, net, tokenizer, tokens)
-            config, unlinearized = lmrun.with_linearized(config, net)
+            config, unlinearized = with_linearized(config, net)
             if unlinearized:
                 say(
                     f"--linearize: nothing to linearize in {', '.join(unlinearized)} (no parameters of their own; "
@@ -189,7 +190,7 @@ def open_lm(
             },
             "corpus": {
                 "source": config.text or "pydoc_data.topics",
-                "sha256": lmrun.text_hash(config.text),
+                "sha256": text_hash(config.text),
                 "tokens": len(tokens),
             },
         }
@@ -200,14 +201,14 @@ def open_lm(
                 "nothing_to_linearize": unlinearized,
                 "train_text": config.recipe.text or "the standard library's docstrings",
                 "train_text_sha256": hashlib.sha256(
-                    training_text(config.recipe.text, lmrun.corpus_text(config.text)).encode()
+                    training_text(config.recipe.text, corpus_text(config.text)).encode()
                 ).hexdigest(),
             }
         rundir.start(run_dir, "lm", config.to_json(), machine=about)
     return LMSession(run_dir, config, net, tokenizer, tokens)
 
 
-def check_linearize(config: lmrun.LMConfig, model, tokenizer, tokens) -> None:
+def check_linearize(config: LMConfig, model, tokenizer, tokens) -> None:
     """ArgumentError, before anything is written or trained, for a linearization that could not run: peft
     missing (LoRA), a model without q, k, v, o projections, a training length past the model's context, a
     training text missing, empty, too short or overlapping the scored text."""
@@ -225,6 +226,6 @@ def check_linearize(config: lmrun.LMConfig, model, tokenizer, tokens) -> None:
     if recipe.lora_steps:
         peft_module()
         check_projections(model)
-    scored = lmrun.corpus_text(config.text)
+    scored = corpus_text(config.text)
     training_sequences(tokenizer, recipe, scored)  # (enough of it)
     check_disjoint(training_text(recipe.text, scored), scored, recipe.text or "the standard library's docstrings")

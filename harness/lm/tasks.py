@@ -9,7 +9,7 @@ import time
 import torch
 
 import variants.hf as vh
-from harness.core.measure import measure_time, timing_stats
+from harness.core.timing import measure_time, timing_stats
 from harness.core.memory import measure_peak, pin_mmap_threshold, steady_allocator
 from harness.lm.config import COST_MIN_S, COST_REPEATS, DECODE_STEPS, PASSKEY_DIGITS, PASSKEY_EXTRA_TOKENS
 from harness.options import ArgumentError
@@ -170,7 +170,7 @@ def cache_bytes(cache) -> int | None:
 
 
 def forward_time(model, tokens: torch.Tensor, length: int) -> dict:
-    """A forward of `length` tokens timed as `bench run` times a cell (harness.core.measure): warm-up, then
+    """A forward of `length` tokens timed as `bench run` times a cell (harness.core.timing): warm-up, then
     samples until COST_REPEATS or at least 3 lasting COST_MIN_S; the median, the fastest, the spread."""
     ids = tokens[:length][None]
 
@@ -197,7 +197,7 @@ def decode_cost(model, tokens: torch.Tensor, length: int, steps: int = DECODE_ST
 
     own = model.config._attn_implementation != vh.IMPLEMENTATION
     cache = transformers.DynamicCache() if own else vh.state_cache(model)
-    passed = {vh._cache_argument(model) or "past_key_values": cache}  # ("cache" in recent transformers)
+    passed = {vh.cache_argument(model) or "past_key_values": cache}  # ("cache" in recent transformers)
     ids = tokens[: length + steps][None]
     times = []
     with torch.no_grad():

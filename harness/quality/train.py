@@ -18,33 +18,12 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from harness.core.measure import measure_time, set_threads
+from harness.core.timing import measure_time
+from harness.core.calls import set_threads
 from harness.core.memory import measure_peak, pin_mmap_threshold
 from harness.quality.config import TrainConfig
-from harness.quality.model import (
-    TinyDecoder,
-    cannot_train_reason,
-    decoder,
-    decoding_state,
-    resolved_options,
-    trainable_variants,
-)
+from harness.quality.model import decoder, decoding_state, resolved_options
 from harness.quality.tasks import distance_buckets, make_task
-from harness.quality.trainings import trainings
-
-# (the model, which variants train and the run's trainings live in model.py and plan.py; callers reach them here)
-__all__ = [
-    "TinyDecoder",
-    "TrainConfig",
-    "TrainingDiverged",
-    "cannot_train_reason",
-    "decoding_state",
-    "lr_factor",
-    "measure_training_step",
-    "train_one",
-    "trainable_variants",
-    "trainings",
-]
 
 
 def lr_factor(step: int, total: int, warmup_fraction: float) -> float:

@@ -21,7 +21,6 @@ from harness.fmt import fmt_bytes, fmt_percent
 from harness.options import ArgumentError
 from harness.quality.config import TOKENS_PER_L
 from harness.readers.advise_cost import Answer, log_interp, options_text, speed_rows, split_runs
-from harness.readers.advise_text import advise_table, answers_json, glance, recommendation
 from harness.readers.quality_frames import (
     accuracy_summary,
     by_distance_frame,
@@ -31,9 +30,6 @@ from harness.readers.quality_frames import (
 )
 from harness.store.rows import NO_TIME
 from harness.store.storage import baseline_of, read_metadata, variant_facts
-
-# (the answer shown lives in advise_text.py; callers imported it from here before it had a file of its own)
-__all__ = ["Answer", "advise", "advise_table", "answers_json", "default_floor", "glance", "recommendation"]
 
 
 def advise(

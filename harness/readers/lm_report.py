@@ -22,8 +22,6 @@ from harness.readers.lm_sections import decode_section, distill_section, lineari
 from harness.readers.tables import code_span, markdown_table
 from harness.store.storage import read_metadata
 
-__all__ = ["lm_frame", "perplexity_table", "write_lm_report"]  # the tables, imported from here by scripts
-
 
 def write_lm_report(run_dir: Path) -> tuple[Path, list[Path]]:
     """RUN_DIR/REPORT.md and figures/ of an lm run; ValueError when it has no rows yet."""

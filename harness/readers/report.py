@@ -6,28 +6,14 @@ from __future__ import annotations
 from pathlib import Path
 
 from harness.fmt import fmt_bytes
-from harness.readers.compare import KEY, compare_runs, geomean
 from harness.readers.frames import load_frame
 from harness.readers.lm_report import write_lm_report
 from harness.readers.quality_plots import plot_quality
-from harness.readers.quality_report import accuracy_text, final_accuracy_grid, quality_section
+from harness.readers.quality_report import quality_section
 from harness.readers.speed_plots import plot_run
 from harness.readers.speed_report import nodes_section, speed_section
 from harness.readers.tables import code_span, md_text
-from harness.readers.tradeoff import write_tradeoff_report
 from harness.store.storage import read_metadata, read_rows
-
-# (compare, tradeoff and the quality part's texts: callers imported them from here before they had files of their own)
-__all__ = [
-    "KEY",
-    "accuracy_text",
-    "compare_runs",
-    "final_accuracy_grid",
-    "geomean",
-    "make_report",
-    "write_report",
-    "write_tradeoff_report",
-]
 
 
 def make_report(run_dir: Path) -> tuple[Path, list[Path]]:

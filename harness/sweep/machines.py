@@ -7,6 +7,7 @@ from harness.core.isolation import run_isolated
 from harness.core.machine import cpu_info
 from harness.store.rows import device_label
 from harness.sweep import worker
+from harness.core.measure import matmul_peak, memory_bandwidth
 from harness.sweep.config import RunConfig
 
 
@@ -39,12 +40,12 @@ def measure_machine(config: RunConfig, peak_seconds: float = 1.0) -> dict:
             outcome = run_isolated(worker.cuda_info, (), timeout=120)
             info["gpu"] = outcome.value if outcome.kind == "result" else {"error": outcome.describe()}
         for dtype in dict.fromkeys((config.dtype, "float32")):
-            outcome = run_isolated(worker.matmul_peak, (device, dtype, config.threads, peak_seconds), timeout=120)
+            outcome = run_isolated(matmul_peak, (device, dtype, config.threads, peak_seconds), timeout=120)
             value = outcome.value if outcome.kind == "result" else {}
             info["matmul_peak_gflops"][f"{device}/{dtype}"] = value.get("gflops")
             info["matmul_peak_precision"][f"{device}/{dtype}"] = value.get("precision")
         if "decode" in config.passes:  # a decoding step's limit: the bandwidth of reading its state
-            outcome = run_isolated(worker.memory_bandwidth, (device, config.threads, peak_seconds), timeout=120)
+            outcome = run_isolated(memory_bandwidth, (device, config.threads, peak_seconds), timeout=120)
             info.setdefault("memory_bandwidth_gbs", {})[device] = (
                 outcome.value.get("gbs") if outcome.kind == "result" else None
             )
@@ -68,7 +69,7 @@ def measure_cluster(config: RunConfig, cluster, peak_seconds: float = 1.0) -> di
         for index, name in enumerate(names):
             for dtype in dict.fromkeys((config.dtype, "float32")):
                 job = cluster.submit(
-                    worker.matmul_peak,
+                    matmul_peak,
                     (device, dtype, config.threads, peak_seconds),
                     device=device,
                     device_name=name,

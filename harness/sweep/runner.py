@@ -22,36 +22,8 @@ from harness.store.rows import FAILED, Row, cell_key, run_rows, series_key
 from harness.store.storage import SUPERSEDED, RowWriter, drop_torn_tail, read_rows, rewrite_rows
 from harness.sweep.config import Cell, RunConfig
 from harness.sweep.executors import LocalExecutor
-from harness.sweep.fate import (
-    SweepState,
-    base_row,
-    calls_per_cell,
-    decide,
-    predicted_bytes,
-    shape_only_variant,
-    static_skip_reason,
-    useful_flops,
-)
-from harness.sweep.machines import current_device_names, measure_cluster, measure_machine
+from harness.sweep.fate import SweepState, base_row, decide
 from harness.sweep.plan import plan
-
-# (a cell's fate and the machines' records live in fate.py and machines.py; callers reach them through here)
-__all__ = [
-    "SweepState",
-    "calls_per_cell",
-    "current_device_names",
-    "decide",
-    "measure_cluster",
-    "measure_machine",
-    "predicted_bytes",
-    "retry_failed",
-    "run_cell",
-    "shape_only_variant",
-    "static_skip_reason",
-    "sweep",
-    "todo_cells",
-    "useful_flops",
-]
 
 
 WORKER_LOG = "worker.log"  # what the cells' processes print (compiler warnings, tracebacks)

@@ -23,6 +23,7 @@ from harness.store import rundir
 from harness.store.rows import run_rows
 from harness.store.storage import RESULTS, SUPERSEDED, RunLock
 from harness.sweep import runner
+from harness.sweep.machines import current_device_names, measure_cluster, measure_machine
 from harness.sweep.config import Cell, RunConfig
 from harness.sweep.executors import EXECUTORS, LocalExecutor
 from harness.sweep.plan import build_run_config
@@ -172,7 +173,7 @@ def _resumed(request: SweepRequest, metadata: dict, cluster) -> tuple[RunConfig,
         config = config.with_resolved_options()
     device_names = (metadata.get("machine") or {}).get("device_names")
     if cluster is None:
-        rundir.check_same_devices(device_names, runner.current_device_names(config.devices), request.resume)
+        rundir.check_same_devices(device_names, current_device_names(config.devices), request.resume)
     else:  # the cluster's hardware now: rows of hardware it no longer has stay in the file, unused
         device_names = cluster.device_names(config.devices)
     return config, request.resume, device_names
@@ -189,9 +190,9 @@ def _started(request: SweepRequest, cluster, say: Say, status: Status) -> tuple[
     # nothing is written until every value is known: an interrupted start-up leaves no directory
     with status("measuring the matmul peak" + (" on each kind of node" if cluster else " of this machine")):
         machine = (
-            runner.measure_machine(config, request.peak_time)
+            measure_machine(config, request.peak_time)
             if cluster is None
-            else runner.measure_cluster(config, cluster, request.peak_time)
+            else measure_cluster(config, cluster, request.peak_time)
         )
     budgets = policy.memory_budgets(request.memory_budget, config.devices, machine)
     config = RunConfig.from_json({**config.to_json(), "memory_budget": dict(budgets)})

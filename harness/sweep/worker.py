@@ -13,30 +13,12 @@ import resource
 import torch
 
 import variants
-from harness.core.measure import (
-    CHECK_BATCH,
-    decode_call,
-    gate,
-    gate_length,
-    make_inputs,
-    matmul_peak,
-    measure_time,
-    memory_bandwidth,
-    pass_call,
-    set_threads,
-    timing_stats,
-)
+from harness.core.gate import CHECK_BATCH, gate, gate_length
+from harness.core.calls import decode_call, make_inputs, pass_call, set_threads
+from harness.core.timing import measure_time, timing_stats
 from harness.core.memory import measure_peak, pin_mmap_threshold
 from harness.core.noise import noise_fields
 from harness.sweep.config import Cell, RunConfig
-
-__all__ = [
-    "check_variant",
-    "measure_cell",
-    "matmul_peak",
-    "memory_bandwidth",
-    "cuda_info",
-]  # what runs in a cell's process
 
 
 def setup_process(config: RunConfig, device: str) -> None:

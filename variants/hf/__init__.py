@@ -14,19 +14,26 @@ Needs the `hf` extra (`pip install -e '.[hf]'`); `import variants` never imports
 
 from .api import register, use, without_attention_dropout
 from .cache import state_cache
-from .layers import ATTRIBUTE, HF_EXTRA, IMPLEMENTATION, attention_layers
-
-# (what the harness and the tests reach for below the public calls, re-exported as they were)
-from .checks import _decoding_refusal as _decoding_refusal
-from .layers import _cache_argument as _cache_argument
-from .layers import _is_cross_attention as _is_cross_attention
-from .layers import _layer_kind as _layer_kind
+from .checks import decoding_refusal
+from .layers import (
+    ATTRIBUTE,
+    HF_EXTRA,
+    IMPLEMENTATION,
+    attention_layers,
+    cache_argument,
+    is_cross_attention,
+    layer_kind,
+)
 
 __all__ = [
     "ATTRIBUTE",
     "HF_EXTRA",
     "IMPLEMENTATION",
     "attention_layers",
+    "cache_argument",
+    "decoding_refusal",
+    "is_cross_attention",
+    "layer_kind",
     "register",
     "state_cache",
     "use",

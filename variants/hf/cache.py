@@ -12,13 +12,13 @@ from torch import Tensor
 from .layers import (
     ATTRIBUTE,
     IMPLEMENTATION,
-    _cache_argument,
+    cache_argument,
     _own_cache_window,
     _reads_past,
     _transformers,
     attention_layers,
 )
-from .checks import _check_model, _decoding_refusal
+from .checks import _check_model, decoding_refusal
 
 
 def state_cache(model):
@@ -43,7 +43,7 @@ def state_cache(model):
         )
     ordered = sorted(layers.values(), key=lambda layer: getattr(layer, "layer_idx", 0))
     for layer in ordered:
-        reason = _decoding_refusal(layer._modules[ATTRIBUTE])
+        reason = decoding_refusal(layer._modules[ATTRIBUTE])
         if reason:
             raise ValueError(f"variants.hf.state_cache: {layer._modules[ATTRIBUTE].spec.name} cannot decode: {reason}")
     return _state_cache_class()([_state_layer_class()(layer._modules[ATTRIBUTE]) for layer in ordered])
@@ -180,7 +180,7 @@ class _GenerationCache:
 def _cache_of_every_position(model, args, kwargs):
     """Forward pre-hook: a forward with use_cache and no cache, on a model whose own cache would drop positions
     its variant reads, gets a DynamicCache without config (every layer keeps every position)."""
-    name = _cache_argument(model)
+    name = cache_argument(model)
     use_cache = kwargs.get("use_cache")
     use_cache = getattr(model.config, "use_cache", False) if use_cache is None else use_cache
     if name and use_cache and kwargs.get(name) is None and _cache_drops_what_is_read(model):
@@ -218,7 +218,7 @@ def _generation_cache(model, model_kwargs: dict, generation_config, generation_m
         return
     mode = getattr(generation_mode, "value", generation_mode)
     layers = [layer for layer in attention_layers(model).values() if ATTRIBUTE in layer._modules]
-    decodes = all(_decoding_refusal(layer._modules[ATTRIBUTE]) is None for layer in layers)
+    decodes = all(decoding_refusal(layer._modules[ATTRIBUTE]) is None for layer in layers)
     if decodes and mode in STATE_CACHE_MODES and not model.config.is_encoder_decoder:
         model_kwargs[key] = state_cache(model)
     elif _cache_drops_what_is_read(model):

@@ -11,7 +11,7 @@ from .._registry import available, option_names, variant_class
 from .layers import (
     _REGISTERED,
     FROM_LAYER,
-    _is_cross_attention,
+    is_cross_attention,
     _own_cache_window,
     _reads_past,
     _transformers,
@@ -19,7 +19,7 @@ from .layers import (
 )
 
 
-def _decoding_refusal(attn) -> str | None:
+def decoding_refusal(attn) -> str | None:
     """Why this variant module cannot keep a decoding state (its method, or its options: performer with eps > 0,
     cosformer without max_len), or None."""
     reason = attn.decode_unsupported_reason()
@@ -106,12 +106,12 @@ def _check_layer(
             f"{caller}: {where} is not causal (an encoder's bidirectional attention); {variant} is "
             f"causal only: {spec.why_not_non_causal} (use it in a decoder)"
         )
-    if not spec.supports_non_causal and _is_cross_attention(path, layer):
+    if not spec.supports_non_causal and is_cross_attention(path, layer):
         raise ValueError(
             f"{caller}: {where} is a cross-attention layer (every query sees the whole encoder "
             f"sequence); {variant} is causal only: {spec.why_not_non_causal}"
         )
-    if _is_cross_attention(path, layer) and not spec.supports_cross_attention:
+    if is_cross_attention(path, layer) and not spec.supports_cross_attention:
         raise ValueError(
             f"{caller}: {where} is a cross-attention layer (queries and keys from different "
             f"sequences); {variant} has no cross-attention"

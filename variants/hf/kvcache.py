@@ -19,7 +19,7 @@ import torch
 from torch import Tensor
 
 from .. import kvcache
-from .layers import _cache_argument, _transformers, attention_layers
+from .layers import cache_argument, _transformers, attention_layers
 
 KV_IMPLEMENTATION = "attnbench_kv"
 RECORD = "_attnbench_kv_queries"  # a layer's list the attention function appends its queries to, while recording
@@ -87,7 +87,7 @@ def feed(model, ids: Tensor, cache, start: int, record: bool = False):
     positions = torch.arange(start, start + ids.shape[1], device=ids.device)[None]
     try:
         with kv_attention(model) if switched else contextlib.nullcontext(), torch.no_grad():
-            logits = model(ids, position_ids=positions, use_cache=True, **{_cache_argument(model): cache}).logits
+            logits = model(ids, position_ids=positions, use_cache=True, **{cache_argument(model): cache}).logits
         queries = [layer.__dict__[RECORD][0] for layer in layers]
     finally:
         for layer in layers:

@@ -54,7 +54,7 @@ def _calls_attention_interface(cls: type) -> bool:
 CROSS_ATTENTION_NAMES = ("crossattention", "cross_attention", "cross_attn", "encoder_attn", "encdecattention")
 
 
-def _is_cross_attention(path: str, layer: nn.Module) -> bool:
+def is_cross_attention(path: str, layer: nn.Module) -> bool:
     """Layers whose keys come from another sequence (an encoder's): by flag, class or the names families give them."""
     names = [type(layer).__name__.lower(), *path.lower().split(".")]
     decoders_other = (
@@ -85,7 +85,7 @@ def _layer_shape(config, layer: nn.Module) -> tuple[int | None, int | None, int 
     return heads, head_dim, getattr(layer, "v_head_dim", None) or head_dim
 
 
-def _layer_kind(config, layer: nn.Module) -> str | None:
+def layer_kind(config, layer: nn.Module) -> str | None:
     """The layer's entry of config.layer_types ("full_attention", "sliding_attention"), None when not given."""
     types = getattr(config, "layer_types", None)
     index = getattr(layer, "layer_idx", None)
@@ -114,7 +114,7 @@ def _reads_past(variant: str, options: dict, window: int) -> bool:
     return reach in options and int(options[reach]) + 1 > window
 
 
-def _cache_argument(model) -> str | None:
+def cache_argument(model) -> str | None:
     """The name the model's forward takes its cache by ("cache" in recent transformers, "past_key_values")."""
     parameters = inspect.signature(type(model).forward).parameters
     return next((name for name in ("cache", "past_key_values") if name in parameters), None)

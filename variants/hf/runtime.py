@@ -20,7 +20,7 @@ from torch import Tensor, nn
 from .._registry import build, option_names, variant_class
 from .cache import _state_step
 from .checks import _check_cache_keeps_what_is_read, _check_layer, _check_pattern
-from .layers import _REGISTERED, ATTRIBUTE, IMPLEMENTATION, UNSUPPORTED_KWARGS, _layer_kind, _layer_shape, _transformers
+from .layers import _REGISTERED, ATTRIBUTE, IMPLEMENTATION, UNSUPPORTED_KWARGS, layer_kind, _layer_shape, _transformers
 
 
 def _variant_for_layer(
@@ -37,7 +37,7 @@ def _variant_for_layer(
         chosen["value_dim"] = value_dim  # (MLA-shaped layers: DeepSeek-V3's values are narrower than its keys)
     reach = variant_class(variant).spec.reach_option  # a window bounding how far back a position sees
     if reach is not None and reach not in chosen:
-        kind = _layer_kind(config, layer)
+        kind = layer_kind(config, layer)
         if kind == "full_attention":  # a local/global model's global layer stays global: exact softmax
             variant, chosen = "full", {key: value for key, value in chosen.items() if key == "scale"}
         else:
