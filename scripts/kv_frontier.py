@@ -13,8 +13,8 @@ from __future__ import annotations
 import argparse
 from pathlib import Path
 
-from harness.readers.lm_frames import lm_frame
-from harness.readers.lm_kv import draw_kv_frontier, kv_rows, other_points
+from harness.readers.lm.frames import lm_frame
+from harness.readers.lm.kv import draw_kv_frontier, kv_rows, other_points
 
 
 def main() -> None:

@@ -16,7 +16,7 @@ from pathlib import Path
 import pandas as pd
 
 from harness.lm.config import OWN
-from harness.readers.lm_frames import lm_frame, paired_ratio_table
+from harness.readers.lm.frames import lm_frame, paired_ratio_table
 from harness.store.storage import read_metadata
 
 SAME = (  # what makes two runs' windows the same text, scored the same way

@@ -15,7 +15,7 @@ import sys
 from pathlib import Path
 
 from harness.fmt import fmt_bytes
-from harness.readers.quality_frames import final_frame, quality_rows, recipe
+from harness.readers.quality.frames import final_frame, quality_rows, recipe
 from harness.readers.tables import markdown_table, replace_block
 
 MARKER = "lr-sweep"

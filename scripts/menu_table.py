@@ -15,9 +15,9 @@ import sys
 from pathlib import Path
 
 import variants
-from harness.readers.lm_frames import lm_frame, perplexity_table
+from harness.readers.lm.frames import lm_frame, perplexity_table
 from harness.quality.config import QualityConfig
-from harness.readers.quality_frames import accuracy_summary, quality_rows
+from harness.readers.quality.frames import accuracy_summary, quality_rows
 from harness.readers.tables import replace_block
 from harness.store.storage import read_metadata
 

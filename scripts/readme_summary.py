@@ -9,8 +9,8 @@ import sys
 from pathlib import Path
 
 from harness.fmt import fmt_bytes, fmt_time
-from harness.readers.frames import load_frame
-from harness.readers.summary import summarize
+from harness.readers.speed.frames import load_frame
+from harness.readers.speed.summary import summarize
 from harness.readers.tables import replace_block
 from harness.store.storage import baseline_of, variant_facts
 

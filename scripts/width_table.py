@@ -17,8 +17,8 @@ from pathlib import Path
 import pandas as pd
 
 from harness.fmt import fmt_bytes
-from harness.readers.quality_frames import sweep_rows, width_frame
-from harness.readers.quality_plots import width_figure
+from harness.readers.quality.frames import sweep_rows, width_frame
+from harness.readers.quality.plots import width_figure
 from harness.readers.tables import markdown_table, replace_block
 from harness.store.storage import read_metadata, variant_facts
 

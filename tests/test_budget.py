@@ -27,15 +27,16 @@ def test_module_docstrings_are_at_most_15_lines():
     assert not long, f"module docstrings over 15 lines (the detail belongs beside its code): {long}"
 
 
-def test_no_module_over_300_lines_but_a_method_that_teaches_its_math():
+def test_no_module_over_300_lines_but_a_method_that_teaches_its_math_or_a_report():
+    """A report that is one report stays one file (issue 69): a report.py may run to 400 lines."""
     long = {
         str(path.relative_to(ROOT)): n
         for path in SOURCES
         if path.parts[len(ROOT.parts)] != "tests"
         and "methods" not in path.relative_to(ROOT).parts
-        and (n := len(path.read_text().splitlines())) > 300
+        and (n := len(path.read_text().splitlines())) > (400 if path.name == "report.py" else 300)
     }
-    assert not long, f"modules over 300 lines (one idea a file): {long}"
+    assert not long, f"modules over 300 lines (one idea a file; a report 400): {long}"
 
 
 @pytest.mark.parametrize("page", DOCS, ids=lambda p: p.name)
@@ -83,3 +84,15 @@ def test_the_literal_check_catches_a_name():
     tree = ast.parse('"""the full story"""\nBASELINE = "full"\nOPTIONS = {"moba.block": 8}\n')
     names = [node.value for node in _strings(tree)]
     assert names == ["full", "moba.block"]
+
+
+def test_the_readers_keep_a_folder_a_run_kind():
+    """harness/readers/ holds the shared helpers and a folder a run kind, not files grouped by name prefix."""
+    top = sorted(p.name for p in (ROOT / "harness" / "readers").glob("*.py"))
+    assert len(top) <= 8, f"harness/readers/ has {len(top)} files at its top (at most 8): {top}"
+    assert {p.name for p in (ROOT / "harness" / "readers").iterdir() if p.is_dir() and p.name != "__pycache__"} == {
+        "speed",
+        "quality",
+        "lm",
+        "advise",
+    }

@@ -25,13 +25,13 @@ def test_the_check_fails_on_an_upward_import_a_cycle_and_a_local_import(tmp_path
     storage = tmp_path / "harness" / "store" / "storage.py"
     storage.write_text(
         storage.read_text()
-        + "\nfrom harness.readers.summary import summarize  # upward\nfrom harness.store.rows import Row  # rows imports storage\n"
+        + "\nfrom harness.readers.speed.summary import summarize  # upward\nfrom harness.store.rows import Row  # rows imports storage\n"
     )
     rows = tmp_path / "harness" / "store" / "rows.py"
     rows.write_text(
         rows.read_text() + "\n\ndef _late():\n    from harness.store import storage  # local, and loads no torch\n"
     )
-    advise = tmp_path / "harness" / "readers" / "advise.py"
+    advise = tmp_path / "harness" / "readers" / "advise" / "answer.py"
     advise.write_text(advise.read_text() + "\nimport variants  # a reader importing the variants\n")
     runner = tmp_path / "harness" / "sweep" / "runner.py"  # a module passing on a name it imports, and a caller
     runner.write_text(runner.read_text() + '\n__all__ = ["RunConfig"]\n')
@@ -46,11 +46,11 @@ def test_the_check_fails_on_an_upward_import_a_cycle_and_a_local_import(tmp_path
         timeout=60,
     )
     assert out.returncode == 1, out.stdout
-    assert "harness.store.storage imports harness.readers.summary, a wing above its own" in out.stdout
+    assert "harness.store.storage imports harness.readers.speed.summary, a wing above its own" in out.stdout
     cycle = [line for line in out.stdout.splitlines() if line.startswith("import cycle:")]
     assert cycle and "harness.store.rows" in cycle[0] and "harness.store.storage" in cycle[0], out.stdout
     assert "harness.store.rows imports harness.store.storage inside a function" in out.stdout
-    assert "the reader harness.readers.advise imports variants" in out.stdout
+    assert "the reader harness.readers.advise.answer imports variants" in out.stdout
     assert "harness/sweep/runner.py: __all__ passes on RunConfig, defined in harness.sweep.config" in out.stdout
     assert "tests/test_x.py:1: imports RunConfig from harness.sweep.runner, which imports it from" in out.stdout
     assert "tests/test_x.py:4: reaches RunConfig through harness.sweep.runner, which imports it from" in out.stdout

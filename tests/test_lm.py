@@ -497,11 +497,12 @@ def test_the_held_out_error_by_position_is_flat_for_pre_rope_maps_only(tiny, mon
     assert max(flat) - min(flat) < 1e-6 * max(flat) and max(moved) - min(moved) > 1e-3 * max(moved)  # same text
     import pandas as pd
 
-    from harness.readers import lm_frames, lm_sections
+    from harness.readers.lm import frames as lm_frames
+    from harness.readers.lm import training
 
     row = {"task": "linearize", "setting": "w + linearized", "seconds": 1.0, "tokens": 64, "lora": None}
     frame = pd.DataFrame([{**row, "transfer": {"error_by_position": {"0-1024": 0.2, "4096-8192": 0.94}}}])
-    text = "\n".join(lm_sections._error_by_position(lm_frames.linearize_table(frame)))
+    text = "\n".join(training._error_by_position(lm_frames.linearize_table(frame)))
     assert "| attention | 0-1024 | 4096-8192 |" in text and "| `w + linearized` | 0.200 | 0.940 |" in text
 
 
@@ -524,11 +525,12 @@ def test_the_out_of_window_share_is_read_for_window_variants_beside_softmax(tiny
     assert stages.older_shares(linear, text, context=512) == {}
     import pandas as pd
 
-    from harness.readers import lm_frames, lm_sections
+    from harness.readers.lm import frames as lm_frames
+    from harness.readers.lm import training
 
     row = {"task": "linearize", "setting": "w + linearized", "seconds": 1.0, "tokens": 64, "lora": None}
     frame = pd.DataFrame([{**row, "transfer": {"older_share": {"1024": [0.5, 0.25], "8192": [0.99, 0.65]}}}])
-    text = "\n".join(lm_sections._older_share(lm_frames.linearize_table(frame)))
+    text = "\n".join(training._older_share(lm_frames.linearize_table(frame)))
     assert "| attention | 1024 | 8192 |" in text and "| `w + linearized` | 50% / 25% | 99% / 65% |" in text
 
 

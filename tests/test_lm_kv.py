@@ -18,7 +18,7 @@ from helpers import bench, save_tiny_gpt2, save_tiny_llama  # noqa: E402
 from harness.lm.config import LMConfig, RESULTS, cells, row_key  # noqa: E402
 from harness.lm.model import load  # noqa: E402
 from harness.lm.tasks import passkey_prompt  # noqa: E402
-from harness.readers import lm_kv  # noqa: E402
+from harness.readers.lm import kv as lm_kv  # noqa: E402
 
 SWEEP = ["--kv-policy", "knorm,snapkv", "--ratios", "0.5", "--lengths", "384", "--depths", "50", "--keys", "2"]
 

@@ -73,7 +73,7 @@ def test_rows_record_every_option_and_the_sequence_length_and_readers_use_them()
     """A row holds the options as given and every option trained with (defaults filled in), and the
     tokens its model read; a windowed variant trained at its default window still gets its reach."""
     import variants
-    from harness.readers.quality_frames import by_distance_frame, trained_options
+    from harness.readers.quality.frames import by_distance_frame, trained_options
 
     cfg = TrainConfig(d_model=16, layers=1, heads=2, steps=2, batch=4, eval_every=2, eval_examples=8)
     row = train_one("recall", 16, "sliding_window", {}, cfg)[-1]

@@ -13,7 +13,7 @@ from harness.policy import recorded_facts
 from harness.quality.config import TrainConfig
 from harness.quality.tasks import CopyTask, RecallTask, distance_buckets
 from harness.quality.train import train_one
-from harness.readers.quality_frames import by_distance_frame
+from harness.readers.quality.frames import by_distance_frame
 from harness.store.storage import QUALITY_RESULTS, RowWriter, read_rows, variant_facts, write_metadata
 from helpers import bench, make_run
 
@@ -439,7 +439,7 @@ def make_quality_run(path, accuracy: dict, lengths=(256,), device="cpu", lr=3e-3
 
 
 def test_advise_marks_measured_interpolated_and_extrapolated(tmp_path):
-    from harness.readers.advise import advise
+    from harness.readers.advise.answer import advise
 
     speed = make_run(tmp_path / "speed")
     quality = make_quality_run(tmp_path / "quality", {"full": 0.95, "linear": 0.4})
@@ -461,8 +461,8 @@ def test_advise_marks_measured_interpolated_and_extrapolated(tmp_path):
 
 
 def test_advise_filters_by_memory_and_accuracy(tmp_path):
-    from harness.readers.advise import advise
-    from harness.readers.advise_text import recommendation
+    from harness.readers.advise.answer import advise
+    from harness.readers.advise.text import recommendation
 
     speed = make_run(tmp_path / "speed")
     quality = make_quality_run(tmp_path / "quality", {"full": 0.95, "linear": 0.4})
@@ -532,7 +532,7 @@ def test_advise_ranks_by_a_default_floor_and_reads_at_80_columns(tmp_path):
     """Without --min-accuracy a variant must keep within 10 points of full's accuracy to be ranked (linear's
     40% against full's 95% is not ranked first for being fast); the table fits 80 columns with whole names,
     its notes numbered under it; markdown and json carry the same answer."""
-    from harness.readers.advise import advise
+    from harness.readers.advise.answer import advise
 
     speed = make_run(tmp_path / "speed")
     quality = make_quality_run(tmp_path / "quality", {"full": 0.95, "linear": 0.4})
@@ -593,7 +593,7 @@ def _edited_copy(run, path, **changes):
 
 def test_advise_never_pools_speed_rows_of_different_setups(tmp_path):
     # finding 5: runs of other shapes or machines were merged, taking the minimum time at each N
-    from harness.readers.advise import advise
+    from harness.readers.advise.answer import advise
 
     speed = _edited_copy(make_run(tmp_path / "made"), tmp_path / "speed", device_name="Test CPU")
     heads = _edited_copy(speed, tmp_path / "heads", heads=2)
@@ -623,7 +623,7 @@ def test_advise_never_pools_speed_rows_of_different_setups(tmp_path):
 
 def test_advise_at_a_trained_length_below_the_timed_ones_extrapolates_and_says_so(tmp_path):
     # finding 12: with the speed runs timed from N = 256 and recall trained at L = 32, 64, --len 64 was refused
-    from harness.readers.advise import advise
+    from harness.readers.advise.answer import advise
 
     speed = make_run(tmp_path / "speed")
     short = make_quality_run(tmp_path / "short", {"full": 0.9}, lengths=(32, 64))
@@ -637,7 +637,7 @@ def test_advise_at_a_trained_length_below_the_timed_ones_extrapolates_and_says_s
 
 
 def test_advise_says_a_task_has_no_finished_training(tmp_path):
-    from harness.readers.advise import advise
+    from harness.readers.advise.answer import advise
     from harness.options import ArgumentError
 
     speed = make_run(tmp_path / "speed")
@@ -656,8 +656,8 @@ def test_advise_says_a_task_has_no_finished_training(tmp_path):
 
 def test_advise_states_unequal_seeds(tmp_path):
     # finding 6: an unfinished quality run averaged full over 3 seeds and the others over 2, without a word
-    from harness.readers.advise import advise
-    from harness.readers.advise_text import advise_table
+    from harness.readers.advise.answer import advise
+    from harness.readers.advise.text import advise_table
 
     speed = make_run(tmp_path / "speed")
     quality = make_quality_run(tmp_path / "quality", {"full": 0.95, "linear": 0.4})
@@ -678,7 +678,7 @@ def test_tradeoff_report_draws_accuracy_against_time(tmp_path):
     # the made-up speed run is non-causal and has no causal rows: the report says so
     result = _invoke("report", str(speed), str(quality), "--out", str(out))
     assert result.exit_code == 2 and "no fwdbwd causal rows" in _text(result)
-    from harness.readers.tradeoff import write_tradeoff_report
+    from harness.readers.advise.tradeoff import write_tradeoff_report
 
     path, figures = write_tradeoff_report([speed, quality], out, causal=False)
     text = path.read_text()

@@ -251,7 +251,7 @@ def test_ray_not_installed_names_the_extra(monkeypatch):
 def test_two_gpu_kinds_are_two_devices_in_reports(tmp_path):
     # rows of one cuda kind on two GPU models (as a cluster of A100 and H100 nodes writes them): every table
     # and figure treats them as two devices
-    from harness.readers.frames import by_hardware
+    from harness.readers.speed.frames import by_hardware
 
     import pandas as pd
 

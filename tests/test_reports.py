@@ -11,7 +11,7 @@ import pytest
 import torch
 
 import variants
-from harness.readers.summary import crossover, fit_exponent, summarize
+from harness.readers.speed.summary import crossover, fit_exponent, summarize
 from helpers import NS, bench, make_run
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -76,7 +76,7 @@ def test_report_has_tables_exponents_and_reasons(tmp_path):
 
 
 def test_summary_crossover_of_synthetic_run(tmp_path):
-    from harness.readers.frames import load_frame
+    from harness.readers.speed.frames import load_frame
 
     from harness.store.storage import baseline_of, variant_facts
 
@@ -90,7 +90,7 @@ def test_summary_crossover_of_synthetic_run(tmp_path):
 def test_compare_ratios_and_exit_codes(tmp_path):
     a = make_run(tmp_path / "a")
     b = make_run(tmp_path / "b", slow_factor=1.2)  # full and linear 20% slower, full_naive and flex unchanged
-    from harness.readers.compare import compare_runs
+    from harness.readers.speed.compare import compare_runs
 
     cells, per_variant, broken = compare_runs(a, b)
     assert broken.empty  # every cell ok in A is ok in B
@@ -185,7 +185,7 @@ from harness.cli import app
 for args in (["report", {str(run)!r}], ["compare", {str(run)!r}, {str(run)!r}], ["advise", "--len", "1024", "--no-causal", {str(run)!r}]):
     result = CliRunner().invoke(app, args)
     assert result.exit_code == 0, result.output
-from harness.readers.frames import load_frame
+from harness.readers.speed.frames import load_frame
 frame = load_frame({str(run)!r})
 assert len(frame) == 40, len(frame)
 print(sorted(m for m in sys.modules if m == "torch" or m.startswith("variants")))

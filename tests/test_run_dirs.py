@@ -107,7 +107,7 @@ def test_foreign_rows_are_ignored_with_a_warning_and_measured(tmp_path, capfd):
     result = bench("run", "--resume", str(out))
     assert result.exit_code == 0, result.output
     assert "2 rows belong to another configuration" in " ".join((result.output + capfd.readouterr().err).split())
-    from harness.readers.frames import load_frame
+    from harness.readers.speed.frames import load_frame
 
     df = load_frame(out)
     assert len(df) == 4 and set(df["head_dim"]) == {16}
@@ -146,7 +146,7 @@ def test_duplicate_cells_resolve_to_the_latest_row(tmp_path, capfd):
     newer = {**rows[0], "time_median_s": 123.0}
     with open(out / "results.jsonl", "a") as f:
         f.write(json.dumps(newer) + "\n")
-    from harness.readers.frames import load_frame
+    from harness.readers.speed.frames import load_frame
 
     df = load_frame(out)
     assert len(df) == 4 and 123.0 in set(df["time_median_s"])

@@ -18,7 +18,7 @@ from harness.quality.plan import build_quality_config
 from harness.quality.tasks import MQARTask, distinct_draws, make_task
 from harness.quality.train import FixedSet, train_one
 from harness.quality.trainings import run_key, training_keys
-from harness.readers.quality_frames import chosen_recipe, width_frame
+from harness.readers.quality.frames import chosen_recipe, width_frame
 
 
 def test_mqar_is_zoologys_layout():
@@ -224,7 +224,7 @@ def test_the_width_table_names_each_method_and_refuses_other_tasks(tmp_path):
 
 
 def test_the_comparison_gives_a_reason_only_where_a_run_differs_from_zoology():
-    from harness.readers.sweep_report import _why
+    from harness.readers.quality.report import _why
 
     assert _why({"batch": 512}, "batch", "too slow") == "" and _why({"batch": 128}, "batch", "too slow") == "too slow"
     assert _why({"lrs": [1e-4, 4.64e-4, 2.15e-3, 1e-2]}, "lrs", "r") == "" and _why({}, "heads", "r") == "r"
@@ -233,7 +233,7 @@ def test_the_comparison_gives_a_reason_only_where_a_run_differs_from_zoology():
 def test_a_half_trained_width_does_not_stand_for_the_variant():
     """A sweep stopped part-way through d_model 32 (one of its two rates trained) is read at d_model 16, where
     both rates finished; once 32 has both, it is read there, at its best rate."""
-    from harness.readers.quality_frames import chosen_recipe, sweep_point
+    from harness.readers.quality.frames import chosen_recipe, sweep_point
 
     def row(d, lr, acc):
         return {"task": "mqar", "variant": "full", "length": 32, "final": True, "cfg_d_model": d, "cfg_lr": lr,
@@ -248,7 +248,7 @@ def test_a_half_trained_width_does_not_stand_for_the_variant():
 def test_a_width_sweep_measures_each_widths_step_and_the_report_names_it(tmp_path):
     # a --d-model sweep measured the step once, at its first width, and the report printed it unlabelled beside
     # tables of the widest width: each width is measured, and the row and the table say which
-    from harness.readers.quality_frames import cost_frame, step_key
+    from harness.readers.quality.frames import cost_frame, step_key
 
     out = tmp_path / "zoo"
     args = ["--preset", "zoology", "--variants", "full,linear", "--lengths", "32", "--d-model", "16,32", "--lr", "1e-3"]

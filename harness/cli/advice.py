@@ -14,8 +14,8 @@ from rich.table import Table
 
 from harness import options as opts
 from harness.options import MAX_LENGTH, ArgumentError
-from harness.readers.advise import advise as answer
-from harness.readers.advise_text import advise_table, answers_json, glance, recommendation
+from harness.readers.advise.answer import advise as answer
+from harness.readers.advise.text import advise_table, answers_json, glance, recommendation
 from harness.readers.tables import markdown_table
 
 from .common import OneTask, Pass, checked, make_console, print_wrapped, within

@@ -12,12 +12,12 @@ from rich.table import Table
 
 from harness import options as opts
 from harness.fmt import fmt_time
-from harness.readers.compare import KEY as KEY_COLUMNS
-from harness.readers.compare import compare_runs, geomean
+from harness.readers.speed.compare import KEY as KEY_COLUMNS
+from harness.readers.speed.compare import compare_runs, geomean
 from harness.readers.report import make_report
-from harness.readers.speed_plots import plot_run
-from harness.readers.summary import NOISE_NOTE
-from harness.readers.tradeoff import write_tradeoff_report
+from harness.readers.speed.plots import plot_run
+from harness.readers.speed.summary import NOISE_NOTE
+from harness.readers.advise.tradeoff import write_tradeoff_report
 
 from .common import ImportOption, OptionOption, at_least, checked, existing_run, make_console, within
 

@@ -10,7 +10,7 @@ from rich.console import Console
 
 from harness import options as opts
 from harness.options import MAX_CHECK_LEN
-from harness.readers.summary import render_summary, summarize
+from harness.readers.speed.summary import render_summary, summarize
 from harness.store import rundir
 from harness.store.storage import METADATA, RESULTS, baseline_of, variant_facts
 

@@ -6,7 +6,7 @@ from __future__ import annotations
 from rich.console import Console
 from rich.table import Table
 
-from harness.readers.quality_report import accuracy_text, final_accuracy_grid
+from harness.readers.quality.report import accuracy_text, final_accuracy_grid
 
 from .common import progress_bar
 

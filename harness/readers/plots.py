@@ -1,5 +1,5 @@
 """What every figure shares: matplotlib's settings, each variant's colour and marker, captions, the panel grid,
-and saving byte-identically. The figures: speed_plots.py, quality_plots.py, lm_figures.py.
+and saving byte-identically. The figures: speed/plots.py, quality/plots.py, lm/figures.py.
 
 Figures read a run directory only (never measure). One figure per question, one panel per (device, pass,
 causal). Output is deterministic: the same run gives byte-identical files.

@@ -1,17 +1,17 @@
-"""A run's REPORT.md: the command and machine, then the speed part (readers/speed_report.py) and the
-quality part (readers/quality_report.py), or an lm run's (readers/lm_report.py). Reads run directories only."""
+"""A run's REPORT.md: the command and machine, then the speed part (readers/speed/report.py) and the
+quality part (readers/quality/report.py), or an lm run's (readers/lm/report.py). Reads run directories only."""
 
 from __future__ import annotations
 
 from pathlib import Path
 
 from harness.fmt import fmt_bytes
-from harness.readers.frames import load_frame
-from harness.readers.lm_report import write_lm_report
-from harness.readers.quality_plots import plot_quality
-from harness.readers.quality_report import quality_section
-from harness.readers.speed_plots import plot_run
-from harness.readers.speed_report import nodes_section, speed_section
+from harness.readers.speed.frames import load_frame
+from harness.readers.lm.report import write_lm_report
+from harness.readers.quality.plots import plot_quality
+from harness.readers.quality.report import quality_section
+from harness.readers.speed.plots import plot_run
+from harness.readers.speed.report import nodes_section, speed_section
 from harness.readers.tables import code_span, md_text
 from harness.store.storage import read_metadata, read_rows
 

@@ -9,7 +9,7 @@ from pathlib import Path
 import pandas as pd
 
 from harness.readers.plots import caption, fmt_n, grid, matplotlib_rc, save_figure, variant_style
-from harness.readers.quality_frames import (
+from harness.readers.quality.frames import (
     accuracy_summary,
     by_distance_frame,
     cost_frame,

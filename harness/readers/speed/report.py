@@ -10,7 +10,7 @@ from pathlib import Path
 import pandas as pd
 
 from harness.fmt import fmt_bytes, fmt_time
-from harness.readers.summary import NOISE_NOTE, PANEL, crossover_text, noisy_mask, summarize
+from harness.readers.speed.summary import NOISE_NOTE, PANEL, crossover_text, noisy_mask, summarize
 from harness.readers.tables import code_span, figure_links, markdown_table, md_text
 from harness.store.storage import baseline_of, variant_facts
 

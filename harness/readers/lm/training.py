@@ -1,5 +1,5 @@
-"""The sections of a `bench lm` REPORT.md that explain a training or a task: distillation, linearization
-and decoding."""
+"""The sections of a `bench lm` REPORT.md that explain a training: what distillation and linearization did,
+step by step, and what the trained attention got right and wrong by position."""
 
 from __future__ import annotations
 
@@ -7,17 +7,8 @@ import math
 
 import pandas as pd
 
-from harness.fmt import fmt_bytes, fmt_time
-from harness.readers.lm_frames import (
-    DISTILLED,
-    OWN,
-    base_of,
-    decode_exponent,
-    decode_table,
-    distill_table,
-    linearize_table,
-    perplexity_table,
-)
+from harness.fmt import fmt_time
+from harness.readers.lm.frames import DISTILLED, OWN, base_of, distill_table, linearize_table, perplexity_table
 from harness.readers.tables import markdown_table
 
 
@@ -68,66 +59,6 @@ def distill_section(
             "",
         ]
     return lines
-
-
-def decode_section(df: pd.DataFrame, settings: list[str], lengths: list[int]) -> list[str]:
-    table = decode_table(df)
-    if table.empty:
-        return []
-    cell = {(r.setting, int(r.length)): r for r in table.itertuples()}
-    ok = lambda v: v is not None and v == v  # noqa: E731
-    rows = []
-    for s in settings:
-        mine = [cell.get((s, n)) for n in lengths]
-        if not any(mine):
-            continue
-        exponent = decode_exponent(table, s)
-        rows.append(
-            [
-                f"`{s}`",
-                *(
-                    f"{fmt_time(r.token_s)} ({r.vs_sdpa:.2f}×)"
-                    if r is not None and ok(r.vs_sdpa)
-                    else fmt_time(r.token_s)
-                    if r is not None
-                    else ""
-                    for r in mine
-                ),
-                "" if exponent is None else f"{exponent:.2f}",
-            ]
-        )
-    states = []
-    for s in settings:
-        mine = [cell.get((s, n)) for n in lengths]
-        if any(mine):
-            states.append(
-                [
-                    f"`{s}`",
-                    *(
-                        f"{fmt_bytes(r.state_bytes)} ({r.state_vs_sdpa:.2f}×)"
-                        if r is not None and ok(r.state_vs_sdpa)
-                        else fmt_bytes(r.state_bytes)
-                        if r is not None
-                        else ""
-                        for r in mine
-                    ),
-                ]
-            )
-    return [
-        "## Decoding inside the model",
-        "",
-        "A prompt of L tokens of the text, then 16 tokens fed one at a time with the cache: the model's own KV "
-        "cache for `sdpa`, each layer's decoding state otherwise (`variants.hf.state_cache`). Time: the median "
-        "of the 16 forwards of one token (× `sdpa` at the same L); exponent: the fitted slope of log time on "
-        f"log L from 1024 to {max(lengths)} (0: flat, 1: linear in the context).",
-        "",
-        markdown_table(["attention", *map(str, lengths), "exponent"], rows),
-        "",
-        "The cache's bytes after the prompt (× the model's own KV cache):",
-        "",
-        markdown_table(["attention", *map(str, lengths)], states),
-        "",
-    ]
 
 
 def linearize_section(df: pd.DataFrame, cfg: dict, lengths: list[int], about: dict) -> list[str]:

@@ -7,8 +7,8 @@ from pathlib import Path
 
 import pandas as pd
 
-from harness.readers.frames import load_frame
-from harness.readers.summary import noisy_mask
+from harness.readers.speed.frames import load_frame
+from harness.readers.speed.summary import noisy_mask
 
 KEY = ["device", "variant", "pass", "causal", "n", "batch", "heads", "head_dim", "dtype"]
 

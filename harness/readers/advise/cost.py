@@ -11,9 +11,9 @@ from pathlib import Path
 import pandas as pd
 
 from harness.options import ArgumentError
-from harness.readers.frames import load_frame
-from harness.readers.quality_frames import quality_rows
-from harness.readers.summary import fit_exponent
+from harness.readers.speed.frames import load_frame
+from harness.readers.quality.frames import quality_rows
+from harness.readers.speed.summary import fit_exponent
 from harness.store.storage import RESULTS
 
 

@@ -7,11 +7,11 @@ from pathlib import Path
 import pandas as pd
 
 from harness.quality.config import TOKENS_PER_L
-from harness.readers.advise import advise
-from harness.readers.advise_cost import log_interp, speed_rows, split_runs
-from harness.readers.advise_text import advise_table, recommendation
-from harness.readers.quality_frames import cost_frame, quality_rows, step_key
-from harness.readers.quality_plots import tradeoff_figure
+from harness.readers.advise.answer import advise
+from harness.readers.advise.cost import log_interp, speed_rows, split_runs
+from harness.readers.advise.text import advise_table, recommendation
+from harness.readers.quality.frames import cost_frame, quality_rows, step_key
+from harness.readers.quality.plots import tradeoff_figure
 from harness.readers.tables import figure_links, markdown_table, md_text
 from harness.store.storage import baseline_of, variant_facts
 

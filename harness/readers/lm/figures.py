@@ -8,7 +8,7 @@ from pathlib import Path
 
 import pandas as pd
 
-from harness.readers.lm_frames import (
+from harness.readers.lm.frames import (
     DISTILLED,
     LEGEND_INSIDE,
     LINEARIZED,

@@ -8,7 +8,7 @@ from dataclasses import asdict
 import pandas as pd
 
 from harness.fmt import fmt_bytes, fmt_percent, fmt_time, significant
-from harness.readers.advise_cost import Answer
+from harness.readers.advise.cost import Answer
 
 
 def recommendation(answers: list[Answer], context: dict) -> str:

@@ -7,7 +7,7 @@ on the task at the trained length L nearest to N (marked when L < N: the model n
 what accuracy by distance says at that L; then a ranking: the fastest variant that fits the budget
 and keeps the accuracy asked for.
 
-The cost side: advise_cost.py; the answer as a table, a glance, JSON or a sentence: advise_text.py.
+The cost side: cost.py; the answer as a table, a glance, JSON or a sentence: text.py.
 """
 
 from __future__ import annotations
@@ -20,8 +20,8 @@ import pandas as pd
 from harness.fmt import fmt_bytes, fmt_percent
 from harness.options import ArgumentError
 from harness.quality.config import TOKENS_PER_L
-from harness.readers.advise_cost import Answer, log_interp, options_text, speed_rows, split_runs
-from harness.readers.quality_frames import (
+from harness.readers.advise.cost import Answer, log_interp, options_text, speed_rows, split_runs
+from harness.readers.quality.frames import (
     accuracy_summary,
     by_distance_frame,
     mixed_recipe,

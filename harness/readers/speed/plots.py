@@ -7,9 +7,9 @@ from pathlib import Path
 
 import pandas as pd
 
-from harness.readers.frames import load_frame
+from harness.readers.speed.frames import load_frame
 from harness.readers.plots import FORMATS, caption, fmt_n, grid, matplotlib_rc, save_figure, variant_style
-from harness.readers.summary import PANEL, crossover, fit_exponent, panel_rows
+from harness.readers.speed.summary import PANEL, crossover, fit_exponent, panel_rows
 from harness.store.storage import baseline_of, read_metadata
 
 STOP_MARKER = {"oom": "OOM"}  # how a figure labels where a series stopped; other statuses by their name

@@ -10,8 +10,8 @@ from pathlib import Path
 import pandas as pd
 
 from harness.fmt import fmt_bytes, fmt_time
-from harness.readers.lm_figures import plain_log_labels
-from harness.readers.lm_frames import _accuracy
+from harness.readers.lm.figures import plain_log_labels
+from harness.readers.lm.frames import _accuracy
 from harness.readers.tables import markdown_table
 from harness.stats import bootstrap_paired_difference, bootstrap_pooled_mean
 

@@ -1,16 +1,20 @@
-"""A `bench lm` run's REPORT.md: its setup, then a section a task (tables: lm_frames.py, sections:
-lm_sections.py, figures: lm_figures.py). Reading and drawing only: no torch, no model."""
+"""A `bench lm` run's REPORT.md: its setup, then a section a task (tables: frames.py, the trainings' sections:
+training.py, figures: figures.py). Reading and drawing only: no torch, no model."""
 
 from __future__ import annotations
 
 from pathlib import Path
 
+import pandas as pd
+
 from harness.fmt import fmt_bytes, fmt_time
-from harness.readers.lm_figures import draw_lm
-from harness.readers.lm_kv import draw_kv_frontier, kv_rows, kv_section
-from harness.readers.lm_frames import (
+from harness.readers.lm.figures import draw_lm
+from harness.readers.lm.kv import draw_kv_frontier, kv_rows, kv_section
+from harness.readers.lm.frames import (
     OWN,
     cost_table,
+    decode_exponent,
+    decode_table,
     lm_frame,
     paired_ratio_table,
     passkey_table,
@@ -18,7 +22,7 @@ from harness.readers.lm_frames import (
     ruler_table,
     setting_order,
 )
-from harness.readers.lm_sections import decode_section, distill_section, linearize_section
+from harness.readers.lm.training import distill_section, linearize_section
 from harness.readers.tables import code_span, markdown_table
 from harness.store.storage import read_metadata
 
@@ -217,3 +221,63 @@ def write_lm_report(run_dir: Path) -> tuple[Path, list[Path]]:
     path = run_dir / "REPORT.md"
     path.write_text("\n".join(lines))
     return path, figures + ([frontier] if frontier else [])
+
+
+def decode_section(df: pd.DataFrame, settings: list[str], lengths: list[int]) -> list[str]:
+    table = decode_table(df)
+    if table.empty:
+        return []
+    cell = {(r.setting, int(r.length)): r for r in table.itertuples()}
+    ok = lambda v: v is not None and v == v  # noqa: E731
+    rows = []
+    for s in settings:
+        mine = [cell.get((s, n)) for n in lengths]
+        if not any(mine):
+            continue
+        exponent = decode_exponent(table, s)
+        rows.append(
+            [
+                f"`{s}`",
+                *(
+                    f"{fmt_time(r.token_s)} ({r.vs_sdpa:.2f}×)"
+                    if r is not None and ok(r.vs_sdpa)
+                    else fmt_time(r.token_s)
+                    if r is not None
+                    else ""
+                    for r in mine
+                ),
+                "" if exponent is None else f"{exponent:.2f}",
+            ]
+        )
+    states = []
+    for s in settings:
+        mine = [cell.get((s, n)) for n in lengths]
+        if any(mine):
+            states.append(
+                [
+                    f"`{s}`",
+                    *(
+                        f"{fmt_bytes(r.state_bytes)} ({r.state_vs_sdpa:.2f}×)"
+                        if r is not None and ok(r.state_vs_sdpa)
+                        else fmt_bytes(r.state_bytes)
+                        if r is not None
+                        else ""
+                        for r in mine
+                    ),
+                ]
+            )
+    return [
+        "## Decoding inside the model",
+        "",
+        "A prompt of L tokens of the text, then 16 tokens fed one at a time with the cache: the model's own KV "
+        "cache for `sdpa`, each layer's decoding state otherwise (`variants.hf.state_cache`). Time: the median "
+        "of the 16 forwards of one token (× `sdpa` at the same L); exponent: the fitted slope of log time on "
+        f"log L from 1024 to {max(lengths)} (0: flat, 1: linear in the context).",
+        "",
+        markdown_table(["attention", *map(str, lengths), "exponent"], rows),
+        "",
+        "The cache's bytes after the prompt (× the model's own KV cache):",
+        "",
+        markdown_table(["attention", *map(str, lengths)], states),
+        "",
+    ]
