@@ -40,8 +40,9 @@ GROUP_POSITIONS = (
 # A method file (retention.py, ...) computes the recurrence's inputs from q, k, v and its learned gates
 # (`RecurrentAttention.recurrence_inputs`); this file computes the outputs of any such inputs:
 #
-# - `dense_gated`, `dense_delta`: the parallel (quadratic) form over the whole sequence, the methods'
-#   `reference()`: gated O = (Q Kᵀ ⊙ D) V with D_ts = exp(Σ_{s<r<=t} log a_r) (per key dim for gla);
+# - `dense_gated`, `dense_delta`: the parallel (quadratic) form over the whole sequence
+#   (`RecurrentAttention.parallel_reference`; each method file's `reference()` is its recurrence a position at
+#   a time, and equals it): gated O = (Q Kᵀ ⊙ D) V with D_ts = exp(Σ_{s<r<=t} log a_r) (per key dim for gla);
 #   delta rule O = (Q Kᵀ ⊙ D) U with U = (I + A)⁻¹ diag(β) V, A_ts = β_t D_ts k_t·k_s for s < t.
 # - `gated_chunks`, `delta_chunks`: the chunked form (Yang et al. 2024): inside a chunk of C positions the
 #   masked C x C form, across chunks the state. For the delta rule each chunk's U comes from a triangular
@@ -417,7 +418,7 @@ class RecurrentAttention(MapInputs, AttentionVariant):
 
     # -- the recurrence's inputs -----------------------------------------------------------------
     def _inputs(self, q: Tensor, k: Tensor, v: Tensor) -> dict[str, Tensor]:
-        """{q, k, v, log_decay?, beta?} of positions whose raw q, k, v (B, H, L, ·) are given (gates are per position)."""
+        """{q, k, v, log_decay?, beta?} of positions whose raw q, k, v (B, H, L, ·) are given (gates: per position)."""
         raise NotImplementedError
 
     def recurrence_inputs(self, q: Tensor, k: Tensor, v: Tensor, key_padding_mask: Tensor | None = None) -> dict:
@@ -500,25 +501,25 @@ class RecurrentAttention(MapInputs, AttentionVariant):
             out, state = out.reshape(b, kv_heads * groups, *out.shape[2:]), state.reshape(b, kv_heads, *state.shape[2:])
         return out, state
 
-    def reference(self, q, k, v, *, causal=False, key_padding_mask=None):
-        """The parallel form over the whole sequence (every weight stored): what the chunked form must equal."""
+    def reference_inputs(self, q, k, v, key_padding_mask=None) -> tuple[dict, int]:
+        """`recurrence_inputs` as a method's per-position `reference()` reads them, and Nq: q scaled (and, where
+        Nq < Nk, preceded by zero queries from position 0), every K/V input repeated to its group of query heads."""
         k, v = self._grouped_kv(q, k, v)  # repeated to the query heads where a feature map is learned per query head
         n_q, n_k = q.shape[-2], k.shape[-2]
-        q = F.pad(q, (0, 0, n_k - n_q, 0))
-        x = self.recurrence_inputs(q, k, v, key_padding_mask)
-        qs = x["q"] * x["scale"]
-        groups = (
-            qs.shape[1] // x["k"].shape[1]
-        )  # grouped-query: each K/V head's inputs read by its group of query heads
-        x = {
-            name: t.repeat_interleave(groups, dim=1) if isinstance(t, Tensor) and name != "q" else t
-            for name, t in x.items()
-        }
+        x = self.recurrence_inputs(F.pad(q, (0, 0, n_k - n_q, 0)), k, v, key_padding_mask)
+        qs = x.pop("q") * x.pop("scale")
+        groups = qs.shape[1] // x["k"].shape[1]  # grouped-query: each K/V head's inputs read by its query heads
+        return {"q": qs, **{name: t.repeat_interleave(groups, dim=1) for name, t in x.items()}}, n_q
+
+    def parallel_reference(self, q, k, v, *, key_padding_mask=None):
+        """The parallel form over the whole sequence (every weight stored): what each method's per-position
+        `reference()` and the chunked form must both equal."""
+        x, n_q = self.reference_inputs(q, k, v, key_padding_mask)
         if self.delta_rule:
-            out = dense_delta(qs, x["k"], x["v"], x["beta"], x.get("log_decay"))
+            out = dense_delta(x["q"], x["k"], x["v"], x["beta"], x.get("log_decay"))
         else:
-            out = dense_gated(qs, x["k"], x["v"], x["log_decay"])
-        return out[:, :, n_k - n_q :]
+            out = dense_gated(x["q"], x["k"], x["v"], x["log_decay"])
+        return out[:, :, out.shape[2] - n_q :]
 
     # -- decoding: the one-step form -------------------------------------------------------------
     state_kind = "recurrent"

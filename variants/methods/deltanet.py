@@ -14,6 +14,7 @@ DeltaNet recalls associations (MQAR) that additive linear attention blurs.
 
 from __future__ import annotations
 
+import torch
 import torch.nn.functional as F
 
 from .._base import VariantSpec, register
@@ -38,9 +39,15 @@ class DeltaNet(RecurrentAttention):
 
     spec = VariantSpec(
         name="deltanet",
-        summary="DeltaNet: the delta rule S_t = (I − β_t k_t k_tᵀ) S_{t-1} + β_t k_t v_tᵀ on L2-normalised q, k; chunked (WY), D x Dv state",
+        summary=(
+            "DeltaNet: the delta rule S_t = (I − β_t k_t k_tᵀ) S_{t-1} + β_t k_t v_tᵀ on L2-normalised q, k; chunked "
+            "(WY), D x Dv state"
+        ),
         style=("#7b4173", "X"),
-        reference="Schlag et al. 2021, 'Linear Transformers Are Secretly Fast Weight Programmers'; Yang et al. 2024 (parallel form)",
+        reference=(
+            "Schlag et al. 2021, 'Linear Transformers Are Secretly Fast Weight Programmers'; Yang et al. 2024 "
+            "(parallel form)"
+        ),
         time_complexity="O(N C D + N D Dv)",
         memory_complexity="O(N Dv) + one group of chunks",
         supports_non_causal=False,
@@ -48,7 +55,9 @@ class DeltaNet(RecurrentAttention):
         subquadratic=True,
         scale_is_query_factor=False,
         not_deployable=(NO_ONNX_SOLVE,),  # q is L2-normalised first: scale multiplies the normalised q
-        notes="causal only; needs num_heads and head_dim (β per head from the keys); decodes with a constant D x Dv state",
+        notes=(
+            "causal only; needs num_heads and head_dim (β per head from the keys); decodes with a constant D x Dv state"
+        ),
         function_options=("feature_map", "feature_dim", "feature_inputs", "rope_theta", "feature_init", "query_scaled"),
         examples=(
             (("chunk_size", 4),),
@@ -68,3 +77,17 @@ class DeltaNet(RecurrentAttention):
 
     def _inputs(self, q, k, v):
         return {"q": l2_normalised(q), "k": l2_normalised(k), "v": v, "beta": self.beta(k)}
+
+    def reference(self, q, k, v, *, causal=False, key_padding_mask=None):
+        """S_t = S_{t-1} + β_t k_t (v_t − S_{t-1}ᵀ k_t)ᵀ, o_t = scale · q_tᵀ S_t, a position at a time: the
+        definition the chunked form (_recurrence.py) must equal (the same as
+        (I − β_t k_t k_tᵀ) S_{t-1} + β_t k_t v_tᵀ)."""
+        x, n_q = self.reference_inputs(q, k, v, key_padding_mask)  # q, k L2-normalised; beta: β_t
+        state = x["k"].new_zeros(*x["k"].shape[:2], x["k"].shape[-1], x["v"].shape[-1])
+        out = []
+        for t in range(x["k"].shape[2]):
+            k_t, v_t, beta = x["k"][:, :, t], x["v"][:, :, t], x["beta"][:, :, t, None]
+            error = v_t - (k_t[..., None, :] @ state)[..., 0, :]  # v_t − S_{t-1}ᵀ k_t: what the state gets wrong
+            state = state + k_t[..., :, None] * (beta * error)[..., None, :]  # ... stored with strength β_t
+            out.append(x["q"][:, :, t, None] @ state)
+        return torch.cat(out, 2)[:, :, -n_q:]

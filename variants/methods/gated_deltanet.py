@@ -19,6 +19,8 @@ from __future__ import annotations
 
 from dataclasses import replace
 
+import torch
+
 from .._base import register
 from .deltanet import DeltaNet
 from ._recurrence import SSDDecay
@@ -30,10 +32,15 @@ class GatedDeltaNet(DeltaNet):
         DeltaNet.spec,
         name="gated_deltanet",
         family="delta rules",
-        summary="Gated DeltaNet: the delta rule with a scalar data-dependent decay (Qwen3-Next); chunked (WY), D x Dv state",
+        summary=(
+            "Gated DeltaNet: the delta rule with a scalar data-dependent decay (Qwen3-Next); chunked (WY), D x Dv state"
+        ),
         style=("#ad494a", "d"),
         reference="Yang, Kautz & Hatamizadeh 2025, 'Gated Delta Networks: Improving Mamba2 with Delta Rule'",
-        notes="causal only; needs num_heads and head_dim (gates per head from the keys); decodes with a constant D x Dv state",
+        notes=(
+            "causal only; needs num_heads and head_dim (gates per head from the keys); decodes with a constant D x Dv "
+            "state"
+        ),
     )
 
     def __init__(self, **options):
@@ -44,3 +51,17 @@ class GatedDeltaNet(DeltaNet):
     def _inputs(self, q, k, v):
         log_decay, _ = self.decay(k)
         return {**super()._inputs(q, k, v), "log_decay": log_decay}
+
+    def reference(self, q, k, v, *, causal=False, key_padding_mask=None):
+        """S'_t = a_t S_{t-1}, S_t = S'_t + β_t k_t (v_t − S'_tᵀ k_t)ᵀ, o_t = scale · q_tᵀ S_t, a position at a time:
+        the definition the chunked form (_recurrence.py) must equal."""
+        x, n_q = self.reference_inputs(q, k, v, key_padding_mask)  # log_decay: log a_t, a scalar per head
+        state = x["k"].new_zeros(*x["k"].shape[:2], x["k"].shape[-1], x["v"].shape[-1])
+        out = []
+        for t in range(x["k"].shape[2]):
+            k_t, v_t, beta = x["k"][:, :, t], x["v"][:, :, t], x["beta"][:, :, t, None]
+            state = x["log_decay"][:, :, t, None, None].exp() * state  # a_t S_{t-1}: forget, then correct
+            error = v_t - (k_t[..., None, :] @ state)[..., 0, :]  # v_t − S'_tᵀ k_t: what the state gets wrong
+            state = state + k_t[..., :, None] * (beta * error)[..., None, :]  # ... stored with strength β_t
+            out.append(x["q"][:, :, t, None] @ state)
+        return torch.cat(out, 2)[:, :, -n_q:]

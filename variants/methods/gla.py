@@ -37,7 +37,9 @@ class GatedLinearAttention(RecurrentAttention):
 
     spec = VariantSpec(
         name="gla",
-        summary="gated linear attention: a data-dependent decay per key dim, σ(k W_α + b_α)^(1/16); chunked, D x Dv state",
+        summary=(
+            "gated linear attention: a data-dependent decay per key dim, σ(k W_α + b_α)^(1/16); chunked, D x Dv state"
+        ),
         style=("#8c6d31", "P"),
         reference="Yang et al. 2024, 'Gated Linear Attention Transformers with Hardware-Efficient Training'",
         time_complexity="O(N C D + N D Dv)",
@@ -72,3 +74,15 @@ class GatedLinearAttention(RecurrentAttention):
         logits = torch.matmul(k, self.w_alpha.to(k.dtype)) + self.b_alpha.to(k.dtype)[:, None]  # (B, H, L, D)
         log_decay = (F.logsigmoid(logits) / GATE_NORMALIZER).clamp_min(LOG_DECAY_FLOOR)  # (B, H, L, D)
         return {"q": q, "k": k, "v": v, "log_decay": log_decay}
+
+    def reference(self, q, k, v, *, causal=False, key_padding_mask=None):
+        """S_t = diag(α_t) S_{t-1} + k_t v_tᵀ, o_t = scale · q_tᵀ S_t, a position at a time: the definition the
+        chunked form (_recurrence.py) must equal. q is scaled and K/V repeated
+        to the query heads by `reference_inputs`."""
+        x, n_q = self.reference_inputs(q, k, v, key_padding_mask)  # log_decay: log α_t, (B, H, N, D)
+        state, out = 0.0, []
+        for t in range(x["k"].shape[2]):
+            a = x["log_decay"][:, :, t, :, None].exp()  # α_t: a decay per key dim (rows of S)
+            state = a * state + x["k"][:, :, t, :, None] * x["v"][:, :, t, None, :]
+            out.append(x["q"][:, :, t, None] @ state)
+        return torch.cat(out, 2)[:, :, -n_q:]

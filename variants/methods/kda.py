@@ -51,7 +51,10 @@ class KimiDeltaAttention(DeltaNet):
     spec = replace(
         DeltaNet.spec,
         name="kda",
-        summary="Kimi Delta Attention: the gated delta rule with a decay per key channel (Kimi Linear); chunked (WY), D x Dv state",
+        summary=(
+            "Kimi Delta Attention: the gated delta rule with a decay per key channel (Kimi Linear); chunked (WY), D x "
+            "Dv state"
+        ),
         style=("#3182bd", "p"),
         reference="Kimi Team 2025, 'Kimi Linear: An Expressive, Efficient Attention Architecture'",
         notes="causal only; needs num_heads and head_dim (gates per head from the keys); chunk_size <= 16; "
@@ -77,3 +80,17 @@ class KimiDeltaAttention(DeltaNet):
 
     def _inputs(self, q, k, v):
         return {**super()._inputs(q, k, v), "log_decay": self.decay(k)}
+
+    def reference(self, q, k, v, *, causal=False, key_padding_mask=None):
+        """S'_t = diag(a_t) S_{t-1}, S_t = S'_t + β_t k_t (v_t − S'_tᵀ k_t)ᵀ, o_t = scale · q_tᵀ S_t, a position at a
+        time: the definition the chunked form (_recurrence.py) must equal."""
+        x, n_q = self.reference_inputs(q, k, v, key_padding_mask)  # log_decay: log a_t, (B, H, N, D)
+        state = x["k"].new_zeros(*x["k"].shape[:2], x["k"].shape[-1], x["v"].shape[-1])
+        out = []
+        for t in range(x["k"].shape[2]):
+            k_t, v_t, beta = x["k"][:, :, t], x["v"][:, :, t], x["beta"][:, :, t, None]
+            state = x["log_decay"][:, :, t, :, None].exp() * state  # diag(a_t) S_{t-1}: a decay per key dim
+            error = v_t - (k_t[..., None, :] @ state)[..., 0, :]  # v_t − S'_tᵀ k_t: what the state gets wrong
+            state = state + k_t[..., :, None] * (beta * error)[..., None, :]  # ... stored with strength β_t
+            out.append(x["q"][:, :, t, None] @ state)
+        return torch.cat(out, 2)[:, :, -n_q:]

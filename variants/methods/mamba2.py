@@ -12,6 +12,8 @@ A small Δ keeps the state (a ≈ 1) and writes little; a large Δ forgets and w
 
 from __future__ import annotations
 
+import torch
+
 from .._base import VariantSpec, register
 from ._recurrence import WHY_CAUSAL_ONLY, RecurrentAttention, SSDDecay
 
@@ -28,15 +30,24 @@ class Mamba2(RecurrentAttention):
     spec = VariantSpec(
         name="mamba2",
         family="decaying recurrences",
-        summary="Mamba-2's SSD as attention: scalar data-dependent decay exp(−A Δ_t), values scaled by Δ_t; chunked, D x Dv state",
+        summary=(
+            "Mamba-2's SSD as attention: scalar data-dependent decay exp(−A Δ_t), values scaled by Δ_t; chunked, D x "
+            "Dv state"
+        ),
         style=("#637939", "H"),
-        reference="Dao & Gu 2024, 'Transformers are SSMs: Generalized Models and Efficient Algorithms Through Structured State Space Duality'",
+        reference=(
+            "Dao & Gu 2024, 'Transformers are SSMs: Generalized Models and Efficient Algorithms Through Structured "
+            "State Space Duality'"
+        ),
         time_complexity="O(N C D + N D Dv)",
         memory_complexity="O(N Dv) + one group of chunks",
         supports_non_causal=False,
         why_not_non_causal=WHY_CAUSAL_ONLY,
         subquadratic=True,
-        notes="causal only; needs num_heads and head_dim (gates per head from the keys); decodes with a constant D x Dv state",
+        notes=(
+            "causal only; needs num_heads and head_dim (gates per head from the keys); decodes with a constant D x Dv "
+            "state"
+        ),
         function_options=("feature_map", "feature_dim", "feature_inputs", "rope_theta", "feature_init", "query_scaled"),
         examples=(
             (("chunk_size", 4),),
@@ -55,3 +66,15 @@ class Mamba2(RecurrentAttention):
     def _inputs(self, q, k, v):
         log_decay, dt = self.dt(k)
         return {"q": q, "k": k, "v": v * dt[..., None], "log_decay": log_decay}
+
+    def reference(self, q, k, v, *, causal=False, key_padding_mask=None):
+        """S_t = a_t S_{t-1} + k_t (Δ_t v_t)ᵀ, o_t = scale · q_tᵀ S_t, a position at a time: the definition the
+        chunked form (_recurrence.py) must equal. q is scaled and K/V repeated to the query heads by
+        `reference_inputs`; a small Δ_t keeps S (a_t ≈ 1) and writes little, a large one rewrites it."""
+        x, n_q = self.reference_inputs(q, k, v, key_padding_mask)  # v: Δ_t v_t; log_decay: −exp(A_log) Δ_t
+        state, out = 0.0, []
+        for t in range(x["k"].shape[2]):
+            a = x["log_decay"][:, :, t, None, None].exp()  # a_t = exp(−exp(A_log) Δ_t), a scalar per head
+            state = a * state + x["k"][:, :, t, :, None] * x["v"][:, :, t, None, :]
+            out.append(x["q"][:, :, t, None] @ state)
+        return torch.cat(out, 2)[:, :, -n_q:]

@@ -10,8 +10,9 @@ forgets fastest (γ = 0.969, a reach of ~32 positions), head 7 slowest (γ = 0.9
 
 Causal by nature. RetNet's xPos rotation of q and k and its GroupNorm of the outputs belong to the
 layer around the attention (the model's positions and norms), not to this interface; `scale`
-(D^-½ by default) multiplies q, as RetNet scales k by D^-½. Grouped-query inputs: the decays follow the K/V heads (γ_g, g < Hkv, shared by the group's query heads), with
-or without a feature map (which repeats K first, so it needs `num_kv_heads` for grouped inputs).
+(D^-½ by default) multiplies q, as RetNet scales k by D^-½. Grouped-query inputs: the decays follow the
+K/V heads (γ_g, g < Hkv, shared by the group's query heads), with or without a feature map (which
+repeats K first, so it needs `num_kv_heads` for grouped inputs).
 """
 
 from __future__ import annotations
@@ -27,7 +28,9 @@ from ._recurrence import WHY_CAUSAL_ONLY, RecurrentAttention
 class Retention(RecurrentAttention):
     spec = VariantSpec(
         name="retention",
-        summary="RetNet's retention: linear attention with a fixed decay γ_h = 1 − 2^(−5−h) per head; chunked, D x Dv state",
+        summary=(
+            "RetNet's retention: linear attention with a fixed decay γ_h = 1 − 2^(−5−h) per head; chunked, D x Dv state"
+        ),
         style=("#393b79", "h"),
         reference="Sun et al. 2023, 'Retentive Network: A Successor to Transformer for Large Language Models'",
         time_complexity="O(N C D + N D Dv)",
@@ -35,7 +38,9 @@ class Retention(RecurrentAttention):
         supports_non_causal=False,
         why_not_non_causal=WHY_CAUSAL_ONLY,
         subquadratic=True,
-        notes="causal only; decodes with a constant D x Dv state per head; grouped K/V: the decays follow the K/V heads",
+        notes=(
+            "causal only; decodes with a constant D x Dv state per head; grouped K/V: the decays follow the K/V heads"
+        ),
         function_options=("feature_map", "feature_dim", "feature_inputs", "rope_theta", "feature_init", "query_scaled"),
         examples=(
             (("chunk_size", 4),),
@@ -62,3 +67,15 @@ class Retention(RecurrentAttention):
         decay = self.decay(kv_heads).repeat_interleave(h // kv_heads)  # γ of each head's K/V head
         log_decay = torch.log(decay).to(k.dtype).to(k.device)[None, :, None].expand(b, h, n)
         return {"q": q, "k": k, "v": v, "log_decay": log_decay}
+
+    def reference(self, q, k, v, *, causal=False, key_padding_mask=None):
+        """S_t = γ S_{t-1} + k_t v_tᵀ, o_t = scale · q_tᵀ S_t, a position at a time: the definition the chunked
+        form (_recurrence.py) must equal. q is scaled and K/V repeated
+        to the query heads by `reference_inputs`."""
+        x, n_q = self.reference_inputs(q, k, v, key_padding_mask)  # log_decay: log γ of each head
+        state, out = 0.0, []
+        for t in range(x["k"].shape[2]):
+            a = x["log_decay"][:, :, t, None, None].exp()  # γ (1 at a padded position, whose k is 0)
+            state = a * state + x["k"][:, :, t, :, None] * x["v"][:, :, t, None, :]  # S_t = γ S_{t-1} + k_t v_tᵀ
+            out.append(x["q"][:, :, t, None] @ state)
+        return torch.cat(out, 2)[:, :, -n_q:]
