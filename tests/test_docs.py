@@ -142,3 +142,35 @@ def test_every_option_help_is_at_most_30_words():
         if getattr(param, "help", None) and len(param.help.split()) > 30
     ]
     assert not long, long
+
+
+def test_a_default_in_a_help_text_is_read_from_where_it_is_set():
+    """One default in one place (issue 69): the window and stride `bench run --help` states are read from the
+    methods' signatures (every method's that differs is named), `bench quality --help`'s from the presets; the
+    source reader agrees with inspect on every keyword option of every registered method."""
+    import inspect
+
+    from helpers import bench
+
+    import variants
+    from harness.cli.common import option_defaults
+    from harness.quality.presets import PRESETS
+
+    methods = Path(variants.__file__).parent / "methods"
+    signatures = {}  # option -> {method file: default}, from the classes themselves
+    for name in variants.available():
+        cls = variants.variant_class(name)
+        if Path(inspect.getfile(cls)).parent == methods and "__init__" in vars(cls):
+            for option, p in inspect.signature(cls.__init__).parameters.items():
+                if p.kind is p.KEYWORD_ONLY and p.default is not p.empty:
+                    signatures.setdefault(option, {})[Path(inspect.getfile(cls)).stem] = p.default
+    assert len(signatures) > 10
+    for option, found in signatures.items():
+        read = option_defaults(option)
+        assert {stem: read.get(stem) for stem in found} == found, option
+    text = " ".join(bench("run", "--help", columns=200).output.split())
+    windows = signatures["window"]
+    assert f"'window'; default {windows['sliding_window']}; window_linear {windows['window_linear']})" in text
+    assert f"stride c (default {signatures['compression']['memory_compressed']})" in text
+    text = " ".join(bench("quality", "--help", columns=200).output.split())
+    assert f"quick {PRESETS['quick']['options']['window']}, long {PRESETS['long']['options']['window']}:" in text

@@ -2,8 +2,8 @@
 that does the work (a run's life: `harness.sweep.session`, `harness.quality.session`, `harness.lm.session`;
 reading: `harness.readers`) and shows what comes back: progress bars, tables, paths, exit codes.
 
-A module a command (menu, sweep, reading, advice, lm, quality), over `common` (option checks, the console,
-progress bars). The wings that load torch (the sessions, `policy`, `viz`, `variants`) are imported inside the
+A module a command, named after it (list, run, plot, report, advise, compare, viz, lm, quality), over
+`common` (option checks, the options several commands share, the console, progress bars). The wings that load torch (the sessions, `policy`, `viz`, `variants`) are imported inside the
 commands that use them, so that `bench report`, `compare`, `advise` and `--help` never load torch.
 
     bench list                                   # variants, their options, where they run
@@ -15,7 +15,8 @@ from __future__ import annotations
 
 import typer
 
-from . import advice, lm, menu, quality, reading, sweep
+from . import advise, compare, lm, plot, quality, report, run, viz
+from .list import list_variants
 
 app = typer.Typer(
     help="attnbench: which attention should I use at my sequence length, on my hardware? Measure it.",
@@ -26,13 +27,13 @@ app = typer.Typer(
     pretty_exceptions_enable=False,
 )
 # the order of `bench --help`
-app.command("list")(menu.list_variants)
-app.command()(sweep.run)
-app.command()(reading.plot)
-app.command()(reading.report)
-app.command()(advice.advise)
-app.command()(reading.compare)
-app.command()(reading.viz)
+app.command("list")(list_variants)
+app.command()(run.run)
+app.command()(plot.plot)
+app.command()(report.report)
+app.command()(advise.advise)
+app.command()(compare.compare)
+app.command()(viz.viz)
 app.command()(lm.lm)
 app.command()(quality.quality)
 

@@ -3,6 +3,8 @@ faults read (a usage error, or what was kept and how to resume)."""
 
 from __future__ import annotations
 
+import ast
+import importlib.util
 import textwrap
 from contextlib import contextmanager
 from enum import Enum
@@ -104,6 +106,54 @@ OptionOption = Annotated[
     typer.Option(
         "--option",
         help="Any variant option as name=value, e.g. global_tokens=16, for every selected variant that takes it; variant.name=value for one only, e.g. linformer.max_len=65536 (bench list shows each variant's options); repeatable.",
+    ),
+]
+
+
+def option_defaults(option: str) -> dict[str, object]:
+    """{method file: default} of `option` in the __init__ signatures of variants/methods/, read from the source so
+    that a help text never restates a number and `--help` never loads torch."""
+    found = {}
+    for path in sorted((Path(importlib.util.find_spec("variants").origin).parent / "methods").glob("*.py")):
+        tree = ast.parse(path.read_text())
+        constants = {  # the file's NAME = literal, which a default may name
+            target.id: node.value
+            for node in tree.body
+            if isinstance(node, ast.Assign)
+            for target in node.targets
+            if isinstance(target, ast.Name)
+        }
+        for node in ast.walk(tree):
+            if isinstance(node, ast.FunctionDef) and node.name == "__init__":
+                for arg, default in zip(node.args.kwonlyargs, node.args.kw_defaults):
+                    if arg.arg == option and default is not None:
+                        found[path.stem] = ast.literal_eval(constants.get(getattr(default, "id", None), default))
+    return found
+
+
+def usual_default(option: str) -> object:
+    """The methods' most common default of `option`."""
+    values = list(option_defaults(option).values())
+    return max(values, key=values.count)
+
+
+def defaults_text(option: str) -> str:
+    """The methods' most common default of `option`, then the others': "default 256; window_linear 64"."""
+    usual = usual_default(option)
+    others = [f"{stem} {value}" for stem, value in option_defaults(option).items() if value != usual]
+    return f"default {usual}" + "".join(f"; {other}" for other in others)
+
+
+def compression_option(default: str) -> object:
+    """--compression, shared by bench run and bench quality; `default`: what an unset option means there."""
+    return Annotated[Optional[int], typer.Option(help=f"Memory-compressed stride c ({default}).")]
+
+
+ReportOption = Annotated[
+    Optional[bool],
+    typer.Option(
+        "--report/--no-report",
+        help="At the end, write RUN_DIR/REPORT.md and its figures. Default: yes; with --resume, as the run began.",
     ),
 ]
 

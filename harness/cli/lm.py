@@ -11,7 +11,17 @@ from harness.lm.config import OWN
 from harness.store import rundir
 from harness.store.storage import LM_RESULTS
 
-from .common import at_least, checked, interruptible, make_console, progress_bar, say, within, write_report
+from .common import (
+    ReportOption,
+    at_least,
+    checked,
+    interruptible,
+    make_console,
+    progress_bar,
+    say,
+    within,
+    write_report,
+)
 
 
 def default_settings() -> list[str]:
@@ -160,13 +170,7 @@ def lm(
         Optional[Path], typer.Option(help="Run directory to create (default results/lm-<timestamp>-<host>).")
     ] = None,
     resume: Annotated[Optional[Path], typer.Option(help="Finish this lm run with its original options.")] = None,
-    report: Annotated[
-        Optional[bool],
-        typer.Option(
-            "--report/--no-report",
-            help="At the end, write RUN_DIR/REPORT.md and its figures. Default: yes; with --resume, as the run began.",
-        ),
-    ] = None,
+    report: ReportOption = None,
 ) -> None:
     """A pretrained language model with each attention in place of its own, zero-shot (and with --distill after attention transfer): perplexity against context length, passkey retrieval by length and depth, cost.
 

@@ -10,10 +10,23 @@ import typer
 
 from harness import options as opts
 from harness.quality.config import TASKS
+from harness.quality.presets import PRESETS
 from harness.store import rundir
 from harness.store.storage import QUALITY_RESULTS
 
-from .common import OptionOption, Task, at_least, checked, interruptible, make_console, say, write_report
+from .common import (
+    ReportOption,
+    compression_option,
+    OptionOption,
+    Task,
+    at_least,
+    checked,
+    interruptible,
+    make_console,
+    say,
+    usual_default,
+    write_report,
+)
 from .training import print_accuracy, quality_with_progress
 
 
@@ -177,10 +190,18 @@ def quality(
     window: Annotated[
         Optional[int],
         typer.Option(
-            help="Sliding-window width w (default: the preset's, quick 16, long 64: narrower than most distances on purpose, that is what local attention gives up)."
+            help=f"Sliding-window width w (default: the preset's, quick {PRESETS['quick']['options']['window']}, long "
+            f"{PRESETS['long']['options']['window']}: narrower than most distances on purpose, that is what local "
+            "attention gives up)."
         ),
     ] = None,
-    compression: Annotated[Optional[int], typer.Option(help="Memory-compressed stride c (default 3).")] = None,
+    compression: compression_option(
+        "default: the preset's, "
+        + ", ".join(
+            f"{name} {p.get('options', {}).get('compression', usual_default('compression'))}"
+            for name, p in PRESETS.items()
+        )
+    ) = None,
     option: OptionOption = None,
     cost: Annotated[
         bool,
@@ -200,13 +221,7 @@ def quality(
             help="Module to import first (it may register more variants to score). With --resume, a run's modules must be named again.",
         ),
     ] = None,
-    report: Annotated[
-        Optional[bool],
-        typer.Option(
-            "--report/--no-report",
-            help="At the end, write RUN_DIR/REPORT.md and its figures. Default: yes; with --resume, as the run began.",
-        ),
-    ] = None,
+    report: ReportOption = None,
 ) -> None:
     """Train the same small decoder with each attention variant on copy and associative recall; report held-out accuracy.
 

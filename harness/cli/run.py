@@ -15,6 +15,8 @@ from harness.store import rundir
 from harness.store.storage import METADATA, RESULTS, baseline_of, variant_facts
 
 from .common import (
+    compression_option,
+    defaults_text,
     CAUSAL,
     CausalMode,
     DType,
@@ -69,9 +71,10 @@ def run(
     head_dim: Annotated[int, typer.Option(callback=at_least(1), help="Head dimension D.")] = 64,
     dtype: Annotated[DType, typer.Option(help="Data type of q, k, v.")] = DType.float32,
     window: Annotated[
-        Optional[int], typer.Option(help="Sliding-window width w (variants that take 'window'; default 256).")
+        Optional[int],
+        typer.Option(help=f"Sliding-window width w (variants that take 'window'; {defaults_text('window')})."),
     ] = None,
-    compression: Annotated[Optional[int], typer.Option(help="Memory-compressed stride c (default 3).")] = None,
+    compression: compression_option(defaults_text("compression")) = None,
     option: OptionOption = None,
     repeats: Annotated[int, typer.Option(callback=at_least(1), help="At most this many timed calls per cell.")] = 10,
     warmup: Annotated[
