@@ -96,3 +96,11 @@ def test_the_readers_keep_a_folder_a_run_kind():
         "lm",
         "advise",
     }
+
+
+def test_every_variant_names_its_kind_for_the_figures():
+    from conftest import shipped
+
+    kinds = {"exact", "local and sparse", "kernel", "low-rank and compressed", "recurrent"}
+    wrong = {n: variants.variant_class(n).spec.kind for n in shipped()}
+    assert not {n: k for n, k in wrong.items() if k not in kinds}, wrong

@@ -49,8 +49,37 @@ def _written(run: Path) -> list[Path]:
     )
 
 
+def _overlapping_labels(fig) -> list[tuple[str, str, str]]:
+    """(panel, label, label) for every two texts (annotations, the legend's box) drawn over each other."""
+    import itertools
+
+    renderer = fig.canvas.get_renderer()
+    found = []
+    for ax in fig.axes:
+        boxes = [(t.get_text(), t.get_window_extent(renderer)) for t in ax.texts if t.get_visible() and t.get_text()]
+        if ax.get_legend() is not None:
+            boxes.append(("the legend", ax.get_legend().get_window_extent(renderer)))
+        found += [
+            (ax.get_title(), a, b)
+            for (a, box_a), (b, box_b) in itertools.combinations(boxes, 2)
+            if box_a.overlaps(box_b)
+        ]
+    return found
+
+
 @pytest.mark.parametrize("run", RUNS, ids=str)
 def test_every_committed_run_redraws_byte_identical(tmp_path, monkeypatch, run):
+    """... and no two labels of its figures overlap (issue 69: the main command's had 15 "faster from" labels)."""
+    from matplotlib.figure import Figure
+
+    overlaps = {}
+
+    def checked(fig, path, *args, save=Figure.savefig, **kwargs):  # every figure a report draws, as it was saved
+        saved = save(fig, path, *args, **kwargs)
+        overlaps[Path(path).name] = _overlapping_labels(fig)
+        return saved
+
+    monkeypatch.setattr(Figure, "savefig", checked)
     copy = tmp_path / run
     shutil.copytree(ROOT / run, copy)
     drawn = [p for p in _written(copy) if p.suffix in (".md", ".png", ".svg")]
@@ -62,6 +91,7 @@ def test_every_committed_run_redraws_byte_identical(tmp_path, monkeypatch, run):
     for path in drawn:  # (figures/ may hold more than the report draws: bench viz's, a script's)
         if path.exists() or path.name == "REPORT.md":
             assert path.read_bytes() == (ROOT / run / path.relative_to(copy)).read_bytes(), f"{run}: {path.name}"
+    assert not any(overlaps.values()), {name: found for name, found in overlaps.items() if found}
 
 
 def test_the_trade_off_report_redraws_byte_identical(tmp_path, monkeypatch):
@@ -115,3 +145,40 @@ def test_advise_json_prints_bytes_as_integers_and_figures_to_the_digits_they_car
         for key in ("time_s", "accuracy"):
             if isinstance(a[key], float):
                 assert len(f"{a[key]:.12g}".lstrip("0.").replace(".", "").rstrip("0")) <= 4, (key, a[key])
+
+
+def test_the_overlap_check_sees_two_labels_drawn_over_each_other():
+    from harness.readers.plots import matplotlib_rc
+
+    matplotlib_rc()
+    import matplotlib.pyplot as plt
+
+    fig, ax = plt.subplots()
+    ax.annotate("faster from 2k", (0.5, 0.5))
+    ax.annotate("faster from 4k", (0.5, 0.5), xytext=(3, 2), textcoords="offset points")
+    ax.annotate("apart", (0.05, 0.95))
+    fig.canvas.draw()
+    assert [(a, b) for _, a, b in _overlapping_labels(fig)] == [("faster from 2k", "faster from 4k")]
+    plt.close(fig)
+
+
+def test_a_crowded_panel_is_drawn_as_one_panel_a_kind_each_beside_the_baseline():
+    import pandas as pd
+
+    from harness.readers.speed.plots import SMALL_MULTIPLE, _axes_plan
+
+    kinds = ["exact", "recurrent", "recurrent", "kernel", "kernel", "kernel", "recurrent"]
+    names = ["full"] + [f"v{i}" for i in range(len(kinds) - 1)]
+    facts = {n: {"kind": k, "baseline": n == "full"} for n, k in zip(names, kinds)}
+    rows = pd.DataFrame(
+        [{"device": "cpu", "pass": "fwd", "causal": True, "variant": n, "status": "ok", "n": 64} for n in names]
+    )
+    assert len(names) > SMALL_MULTIPLE
+    plan = _axes_plan(rows, {"variants": facts})
+    assert [(kind, members) for _, kind, members in plan] == [
+        ("recurrent", ["full", "v0", "v1", "v5"]),
+        ("kernel", ["full", "v2", "v3", "v4"]),
+    ]
+    assert [members for _, _, members in _axes_plan(rows.head(SMALL_MULTIPLE), {"variants": facts})] == [
+        names[:SMALL_MULTIPLE]
+    ]

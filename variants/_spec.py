@@ -54,6 +54,9 @@ class VariantSpec:
     # the family of methods it stands for where a run trains one variant a family (bench quality --preset
     # long); "" none
     family: str = ""
+    # the kind of method the figures draw it among, a small multiple each (beside the baseline): "exact",
+    # "local and sparse", "kernel", "low-rank and compressed", "recurrent"
+    kind: str = ""
     # the variant every other is compared with (speed-ups, crossovers, the accuracy floor of bench advise):
     # exact softmax through the fastest kernel every device has; one registered variant says so
     baseline: bool = False
@@ -75,5 +78,6 @@ class VariantSpec:
             "subquadratic": self.subquadratic,
             "style": list(self.style) if self.style else None,
             "family": self.family,
+            "kind": self.kind,
             "baseline": self.baseline,
         }

@@ -131,6 +131,7 @@ class _TiledAdditive(torch.autograd.Function):
 class AdditiveAttention(AttentionVariant):
     spec = VariantSpec(
         name="additive",
+        kind="exact",
         repeats_kv="W_k, the projection of the keys, is learned per query head",
         summary="Bahdanau's concat score v·tanh(q W_q + k W_k) per head, tiled with an online softmax (no N x N x A)",
         style=("#17a589", "*"),

@@ -25,6 +25,7 @@ from .full import FullAttention
 class BilinearAttention(FullAttention):
     spec = VariantSpec(
         name="bilinear",
+        kind="exact",
         summary="Luong's general score q W_h kᵀ (learned D x D per head, identity at init); fused SDPA on q W",
         style=("#bcbd22", "d"),
         reference="Luong et al. 2015, 'Effective Approaches to Attention-based Neural Machine Translation'",

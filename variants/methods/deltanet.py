@@ -39,6 +39,7 @@ class DeltaNet(RecurrentAttention):
 
     spec = VariantSpec(
         name="deltanet",
+        kind="recurrent",
         summary=(
             "DeltaNet: the delta rule S_t = (I − β_t k_t k_tᵀ) S_{t-1} + β_t k_t v_tᵀ on L2-normalised q, k; chunked "
             "(WY), D x Dv state"

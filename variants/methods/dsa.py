@@ -61,6 +61,7 @@ class DeepSeekSparseAttention(AttentionVariant):
 
     spec = VariantSpec(
         name="dsa",
+        kind="local and sparse",
         summary="DeepSeek Sparse Attention: a lightning indexer picks each query's top_k keys, exact softmax over them",
         style=("#de9ed6", "*"),
         reference="DeepSeek-AI 2025, 'DeepSeek-V3.2: Pushing the Frontier of Open Large Language Models'",

@@ -91,6 +91,7 @@ class ForgettingAttention(AttentionVariant):
 
     spec = VariantSpec(
         name="forgetting",
+        kind="exact",
         summary="Forgetting Transformer: softmax with a learned data-dependent forget gate on the scores; fused kernel",
         style=("#637939", "v"),
         reference="Lin, Nikishin, He & Courville 2025, 'Forgetting Transformer: Softmax Attention with a Forget Gate'",

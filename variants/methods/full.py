@@ -93,6 +93,7 @@ def written_out(
 class FullAttention(AttentionVariant):
     spec = VariantSpec(
         name="full",
+        kind="exact",
         family="exact softmax",
         baseline=True,
         lm_defaults=((),),

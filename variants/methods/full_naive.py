@@ -17,6 +17,7 @@ from .full import full_attention_pairs
 class NaiveFullAttention(AttentionVariant):
     spec = VariantSpec(
         name="full_naive",
+        kind="exact",
         summary="exact softmax attention, textbook form: the Nq x Nk score matrix is materialized",
         style=("#7f7f7f", "x"),
         reference="Vaswani et al. 2017, 'Attention Is All You Need'",

@@ -55,6 +55,7 @@ def _causal_bias(xops, q: Tensor, k: Tensor):
 class XformersFullAttention(AttentionVariant):
     spec = VariantSpec(
         name="full_xformers",
+        kind="exact",
         repeats_kv="xformers' grouped layout (B, M, G, H, K) is not wired here: K, V are repeated (CUDA only, and untested on hardware here)",
         summary="exact softmax attention, xformers memory_efficient_attention kernel",
         style=("#17becf", "D"),

@@ -37,6 +37,7 @@ class GatedLinearAttention(RecurrentAttention):
 
     spec = VariantSpec(
         name="gla",
+        kind="recurrent",
         summary=(
             "gated linear attention: a data-dependent decay per key dim, σ(k W_α + b_α)^(1/16); chunked, D x Dv state"
         ),

@@ -680,6 +680,7 @@ class FeatureMapAttention(AttentionVariant):
 class LinearAttention(MapInputs, FeatureMapAttention):
     spec = VariantSpec(
         name="linear",
+        kind="kernel",
         family="kernel feature maps",
         lm_defaults=((),),
         repeats_kv="its scans and their written-out backward run one K/V head per query head",

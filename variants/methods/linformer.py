@@ -30,6 +30,7 @@ from .full import full_attention_pairs, sdpa
 class Linformer(AttentionVariant):
     spec = VariantSpec(
         name="linformer",
+        kind="low-rank and compressed",
         repeats_kv="E and F, its projections of K and V along N, are learned per query head",
         summary="keys and values projected along N to `rank` rows by learned E, F per head; SDPA over them",
         style=("#8c564b", ">"),

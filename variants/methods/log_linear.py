@@ -52,6 +52,7 @@ class LogLinearAttention(AttentionVariant):
 
     spec = VariantSpec(
         name="log_linear",
+        kind="recurrent",
         summary="log-linear attention (Mamba-2): a Fenwick tree of O(log N) states, each read with its own weight",
         style=("#e6550d", "d"),
         reference="Guo, Yang, Goel, Xing, Dao & Kim 2025, 'Log-Linear Attention'",

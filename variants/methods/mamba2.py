@@ -29,6 +29,7 @@ class Mamba2(RecurrentAttention):
 
     spec = VariantSpec(
         name="mamba2",
+        kind="recurrent",
         family="decaying recurrences",
         summary=(
             "Mamba-2's SSD as attention: scalar data-dependent decay exp(−A Δ_t), values scaled by Δ_t; chunked, D x "

@@ -212,6 +212,7 @@ class MemoryCompressedAttention(AttentionVariant):
 
     spec = VariantSpec(
         name="memory_compressed",
+        kind="low-rank and compressed",
         family="compressed memory",
         repeats_kv="the strided convolution compressing K and V is learned per query head",
         summary="keys/values compressed by a strided conv (kernel = stride = c) per head; fused SDPA over the N/c slots",

@@ -35,6 +35,7 @@ class MultiHeadLatentAttention(AttentionVariant):
 
     spec = VariantSpec(
         name="mla",
+        kind="low-rank and compressed",
         summary="multi-head latent attention: K, V through one latent per position (+ kept rotary key dims); decodes from the latent",
         style=("#9c9ede", "8"),
         reference="DeepSeek-AI 2024, 'DeepSeek-V2'; Ji et al. 2025 (MHA2MLA); Meng et al. 2025 (TransMLA)",

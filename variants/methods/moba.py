@@ -388,6 +388,7 @@ class MoBA(AttentionVariant):
 
     spec = VariantSpec(
         name="moba",
+        kind="local and sparse",
         family="block-sparse selection",
         repeats_kv="its block selection and its gathered blocks run per query head",
         state_repeats_kv="",  # the cache and the block sums need K only: kept per K/V head, each query head gathers its blocks

@@ -62,6 +62,7 @@ class NystromAttention(AttentionVariant):
 
     spec = VariantSpec(
         name="nystrom",
+        kind="low-rank and compressed",
         repeats_kv="its key landmarks and the pseudo-inverse are computed per query head",
         summary="Nyström approximation of softmax through m segment-mean landmarks and an iterative pseudo-inverse",
         style=("#e377c2", "h"),

@@ -118,6 +118,7 @@ class Performer(FeatureMapAttention):
 
     spec = VariantSpec(
         name="performer",
+        kind="kernel",
         family="random features",
         repeats_kv="it runs linear attention's scans, one K/V head per query head",
         summary="FAVOR+: softmax estimated by m positive orthogonal random features, linear attention's scan",

@@ -28,6 +28,7 @@ from ._recurrence import WHY_CAUSAL_ONLY, RecurrentAttention
 class Retention(RecurrentAttention):
     spec = VariantSpec(
         name="retention",
+        kind="recurrent",
         summary=(
             "RetNet's retention: linear attention with a fixed decay γ_h = 1 − 2^(−5−h) per head; chunked, D x Dv state"
         ),

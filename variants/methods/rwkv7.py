@@ -74,6 +74,7 @@ class RWKV7(AttentionVariant):
 
     spec = VariantSpec(
         name="rwkv7",
+        kind="recurrent",
         summary="RWKV-7: the generalised delta rule, a per-channel decay and in-context learning rate (DPLR); D x Dv state",
         style=("#bd9e39", "h"),
         reference="Peng et al. 2025, \"RWKV-7 'Goose' with Expressive Dynamic State Evolution\"",

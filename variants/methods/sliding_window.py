@@ -499,6 +499,7 @@ class SlidingWindowAttention(LongformerPattern):
 
     spec = VariantSpec(
         name="sliding_window",
+        kind="local and sparse",
         family="sliding window",
         # in SmolLM2 (8192 positions): a window of 1024, alone and with StreamingLLM's 4 sinks
         lm_defaults=((("window", 1024),), (("window", 1024), ("global_tokens", 4))),

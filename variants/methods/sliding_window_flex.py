@@ -104,6 +104,7 @@ def sliding_window_block_mask(n: int, window: int, n_global: int, causal: bool, 
 class FlexSlidingWindowAttention(LongformerPattern):
     spec = VariantSpec(
         name="sliding_window_flex",
+        kind="local and sparse",
         repeats_kv="its block mask and its NaN propagation are built per query head (flex_attention's enable_gqa is not used)",
         state_repeats_kv="",  # (sliding_window's decoding: the window kept per K/V head)
         summary="Longformer sliding window + global tokens via compiled FlexAttention and a block mask",

@@ -88,6 +88,7 @@ class WindowLinearAttention(MapInputs, AttentionVariant):
 
     spec = VariantSpec(
         name="window_linear",
+        kind="kernel",
         repeats_kv="its key feature map is learned per query head (LoLCATs applies it after repeating K), so window and state are per query head",
         summary="LoLCATs' hybrid: exact softmax over the last w keys + learned Hedgehog linear attention over older ones, one normalizer",
         style=("#e7969c", "<"),

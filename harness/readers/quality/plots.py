@@ -111,23 +111,20 @@ def _state_figure(states: pd.DataFrame, meta: dict, path: Path) -> Path:
     import matplotlib.pyplot as plt
 
     fig, ax = plt.subplots(figsize=(6.4, 4.4), layout="constrained")
+    lengths = sorted(states["length"].unique())
     for variant, group in states.groupby("variant", sort=False):
         color, marker = variant_style(variant, meta.get("variants"))
         group = group.sort_values("state_bytes")
-        ax.plot(group["state_bytes"], group["accuracy"], color=color, marker=marker, lw=1.2, label=variant)
-        for _, r in group.iterrows():
-            ax.annotate(
-                f"L={int(r['length'])}",
-                (r["state_bytes"], r["accuracy"]),
-                fontsize=6,
-                xytext=(3, 3),
-                textcoords="offset points",
-            )
+        span = sorted(int(n) for n in group["length"].unique())
+        label = variant + (f" (L {span[0]}–{span[-1]})" if len(span) > 1 else f" (L {span[0]})")
+        ax.plot(group["state_bytes"], group["accuracy"], color=color, lw=1.2, label=label, marker=marker, ms=3)
+        sizes = [10 + 14 * lengths.index(n) for n in group["length"]]  # larger: longer (no labels to collide)
+        ax.scatter(group["state_bytes"], group["accuracy"], s=sizes, color=color, marker=marker, zorder=3)
     ax.set_xscale("log", base=2)
     ax.set_xlabel("decoding state after the sequence (bytes, every layer, batch 1)")
     ax.set_ylabel("recall accuracy")
     ax.set_ylim(-0.02, 1.02)
-    ax.set_title("Recall against state size (Zoology's axis)", fontsize=10)
+    ax.set_title("Recall against state size (Zoology's axis; a point an L, larger: longer)", fontsize=10)
     ax.legend(fontsize=7, loc="best")
     return save_figure(fig, path)
 

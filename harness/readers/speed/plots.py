@@ -19,20 +19,41 @@ STOP_MARKER = {"oom": "OOM"}  # how a figure labels where a series stopped; othe
 MEMORY_KIND = {"cpu": "\nprocess RSS high-water mark", "cuda": "\nCUDA allocator peak (allocated bytes)"}
 
 
+SMALL_MULTIPLE = 6  # a panel of more variants is drawn as one panel a kind of method, each with the baseline
+
+
 def _panels(df: pd.DataFrame) -> list[tuple]:
     return list(df[PANEL].drop_duplicates().itertuples(index=False, name=None))
 
 
-def _panel_title(panel: tuple) -> str:
+def _axes_plan(df: pd.DataFrame, metadata: dict) -> list[tuple[tuple, str | None, list[str]]]:
+    """(panel, kind, variants) an axes: a (device, pass, causal) panel of more than SMALL_MULTIPLE variants becomes
+    small multiples, one a kind of method (`VariantSpec.kind`, as the run recorded it) beside the baseline."""
+    facts = metadata.get("variants") or {}
+    base = baseline_of(facts)
+    plan = []
+    for panel in _panels(df):
+        rows = panel_rows(df, panel)
+        names = list(dict.fromkeys(rows.loc[rows["status"] != "skipped", "variant"]))  # (not the never-run)
+        kinds = {name: (facts.get(name) or {}).get("kind") or "other" for name in names if name != base}
+        if len(names) <= SMALL_MULTIPLE or set(kinds.values()) == {"other"}:
+            plan.append((panel, None, names))
+            continue
+        for kind in dict.fromkeys(kinds.values()):
+            plan.append((panel, kind, [name for name in names if name == base or kinds.get(name) == kind]))
+    return plan
+
+
+def _panel_title(panel: tuple, kind: str | None = None) -> str:
     device, pass_, causal = panel
     what = {"fwd": "forward", "fwdbwd": "forward + backward", "decode": "decode step (1 token after N)"}.get(
         pass_, pass_
     )
-    return f"{device} · {what} · {'causal' if causal else 'non-causal'}"
+    return (f"{kind} · " if kind else "") + f"{device} · {what} · {'causal' if causal else 'non-causal'}"
 
 
 def _figure(n_panels: int, title: str, metadata: dict):
-    fig, axes = grid(n_panels, 2, (6.4, 4.8))
+    fig, axes = grid(n_panels, 2 if n_panels <= 4 else 3, (6.4, 4.8) if n_panels <= 4 else (4.8, 3.8))
     fig.suptitle(f"{title}\n{caption(metadata)}", fontsize=10)
     return fig, axes
 
@@ -48,20 +69,28 @@ def _n_axis(ax, ns) -> None:
 
 
 def _guides(ax, ns, anchor: float) -> None:
-    """Faint O(N) and O(N²) lines through the smallest N at height `anchor`."""
+    """Faint O(N) and O(N²) lines through the smallest N at height `anchor`, named in the legend."""
     lo, hi = min(ns), max(ns)
-    for power, label in ((1, "O(N)"), (2, "O(N²)")):
+    for power, label, style in ((1, "O(N)", ":"), (2, "O(N²)", "--")):
         ys = [anchor * (n / lo) ** power for n in (lo, hi)]
-        ax.plot([lo, hi], ys, color="0.6", lw=0.8, ls=":", zorder=0)
-        ax.annotate(label, (hi, ys[1]), fontsize=7, color="0.5", xytext=(2, 0), textcoords="offset points")
+        ax.plot([lo, hi], ys, color="0.6", lw=0.8, ls=style, zorder=0, label=label)
 
 
-def _stop_marker(ax, group: pd.DataFrame, ycol: str, y_default: float, scale: float, facts: dict | None = None) -> None:
-    """Mark where a series stopped (oom, timeout, skipped...), at its last measured height (× scale)."""
+def _stopped(group: pd.DataFrame) -> pd.Series | None:
+    """The first row where a series stopped (oom, timeout, skipped...), None where it did not (or never ran)."""
     failed = group[group["status"] != "ok"].sort_values("n")
     if failed.empty or (group["status"] == "skipped").all():  # nothing stopped: a mode or pass the variant never runs
+        return None
+    return failed.iloc[0]
+
+
+def _stop_marker(
+    ax, group: pd.DataFrame, ycol: str, y_default: float, scale: float, facts: dict | None, label: str | None = None
+) -> None:
+    """Mark where a series stopped, at its last measured height (× scale); the legend says why (`_stop_text`)."""
+    if _stopped(group) is None:
         return
-    first = failed.iloc[0]
+    first = _stopped(group)
     ok = group[(group["status"] == "ok") & (group["n"] < first["n"])].sort_values("n")
     y = (
         float(ok.iloc[-1][ycol])
@@ -70,49 +99,58 @@ def _stop_marker(ax, group: pd.DataFrame, ycol: str, y_default: float, scale: fl
     )
     y *= scale
     color, _ = variant_style(first["variant"], facts)
-    ax.scatter([first["n"]], [y], marker="X", s=60, color=color, edgecolor="black", linewidths=0.6, zorder=5)
-    ax.annotate(
-        STOP_MARKER.get(first["status"], first["status"]),
-        (first["n"], y),
-        fontsize=7,
-        color=color,
-        xytext=(4, -10),
-        textcoords="offset points",
+    ax.scatter(
+        [first["n"]], [y], marker="X", s=60, color=color, edgecolor="black", linewidths=0.6, zorder=5, label=label
     )
 
 
+def _stop_text(group: pd.DataFrame) -> str:
+    """ " (skipped from 8k)": where and why the series stopped, for its legend entry; "" where it did not."""
+    first = _stopped(group)
+    return "" if first is None else f" ({STOP_MARKER.get(first['status'], first['status'])} from {fmt_n(first['n'])})"
+
+
 def _scaling_figure(df, metadata, ycol, ylabel, title, scale, path) -> Path:
-    panels = _panels(df)
-    fig, axes = _figure(len(panels), title, metadata)
-    for ax, panel in zip(axes, panels):
+    plan = _axes_plan(df, metadata)
+    fig, axes = _figure(len(plan), title, metadata)
+    for ax, (panel, kind, names) in zip(axes, plan):
         sub = panel_rows(df, panel)
+        sub = sub[sub["variant"].isin(names)]
         ok_all = sub[(sub["status"] == "ok") & (sub[ycol] > 0)]
         for variant, group in sub.groupby("variant", sort=False):
             color, marker = variant_style(variant, metadata.get("variants"))
             ok = group[(group["status"] == "ok") & (group[ycol] > 0)].sort_values("n")
             if not ok.empty:
                 exponent = fit_exponent(ok["n"], ok[ycol].astype(float))
-                label = f"{variant}: n^{exponent:.2f}" if exponent is not None else variant
+                label = (f"{variant}: n^{exponent:.2f}" if exponent is not None else variant) + _stop_text(group)
                 ax.plot(ok["n"], ok[ycol] * scale, color=color, marker=marker, ms=4, lw=1.4, label=label)
             _stop_marker(
-                ax, group, ycol, float(ok_all[ycol].min()) if not ok_all.empty else 1.0, scale, metadata.get("variants")
+                ax,
+                group,
+                ycol,
+                float(ok_all[ycol].min()) if not ok_all.empty else 1.0,
+                scale,
+                metadata.get("variants"),
+                None if not ok.empty else variant + _stop_text(group),  # no line to name it: the marker is named
             )
         if not ok_all.empty:
             _guides(ax, sub["n"].tolist(), float(ok_all.sort_values("n").iloc[0][ycol]) * scale)
         ax.set_yscale("log")
         _n_axis(ax, sub["n"].tolist())
         ax.set_ylabel(ylabel + (MEMORY_KIND.get(panel[0].split(" ")[0], "") if ycol == "peak_bytes" else ""))
-        ax.set_title(_panel_title(panel), fontsize=9)
-        ax.legend(fontsize=7, loc="upper left")
+        ax.set_title(_panel_title(panel, kind), fontsize=9)
+        ax.legend(fontsize=7, loc="best")
     return save_figure(fig, path)
 
 
 def _speedup_figure(df, metadata, path) -> Path:
-    panels = _panels(df)
+    plan = _axes_plan(df, metadata)
     base_name = baseline_of(metadata.get("variants") or {}) or "the baseline"
-    fig, axes = _figure(len(panels), f"Speed-up over {base_name} (time of {base_name} / time of variant)", metadata)
-    for ax, panel in zip(axes, panels):
+    title = f"Speed-up over {base_name} (time of {base_name} / time of variant; ○: faster from there on)"
+    fig, axes = _figure(len(plan), title, metadata)
+    for ax, (panel, kind, names) in zip(axes, plan):
         sub = panel_rows(df, panel, ok_only=True)
+        sub = sub[sub["variant"].isin(names)]
         base = sub[sub["variant"] == base_name].set_index("n")["time_median_s"]
         for variant, group in sub.groupby("variant", sort=False):
             if variant == base_name or base.empty:
@@ -122,9 +160,11 @@ def _speedup_figure(df, metadata, path) -> Path:
             common = sorted(set(ok.index) & set(base.index))
             if not common:
                 continue
-            ax.plot(common, [base[n] / ok[n] for n in common], color=color, marker=marker, ms=4, lw=1.4, label=variant)
             cross_n, note = crossover(group, sub[sub["variant"] == base_name])
-            if cross_n is not None and note != "always faster":
+            faster = cross_n is not None and note != "always faster"  # said in the legend: no label to collide
+            label = f"{variant} (faster from {fmt_n(cross_n)})" if faster else variant
+            ax.plot(common, [base[n] / ok[n] for n in common], color=color, marker=marker, ms=4, lw=1.4, label=label)
+            if faster:
                 ax.scatter(
                     [cross_n],
                     [base[cross_n] / ok[cross_n]],
@@ -134,21 +174,13 @@ def _speedup_figure(df, metadata, path) -> Path:
                     linewidths=1.5,
                     zorder=5,
                 )
-                ax.annotate(
-                    f"faster from {fmt_n(cross_n)}",
-                    (cross_n, base[cross_n] / ok[cross_n]),
-                    fontsize=7,
-                    color=color,
-                    xytext=(4, 6),
-                    textcoords="offset points",
-                )
         ax.axhline(1.0, color="black", lw=0.8, ls="--")
         ax.set_yscale("log")
         _n_axis(ax, sub["n"].tolist() or [1])
         ax.set_ylabel(f"speed-up over {base_name} (×)")
-        ax.set_title(_panel_title(panel), fontsize=9)
+        ax.set_title(_panel_title(panel, kind), fontsize=9)
         if ax.get_legend_handles_labels()[0]:
-            ax.legend(fontsize=7, loc="upper left")
+            ax.legend(fontsize=7, loc="best")
     return save_figure(fig, path)
 
 
@@ -156,16 +188,17 @@ def _efficiency_figure(df, metadata, path) -> Path:
     machine = metadata.get("machine") or {}
     peaks, bandwidths = machine.get("matmul_peak_gflops") or {}, machine.get("memory_bandwidth_gbs") or {}
     dtype = metadata.get("config", {}).get("dtype", "float32")
-    panels = _panels(df)
+    plan = _axes_plan(df, metadata)
     title = "Achieved useful FLOP/s as a fraction of the measured matmul peak"
-    if any(panel[1] == "decode" for panel in panels):
+    if any(panel[1] == "decode" for panel, _, _ in plan):
         title += " (decode: bytes read a second as a fraction of the measured copy bandwidth)"
-    fig, axes = _figure(len(panels), title, metadata)
-    for ax, panel in zip(axes, panels):
+    fig, axes = _figure(len(plan), title, metadata)
+    for ax, (panel, kind, names) in zip(axes, plan):
         decode = panel[1] == "decode"  # memory-bound: its limit is the bandwidth, its figure the bytes it reads
         peak = bandwidths.get(panel[0]) if decode else peaks.get(f"{panel[0]}/{dtype}")
         column = "bandwidth_gbs" if decode else "gflops"
         sub = panel_rows(df, panel, ok_only=True)
+        sub = sub[sub["variant"].isin(names)]
         for variant, group in sub.groupby("variant", sort=False):
             if not peak or column not in group:
                 break
@@ -178,9 +211,9 @@ def _efficiency_figure(df, metadata, path) -> Path:
             ax.set_ylabel(f"fraction of copy bandwidth ({peak:.1f} GB/s)" if peak else "no bandwidth in metadata")
         else:
             ax.set_ylabel(f"fraction of matmul peak ({peak:.0f} GFLOP/s)" if peak else "no matmul peak in metadata")
-        ax.set_title(_panel_title(panel), fontsize=9)
+        ax.set_title(_panel_title(panel, kind), fontsize=9)
         if ax.get_legend_handles_labels()[0]:
-            ax.legend(fontsize=7, loc="upper left")
+            ax.legend(fontsize=7, loc="best")
     return save_figure(fig, path)
 
 
