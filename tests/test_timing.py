@@ -58,14 +58,14 @@ def test_steady_allocator_reuses_freed_memory_without_page_faults():
 
 CALIBRATION = """
     import json, time, torch
-    from harness.core import measure
+    from harness.core import timing
 
     calls = []
     def call():
         calls.append(1)
         time.sleep(0.002)
 
-    timing = measure.measure_time(call, torch.device("cpu"), warmup=1, repeats=4, min_time=10.0, warmup_time=0.1)
+    timing = timing.measure_time(call, torch.device("cpu"), warmup=1, repeats=4, min_time=10.0, warmup_time=0.1)
     print(json.dumps({"calls": len(calls), "per_sample": timing.per_sample, "samples": len(timing.times),
                       "times": timing.times, "wall": timing.after.wall - timing.before.wall}))
 """

@@ -21,7 +21,7 @@ PANELS_ACROSS = 6  # passkey heatmaps a row
 LEGEND_INSIDE = 8  # attentions a legend holds inside its axes; more go beside them
 
 
-DISTILLED = " + distill "  # in a distilled attention's label (harness/lm/run.py's Setting.label)
+DISTILLED = " + distill "  # in a distilled attention's label (harness/lm/config.py's Setting.label)
 
 
 LINEARIZED, LORA = (
