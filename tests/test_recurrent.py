@@ -39,21 +39,23 @@ def test_output_is_the_textbook_recurrence_of_its_inputs(name, n_q):
 @pytest.mark.parametrize("kv_heads", [2, 1], ids=["mha", "gqa"])
 @pytest.mark.parametrize("name", RECURRENT)
 def test_each_files_per_position_reference_is_the_parallel_form(name, kv_heads):
-    """Each method file teaches its recurrence as a loop over positions (`reference`, at most 15 lines); it equals
-    the parallel form of _recurrence.py on the same inputs, padding, grouped K/V and Nq < Nk included."""
+    """Each method file teaches its recurrence as a loop over positions (`step_reference`, at most 15 lines); it
+    equals the parallel form (`reference`, _recurrence.py's) on the same inputs, padding, grouped K/V and Nq < Nk
+    included. (The loop is not the gate's definition: in float32 it rounds so little that twice its error left
+    mamba2's chunks 3.4e-6 against an allowed 2.4e-6 at N = 320.)"""
     import inspect
 
     cls = variants.variant_class(name)
-    assert "reference" in vars(cls), f"{name}: its file carries no per-position reference()"
-    assert len(inspect.getsource(cls.reference).splitlines()) <= 15, f"{name}: reference() over 15 lines"
+    assert "step_reference" in vars(cls), f"{name}: its file carries no per-position step_reference()"
+    assert len(inspect.getsource(cls.step_reference).splitlines()) <= 15, f"{name}: step_reference() over 15 lines"
     wide = [i + 1 for i, line in enumerate(inspect.getsource(inspect.getmodule(cls)).splitlines()) if len(line) > 120]
     assert not wide, f"{name}: lines over 120 columns (its spec included): {wide}"
     attn = build_case(name, {"chunk_size": 4, "num_heads": 2, "num_kv_heads": kv_heads})
     q, _, _ = make_qkv(b=2, h=2, n_q=5, n_k=11, d=8)
     _, k, v = make_qkv(b=2, h=kv_heads, n_q=5, n_k=11, d=8)
     kpm = make_padding(2, 11)
-    loop = attn.reference(q, k, v, causal=True, key_padding_mask=kpm)
-    torch.testing.assert_close(loop, attn.parallel_reference(q, k, v, key_padding_mask=kpm), rtol=1e-4, atol=1e-5)
+    loop = attn.step_reference(q, k, v, causal=True, key_padding_mask=kpm)
+    torch.testing.assert_close(loop, attn.reference(q, k, v, causal=True, key_padding_mask=kpm), rtol=1e-4, atol=1e-5)
 
 
 @pytest.mark.parametrize("name", RECURRENT)

@@ -41,7 +41,7 @@ GROUP_POSITIONS = (
 # (`RecurrentAttention.recurrence_inputs`); this file computes the outputs of any such inputs:
 #
 # - `dense_gated`, `dense_delta`: the parallel (quadratic) form over the whole sequence
-#   (`RecurrentAttention.parallel_reference`; each method file's `reference()` is its recurrence a position at
+#   (`RecurrentAttention.reference`; each method file's `step_reference()` is its recurrence a position at
 #   a time, and equals it): gated O = (Q Kᵀ ⊙ D) V with D_ts = exp(Σ_{s<r<=t} log a_r) (per key dim for gla);
 #   delta rule O = (Q Kᵀ ⊙ D) U with U = (I + A)⁻¹ diag(β) V, A_ts = β_t D_ts k_t·k_s for s < t.
 # - `gated_chunks`, `delta_chunks`: the chunked form (Yang et al. 2024): inside a chunk of C positions the
@@ -502,7 +502,7 @@ class RecurrentAttention(MapInputs, AttentionVariant):
         return out, state
 
     def reference_inputs(self, q, k, v, key_padding_mask=None) -> tuple[dict, int]:
-        """`recurrence_inputs` as a method's per-position `reference()` reads them, and Nq: q scaled (and, where
+        """`recurrence_inputs` as a method's per-position `step_reference()` reads them, and Nq: q scaled (and, where
         Nq < Nk, preceded by zero queries from position 0), every K/V input repeated to its group of query heads."""
         k, v = self._grouped_kv(q, k, v)  # repeated to the query heads where a feature map is learned per query head
         n_q, n_k = q.shape[-2], k.shape[-2]
@@ -511,9 +511,9 @@ class RecurrentAttention(MapInputs, AttentionVariant):
         groups = qs.shape[1] // x["k"].shape[1]  # grouped-query: each K/V head's inputs read by its query heads
         return {"q": qs, **{name: t.repeat_interleave(groups, dim=1) for name, t in x.items()}}, n_q
 
-    def parallel_reference(self, q, k, v, *, key_padding_mask=None):
-        """The parallel form over the whole sequence (every weight stored): what each method's per-position
-        `reference()` and the chunked form must both equal."""
+    def reference(self, q, k, v, *, causal=False, key_padding_mask=None):
+        """The parallel form over the whole sequence (every weight stored): the definition the correctness gate
+        and the tests hold the chunked form to; each method's per-position `step_reference()` equals it."""
         x, n_q = self.reference_inputs(q, k, v, key_padding_mask)
         if self.delta_rule:
             out = dense_delta(x["q"], x["k"], x["v"], x["beta"], x.get("log_decay"))

@@ -79,9 +79,9 @@ class DeltaNet(RecurrentAttention):
     def _inputs(self, q, k, v):
         return {"q": l2_normalised(q), "k": l2_normalised(k), "v": v, "beta": self.beta(k)}
 
-    def reference(self, q, k, v, *, causal=False, key_padding_mask=None):
+    def step_reference(self, q, k, v, *, causal=False, key_padding_mask=None):
         """S_t = S_{t-1} + β_t k_t (v_t − S_{t-1}ᵀ k_t)ᵀ, o_t = scale · q_tᵀ S_t, a position at a time: the
-        definition the chunked form (_recurrence.py) must equal (the same as
+        recurrence the parallel form, `reference()`, equals (the same as
         (I − β_t k_t k_tᵀ) S_{t-1} + β_t k_t v_tᵀ)."""
         x, n_q = self.reference_inputs(q, k, v, key_padding_mask)  # q, k L2-normalised; beta: β_t
         state = x["k"].new_zeros(*x["k"].shape[:2], x["k"].shape[-1], x["v"].shape[-1])

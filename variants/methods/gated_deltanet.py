@@ -52,9 +52,9 @@ class GatedDeltaNet(DeltaNet):
         log_decay, _ = self.decay(k)
         return {**super()._inputs(q, k, v), "log_decay": log_decay}
 
-    def reference(self, q, k, v, *, causal=False, key_padding_mask=None):
+    def step_reference(self, q, k, v, *, causal=False, key_padding_mask=None):
         """S'_t = a_t S_{t-1}, S_t = S'_t + β_t k_t (v_t − S'_tᵀ k_t)ᵀ, o_t = scale · q_tᵀ S_t, a position at a time:
-        the definition the chunked form (_recurrence.py) must equal."""
+        the recurrence the parallel form, `reference()`, equals."""
         x, n_q = self.reference_inputs(q, k, v, key_padding_mask)  # log_decay: log a_t, a scalar per head
         state = x["k"].new_zeros(*x["k"].shape[:2], x["k"].shape[-1], x["v"].shape[-1])
         out = []

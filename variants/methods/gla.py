@@ -76,9 +76,9 @@ class GatedLinearAttention(RecurrentAttention):
         log_decay = (F.logsigmoid(logits) / GATE_NORMALIZER).clamp_min(LOG_DECAY_FLOOR)  # (B, H, L, D)
         return {"q": q, "k": k, "v": v, "log_decay": log_decay}
 
-    def reference(self, q, k, v, *, causal=False, key_padding_mask=None):
-        """S_t = diag(α_t) S_{t-1} + k_t v_tᵀ, o_t = scale · q_tᵀ S_t, a position at a time: the definition the
-        chunked form (_recurrence.py) must equal. q is scaled and K/V repeated
+    def step_reference(self, q, k, v, *, causal=False, key_padding_mask=None):
+        """S_t = diag(α_t) S_{t-1} + k_t v_tᵀ, o_t = scale · q_tᵀ S_t, a position at a time: the recurrence the
+        parallel form, `reference()`, equals. q is scaled and K/V repeated
         to the query heads by `reference_inputs`."""
         x, n_q = self.reference_inputs(q, k, v, key_padding_mask)  # log_decay: log α_t, (B, H, N, D)
         state, out = 0.0, []

@@ -81,9 +81,9 @@ class KimiDeltaAttention(DeltaNet):
     def _inputs(self, q, k, v):
         return {**super()._inputs(q, k, v), "log_decay": self.decay(k)}
 
-    def reference(self, q, k, v, *, causal=False, key_padding_mask=None):
+    def step_reference(self, q, k, v, *, causal=False, key_padding_mask=None):
         """S'_t = diag(a_t) S_{t-1}, S_t = S'_t + β_t k_t (v_t − S'_tᵀ k_t)ᵀ, o_t = scale · q_tᵀ S_t, a position at a
-        time: the definition the chunked form (_recurrence.py) must equal."""
+        time: the recurrence the parallel form, `reference()`, equals."""
         x, n_q = self.reference_inputs(q, k, v, key_padding_mask)  # log_decay: log a_t, (B, H, N, D)
         state = x["k"].new_zeros(*x["k"].shape[:2], x["k"].shape[-1], x["v"].shape[-1])
         out = []

@@ -68,9 +68,9 @@ class Mamba2(RecurrentAttention):
         log_decay, dt = self.dt(k)
         return {"q": q, "k": k, "v": v * dt[..., None], "log_decay": log_decay}
 
-    def reference(self, q, k, v, *, causal=False, key_padding_mask=None):
-        """S_t = a_t S_{t-1} + k_t (Δ_t v_t)ᵀ, o_t = scale · q_tᵀ S_t, a position at a time: the definition the
-        chunked form (_recurrence.py) must equal. q is scaled and K/V repeated to the query heads by
+    def step_reference(self, q, k, v, *, causal=False, key_padding_mask=None):
+        """S_t = a_t S_{t-1} + k_t (Δ_t v_t)ᵀ, o_t = scale · q_tᵀ S_t, a position at a time: the recurrence the
+        parallel form, `reference()`, equals. q is scaled and K/V repeated to the query heads by
         `reference_inputs`; a small Δ_t keeps S (a_t ≈ 1) and writes little, a large one rewrites it."""
         x, n_q = self.reference_inputs(q, k, v, key_padding_mask)  # v: Δ_t v_t; log_decay: −exp(A_log) Δ_t
         state, out = 0.0, []

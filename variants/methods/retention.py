@@ -69,9 +69,9 @@ class Retention(RecurrentAttention):
         log_decay = torch.log(decay).to(k.dtype).to(k.device)[None, :, None].expand(b, h, n)
         return {"q": q, "k": k, "v": v, "log_decay": log_decay}
 
-    def reference(self, q, k, v, *, causal=False, key_padding_mask=None):
-        """S_t = γ S_{t-1} + k_t v_tᵀ, o_t = scale · q_tᵀ S_t, a position at a time: the definition the chunked
-        form (_recurrence.py) must equal. q is scaled and K/V repeated
+    def step_reference(self, q, k, v, *, causal=False, key_padding_mask=None):
+        """S_t = γ S_{t-1} + k_t v_tᵀ, o_t = scale · q_tᵀ S_t, a position at a time: the recurrence the parallel
+        form, `reference()`, equals. q is scaled and K/V repeated
         to the query heads by `reference_inputs`."""
         x, n_q = self.reference_inputs(q, k, v, key_padding_mask)  # log_decay: log γ of each head
         state, out = 0.0, []
