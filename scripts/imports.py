@@ -226,6 +226,17 @@ def cycles(graph: dict) -> list[list[str]]:
     return found
 
 
+def floors(graph: dict) -> dict[str, int]:
+    """Each package's height: a module stands one floor above the highest module of its own package it imports."""
+    height: dict[str, int] = {}
+
+    def floor(name: str) -> int:
+        inside = [t for t, _, _ in graph[name] if t != name and t.rpartition(".")[0] == name.rpartition(".")[0]]
+        return height.setdefault(name, 1 + max(map(floor, inside), default=0))
+
+    return {p: max(floor(n) for n in graph if n.rpartition(".")[0] == p) for p in {n.rpartition(".")[0] for n in graph}}
+
+
 def problems(root: Path = ROOT) -> tuple[dict, list[str], dict]:
     known = modules(root)
     graph = {name: imports(name, path, known) for name, path in known.items()}

@@ -9,8 +9,7 @@ from __future__ import annotations
 import argparse
 
 import variants.hf.kvcache as hk
-from harness.lm.model import load
-from harness.lm.run import locate
+from harness.lm.model import load, locate
 from harness.lm.tasks import passkey_prompt
 from variants import kvcache
 

@@ -55,8 +55,7 @@ def ours(ids, ratio: float) -> dict:
     import torch
 
     import variants.hf.kvcache as hk
-    from harness.lm.model import load
-    from harness.lm.run import locate
+    from harness.lm.model import load, locate
     from variants import kvcache
 
     model, _ = load(*locate(None))
@@ -75,8 +74,7 @@ def main() -> int:
     parser.add_argument("--ratio", type=float, default=0.5, help="the compression ratio")
     parser.add_argument("--goal", type=float, default=0.99, help="the share of (layer, head) that must agree")
     args = parser.parse_args()
-    from harness.lm.model import load
-    from harness.lm.run import locate
+    from harness.lm.model import load, locate
     from harness.lm.tasks import passkey_prompt
 
     folder, gguf = locate(None)

@@ -66,8 +66,7 @@ def main() -> int:
     import pandas as pd
 
     from harness.lm.config import LMConfig
-    from harness.lm.model import load
-    from harness.lm.run import locate
+    from harness.lm.model import load, locate
     from harness.lm.tasks import passkey_key, passkey_prompt
     from harness.store.storage import read_metadata
 

@@ -14,8 +14,7 @@ import sys
 import torch
 
 import variants.hf as vh
-from harness.lm import run as lm
-from harness.lm.model import corpus_tokens, load
+from harness.lm.model import corpus_tokens, load, locate
 
 
 def profile(model, ids: torch.Tensor, length: int, steps: int, cache) -> torch.profiler.profile:
@@ -33,7 +32,7 @@ def profile(model, ids: torch.Tensor, length: int, steps: int, cache) -> torch.p
 def main(length: int = 8192, steps: int = 5) -> None:
     import transformers
 
-    model, tokenizer = load(*lm.locate(None))
+    model, tokenizer = load(*locate(None))
     ids = corpus_tokens(tokenizer, None)[: length + 3 + steps][None]
     for name in ("sdpa", "full"):
         if name != "sdpa":

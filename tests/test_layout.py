@@ -16,6 +16,19 @@ def test_the_wings_import_only_downward():
     assert " 0 cycles, 0 imports against the wings' order" in out.stdout, out.stdout
 
 
+def test_the_run_packages_stand_at_most_a_few_floors_tall():
+    """A package's chain of imports inside itself: lm/ is four floors (config → model → linearize → run);
+    sweep/ and quality/ five. A sixth floor is a corridor to shorten, not a budget to raise."""
+    sys.path.insert(0, str(ROOT / "scripts"))
+    try:
+        import imports
+    finally:
+        sys.path.remove(str(ROOT / "scripts"))
+    heights = imports.floors(imports.problems()[0])
+    assert heights["harness.lm"] <= 4, heights
+    assert max(h for package, h in heights.items() if package.startswith("harness")) <= 5, heights
+
+
 def test_the_check_fails_on_an_upward_import_a_cycle_and_a_local_import(tmp_path):
     """The check itself can fail: a copy of the tree with one import of each forbidden kind."""
     import shutil

@@ -14,7 +14,7 @@ transformers = pytest.importorskip("transformers")
 
 from helpers import bench, byte_tokenizer, save_tiny_gpt2, save_tiny_llama  # noqa: E402
 
-from harness.lm import run as lm  # noqa: E402
+from harness.lm import model as lm  # noqa: E402
 from harness.lm.config import (  # noqa: E402
     COST_REPEATS,
     DECODE_STEPS,
@@ -22,12 +22,11 @@ from harness.lm.config import (  # noqa: E402
     LMConfig,
     OWN,
     RESULTS,
-    SMOLLM2_PACKAGE,
     Setting,
     cells,
     row_key,
 )
-from harness.lm.model import corpus_text, corpus_tokens, load, switch  # noqa: E402
+from harness.lm.model import SMOLLM2_PACKAGE, corpus_text, corpus_tokens, load, switch  # noqa: E402
 from harness.lm.tasks import INTRO, QUESTION, passkey_prompt, window_nll, window_starts  # noqa: E402
 from harness.options import ArgumentError  # noqa: E402
 
@@ -116,7 +115,7 @@ def test_resume_measures_only_what_is_missing(tiny, tmp_path):
         "--variant",
         "sdpa",
         "--variant",
-        "linear",
+        "sliding_window:window=64,global_tokens=4",  # (options not in alphabetical order: the label keeps theirs)
         "--tasks",
         "perplexity,cost",
         *FAST,
@@ -133,6 +132,20 @@ def test_resume_measures_only_what_is_missing(tiny, tmp_path):
         cells(LMConfig.from_json(json.loads((out / "metadata.json").read_text())["config"]))
     )
     assert [json.loads(line) for line in lines[:3]] == again[:3]  # kept, not measured again
+    assert len({row_key(r) for r in again}) == len(again)  # nothing measured twice under a reordered label
+
+
+def test_a_run_written_with_sorted_options_resumes_under_its_rows_labels():
+    """metadata.json sorts a dict's keys: runs written before options were kept as pairs take the order back
+    from their rows' labels (else a resumed run measures every cell again, and trains a linearization anew)."""
+    setting = Setting("sliding_window", {"window": 64, "global_tokens": 4})
+    config = LMConfig(model="m", settings=(setting, Setting(OWN)), lengths=(64,))
+    kept = json.loads(json.dumps(config.to_json(), sort_keys=True))
+    assert LMConfig.from_json(kept).settings == config.settings
+    old = {**kept, "settings": [{"variant": "sliding_window", "options": {"global_tokens": 4, "window": 64}}]}
+    assert LMConfig.from_json(old).settings[0].label == "sliding_window(global_tokens=4, window=64)"
+    labels = {"sdpa", "sliding_window(window=64, global_tokens=4) + linearized"}
+    assert LMConfig.from_json(old, labels).settings[0].label == setting.label
 
 
 def test_bad_input_is_refused_before_anything_is_written(tiny, tmp_path):
@@ -191,7 +204,7 @@ def test_mla_is_fitted_to_the_models_own_keys_and_values(tiny):
     (MHA2MLA's initialisation): with a latent as wide as the 12 tokens' rank, those tokens' logits are the model's
     own; the fit is made once a variant and kept."""
     from harness.lm import distill as transfer
-    from harness.lm.model import Attentions
+    from harness.lm.run import Attentions
 
     model, tokenizer = load(tiny, None)
     ids = torch.tensor(tokenizer(corpus_text(None)[:400])["input_ids"][:12])[None]
@@ -685,12 +698,12 @@ def test_a_task_past_the_models_positions_or_scoring_nothing_is_refused_before_a
 def test_a_resumed_run_keeps_no_report_unless_asked_again(tiny, tmp_path, monkeypatch):
     out = tmp_path / "run"
     args = ["--model", str(tiny), "--variant", "sdpa", "--tasks", "perplexity", "--lengths", "320", "--windows", "1"]
-    from harness.lm.session import LMSession
+    import harness.lm.run as lmrun
 
-    finish = LMSession.run
-    monkeypatch.setattr(LMSession, "run", lambda *a, **k: (_ for _ in ()).throw(KeyboardInterrupt))
+    finish = lmrun.run_session
+    monkeypatch.setattr(lmrun, "run_session", lambda *a, **k: (_ for _ in ()).throw(KeyboardInterrupt))
     assert bench("lm", *args, "--no-report", "--out", str(out)).exit_code == 130  # Ctrl-C before any row
-    monkeypatch.setattr(LMSession, "run", finish)
+    monkeypatch.setattr(lmrun, "run_session", finish)
     assert bench("lm", "--resume", str(out)).exit_code == 0
     assert not (out / "REPORT.md").exists()  # the original command said --no-report
     assert bench("lm", "--resume", str(out), "--report").exit_code == 0

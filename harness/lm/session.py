@@ -1,7 +1,8 @@
-"""An lm run's life: open it (a new run checked against the model and the text before anything is
-written, or one to resume with the same model file), the model loaded once, its lock while the cells run.
+"""An lm run opened: a new one checked against the model and the text before anything is written, or one
+to resume with the same model file; the model loaded once.
 
-`bench lm` is `open_lm`, then `LMSession.run` under a progress bar, then the report."""
+`bench lm` is `open_lm`, then `run.run_session` under a progress bar, then the report. What the command
+line asks is checked here, before anything is written."""
 
 from __future__ import annotations
 
@@ -11,14 +12,20 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Callable, ContextManager
 
-from harness.lm import run as lmrun
-from harness.lm.model import corpus_text, corpus_tokens, load, model_hash, text_hash, with_distilled, with_linearized
-from harness.lm.config import RESULTS, SCORED_FROM, TASKS, LMConfig, Recipe, cells, parse_depths, row_key
+import torch
+
+import variants.hf as vh
+from harness.lm import kv, ruler
+from harness.lm.config import DECODE_STEPS, OWN, RESULTS, RULER_SUBTASKS, SCORED_FROM, TASKS, LMConfig, Recipe
+from harness.lm.config import Setting, shortest_length
+from harness.lm.model import corpus_text, corpus_tokens, load, locate, model_hash, parse_setting, switch
+from harness.lm.model import text_hash, with_distilled, with_linearized
 from harness.lm.stages import check_projections, peft_module
+from harness.lm.tasks import disjoint_window_starts, passkey_prompt
 from harness.lm.training_text import check_disjoint, training_sequences, training_text
 from harness.options import ArgumentError, parse_lengths, parse_list
 from harness.store import rundir
-from harness.store.storage import RowWriter, RunLock, read_rows
+from harness.store.storage import read_rows
 
 
 @dataclass(frozen=True)
@@ -68,7 +75,7 @@ def lm_config(
         recipe = Recipe(**linearize).to_json()
     return LMConfig(
         model=model or "smollm2",
-        settings=tuple(lmrun.parse_setting(v) for v in variants),
+        settings=tuple(parse_setting(v) for v in variants),
         lengths=parse_lengths(lengths),
         depths=parse_depths(depths),
         windows=windows,
@@ -87,6 +94,18 @@ def lm_config(
         ratios=parse_ratios(ratios),
         kv_modes=tuple(m.strip() for m in kv_modes.split(",") if m.strip()),
     )
+
+
+def parse_depths(text: str) -> tuple[int, ...]:
+    try:
+        depths = tuple(sorted({int(part) for part in text.split(",") if part.strip()}))
+    except ValueError:
+        raise ArgumentError(
+            f"--depths {text!r}: not a comma-separated list of whole percentages (e.g. 0,50,100)"
+        ) from None
+    if not depths or any(not 0 <= d <= 100 for d in depths):
+        raise ArgumentError(f"--depths {text!r}: depths are percentages of the filler before the key, from 0 to 100")
+    return depths
 
 
 def parse_ratios(text: str) -> tuple[float, ...]:
@@ -114,31 +133,6 @@ class LMSession:
     def kept(self) -> str:
         return f"finished rows are kept in {self.run_dir / RESULTS}"
 
-    def run(self, on_cell=None, before: Callable[[int], None] | None = None, on_train=None) -> None:
-        """Every cell without a row, under the run's lock; `before(cells)` once the lock is held (`on_cell`
-        is called for every cell, finished ones too; `on_train(label, stage, step, steps, loss)` after each
-        step of a linearization)."""
-        with RunLock(self.run_dir):
-            done = (
-                {row_key(r) for r in read_rows(self.run_dir, RESULTS, quiet=True)}
-                if (self.run_dir / RESULTS).exists()
-                else set()
-            )
-            if before is not None:
-                before(len(cells(self.config)))
-            with RowWriter(self.run_dir, RESULTS) as writer:
-                lmrun.run_lm(
-                    self.config,
-                    self.model,
-                    self.tokenizer,
-                    self.tokens,
-                    done,
-                    writer.append,
-                    on_cell,
-                    self.run_dir,
-                    on_train,
-                )
-
 
 def open_lm(
     request: LMRequest,
@@ -148,13 +142,14 @@ def open_lm(
     """Open the lm run `request` asks for and load its model; ArgumentError for a value that is not allowed."""
     if request.resume is not None:
         metadata = rundir.open_to_resume(request.resume, "lm", [])
-        config = LMConfig.from_json(metadata["config"])
+        rows = read_rows(request.resume, RESULTS, quiet=True) if (request.resume / RESULTS).exists() else []
+        config = LMConfig.from_json(metadata["config"], {row["setting"] for row in rows})
         run_dir = request.resume
     else:
         config = lm_config(**request.build)
         corpus_text(config.text)  # (an absent or empty file is refused before the model loads)
         run_dir = rundir.new_run_dir(request.out, "lm-")
-    folder, gguf = lmrun.locate(None if config.model == "smollm2" else config.model)
+    folder, gguf = locate(None if config.model == "smollm2" else config.model)
     with status(f"loading {folder / gguf if gguf else folder}"):
         net, tokenizer = load(folder, gguf, config.threads)
         tokens = corpus_tokens(tokenizer, config.text)
@@ -166,7 +161,7 @@ def open_lm(
             )
         say(f"resuming {run_dir} with its original options (other options given now are ignored)")
     else:
-        lmrun.check_config(config, net, tokenizer, tokens)
+        check_config(config, net, tokenizer, tokens)
         config, nothing = with_distilled(config, net)
         if nothing:
             say(
@@ -229,3 +224,61 @@ def check_linearize(config: LMConfig, model, tokenizer, tokens) -> None:
     scored = corpus_text(config.text)
     training_sequences(tokenizer, recipe, scored)  # (enough of it)
     check_disjoint(training_text(recipe.text, scored), scored, recipe.text or "the standard library's docstrings")
+
+
+def check_config(config: LMConfig, model, tokenizer, tokens: torch.Tensor) -> None:
+    """ArgumentError for what the run could not measure: a length past the model's context or the text, a
+    passkey prompt that does not fit, an attention the model's layers refuse (each is tried on the model)."""
+    context = getattr(model.config, "max_position_embeddings", None)
+    too_long = [n for n in config.lengths if context and n > context]
+    if too_long:
+        raise ArgumentError(f"--lengths {','.join(map(str, too_long))}: past the model's context of {context} tokens")
+    for task in config.tasks:
+        too_short = [n for n in config.lengths if n < shortest_length(task)]
+        if too_short:
+            raise ArgumentError(
+                f"--lengths {','.join(map(str, too_short))}: --tasks {task} needs contexts of at least "
+                f"{shortest_length(task)} tokens (a window's first token has nothing before it to be predicted from)"
+            )
+        past = [n for n in config.lengths if context and config.positions_needed(task, n) > context]
+        if past:
+            n = max(past)
+            need = config.positions_needed(task, n)
+            raise ArgumentError(
+                f"--lengths {','.join(map(str, past))}: --tasks {task} at {n} tokens needs {need} positions "
+                f"({n} of context and {need - n} generated after it), past the model's context of {context}"
+            )
+    if "perplexity" in config.tasks and len(tokens) < max(config.lengths) + 1:
+        raise ArgumentError(
+            f"--text: {len(tokens)} tokens, too short for contexts of {max(config.lengths)} (--lengths)"
+        )
+    if "perplexity" in config.tasks and config.scored_from is not None:
+        for n in config.lengths:  # (an ArgumentError naming the length whose windows the text cannot hold)
+            disjoint_window_starts(len(tokens), n, config.windows_at(n), config.seed)
+    if "decode" in config.tasks and len(tokens) < max(config.lengths) + DECODE_STEPS:
+        raise ArgumentError(
+            f"--text: {len(tokens)} tokens, too short for a prompt of {max(config.lengths)} and {DECODE_STEPS} "
+            f"decoded tokens (--lengths, --tasks decode)"
+        )
+
+    if "passkey" in config.tasks:
+        passkey_prompt(tokenizer, config.prompt_length("passkey", min(config.lengths)), 0, "123456")
+    if "ruler" in config.tasks:
+        for subtask in RULER_SUBTASKS:  # (an ArgumentError where the shortest length holds no filler)
+            ruler.prompt(tokenizer, subtask, config.prompt_length("ruler", min(config.lengths)), config.seed, 0)
+    if config.kv_policies:
+        kv.check_kv(config, model, tokenizer, tokens)
+    labels = [s.label for s in config.settings]
+    if len(set(labels)) != len(labels):
+        raise ArgumentError(f"--variant: {', '.join(labels)} names one attention twice")
+    for setting in config.settings:
+        try:
+            switch(model, setting, config.seed)
+        except (ValueError, TypeError, RuntimeError) as err:
+            raise ArgumentError(f"--variant {setting.label}: {err}") from None
+        if "decode" in config.tasks and setting.variant != OWN:
+            try:
+                vh.state_cache(model)  # (each layer's decoding state, as decode_cost will keep it)
+            except ValueError as err:
+                raise ArgumentError(f"--tasks decode: --variant {setting.label}: {err}") from None
+    switch(model, Setting(OWN), config.seed)

@@ -11,11 +11,8 @@ import torch
 import variants.hf as vh
 from harness.core.timing import measure_time, timing_stats
 from harness.core.memory import measure_peak, pin_mmap_threshold, steady_allocator
-from harness.lm.config import COST_MIN_S, COST_REPEATS, DECODE_STEPS, PASSKEY_DIGITS, PASSKEY_EXTRA_TOKENS
+from harness.lm.config import COST_MIN_S, COST_REPEATS, DECODE_STEPS, FILLER, PASSKEY_DIGITS, PASSKEY_EXTRA_TOKENS
 from harness.options import ArgumentError
-
-FILLER = "The grass is green. The sky is blue. The sun is yellow. Here we go. There and back again. "
-
 
 INTRO = (
     "There is an important info hidden inside a lot of irrelevant text. Find it and memorize it. "
