@@ -2,12 +2,13 @@
 
 from __future__ import annotations
 
+from dataclasses import fields
 from pathlib import Path
 from typing import Annotated, Optional
 
 import typer
 
-from harness.lm.config import OWN
+from harness.lm.config import OWN, LMConfig, Recipe
 from harness.store import rundir
 from harness.store.storage import LM_RESULTS
 
@@ -22,6 +23,10 @@ from .common import (
     within,
     write_report,
 )
+
+
+LM = {f.name: f.default for f in fields(LMConfig)}  # the run's defaults, written once: in the dataclasses
+RECIPE = {f.name: f.default for f in fields(Recipe)}
 
 
 def default_settings() -> list[str]:
@@ -62,7 +67,7 @@ def lm(
     ] = "512,1024,2048,4096,8192",
     depths: Annotated[
         str, typer.Option(help="Passkey depths: percent of the filler before the key, comma-separated.")
-    ] = "0,25,50,75,100",
+    ] = ",".join(map(str, LM["depths"])),
     windows: Annotated[
         int,
         typer.Option(
@@ -96,7 +101,7 @@ def lm(
         typer.Option(
             help="perplexity, passkey, ruler (multi-key and multi-value needles, variable tracking), cost, decode (a generated token's time; time it alone). Comma-separated."
         ),
-    ] = "perplexity,passkey,cost",
+    ] = ",".join(LM["tasks"]),
     threads: Annotated[int, typer.Option(callback=at_least(0), help="CPU threads (0: torch's default).")] = 0,
     distill: Annotated[
         int,
@@ -105,7 +110,7 @@ def lm(
             help="Attention transfer: STEPS AdamW steps a layer training only each variant's own parameters to reproduce the model's softmax outputs; measured before and after. 0: zero-shot only.",
         ),
     ] = 0,
-    distill_lr: Annotated[float, typer.Option(help="Attention transfer's learning rate.")] = 1e-3,
+    distill_lr: Annotated[float, typer.Option(help="Attention transfer's learning rate.")] = LM["distill_lr"],
     linearize: Annotated[
         int,
         typer.Option(
@@ -120,33 +125,37 @@ def lm(
             help="Stage 2: LoRA steps on q, k, v, o (next-token loss). sdpa gets them too, as the control.",
         ),
     ] = 0,
-    linearize_lr: Annotated[float, typer.Option(help="Stage 1's learning rate (LoLCATs: 1e-2).")] = 1e-2,
-    lora_lr: Annotated[float, typer.Option(help="Stage 2's learning rate (LoLCATs: 1e-4).")] = 1e-4,
-    lora_rank: Annotated[int, typer.Option(callback=within(1, 1024), help="LoRA's rank r (alpha 2r).")] = 8,
+    linearize_lr: Annotated[float, typer.Option(help="Stage 1's learning rate (LoLCATs: 1e-2).")] = RECIPE[
+        "transfer_lr"
+    ],
+    lora_lr: Annotated[float, typer.Option(help="Stage 2's learning rate (LoLCATs: 1e-4).")] = RECIPE["lora_lr"],
+    lora_rank: Annotated[int, typer.Option(callback=within(1, 1024), help="LoRA's rank r (alpha 2r).")] = RECIPE[
+        "lora_rank"
+    ],
     train_length: Annotated[
         int, typer.Option(callback=within(2, 1_000_000), help="Tokens a training sequence.")
-    ] = 1024,
+    ] = RECIPE["length"],
     position_offsets: Annotated[
         int,
         typer.Option(
             callback=within(0, 10_000_000),
             help="Training sequences start at a random position 0..MAX (position ids shifted), so the recipe sees every rotation. 0: at 0.",
         ),
-    ] = 0,
+    ] = RECIPE["position_offsets"],
     accumulate: Annotated[
         int,
         typer.Option(
             callback=within(1, 1024),
             help="Training sequences an optimizer step, gradients summed (LoLCATs' stage 1: 8).",
         ),
-    ] = 1,
+    ] = RECIPE["accumulate"],
     eval_every: Annotated[
         int,
         typer.Option(
             callback=within(0, 1_000_000),
             help="Stage 1: held-out error every E steps; LoLCATs' plateau schedule (lr ×0.1 after 10 without a new best), the best state kept. 0: off.",
         ),
-    ] = 0,
+    ] = RECIPE["eval_every"],
     train_text: Annotated[
         Optional[str],
         typer.Option(
@@ -162,10 +171,10 @@ def lm(
     ] = None,
     ratios: Annotated[
         str, typer.Option(help="KV sweep: compression ratios, the fraction of the prompt's positions removed.")
-    ] = "0.25,0.5,0.75,0.875",
+    ] = ",".join(f"{r:g}" for r in LM["ratios"]),
     kv_modes: Annotated[
         str, typer.Option(help="KV sweep: aware (the question compressed with the prompt), agnostic (appended after).")
-    ] = "aware,agnostic",
+    ] = ",".join(LM["kv_modes"]),
     out: Annotated[
         Optional[Path], typer.Option(help="Run directory to create (default results/lm-<timestamp>-<host>).")
     ] = None,

@@ -132,8 +132,7 @@ class LMConfig:
     threads: int = 0
     distill: int = 0  # --distill STEPS: each variant with parameters also measured after attention transfer
     distill_lr: float = 1e-3
-    # --linearize: the recipe (Recipe's fields), each variant with parameters also measured after it
-    linearize: dict | None = None
+    linearize: Recipe | None = None  # --linearize: the recipe each variant with parameters is also measured after
     # perplexity: every token from position ⌊scored_from · L⌋ on is scored; None (runs made before): the last
     # min(SCORED, L // 2) tokens of each window
     scored_from: float | None = None
@@ -146,10 +145,6 @@ class LMConfig:
     kv_policies: tuple[str, ...] = ()
     ratios: tuple[float, ...] = KV_RATIOS
     kv_modes: tuple[str, ...] = KV_MODES
-
-    @property
-    def recipe(self) -> Recipe | None:
-        return None if self.linearize is None else Recipe(**self.linearize)
 
     def prompt_length(self, task: str, length: int) -> int:
         """Tokens of a task's prompt at length L: L, less the answer's room where the answer fits inside L."""
@@ -193,6 +188,8 @@ class LMConfig:
             )
             for s in data["settings"]
         )
+        if data.get("linearize"):
+            data["linearize"] = Recipe(**data["linearize"])
         for key in ("lengths", "depths", "tasks", "kv_policies", "ratios", "kv_modes"):
             if key in data:
                 data[key] = tuple(data[key])
@@ -227,7 +224,7 @@ def cells(config: LMConfig) -> list[tuple]:
             if setting.distill and length == config.lengths[0]:
                 out.append(("distill", setting.label, distill_length(config), None, None, None))
             if setting.linearized and length == config.lengths[0]:
-                out.append(("linearize", setting.label, config.recipe.length, None, None, None))
+                out.append(("linearize", setting.label, config.linearize.length, None, None, None))
             if "perplexity" in config.tasks:
                 out += [("perplexity", setting.label, length, w, None, None) for w in range(config.windows_at(length))]
             if "passkey" in config.tasks:

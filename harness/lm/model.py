@@ -156,7 +156,7 @@ def with_linearized(config: LMConfig, model) -> tuple[LMConfig, list[str]]:
     """With --linearize: each attention whose variant has parameters of its own followed by its linearized twin,
     and the model's own sdpa by its LoRA-only control (when the recipe has LoRA steps); also the labels of those
     with nothing to linearize (no parameters of their own: evaluated zero-shot only)."""
-    recipe = config.recipe
+    recipe = config.linearize
     if recipe is None:
         return config, []
     settings, nothing = [], []

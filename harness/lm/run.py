@@ -102,14 +102,22 @@ class Attentions:
         if setting.linearized:
             folder = self.folder(setting)
             if finished(folder) is None:
-                train, held_out = training_sequences(self.tokenizer, self.config.recipe, corpus_text(self.config.text))
+                train, held_out = training_sequences(
+                    self.tokenizer, self.config.linearize, corpus_text(self.config.text)
+                )
                 on_step = (
                     None
                     if self.on_train is None
                     else lambda stage, step, steps, loss: self.on_train(setting.label, stage, step, steps, loss)
                 )
                 self.model, self.last_linearization = lin.linearize(
-                    self.model, train, held_out, self.config.recipe, folder, own=setting.variant == OWN, on_step=on_step
+                    self.model,
+                    train,
+                    held_out,
+                    self.config.linearize,
+                    folder,
+                    own=setting.variant == OWN,
+                    on_step=on_step,
                 )
             else:
                 load_linearized(self.model, folder)

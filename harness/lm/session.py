@@ -51,28 +51,23 @@ def lm_config(
     text: str | None,
     tasks: str,
     threads: int,
-    distill: int = 0,
-    distill_lr: float = 1e-3,
-    linearize: dict | None = None,
-    scored_tokens: int = 0,
-    kv_policies: list[str] | None = None,
-    ratios: str = "0.25,0.5,0.75,0.875",
-    kv_modes: str = "aware,agnostic",
+    distill: int,
+    distill_lr: float,
+    linearize: dict,
+    scored_tokens: int,
+    kv_policies: list[str],
+    ratios: str,
+    kv_modes: str,
 ) -> LMConfig:
-    """The run's configuration from the command line's texts; ArgumentError naming a bad one. `linearize`: the
-    recipe's fields as given (--linearize, --lora, --linearize-lr, --lora-lr, --lora-rank, --train-length,
-    --train-text, --position-offsets, --accumulate, --eval-every), None or transfer_steps and lora_steps 0 for none."""
-    rates = {"--distill-lr": distill_lr}
-    if linearize:
-        rates.update(
-            {"--linearize-lr": linearize.get("transfer_lr", 1e-2), "--lora-lr": linearize.get("lora_lr", 1e-4)}
-        )
+    """The run's configuration from the command line's texts (every default is the command's); ArgumentError
+    naming a bad one. `linearize`: Recipe's fields as given (--linearize, --lora, --linearize-lr, --lora-lr,
+    --lora-rank, --train-length, --train-text, --position-offsets, --accumulate, --eval-every); no recipe when
+    both step counts are 0."""
+    recipe = Recipe(**linearize)
+    rates = {"--distill-lr": distill_lr, "--linearize-lr": recipe.transfer_lr, "--lora-lr": recipe.lora_lr}
     for option, rate in rates.items():
         if not (rate > 0 and rate < 1):
             raise ArgumentError(f"{option} {rate}: a learning rate between 0 and 1 (e.g. 1e-3)")
-    recipe = None
-    if linearize and (linearize.get("transfer_steps") or linearize.get("lora_steps")):
-        recipe = Recipe(**linearize).to_json()
     return LMConfig(
         model=model or "smollm2",
         settings=tuple(parse_setting(v) for v in variants),
@@ -86,11 +81,11 @@ def lm_config(
         threads=threads,
         distill=distill,
         distill_lr=distill_lr,
-        linearize=recipe,
+        linearize=recipe if recipe.transfer_steps or recipe.lora_steps else None,
         scored_from=SCORED_FROM,
         scored_tokens=scored_tokens,
         answer_inside=True,
-        kv_policies=tuple(kv_policies or ()),
+        kv_policies=tuple(kv_policies),
         ratios=parse_ratios(ratios),
         kv_modes=tuple(m.strip() for m in kv_modes.split(",") if m.strip()),
     )
@@ -167,7 +162,7 @@ def open_lm(
             say(
                 f"--distill: nothing to train in {', '.join(nothing)} (no parameters of their own): evaluated as they are"
             )
-        if config.recipe is not None:
+        if config.linearize is not None:
             check_linearize(config, net, tokenizer, tokens)
             config, unlinearized = with_linearized(config, net)
             if unlinearized:
@@ -191,12 +186,12 @@ def open_lm(
         }
         if config.distill:
             about["distill"] = {"nothing_to_train": nothing}
-        if config.recipe is not None:
+        if config.linearize is not None:
             about["linearize"] = {
                 "nothing_to_linearize": unlinearized,
-                "train_text": config.recipe.text or "the standard library's docstrings",
+                "train_text": config.linearize.text or "the standard library's docstrings",
                 "train_text_sha256": hashlib.sha256(
-                    training_text(config.recipe.text, corpus_text(config.text)).encode()
+                    training_text(config.linearize.text, corpus_text(config.text)).encode()
                 ).hexdigest(),
             }
         rundir.start(run_dir, "lm", config.to_json(), machine=about)
@@ -207,7 +202,7 @@ def check_linearize(config: LMConfig, model, tokenizer, tokens) -> None:
     """ArgumentError, before anything is written or trained, for a linearization that could not run: peft
     missing (LoRA), a model without q, k, v, o projections, a training length past the model's context, a
     training text missing, empty, too short or overlapping the scored text."""
-    recipe = config.recipe
+    recipe = config.linearize
     context = getattr(model.config, "max_position_embeddings", None)
     if recipe.length < 2 or (context and recipe.length > context):
         raise ArgumentError(
