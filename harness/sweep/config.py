@@ -3,7 +3,7 @@ imports neither torch nor the variants."""
 
 from __future__ import annotations
 
-from dataclasses import asdict, dataclass
+from dataclasses import asdict, dataclass, replace
 
 from harness.options import SHAPE_HINTS
 from harness.store.rows import device_label, key_of
@@ -82,8 +82,8 @@ class RunConfig:
 
     def with_resolved_options(self) -> "RunConfig":
         """This configuration with every variant's options fixed (from the registry, defaults filled in)."""
-        resolved = {name: self.options_of(name) for name in self.variants}
-        return RunConfig.from_json({**self.to_json(), "resolved_options": resolved})
+        resolved = {name: tuple(sorted(self.options_of(name).items())) for name in self.variants}
+        return replace(self, resolved_options=tuple(sorted(resolved.items())))
 
     def budget(self, device: str) -> int | None:
         return dict(self.memory_budget).get(device)

@@ -11,7 +11,7 @@ that decides what a run is or does lives here, the command line only shows it.
 from __future__ import annotations
 
 from contextlib import nullcontext
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Callable, ContextManager
 
@@ -195,7 +195,7 @@ def _started(request: SweepRequest, cluster, say: Say, status: Status) -> tuple[
             else measure_cluster(config, cluster, request.peak_time)
         )
     budgets = policy.memory_budgets(request.memory_budget, config.devices, machine)
-    config = RunConfig.from_json({**config.to_json(), "memory_budget": dict(budgets)})
+    config = replace(config, memory_budget=tuple(sorted(budgets)))
     rundir.start(run_dir, "sweep", config.to_json(), machine, policy.recorded_facts(config.variants))
     return config, run_dir, machine["device_names"]
 
