@@ -12,7 +12,7 @@ import variants
 from harness.core.isolation import Outcome
 from harness.fmt import fmt_bytes
 from harness.policy import shape_only
-from harness.store.rows import STOPPING, Row, cell_key, series_key
+from harness.store.rows import STOPPING, cell_key, series_key
 from harness.sweep import worker
 from harness.sweep.config import Cell, RunConfig
 from harness.sweep.executors import LocalExecutor
@@ -129,21 +129,21 @@ def predicted_bytes(config: RunConfig, cell: Cell, attn) -> int:
     return int(inputs + extra)
 
 
-def base_row(config: RunConfig, cell: Cell) -> Row:
-    """The row of a cell before its fate is decided: its key and identity."""
-    return Row(
-        device=cell.device,
-        variant=cell.variant,
-        pass_=cell.pass_,
-        causal=cell.causal,
-        n=cell.n,
-        batch=config.batch,
-        heads=config.heads,
-        kv_heads=config.kv_heads,
-        head_dim=config.head_dim,
-        dtype=config.dtype,
-        options=config.options_of(cell.variant),
-    )
+def base_row(config: RunConfig, cell: Cell) -> dict:
+    """A cell's row before its fate is decided, as stored: its key and identity (Row.from_json fills the rest)."""
+    return {
+        "device": cell.device,
+        "variant": cell.variant,
+        "pass": cell.pass_,
+        "causal": cell.causal,
+        "n": cell.n,
+        "batch": config.batch,
+        "heads": config.heads,
+        "kv_heads": config.kv_heads,
+        "head_dim": config.head_dim,
+        "dtype": config.dtype,
+        "options": config.options_of(cell.variant),
+    }
 
 
 def useful_flops(config: RunConfig, cell: Cell, attn) -> float | None:

@@ -34,7 +34,7 @@ def run_cell(config: RunConfig, cell: Cell, state: SweepState, log_path: str | N
     planned: dict = {}
     status, message, measured, node = decide(config, cell, state, planned, log_path, executor or LocalExecutor())
     values = {
-        **base_row(config, cell).to_json(),
+        **base_row(config, cell),
         "device_name": cell.device_name,
         **planned,
         "status": status,

@@ -28,7 +28,7 @@ def setup_process(config: RunConfig, device: str) -> None:
     torch.manual_seed(0)
 
 
-def _build(config: RunConfig, name: str, dev: torch.device):
+def build_variant(config: RunConfig, name: str, dev: torch.device):
     """The variant with the run's options, on the cell's device, in the run's dtype."""
     return variants.build(name, device=dev, **config.variant_options(name)).to(config.torch_dtype)
 
@@ -36,7 +36,7 @@ def _build(config: RunConfig, name: str, dev: torch.device):
 def check_variant(config: RunConfig, device: str, name: str, causal: bool) -> dict:
     """The gate (`measure.gate`) for one (device, variant, causal) of the run, before any of its cells is timed."""
     setup_process(config, device)
-    attn = _build(config, name, torch.device(device))
+    attn = build_variant(config, name, torch.device(device))
     backward = attn.backward_unsupported_reason(device) is None and "fwdbwd" in config.passes
     decode = causal and "decode" in config.passes and attn.decode_unsupported_reason() is None
     n = gate_length(attn, config.check_len, max(config.lengths))
@@ -73,7 +73,7 @@ def measure_cell(config: RunConfig, cell: Cell) -> dict:
     is one step of one new position after N, from the state the variant's prefill built (untimed)."""
     setup_process(config, cell.device)
     dev = torch.device(cell.device)
-    attn = _build(config, cell.variant, dev)
+    attn = build_variant(config, cell.variant, dev)
     backward = cell.pass_ == "fwdbwd"
     if dev.type == "cpu":
         _limit_cpu_memory(config.budget(cell.device))
