@@ -104,3 +104,16 @@ def test_every_variant_names_its_kind_for_the_figures():
     kinds = {"exact", "local and sparse", "kernel", "low-rank and compressed", "recurrent"}
     wrong = {n: variants.variant_class(n).spec.kind for n in shipped()}
     assert not {n: k for n, k in wrong.items() if k not in kinds}, wrong
+
+
+def test_every_command_signature_is_one_line_an_option():
+    """A command's options are aliases defined beside it (or in cli/common.py when commands share them): its
+    signature reads as a list, one line an option, never a page."""
+    long = {}
+    for path in sorted((ROOT / "harness" / "cli").glob("*.py")):
+        for node in ast.parse(path.read_text()).body:
+            if isinstance(node, ast.FunctionDef) and node.args.args and node.body:
+                span = node.body[0].lineno - node.lineno - 1  # the def line to the docstring
+                if span > len(node.args.args) + 1:
+                    long[f"{path.name}:{node.name}"] = (span, len(node.args.args))
+    assert not long, f"signatures longer than one line an option (lines, options): {long}"

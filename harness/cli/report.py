@@ -13,26 +13,26 @@ from harness.readers.advise.tradeoff import write_tradeoff_report
 from .common import at_least, checked, existing_run, make_console
 
 
-def report(
-    run_dirs: Annotated[
-        list[Path],
-        typer.Argument(
-            help="A run directory written by bench run or bench quality; or speed runs and quality runs together for the trade-off report."
-        ),
-    ],
-    out: Annotated[
-        Optional[Path],
-        typer.Option(help="With several runs: where the trade-off report goes (default results/tradeoff)."),
-    ] = None,
-    length: Annotated[
-        Optional[int],
-        typer.Option(
-            "--len",
-            callback=at_least(1),
-            help="With several runs: the N of the trade-off (default: the tokens the model read at each task's largest L).",
-        ),
-    ] = None,
-) -> None:
+RunDirsOption = Annotated[
+    list[Path],
+    typer.Argument(
+        help="A run directory written by bench run or bench quality; or speed runs and quality runs together for the trade-off report."
+    ),
+]
+OutOption = Annotated[
+    Optional[Path], typer.Option(help="With several runs: where the trade-off report goes (default results/tradeoff).")
+]
+LengthOption = Annotated[
+    Optional[int],
+    typer.Option(
+        "--len",
+        callback=at_least(1),
+        help="With several runs: the N of the trade-off (default: the tokens the model read at each task's largest L).",
+    ),
+]
+
+
+def report(run_dirs: RunDirsOption, out: OutOption = None, length: LengthOption = None) -> None:
     """Write RUN_DIR/REPORT.md and its figures: command and environment, per-panel tables, exponents, crossovers, cells that did not run.
 
     bench run and bench quality write it at their end; run this to redraw it (partial runs too). Given a

@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-from pathlib import Path
 from typing import Annotated, Optional
 
 import typer
@@ -15,6 +14,9 @@ from harness.store import rundir
 from harness.store.storage import METADATA, RESULTS, baseline_of, variant_facts
 
 from .common import (
+    out_option,
+    resume_option,
+    RunImportOption,
     compression_option,
     defaults_text,
     CAUSAL,
@@ -33,142 +35,156 @@ from .common import (
 )
 
 
+VariantsOption = Annotated[
+    str, typer.Option("--variants", help="'all' (every variant available on the devices) or names, comma-separated.")
+]
+MinLenOption = Annotated[
+    int,
+    typer.Option(callback=at_least(1), help="Smallest N; lengths are the powers of two from --min-len to --max-len."),
+]
+LengthsOption = Annotated[Optional[str], typer.Option(help="Explicit lengths instead, e.g. 1000,3000,10000.")]
+DevicesOption = Annotated[str, typer.Option(help="auto (cpu, plus cuda when present), cpu, cuda, or cpu,cuda.")]
+PassesOption = Annotated[
+    str,
+    typer.Option(
+        help="fwd (forward only), fwdbwd (forward + backward), decode (one step of one new token after N positions: the state from the variant's prefill, untimed; causal only), comma-separated: fwd,fwdbwd,decode."
+    ),
+]
+CausalOption = Annotated[
+    CausalMode,
+    typer.Option(
+        help="no, yes, both, or auto: no unless a variant is causal-only or --passes has decode, then each variant in one mode, causal where it runs so, full in both."
+    ),
+]
+BatchOption = Annotated[int, typer.Option(callback=at_least(1), help="Batch size B.")]
+KvHeadsOption = Annotated[
+    Optional[int],
+    typer.Option(
+        callback=at_least(1),
+        help="K/V heads (grouped-query attention, a divisor of --heads; SmolLM2: 9 on 3). Default: --heads.",
+    ),
+]
+HeadDimOption = Annotated[int, typer.Option(callback=at_least(1), help="Head dimension D.")]
+WindowOption = Annotated[
+    Optional[int],
+    typer.Option(help=f"Sliding-window width w (variants that take 'window'; {defaults_text('window')})."),
+]
+RepeatsOption = Annotated[int, typer.Option(callback=at_least(1), help="At most this many timed calls per cell.")]
+WarmupOption = Annotated[
+    int, typer.Option(callback=at_least(0), help="Untimed calls before timing (at least; see --warmup-time).")
+]
+WarmupTimeOption = Annotated[
+    float,
+    typer.Option(
+        help="Untimed calls go on until they lasted this many seconds: a fresh process runs its first calls slower."
+    ),
+]
+MinTimeOption = Annotated[
+    float, typer.Option(help="Stop timing a cell after --min-repeats calls once this many seconds were timed.")
+]
+MinRepeatsOption = Annotated[
+    int,
+    typer.Option(
+        callback=at_least(1),
+        help="At least this many timed calls a cell (more until --min-time seconds, at most --repeats). 1 times a call that alone lasts --min-time once (pyperf's calibration).",
+    ),
+]
+CellTimeoutOption = Annotated[
+    float,
+    typer.Option(
+        help="Seconds a cell may take before it is killed; a cell predicted to need over half of it is skipped (never full's). The correctness check gets max(this, 300 s). docs/measuring.md."
+    ),
+]
+MemoryBudgetOption = Annotated[
+    str, typer.Option(help="Memory a cell may use: auto (60% of free RAM, 90% of free GPU memory) or a size like 8GiB.")
+]
+ThreadsOption = Annotated[
+    int, typer.Option(callback=at_least(0), help="CPU threads per cell (0: every core this process may use).")
+]
+PeakTimeOption = Annotated[
+    float,
+    typer.Option(
+        help="Seconds spent measuring the machine's matmul peak (the 100% of the efficiency figure) before the sweep."
+    ),
+]
+CheckLenOption = Annotated[
+    int,
+    typer.Option(
+        callback=within(1, MAX_CHECK_LEN),
+        help=f"N of the correctness check against the dense reference (raised per variant where its sparse paths need more, never past the run's longest N). At most {MAX_CHECK_LEN}.",
+    ),
+]
+OutOption = out_option("")
+ResumeOption = resume_option("run")
+RetryFailedOption = Annotated[
+    bool,
+    typer.Option(
+        "--retry-failed",
+        help="With --resume: measure again the cells that ended in oom, timeout or error (and what their series skipped); their old rows move to superseded.jsonl.",
+    ),
+]
+ReportOption = Annotated[
+    Optional[bool],
+    typer.Option(
+        "--report/--no-report",
+        help="At the end, write RUN_DIR/REPORT.md and its figures (what bench report RUN_DIR does). Default: yes; with --resume, as the run began.",
+    ),
+]
+ExecutorOption = Annotated[
+    ExecutorName,
+    typer.Option(
+        help="Where cells run: local (this machine, one at a time) or ray (each cell a Ray task on a node of a cluster, series in parallel; needs the ray extra)."
+    ),
+]
+RayAddressOption = Annotated[
+    Optional[str],
+    typer.Option(
+        help="With --executor ray: auto (the cluster this machine is part of), host:port or ray://host:port. Without it, a local Ray instance is started."
+    ),
+]
+RayResourcesOption = Annotated[
+    Optional[list[str]],
+    typer.Option(
+        "--ray-resources",
+        help="With --executor ray: a Ray resource every cell needs, NAME=AMOUNT (e.g. accelerator_type:H100=0.001); repeatable. Nodes without it are not used.",
+    ),
+]
+
+
 def run(
-    variants_: Annotated[
-        str,
-        typer.Option("--variants", help="'all' (every variant available on the devices) or names, comma-separated."),
-    ] = "all",
-    min_len: Annotated[
-        int,
-        typer.Option(
-            callback=at_least(1), help="Smallest N; lengths are the powers of two from --min-len to --max-len."
-        ),
-    ] = 256,
+    variants_: VariantsOption = "all",
+    min_len: MinLenOption = 256,
     max_len: Annotated[int, typer.Option(callback=at_least(1), help="Largest N.")] = 4096,
-    lengths: Annotated[Optional[str], typer.Option(help="Explicit lengths instead, e.g. 1000,3000,10000.")] = None,
-    devices: Annotated[str, typer.Option(help="auto (cpu, plus cuda when present), cpu, cuda, or cpu,cuda.")] = "auto",
-    passes: Annotated[
-        str,
-        typer.Option(
-            help="fwd (forward only), fwdbwd (forward + backward), decode (one step of one new token after N positions: the state from the variant's prefill, untimed; causal only), comma-separated: fwd,fwdbwd,decode."
-        ),
-    ] = "fwd,fwdbwd",
-    causal: Annotated[
-        CausalMode,
-        typer.Option(
-            help="no, yes, both, or auto: no unless a variant is causal-only or --passes has decode, then each variant in one mode, causal where it runs so, full in both."
-        ),
-    ] = CausalMode.auto,
-    batch: Annotated[int, typer.Option(callback=at_least(1), help="Batch size B.")] = 1,
+    lengths: LengthsOption = None,
+    devices: DevicesOption = "auto",
+    passes: PassesOption = "fwd,fwdbwd",
+    causal: CausalOption = CausalMode.auto,
+    batch: BatchOption = 1,
     heads: Annotated[int, typer.Option(callback=at_least(1), help="Heads H.")] = 8,
-    kv_heads: Annotated[
-        Optional[int],
-        typer.Option(
-            callback=at_least(1),
-            help="K/V heads (grouped-query attention, a divisor of --heads; SmolLM2: 9 on 3). Default: --heads.",
-        ),
-    ] = None,
-    head_dim: Annotated[int, typer.Option(callback=at_least(1), help="Head dimension D.")] = 64,
+    kv_heads: KvHeadsOption = None,
+    head_dim: HeadDimOption = 64,
     dtype: Annotated[DType, typer.Option(help="Data type of q, k, v.")] = DType.float32,
-    window: Annotated[
-        Optional[int],
-        typer.Option(help=f"Sliding-window width w (variants that take 'window'; {defaults_text('window')})."),
-    ] = None,
+    window: WindowOption = None,
     compression: compression_option(defaults_text("compression")) = None,
     option: OptionOption = None,
-    repeats: Annotated[int, typer.Option(callback=at_least(1), help="At most this many timed calls per cell.")] = 10,
-    warmup: Annotated[
-        int, typer.Option(callback=at_least(0), help="Untimed calls before timing (at least; see --warmup-time).")
-    ] = 1,
-    warmup_time: Annotated[
-        float,
-        typer.Option(
-            help="Untimed calls go on until they lasted this many seconds: a fresh process runs its first calls slower."
-        ),
-    ] = 0.25,
-    min_time: Annotated[
-        float, typer.Option(help="Stop timing a cell after --min-repeats calls once this many seconds were timed.")
-    ] = 1.0,
-    min_repeats: Annotated[
-        int,
-        typer.Option(
-            callback=at_least(1),
-            help="At least this many timed calls a cell (more until --min-time seconds, at most --repeats). 1 times a call that alone lasts --min-time once (pyperf's calibration).",
-        ),
-    ] = 1,
-    cell_timeout: Annotated[
-        float,
-        typer.Option(
-            help="Seconds a cell may take before it is killed; a cell predicted to need over half of it is skipped (never full's). The correctness check gets max(this, 300 s). docs/measuring.md."
-        ),
-    ] = 60.0,
-    memory_budget: Annotated[
-        str,
-        typer.Option(help="Memory a cell may use: auto (60% of free RAM, 90% of free GPU memory) or a size like 8GiB."),
-    ] = "auto",
-    threads: Annotated[
-        int, typer.Option(callback=at_least(0), help="CPU threads per cell (0: every core this process may use).")
-    ] = 0,
-    peak_time: Annotated[
-        float,
-        typer.Option(
-            help="Seconds spent measuring the machine's matmul peak (the 100% of the efficiency figure) before the sweep."
-        ),
-    ] = 1.0,
-    check_len: Annotated[
-        int,
-        typer.Option(
-            callback=within(1, MAX_CHECK_LEN),
-            help=f"N of the correctness check against the dense reference (raised per variant where its sparse paths need more, never past the run's longest N). At most {MAX_CHECK_LEN}.",
-        ),
-    ] = 320,
-    out: Annotated[
-        Optional[Path],
-        typer.Option(help="Run directory to create (default results/<timestamp>-<host>); never overwritten."),
-    ] = None,
-    resume: Annotated[
-        Optional[Path], typer.Option(help="Finish this run: only its missing cells, with its original options.")
-    ] = None,
-    import_: Annotated[
-        Optional[list[str]],
-        typer.Option(
-            "--import",
-            help="Module to import first (it may register more variants). With --resume, a run's modules must be named again: resuming runs their code.",
-        ),
-    ] = None,
-    retry_failed: Annotated[
-        bool,
-        typer.Option(
-            "--retry-failed",
-            help="With --resume: measure again the cells that ended in oom, timeout or error (and what their series skipped); their old rows move to superseded.jsonl.",
-        ),
-    ] = False,
-    report: Annotated[
-        Optional[bool],
-        typer.Option(
-            "--report/--no-report",
-            help="At the end, write RUN_DIR/REPORT.md and its figures (what bench report RUN_DIR does). Default: yes; with --resume, as the run began.",
-        ),
-    ] = None,
-    executor: Annotated[
-        ExecutorName,
-        typer.Option(
-            help="Where cells run: local (this machine, one at a time) or ray (each cell a Ray task on a node of a cluster, series in parallel; needs the ray extra)."
-        ),
-    ] = ExecutorName.local,
-    ray_address: Annotated[
-        Optional[str],
-        typer.Option(
-            help="With --executor ray: auto (the cluster this machine is part of), host:port or ray://host:port. Without it, a local Ray instance is started."
-        ),
-    ] = None,
-    ray_resources: Annotated[
-        Optional[list[str]],
-        typer.Option(
-            "--ray-resources",
-            help="With --executor ray: a Ray resource every cell needs, NAME=AMOUNT (e.g. accelerator_type:H100=0.001); repeatable. Nodes without it are not used.",
-        ),
-    ] = None,
+    repeats: RepeatsOption = 10,
+    warmup: WarmupOption = 1,
+    warmup_time: WarmupTimeOption = 0.25,
+    min_time: MinTimeOption = 1.0,
+    min_repeats: MinRepeatsOption = 1,
+    cell_timeout: CellTimeoutOption = 60.0,
+    memory_budget: MemoryBudgetOption = "auto",
+    threads: ThreadsOption = 0,
+    peak_time: PeakTimeOption = 1.0,
+    check_len: CheckLenOption = 320,
+    out: OutOption = None,
+    resume: ResumeOption = None,
+    import_: RunImportOption = None,
+    retry_failed: RetryFailedOption = False,
+    report: ReportOption = None,
+    executor: ExecutorOption = ExecutorName.local,
+    ray_address: RayAddressOption = None,
+    ray_resources: RayResourcesOption = None,
 ) -> None:
     """Sweep variants x sequence length x device x pass: time, peak memory and FLOP/s of every cell.
 

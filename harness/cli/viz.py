@@ -12,22 +12,29 @@ from harness import options as opts
 from .common import ImportOption, OptionOption, checked, make_console, within
 
 
+VariantsOption = Annotated[str, typer.Option("--variants", help="'all' or names, comma-separated.")]
+NOption = Annotated[
+    int,
+    typer.Option("--n", callback=within(1, 2048), help="Sequence length of the picture (it holds an N x N matrix)."),
+]
+CausalOption = Annotated[bool, typer.Option("--causal/--no-causal", help="Draw the causal pattern.")]
+WindowOption = Annotated[int, typer.Option(help="Sliding window w for the picture (small, so the band shows).")]
+GlobalTokensOption = Annotated[int, typer.Option(help="Global tokens for the sliding-window variants.")]
+OutOption = Annotated[Path, typer.Option(help="Image to write (.png, .svg or .pdf).")]
+ForceOption = Annotated[bool, typer.Option("--force", help="Overwrite --out if it exists.")]
+
+
 def viz(
-    variants_: Annotated[str, typer.Option("--variants", help="'all' or names, comma-separated.")] = "all",
-    n: Annotated[
-        int,
-        typer.Option(
-            "--n", callback=within(1, 2048), help="Sequence length of the picture (it holds an N x N matrix)."
-        ),
-    ] = 64,
-    causal: Annotated[bool, typer.Option("--causal/--no-causal", help="Draw the causal pattern.")] = False,
-    window: Annotated[int, typer.Option(help="Sliding window w for the picture (small, so the band shows).")] = 6,
-    global_tokens: Annotated[int, typer.Option(help="Global tokens for the sliding-window variants.")] = 2,
+    variants_: VariantsOption = "all",
+    n: NOption = 64,
+    causal: CausalOption = False,
+    window: WindowOption = 6,
+    global_tokens: GlobalTokensOption = 2,
     compression: Annotated[int, typer.Option(help="Memory-compressed stride c.")] = 4,
     option: OptionOption = None,
-    out: Annotated[Path, typer.Option(help="Image to write (.png, .svg or .pdf).")] = Path("attention_patterns.png"),
+    out: OutOption = Path("attention_patterns.png"),
     import_: ImportOption = None,
-    force: Annotated[bool, typer.Option("--force", help="Overwrite --out if it exists.")] = False,
+    force: ForceOption = False,
 ) -> None:
     """Heat-maps, side by side, of the attention weights each variant applies to one random input.
 
