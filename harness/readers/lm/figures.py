@@ -8,6 +8,7 @@ from pathlib import Path
 
 import pandas as pd
 
+from harness.readers.plots import save_figure
 from harness.readers.lm.frames import (
     DISTILLED,
     LEGEND_INSIDE,
@@ -281,9 +282,5 @@ def _legend(ax, outside: bool, size: int) -> None:
 
 
 def _save(fig, path: Path) -> Path:
-    import matplotlib.pyplot as plt
-
     fig.tight_layout()
-    fig.savefig(path, dpi=110)
-    plt.close(fig)
-    return path
+    return save_figure(fig, path)

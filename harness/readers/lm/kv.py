@@ -12,6 +12,7 @@ import pandas as pd
 from harness.fmt import fmt_bytes, fmt_time
 from harness.readers.lm.figures import plain_log_labels
 from harness.readers.lm.frames import _accuracy
+from harness.readers.plots import save_figure
 from harness.readers.tables import markdown_table
 from harness.stats import bootstrap_paired_difference, bootstrap_pooled_mean
 
@@ -227,9 +228,7 @@ def draw_kv_frontier(df: pd.DataFrame, path: Path, others: list[dict] = ()) -> P
     handles, labels = axes[0][0].get_legend_handles_labels()
     fig.legend(handles, labels, fontsize=8, loc="center left", bbox_to_anchor=(1.0, 0.5))
     fig.tight_layout()
-    fig.savefig(path, dpi=110, bbox_inches="tight")
-    plt.close(fig)
-    return path
+    return save_figure(fig, path)
 
 
 def _bytes(rows: pd.DataFrame, length: int) -> pd.Series:
