@@ -195,28 +195,6 @@ print(sorted(m for m in sys.modules if m == "torch" or m.startswith("variants"))
     assert out.stdout.strip().splitlines()[-1] == "[]"
 
 
-@pytest.mark.parametrize(
-    "run", ["cpu-reference", "cpu-main", "quality-long", "quality-reference", "lm-smollm2", "cpu-decode"]
-)
-def test_a_committed_run_redraws_byte_identical(tmp_path, monkeypatch, run):
-    """Old run directories still read: a copy of a committed run (sweep, quality, lm, decode), at the same
-    relative path, gets the same REPORT.md and figures, byte for byte, from today's readers."""
-    import shutil
-
-    committed = Path(__file__).resolve().parent.parent / "results" / run
-    copy = tmp_path / "results" / run
-    shutil.copytree(committed, copy)
-    for path in [copy / "REPORT.md", *(copy / "figures").glob("*")]:
-        path.unlink()
-    monkeypatch.chdir(tmp_path)
-    result = bench("report", f"results/{run}")
-    assert result.exit_code == 0, result.output
-    drawn = [p.relative_to(copy) for p in [copy / "REPORT.md", *(copy / "figures").glob("*")]]
-    assert len(drawn) > 1, drawn
-    for name in drawn:  # (the committed figures/ may hold more: bench viz draws there too)
-        assert (copy / name).read_bytes() == (committed / name).read_bytes(), f"{run}/{name} differs"
-
-
 def test_the_lr_sweep_table_takes_each_variants_best_rate_and_refuses_runs_that_differ_otherwise(tmp_path):
     """scripts/lr_sweep.py: one probe at several learning rates, each variant's best marked; runs that differ in
     anything but the rate (here the pairs) are refused, naming the field, rather than put in one table."""
