@@ -145,7 +145,10 @@ def test_a_run_written_with_sorted_options_resumes_under_its_rows_labels():
     old = {**kept, "settings": [{"variant": "sliding_window", "options": {"global_tokens": 4, "window": 64}}]}
     assert LMConfig.from_json(old).settings[0].label == "sliding_window(global_tokens=4, window=64)"
     labels = {"sdpa", "sliding_window(window=64, global_tokens=4) + linearized"}
-    assert LMConfig.from_json(old, labels).settings[0].label == setting.label
+    assert LMConfig.from_json(old, lambda: labels).settings[0].label == setting.label
+    assert LMConfig.from_json(kept, lambda: pytest.fail("rows read for a run that keeps its order")).settings == (
+        config.settings
+    )
 
 
 def test_bad_input_is_refused_before_anything_is_written(tiny, tmp_path):

@@ -8,6 +8,7 @@ import math
 import random
 import re
 from dataclasses import asdict, dataclass, field, replace
+from typing import Callable
 
 from harness.store.storage import LM_RESULTS
 
@@ -175,19 +176,19 @@ class LMConfig:
         return data
 
     @classmethod
-    def from_json(cls, data: dict, labels: set[str] = frozenset()) -> "LMConfig":
-        """From metadata.json's "config". Runs written before options were kept as pairs hold them sorted by
-        name: each setting takes the order of the row label in `labels` (the run's rows) naming it."""
+    def from_json(cls, data: dict, labels: Callable[[], set[str]] = set) -> "LMConfig":
+        """From metadata.json's "config". Runs written before options were kept as pairs hold them as a dict
+        sorted by name: a setting with two or more takes the order of the row label naming it among `labels()`
+        (the run's rows, read only then)."""
         data = dict(data)
-        data["settings"] = tuple(
-            _labelled(
-                Setting(
-                    s["variant"], dict(s.get("options") or {}), int(s.get("distill", 0)), bool(s.get("linearized"))
-                ),
-                labels,
-            )
-            for s in data["settings"]
-        )
+        legacy = [isinstance(s.get("options"), dict) and len(s["options"]) > 1 for s in data["settings"]]
+        bases = {label.split(" + ")[0] for label in labels()} if any(legacy) else set()
+        settings = []
+        for stored, old in zip(data["settings"], legacy):
+            options = dict(stored.get("options") or {})
+            setting = Setting(stored["variant"], options, int(stored.get("distill", 0)), bool(stored.get("linearized")))
+            settings.append(_labelled(setting, bases) if old else setting)
+        data["settings"] = tuple(settings)
         if data.get("linearize"):
             data["linearize"] = Recipe(**data["linearize"])
         for key in ("lengths", "depths", "tasks", "kv_policies", "ratios", "kv_modes"):
@@ -196,11 +197,11 @@ class LMConfig:
         return cls(**data)
 
 
-def _labelled(setting: Setting, labels: set[str]) -> Setting:
-    """`setting` with its options in the order of the label in `labels` that names it in another order."""
+def _labelled(setting: Setting, bases: set[str]) -> Setting:
+    """`setting` with its options in the order of the base label in `bases` that names them in another order."""
     for order in itertools.permutations(setting.options):
         twin = replace(setting, options={name: setting.options[name] for name in order})
-        if twin.label in labels or twin.base_label in {label.split(" + ")[0] for label in labels}:
+        if twin.base_label in bases:
             return twin
     return setting
 

@@ -137,8 +137,7 @@ def open_lm(
     """Open the lm run `request` asks for and load its model; ArgumentError for a value that is not allowed."""
     if request.resume is not None:
         metadata = rundir.open_to_resume(request.resume, "lm", [])
-        rows = read_rows(request.resume, RESULTS, quiet=True) if (request.resume / RESULTS).exists() else []
-        config = LMConfig.from_json(metadata["config"], {row["setting"] for row in rows})
+        config = LMConfig.from_json(metadata["config"], lambda: _labels(request.resume))
         run_dir = request.resume
     else:
         config = lm_config(**request.build)
@@ -196,6 +195,12 @@ def open_lm(
             }
         rundir.start(run_dir, "lm", config.to_json(), machine=about)
     return LMSession(run_dir, config, net, tokenizer, tokens)
+
+
+def _labels(run_dir: Path) -> set[str]:
+    """The attentions' labels in a run's rows (none before its first row)."""
+    rows = read_rows(run_dir, RESULTS, quiet=True) if (run_dir / RESULTS).exists() else []
+    return {row["setting"] for row in rows}
 
 
 def check_linearize(config: LMConfig, model, tokenizer, tokens) -> None:
