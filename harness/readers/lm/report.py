@@ -228,8 +228,14 @@ def decode_section(df: pd.DataFrame, settings: list[str], lengths: list[int]) ->
     if table.empty:
         return []
     cell = {(r.setting, int(r.length)): r for r in table.itertuples()}
-    ok = lambda v: v is not None and v == v  # noqa: E731
-    rows = []
+
+    def shown(r, value: str, ratio: str, fmt) -> str:  # the value, and its ratio to sdpa's where there is one
+        if r is None:
+            return ""
+        times = getattr(r, ratio)
+        return fmt(getattr(r, value)) + (f" ({times:.2f}×)" if times is not None and times == times else "")
+
+    rows, states = [], []
     for s in settings:
         mine = [cell.get((s, n)) for n in lengths]
         if not any(mine):
@@ -238,34 +244,11 @@ def decode_section(df: pd.DataFrame, settings: list[str], lengths: list[int]) ->
         rows.append(
             [
                 f"`{s}`",
-                *(
-                    f"{fmt_time(r.token_s)} ({r.vs_sdpa:.2f}×)"
-                    if r is not None and ok(r.vs_sdpa)
-                    else fmt_time(r.token_s)
-                    if r is not None
-                    else ""
-                    for r in mine
-                ),
+                *(shown(r, "token_s", "vs_sdpa", fmt_time) for r in mine),
                 "" if exponent is None else f"{exponent:.2f}",
             ]
         )
-    states = []
-    for s in settings:
-        mine = [cell.get((s, n)) for n in lengths]
-        if any(mine):
-            states.append(
-                [
-                    f"`{s}`",
-                    *(
-                        f"{fmt_bytes(r.state_bytes)} ({r.state_vs_sdpa:.2f}×)"
-                        if r is not None and ok(r.state_vs_sdpa)
-                        else fmt_bytes(r.state_bytes)
-                        if r is not None
-                        else ""
-                        for r in mine
-                    ),
-                ]
-            )
+        states.append([f"`{s}`", *(shown(r, "state_bytes", "state_vs_sdpa", fmt_bytes) for r in mine)])
     return [
         "## Decoding inside the model",
         "",
