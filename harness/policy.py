@@ -47,49 +47,6 @@ def recorded_facts(names: tuple[str, ...]) -> dict[str, dict]:
     return {name: variants.variant_class(name).spec.facts() for name in names}
 
 
-def shape_only(name: str, **options):
-    """Variant `name` built on the meta device: parameters have shapes but no storage, nothing is
-    computed and no device is touched (so a huge option costs no memory, and CUDA stays uninitialized)."""
-    with torch.device("meta"):
-        return variants.variant_class(name)(**options)
-
-
-def check_variant_options(name: str, options: dict, label: str, num_heads: int = 1, head_dim: int = 1) -> None:
-    """ArgumentError (prefixed by `label`) unless variant `name` accepts `options` with these shape hints."""
-    try:
-        shape_only(name, **options, num_heads=num_heads, head_dim=head_dim)
-    except (TypeError, ValueError) as err:
-        raise ArgumentError(f"{label}: {err}") from None
-
-
-def check_options(options: dict, names: tuple[str, ...], num_heads: int = 1, head_dim: int = 1) -> None:
-    """Every option must be taken by at least one of the selected variants, and valid for each that takes it at
-    the run's shape (an option bounded by the head dim, as feature_dim, is checked against the run's);
-    one scoped to a variant ('linformer.max_len') by that variant, which must be selected."""
-    for key, value in options.items():
-        target, scoped, option = key.rpartition(".")
-        if scoped:
-            if target not in names:
-                raise ArgumentError(
-                    f"option {key}={value!r} is for {target}, which is not among the selected variants "
-                    f"({', '.join(names)})"
-                )
-            if option not in variants.option_names(target):
-                raise ArgumentError(
-                    f"option {key}={value!r}: {target} takes no option {option!r}; it takes: "
-                    f"{', '.join(variants.option_names(target)) or 'none'}"
-                )
-            check_variant_options(target, {option: value}, f"option {key}={value!r}", num_heads, head_dim)
-            continue
-        takers = [name for name in names if key in variants.option_names(name)]
-        if not takers:
-            raise ArgumentError(
-                f"option {key}={value!r} is taken by none of the selected variants ({', '.join(names)})"
-            )
-        for name in takers:
-            check_variant_options(name, {key: value}, f"option {key}={value!r}", num_heads, head_dim)
-
-
 def resolve_devices(text: str, cluster: tuple[str, ...] | None = None) -> tuple[str, ...]:
     """'auto' = the CPU, plus CUDA when present; else the named devices, each of which must exist.
 

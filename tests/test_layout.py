@@ -69,12 +69,15 @@ def test_the_check_fails_on_an_upward_import_a_cycle_and_a_local_import(tmp_path
     assert "tests/test_x.py:4: reaches RunConfig through harness.sweep.runner, which imports it from" in out.stdout
 
 
-def test_window_reaches_the_kernel_without_a_json_round_trip():
+def test_window_reaches_the_kernel_without_a_json_round_trip_across_at_most_8_files():
     """scripts/corridor.py follows `bench run --window 77` to sliding_window's constructor: no configuration is
-    rebuilt from its own JSON form inside the process (the child process reading the stored run is another)."""
+    rebuilt from its own JSON form inside the process (the child process reading the stored run is another),
+    and the value crosses at most 8 files (issue 69; 9 before the option checks moved into the registry)."""
     out = subprocess.run(
         [sys.executable, str(ROOT / "scripts" / "corridor.py")], capture_output=True, text=True, timeout=300
     )
     assert out.returncode == 0, out.stdout + out.stderr
     assert "from_json inside the command's process: none" in out.stdout, out.stdout
     assert "variants/methods/sliding_window.py" in out.stdout and "harness/sweep/worker.py" in out.stdout
+    crossed = int(out.stdout.split("--window crosses ")[1].split()[0])
+    assert crossed <= 8, out.stdout

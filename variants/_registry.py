@@ -1,5 +1,5 @@
 """The registry: `register` (a method file's class decorator), `build` by name, and each variant's options
-read from its `__init__` signatures and their `Args:` docstrings."""
+read from its `__init__` signatures and their `Args:` docstrings, and checked against a selection."""
 
 from __future__ import annotations
 
@@ -54,7 +54,8 @@ def build(name: str, *, device: str | torch.device | None = None, **options) -> 
 
     With a device, the variant must run there; without one (the module's parameters, if any, are
     on the CPU until it is moved), it must run on at least one of its devices on this machine, and
-    each call checks the device of its inputs.
+    each call checks the device of its inputs. On the "meta" device it is built for its shapes
+    only: parameters without storage, nothing computed (what a planner reads FLOPs and memory from).
 
     Example:
         >>> attn = build("full")
@@ -64,6 +65,9 @@ def build(name: str, *, device: str | torch.device | None = None, **options) -> 
     """
     cls = variant_class(name)
     dev = torch.device(device) if device is not None else None
+    if dev is not None and dev.type == "meta":  # (built inside the device: a huge option allocates nothing)
+        with dev:
+            return cls(**options)
     reasons = [cls.unavailable_reason(d) for d in ((dev.type,) if dev is not None else cls.spec.devices)]
     if all(reasons):
         raise RuntimeError(f"variant {name!r} is unavailable: {'; '.join(reasons)}")
@@ -146,3 +150,37 @@ def _args_section(doc: str) -> dict[str, str]:
 def option_names(name: str) -> list[str]:
     """The keyword options the variant `name` accepts."""
     return _option_names(variant_class(name))
+
+
+def check_variant_options(name: str, options: dict, label: str, num_heads: int = 1, head_dim: int = 1) -> None:
+    """ValueError (prefixed by `label`) unless variant `name` accepts `options` with these shape hints."""
+    try:
+        build(name, device="meta", **options, num_heads=num_heads, head_dim=head_dim)
+    except (TypeError, ValueError) as err:
+        raise ValueError(f"{label}: {err}") from None
+
+
+def check_options(options: dict, names: tuple[str, ...], num_heads: int = 1, head_dim: int = 1) -> None:
+    """ValueError unless every option is taken by at least one of the variants `names`, and valid for each
+    that takes it at this shape (an option bounded by the head dim, as feature_dim, is checked against it);
+    one scoped to a variant ('linformer.max_len') by that variant, which must be among `names`."""
+    for key, value in options.items():
+        target, scoped, option = key.rpartition(".")
+        if scoped:
+            if target not in names:
+                raise ValueError(
+                    f"option {key}={value!r} is for {target}, which is not among the selected variants "
+                    f"({', '.join(names)})"
+                )
+            if option not in option_names(target):
+                raise ValueError(
+                    f"option {key}={value!r}: {target} takes no option {option!r}; it takes: "
+                    f"{', '.join(option_names(target)) or 'none'}"
+                )
+            check_variant_options(target, {option: value}, f"option {key}={value!r}", num_heads, head_dim)
+            continue
+        takers = [name for name in names if key in option_names(name)]
+        if not takers:
+            raise ValueError(f"option {key}={value!r} is taken by none of the selected variants ({', '.join(names)})")
+        for name in takers:
+            check_variant_options(name, {key: value}, f"option {key}={value!r}", num_heads, head_dim)

@@ -10,7 +10,7 @@ import torch
 import variants as registry
 from harness.fmt import fmt_bytes
 from harness.options import ArgumentError, check_number, parse_axis, parse_lengths
-from harness.policy import check_options, check_variant_options, memory_budgets, require_cuda, resolve_variants
+from harness.policy import memory_budgets, require_cuda, resolve_variants
 from harness.quality.config import MAX_SEEDS, QualityConfig, TrainConfig
 from harness.quality.model import cannot_train_reason, trainable_variants, training_memory_estimate
 from harness.quality.presets import FAMILIES, PRESET_RECIPE, PRESETS
@@ -130,7 +130,10 @@ def build_quality_config(
         reason = cannot_train_reason(name, device)
         if reason:
             raise ArgumentError(f"--variants: {name} cannot be trained on {device}: {reason}")
-    check_options(given, names, train.heads, train.d_model // train.heads)
+    try:
+        registry.check_options(given, names, train.heads, train.d_model // train.heads)
+    except ValueError as err:  # (the variants' refusal, as the command line's)
+        raise ArgumentError(str(err)) from None
     options = {**defaults["options"], **given}
     for name in names:  # each method's own options at the run's reach, unless given (shared or scoped to it)
         taken = registry.options_taken(name, given)
@@ -142,9 +145,12 @@ def build_quality_config(
             if key not in taken:
                 options.setdefault(f"{name}.{key}", value)
     for name in names:
-        check_variant_options(
-            name, registry.options_taken(name, options), name, train.heads, train.d_model // train.heads
-        )
+        try:
+            registry.check_variant_options(
+                name, registry.options_taken(name, options), name, train.heads, train.d_model // train.heads
+            )
+        except ValueError as err:
+            raise ArgumentError(str(err)) from None
     length_list = parse_lengths(lengths)
     copy_list = parse_lengths(copy_lengths) if copy_lengths else None
     long_list, long_names = _long_lengths(

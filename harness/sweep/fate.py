@@ -11,7 +11,6 @@ from dataclasses import dataclass, field
 import variants
 from harness.core.isolation import Outcome
 from harness.fmt import fmt_bytes
-from harness.policy import shape_only
 from harness.store.rows import STOPPING, cell_key, series_key
 from harness.sweep import worker
 from harness.sweep.config import Cell, RunConfig
@@ -108,7 +107,7 @@ def static_skip_reason(config: RunConfig, cell: Cell, remote: bool = False) -> s
 
 def shape_only_variant(config: RunConfig, name: str):
     """The variant with the run's options on the meta device: what the parent plans cells from."""
-    return shape_only(name, **config.variant_options(name))
+    return variants.build(name, device="meta", **config.variant_options(name))
 
 
 def predicted_bytes(config: RunConfig, cell: Cell, attn) -> int:

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import variants as registry
 from harness.options import ArgumentError, check_number, parse_list
-from harness.policy import check_options, resolve_devices, resolve_variants
+from harness.policy import resolve_devices, resolve_variants
 from harness.sweep.config import PASSES, Cell, RunConfig
 
 
@@ -96,7 +96,10 @@ def build_run_config(
     names = resolve_variants(variants, device_list, here=cluster is None)
     if not names:
         raise ArgumentError(f"--variants {variants}: no registered variant runs on {', '.join(device_list)}")
-    check_options(options, names, heads, settings.get("head_dim", RunConfig.head_dim))
+    try:
+        registry.check_options(options, names, heads, settings.get("head_dim", RunConfig.head_dim))
+    except ValueError as err:  # (the variants' refusal, as the command line's)
+        raise ArgumentError(str(err)) from None
     pass_list = parse_list(passes, "--passes", PASSES)
     per_variant: dict[str, tuple[bool, ...]] = {}
     if causal is None:
