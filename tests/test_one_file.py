@@ -9,6 +9,7 @@ import shutil
 import subprocess
 import sys
 import textwrap
+from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
 import pytest
@@ -126,41 +127,38 @@ def test_a_method_is_one_file(tmp_path):
     shutil.copytree(ROOT / "variants", tmp_path / "variants", ignore=shutil.ignore_patterns("__pycache__"))
     (tmp_path / "variants" / "methods" / "tempered_window.py").write_text(textwrap.dedent(METHOD))
     env = {**os.environ, "PYTHONPATH": os.pathsep.join([str(tmp_path), str(ROOT)])}
-    out = tmp_path / "out"
+    pytest_q = [sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider"]
+    # three independent processes, two at a time on the suite's two cores: the commands, the micro-benchmarks
+    # and the shared contract tests (which must collect the new method and pass)
+    commands = {
+        "commands": [sys.executable, "-c", SCRIPT, str(tmp_path / "out")],
+        "benchmarks": [
+            *pytest_q,
+            *map(str, [ROOT / "benchmarks", "--benchmark-disable", "--bench-lengths", "64"]),
+            *["--bench-variants", "tempered_window"],
+        ],
+        "contract": [
+            *pytest_q,
+            *map(str, [ROOT / "tests" / "test_interface.py", ROOT / "tests" / "test_bottom_right.py"]),
+            *["-k", "tempered_window"],
+        ],
+    }
 
-    done = subprocess.run(
-        [sys.executable, "-c", SCRIPT, str(out)], capture_output=True, text=True, env=env, timeout=600, cwd=tmp_path
-    )
-    assert done.returncode == 0, done.stderr[-3000:]
-    found = json.loads(done.stdout.strip().splitlines()[-1])
+    def run(args):
+        return subprocess.run(args, capture_output=True, text=True, env=env, timeout=600, cwd=tmp_path)
+
+    with ThreadPoolExecutor(max_workers=2) as pool:
+        done = dict(zip(commands, pool.map(run, commands.values())))
+
+    assert done["commands"].returncode == 0, done["commands"].stderr[-3000:]
+    found = json.loads(done["commands"].stdout.strip().splitlines()[-1])
     assert found["registered"] and found["list"] and found["viz"] and found["hf"]
     assert found["run"] == sorted([p, c, n, "ok"] for p in ("fwd", "fwdbwd") for c in (False, True) for n in (32, 64))
     assert found["quality"] == ["tempered_window"] and found["window_verdict"]
     assert "accuracy of sliding_window (the same function)" in found["advise"]
 
-    # the micro-benchmarks and the shared contract tests collect it and pass
-    for args, at_least in (
-        (
-            [
-                ROOT / "benchmarks",
-                "--benchmark-disable",
-                "--bench-lengths",
-                "64",
-                "--bench-variants",
-                "tempered_window",
-            ],
-            2,
-        ),
-        ([ROOT / "tests" / "test_interface.py", ROOT / "tests" / "test_bottom_right.py", "-k", "tempered_window"], 25),
-    ):
-        done = subprocess.run(
-            [sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider", *map(str, args)],
-            capture_output=True,
-            text=True,
-            env=env,
-            timeout=600,
-            cwd=tmp_path,
-        )
-        assert done.returncode == 0, done.stdout[-3000:]
-        passed = int(done.stdout.strip().splitlines()[-1].split(" passed")[0].split()[-1])
-        assert passed >= at_least, done.stdout[-1000:]
+    for name, at_least in (("benchmarks", 2), ("contract", 25)):
+        out = done[name].stdout
+        assert done[name].returncode == 0, out[-3000:]
+        passed = int(out.strip().splitlines()[-1].split(" passed")[0].split()[-1])
+        assert passed >= at_least, out[-1000:]

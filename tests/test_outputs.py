@@ -8,15 +8,20 @@ rewrites tests/golden/, and the diff shows what changed.
 
 from __future__ import annotations
 
+import itertools
+import json
 import os
+import queue
 import shutil
 import subprocess
 import sys
+import threading
 from pathlib import Path
 
 import pytest
 import torch
 from helpers import bench
+from redraw_worker import overlapping_labels
 
 ROOT = Path(__file__).resolve().parent.parent
 GOLDEN = Path(__file__).resolve().parent / "golden"
@@ -49,48 +54,61 @@ def _written(run: Path) -> list[Path]:
     )
 
 
-def _overlapping_labels(fig) -> list[tuple[str, str, str]]:
-    """(panel, label, label) for every two texts (annotations, the legend's box) drawn over each other."""
-    import itertools
+@pytest.fixture(scope="module")
+def redrawn(request, tmp_path_factory) -> tuple[Path, dict, dict]:
+    """The runs this session checks, copied with their REPORT.md and figures deleted, then drawn again by
+    `bench report` in two worker processes side by side (tests/redraw_worker.py; the largest first):
+    (the copies' root, each run's deleted files, each run's answer)."""
+    wanted = sorted(
+        {item.callspec.params["run"] for item in request.session.items if item.originalname == _REDRAW},
+        key=lambda run: -sum(p.stat().st_size for p in _written(ROOT / run) if p.is_file()),
+    )
+    root = tmp_path_factory.mktemp("redrawn")
+    shutil.copytree(ROOT / "results", root / "results")
+    drawn = {run: [p for p in _written(root / run) if p.suffix in (".md", ".png", ".svg")] for run in wanted}
+    for path in itertools.chain(*drawn.values()):
+        path.unlink()
+    jobs, answers = queue.SimpleQueue(), {}
+    for run in wanted:
+        jobs.put(run)
 
-    renderer = fig.canvas.get_renderer()
-    found = []
-    for ax in fig.axes:
-        boxes = [(t.get_text(), t.get_window_extent(renderer)) for t in ax.texts if t.get_visible() and t.get_text()]
-        if ax.get_legend() is not None:
-            boxes.append(("the legend", ax.get_legend().get_window_extent(renderer)))
-        found += [
-            (ax.get_title(), a, b)
-            for (a, box_a), (b, box_b) in itertools.combinations(boxes, 2)
-            if box_a.overlaps(box_b)
-        ]
-    return found
+    def worker(log: Path) -> None:
+        with open(log, "w") as stderr:
+            proc = subprocess.Popen(
+                [sys.executable, str(Path(__file__).parent / "redraw_worker.py")],
+                **dict(cwd=root, env={**os.environ, "PYTHONPATH": str(ROOT)}, stderr=stderr, text=True),
+                **dict(stdin=subprocess.PIPE, stdout=subprocess.PIPE),
+            )
+            while not jobs.empty():
+                run = jobs.get()
+                proc.stdin.write(f"{run}\n")
+                proc.stdin.flush()
+                line = proc.stdout.readline()
+                answers[run] = json.loads(line) if line else {"exit_code": None, "output": log.read_text()[-3000:]}
+            proc.stdin.close()
+            proc.wait()
+
+    threads = [threading.Thread(target=worker, args=(root / f"worker-{i}.log",)) for i in range(2)]
+    for thread in threads:
+        thread.start()
+    for thread in threads:
+        thread.join()
+    return root, drawn, answers
+
+
+_REDRAW = "test_every_committed_run_redraws_byte_identical"
 
 
 @pytest.mark.parametrize("run", RUNS, ids=str)
-def test_every_committed_run_redraws_byte_identical(tmp_path, monkeypatch, run):
+def test_every_committed_run_redraws_byte_identical(redrawn, run):
     """... and no two labels of its figures overlap (issue 69: the main command's had 15 "faster from" labels)."""
-    from matplotlib.figure import Figure
-
-    overlaps = {}
-
-    def checked(fig, path, *args, save=Figure.savefig, **kwargs):  # every figure a report draws, as it was saved
-        saved = save(fig, path, *args, **kwargs)
-        overlaps[Path(path).name] = _overlapping_labels(fig)
-        return saved
-
-    monkeypatch.setattr(Figure, "savefig", checked)
-    copy = tmp_path / run
-    shutil.copytree(ROOT / run, copy)
-    drawn = [p for p in _written(copy) if p.suffix in (".md", ".png", ".svg")]
-    for path in drawn:
-        path.unlink()
-    monkeypatch.chdir(tmp_path)
-    result = bench("report", str(run))
-    assert result.exit_code == 0, result.output
-    for path in drawn:  # (figures/ may hold more than the report draws: bench viz's, a script's)
+    root, drawn, answers = redrawn
+    answer = answers[run]
+    assert answer["exit_code"] == 0, answer["output"]
+    for path in drawn[run]:  # (figures/ may hold more than the report draws: bench viz's, a script's)
         if path.exists() or path.name == "REPORT.md":
-            assert path.read_bytes() == (ROOT / run / path.relative_to(copy)).read_bytes(), f"{run}: {path.name}"
+            assert path.read_bytes() == (ROOT / path.relative_to(root)).read_bytes(), f"{run}: {path.name}"
+    overlaps = answer["overlaps"]
     assert not any(overlaps.values()), {name: found for name, found in overlaps.items() if found}
 
 
@@ -158,7 +176,7 @@ def test_the_overlap_check_sees_two_labels_drawn_over_each_other():
     ax.annotate("faster from 4k", (0.5, 0.5), xytext=(3, 2), textcoords="offset points")
     ax.annotate("apart", (0.05, 0.95))
     fig.canvas.draw()
-    assert [(a, b) for _, a, b in _overlapping_labels(fig)] == [("faster from 2k", "faster from 4k")]
+    assert [(a, b) for _, a, b in overlapping_labels(fig)] == [("faster from 2k", "faster from 4k")]
     plt.close(fig)
 
 

@@ -71,8 +71,8 @@ def load(folder: Path, gguf: str | None, threads: int = 0):
         with contextlib.redirect_stderr(
             io.StringIO()
         ):  # (the GGUF loader's own tqdm bar, which ignores transformers' switch)
-            model = transformers.AutoModelForCausalLM.from_pretrained(
-                folder, dtype=torch.float32, attn_implementation="sdpa", **kwargs
+            model = transformers.AutoModelForCausalLM.from_pretrained(  # (config given: a GGUF is parsed once less)
+                folder, config=config, dtype=torch.float32, attn_implementation="sdpa", **kwargs
             )
         tokenizer = transformers.AutoTokenizer.from_pretrained(folder, **kwargs)
         both_ways = [
