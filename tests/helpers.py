@@ -10,6 +10,7 @@ import signal
 import subprocess
 import sys
 import time
+from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
 import pandas as pd
@@ -244,6 +245,19 @@ def peak_bytes(
     assert out.returncode == 0, out.stderr[-2000:]
     peaks = json.loads(out.stdout.strip().splitlines()[-1])
     return peaks if many else peaks[0]
+
+
+def side_by_side(calls: list) -> list:
+    """Each of `calls` (no-argument functions, each starting a process and waiting for it) run two at a time
+    on the suite's two cores: for peaks of memory and outputs, never times, which a neighbour would change."""
+    with ThreadPoolExecutor(max_workers=2) as pool:
+        return list(pool.map(lambda call: call(), calls))
+
+
+def selected(request, test: str) -> list[dict]:
+    """The parameters of each case of `test` this session runs: what a module fixture measuring them all at
+    once (side by side) needs to know."""
+    return [item.callspec.params for item in request.session.items if item.originalname == test]
 
 
 def byte_tokenizer():

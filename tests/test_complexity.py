@@ -4,7 +4,9 @@ from __future__ import annotations
 
 import pytest
 
-from helpers import peak_bytes
+import json
+
+from helpers import peak_bytes, selected, side_by_side
 
 
 def subquadratic_cases() -> list[tuple[str, dict, bool]]:
@@ -45,22 +47,47 @@ SHORT, LONG = 2048, 8192
 MIB = 2**20
 
 
+def _modes(name: str) -> list[bool]:
+    import variants
+
+    spec = variants.variant_class(name).spec
+    return [causal for causal, ok in ((False, spec.supports_non_causal), (True, spec.supports_causal)) if ok]
+
+
+def _key(name: str, options: dict, backward: bool) -> str:
+    return json.dumps([name, options, backward], sort_keys=True)
+
+
+@pytest.fixture(scope="module")
+def peaks(request) -> dict[str, list[int]]:
+    """The peaks of every case this session runs, two fresh processes at a time: (N, causal) pairs each."""
+    cases = [
+        (p["name"], p["options"], p["backward"])
+        for p in selected(request, "test_subquadratic_memory_grows_at_most_linearly")
+    ]
+    measured = side_by_side(
+        [
+            lambda name=name, options=options, backward=backward: peak_bytes(
+                name, [SHORT, LONG], backward, causal=_modes(name), **options
+            )
+            for name, options, backward in cases
+        ]
+    )
+    return {_key(*case): found for case, found in zip(cases, measured)}
+
+
 @pytest.mark.parametrize(
     "name, options, backward",
     CASES,
     ids=[f"{n}{'-global' if o.get('global_tokens') else ''}-{'fwdbwd' if b else 'fwd'}" for n, o, b in CASES],
 )
-def test_subquadratic_memory_grows_at_most_linearly(name, options, backward):
+def test_subquadratic_memory_grows_at_most_linearly(peaks, name, options, backward):
     # 4x the length: what is O(N) (output, gradients, O(N D) buffers) grows 4x, what is bounded not at
     # all, and anything of size N x N (or N x N / c) 16x. Causal and not (one process measures both),
     # forward and forward+backward.
-    import variants
-
     one_score_matrix = LONG * LONG * 4
-    spec = variants.variant_class(name).spec
-    modes = [causal for causal, ok in ((False, spec.supports_non_causal), (True, spec.supports_causal)) if ok]
-    peaks = peak_bytes(name, [SHORT, LONG], backward, causal=modes, **options)
-    for causal, short, long in zip(modes, peaks[::2], peaks[1::2]):
+    found = peaks[_key(name, options, backward)]
+    for causal, short, long in zip(_modes(name), found[::2], found[1::2]):
         mode = "causal" if causal else "bidir"
         assert long <= 5 * short + 4 * MIB, (
             f"{name} {mode}: peak {short / MIB:.1f} MiB at N={SHORT}, {long / MIB:.1f} MiB "

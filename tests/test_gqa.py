@@ -9,7 +9,7 @@ import torch
 
 import variants
 from conftest import assert_close_with_grads, independent_reference, make_padding, make_qkv, shipped
-from helpers import peak_bytes
+from helpers import peak_bytes, side_by_side
 
 CPU = [name for name in shipped() if variants.variant_class(name).unavailable_reason("cpu") is None]
 
@@ -104,12 +104,14 @@ def test_native_grouping_costs_no_memory_beyond_the_query_heads_work(name, heads
     # the same queries on fewer K/V heads: a native variant's peak extra memory is no larger than with one K/V
     # head per query head (a repeat would add 2 x N x H x D of copies)
     n = 2048
-    grouped = peak_bytes(
-        name, [n], False, causal=[True], num_heads=heads, num_kv_heads=kv_heads, head_dim=32, kv_heads=kv_heads
-    )[0]
-    plain = peak_bytes(
-        name, [n], False, causal=[True], num_heads=heads, num_kv_heads=heads, head_dim=32, kv_heads=heads
-    )[0]
+    grouped, plain = side_by_side(
+        [
+            lambda hkv=hkv: peak_bytes(
+                name, [n], False, causal=[True], num_heads=heads, num_kv_heads=hkv, head_dim=32, kv_heads=hkv
+            )[0]
+            for hkv in (kv_heads, heads)
+        ]
+    )
     copies = 2 * n * heads * 32 * 4
     assert grouped <= plain + copies // 4, (grouped, plain, copies)
 

@@ -20,7 +20,7 @@ from pathlib import Path
 
 import pytest
 import torch
-from helpers import bench
+from helpers import bench, selected
 from redraw_worker import overlapping_labels
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -60,7 +60,7 @@ def redrawn(request, tmp_path_factory) -> tuple[Path, dict, dict]:
     `bench report` in two worker processes side by side (tests/redraw_worker.py; the largest first):
     (the copies' root, each run's deleted files, each run's answer)."""
     wanted = sorted(
-        {item.callspec.params["run"] for item in request.session.items if item.originalname == _REDRAW},
+        {params["run"] for params in selected(request, "test_every_committed_run_redraws_byte_identical")},
         key=lambda run: -sum(p.stat().st_size for p in _written(ROOT / run) if p.is_file()),
     )
     root = tmp_path_factory.mktemp("redrawn")
@@ -94,9 +94,6 @@ def redrawn(request, tmp_path_factory) -> tuple[Path, dict, dict]:
     for thread in threads:
         thread.join()
     return root, drawn, answers
-
-
-_REDRAW = "test_every_committed_run_redraws_byte_identical"
 
 
 @pytest.mark.parametrize("run", RUNS, ids=str)
