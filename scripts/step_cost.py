@@ -14,6 +14,7 @@ from dataclasses import replace
 
 import variants
 from harness.options import parse_axis
+from harness.quality.config import QualityChoices
 from harness.quality.plan import build_quality_config
 from harness.quality.train import measure_training_step
 
@@ -27,7 +28,7 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--d-model", default="64")
     parser.add_argument("--batch", default="128")
     args = parser.parse_args(argv)
-    config = build_quality_config(preset=args.preset, variants=args.variant, given={}, imports=[])
+    config = build_quality_config(QualityChoices(preset=args.preset, variants=args.variant), [])
     task = args.task or config.tasks[0]
     for d in parse_axis(args.d_model, "--d-model", int, 0, 2**31):
         for batch in parse_axis(args.batch, "--batch", int, 0, 2**31):

@@ -12,7 +12,7 @@ import torch
 from helpers import bench
 
 from harness.options import ArgumentError
-from harness.quality.config import QualityConfig, TrainConfig
+from harness.quality.config import QualityChoices, QualityConfig, TrainConfig
 from harness.quality.model import ZoologyLM, decoder, decoding_state
 from harness.quality.plan import build_quality_config
 from harness.quality.tasks import MQARTask, distinct_draws, make_task
@@ -74,7 +74,7 @@ def test_zoology_model_ties_its_head_and_scores_only_where_asked():
 
 def test_the_sweep_axes_make_a_training_at_each_point_and_tables_never_pool_them():
     config = build_quality_config(
-        variants="full", preset="zoology", given={}, imports=[], d_model="16,32", lr="1e-3,1e-2", lengths="32"
+        QualityChoices(variants="full", preset="zoology", d_model="16,32", lr="1e-3,1e-2", lengths="32"), []
     )
     assert config.d_models == (16, 32) and config.lrs == (1e-3, 1e-2) and len(config.recipes()) == 4
     assert QualityConfig.from_json(json.loads(json.dumps(config.to_json()))) == config
@@ -183,7 +183,7 @@ def test_a_zoology_run_resumes_to_the_same_rows(tmp_path):
     # the report's first word on the sweep is true of it: unfinished, not "every training was made"
     assert "The sweep is unfinished: the tables below hold" in text and "Every training was made" not in text
     with pytest.raises(ArgumentError, match="divisible"):
-        build_quality_config(variants="full", preset="zoology", given={}, imports=[], d_model="10", heads=4)
+        build_quality_config(QualityChoices(variants="full", preset="zoology", d_model="10", heads=4), [])
 
 
 def test_the_width_table_names_each_method_and_refuses_other_tasks(tmp_path):

@@ -2,13 +2,14 @@
 
 from __future__ import annotations
 
+from dataclasses import fields
 from enum import Enum
 from typing import Annotated, Optional
 
 import typer
 
 from harness import options as opts
-from harness.quality.config import TASKS
+from harness.quality.config import TASKS, QualityChoices
 from harness.quality.presets import PRESETS
 from harness.store import rundir
 from harness.store.storage import QUALITY_RESULTS
@@ -32,10 +33,7 @@ from .common import (
 from .training import print_accuracy, quality_with_progress
 
 
-class Preset(str, Enum):
-    quick = "quick"
-    long = "long"
-    zoology = "zoology"
+Preset = Enum("Preset", {name: name for name in PRESETS}, type=str)  # --preset's choices: the presets, by name
 
 
 TaskOption = Annotated[
@@ -209,23 +207,19 @@ CompressionOption = compression_option(
     )
 )
 
-AS_NAMED = (  # the options open_quality takes under their own names
-    *("device", "dtype", "lengths", "copy_lengths", "long_lengths", "long_variants", "seeds", "lr"),
-    *("label_smoothing", "d_model", "layers", "heads", "steps", "batch", "batch_tokens", "curriculum", "pairs"),
-    *("queries", "vocab", "warm_start", "short_conv", "output_gate", "early_stop", "train_examples"),
-)
+CHOICES = {f.name: f.default for f in fields(QualityChoices)}  # a new run's defaults, written once: there
 
 
 def quality(
     task: TaskOption = None,
     variants_: VariantsOption = None,
-    preset: PresetOption = Preset.quick,
+    preset: PresetOption = Preset(CHOICES["preset"]),
     lengths: LengthsOption = None,
     long_lengths: LongLengthsOption = None,
     long_variants: LongVariantsOption = None,
     copy_lengths: CopyLengthsOption = None,
-    device: DeviceOption = "cpu",
-    dtype: DtypeOption = "float32",
+    device: DeviceOption = CHOICES["device"],
+    dtype: DtypeOption = CHOICES["dtype"],
     seeds: SeedsOption = None,
     steps: StepsOption = None,
     curriculum: CurriculumOption = None,
@@ -243,11 +237,11 @@ def quality(
     lr: LrOption = None,
     early_stop: EarlyStopOption = None,
     train_examples: TrainExamplesOption = None,
-    label_smoothing: LabelSmoothingOption = 0.0,
+    label_smoothing: LabelSmoothingOption = CHOICES["label_smoothing"],
     window: WindowOption = None,
     compression: CompressionOption = None,
     option: OptionOption = None,
-    cost: CostOption = True,
+    cost: CostOption = CHOICES["measure_cost"],
     out: OutOption = None,
     resume: ResumeOption = None,
     import_: RunImportOption = None,
@@ -260,34 +254,46 @@ def quality(
     redraws them). The default took 11 min 37 s on a 2-core CPU (results/quality-quick); the presets and
     their costs: docs/quality.md.
     """
-    passed = {name: value for name, value in locals().items() if name in AS_NAMED}  # (first: only the options)
     from harness.quality.session import QualityRequest, open_quality
-    from harness.quality.train import TrainingDiverged
 
     console = make_console()
     with checked():
-        build = (
-            None
-            if resume is not None
-            else dict(
-                tasks=None if task is None else TASKS if task == Task.all else (task.value,),
-                variants=variants_,
-                preset=preset.value,
-                given=opts.merge_options(option or [], window=window, compression=compression),
-                measure_cost=cost,
-                **passed,
-            )
+        choices = QualityChoices(
+            tasks=None if task is None else TASKS if task == Task.all else (task.value,),
+            variants=variants_,
+            preset=preset.value,
+            given=opts.merge_options(option or [], window=window, compression=compression),
+            measure_cost=cost,
+            device=device,
+            dtype=dtype,
+            lengths=lengths,
+            copy_lengths=copy_lengths,
+            long_lengths=long_lengths,
+            long_variants=long_variants,
+            seeds=seeds,
+            d_model=d_model,
+            lr=lr,
+            label_smoothing=label_smoothing,
+            layers=layers,
+            heads=heads,
+            steps=steps,
+            batch=batch,
+            batch_tokens=batch_tokens,
+            curriculum=curriculum,
+            pairs=pairs,
+            queries=queries,
+            vocab=vocab,
+            warm_start=warm_start,
+            short_conv=short_conv,
+            output_gate=output_gate,
+            early_stop=early_stop,
+            train_examples=train_examples,
         )
-        session = open_quality(
-            QualityRequest(build=build or {}, resume=resume, out=out, imports=tuple(import_ or [])), say(console)
-        )
+        request = QualityRequest(choices=choices, resume=resume, out=out, imports=tuple(import_ or []))
+        session = open_quality(request, say(console))
     report = rundir.report_asked(session.run_dir, report, resume is not None)  # (recorded before a Ctrl-C can come)
-    try:
-        with interruptible(console, session.kept, session.resume_command):
-            rows = quality_with_progress(session, console)
-    except TrainingDiverged as err:
-        console.print(f"[red]training diverged[/]: {err}")
-        raise typer.Exit(1) from None
+    with interruptible(console, session.kept, session.resume_command):
+        rows = quality_with_progress(session, console)
     print_accuracy(rows, session.config, console)
     console.print(f"results: {session.run_dir / QUALITY_RESULTS}")
     if report:

@@ -1,8 +1,9 @@
-"""What `bench quality` shows: a progress bar while it trains (a training stopped early fills its share), and the
-held-out accuracy table after."""
+"""What `bench quality` shows: a progress bar while it trains (a training stopped early fills its share; one that
+diverged ends the command, exit 1), and the held-out accuracy table after."""
 
 from __future__ import annotations
 
+import typer
 from rich.console import Console
 from rich.table import Table
 
@@ -40,8 +41,14 @@ def quality_with_progress(session, console: Console) -> list[dict]:
             f"loss {row['train_loss']:.3f} acc {row['eval_accuracy']:.1%}",
         )
 
-    with progress:
-        return session.run(on_eval=on_eval, on_start=on_start, before=before)
+    from harness.quality.train import TrainingDiverged
+
+    try:
+        with progress:
+            return session.run(on_eval=on_eval, on_start=on_start, before=before)
+    except TrainingDiverged as err:
+        console.print(f"[red]training diverged[/]: {err}")
+        raise typer.Exit(1) from None
 
 
 def print_accuracy(rows: list[dict], config, console: Console) -> None:

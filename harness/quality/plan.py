@@ -3,7 +3,7 @@ variant on the device with its options, every task well posed, every training in
 
 from __future__ import annotations
 
-from dataclasses import replace
+from dataclasses import fields, replace
 
 import torch
 
@@ -11,7 +11,7 @@ import variants as registry
 from harness.fmt import fmt_bytes
 from harness.options import ArgumentError, check_number, parse_axis, parse_lengths
 from harness.policy import memory_budgets, require_cuda, resolve_variants
-from harness.quality.config import MAX_SEEDS, QualityConfig, TrainConfig
+from harness.quality.config import MAX_SEEDS, QualityChoices, QualityConfig, TrainConfig
 from harness.quality.model import cannot_train_reason, trainable_variants, training_memory_estimate
 from harness.quality.presets import FAMILIES, PRESET_RECIPE, PRESETS
 from harness.quality.tasks import make_task
@@ -60,31 +60,22 @@ def _check_training_fits(train: "TrainConfig", task: str, length: int, made, nam
         )
 
 
-def build_quality_config(
-    *,
-    tasks: tuple[str, ...] | None = None,
-    variants: str | None = None,
-    preset: str = "quick",
-    device: str = "cpu",
-    dtype: str = "float32",
-    given: dict,
-    imports: list[str],
-    measure_cost: bool = True,
-    **chosen,
-) -> QualityConfig:
-    """A quality run's configuration from checked command-line values. `chosen`: the recipe values the
-    command line gave (None = the preset's): lengths, seeds, lr, label_smoothing and TrainConfig's fields.
-    Every variant must train on the device with its options, and every task must be well posed at every length.
-    `given`: the variant options of the command line (each must be taken by a selected variant), over the preset's."""
+def build_quality_config(choices: QualityChoices, imports: list[str]) -> QualityConfig:
+    """A quality run's configuration from the command line's `choices` (None: the preset's value). Every
+    variant must train on the device with its options, and every task must be well posed at every length.
+    `choices.given`: the variant options of the command line (each must be taken by a selected variant), over
+    the preset's."""
+    preset, dtype, given, variants = choices.preset, choices.dtype, choices.given, choices.variants
     if preset not in PRESETS:
         raise ArgumentError(f"--preset: {preset!r} is not a preset; choose {' or '.join(PRESETS)}")
-    device = resolve_quality_device(device)
+    device = resolve_quality_device(choices.device)
     if dtype not in ("float32", "bfloat16"):
         raise ArgumentError(f"--dtype: {dtype!r} is not allowed; choose float32 or bfloat16")
     if dtype == "bfloat16" and device != "cuda":
         raise ArgumentError(f"--dtype bfloat16 trains with CUDA autocast; the device is {device}: use float32 there")
     defaults = PRESETS[preset]
-    recipe = dict(chosen)
+    trained = {f.name for f in fields(TrainConfig)} | {"seeds"}  # what the preset fills where the choice is None
+    recipe = {f.name: getattr(choices, f.name) for f in fields(choices) if f.name in trained}
     for key in (*PRESET_RECIPE, "seeds", "d_model", "lr"):
         if recipe.get(key) is None:
             value = defaults.get(key)
@@ -92,19 +83,15 @@ def build_quality_config(
     d_models = parse_axis(recipe.pop("d_model") or TrainConfig.d_model, "--d-model", int, 0, 2**31)
     lrs = parse_axis(recipe.pop("lr") or TrainConfig.lr, "--lr", float, 0, 10)
     recipe["d_model"], recipe["lr"] = d_models[0], lrs[0]
-    tasks = tuple(tasks or defaults.get("tasks", ("copy", "recall")))
-    lengths = chosen.get("lengths") or defaults["lengths"][device]
-    copy_lengths = chosen.get("copy_lengths") or (defaults.get("copy_lengths") or {}).get(device)
-    if chosen.get("lengths") and not chosen.get("copy_lengths"):
+    tasks = tuple(choices.tasks or defaults.get("tasks", ("copy", "recall")))
+    lengths = choices.lengths or defaults["lengths"][device]
+    copy_lengths = choices.copy_lengths or (defaults.get("copy_lengths") or {}).get(device)
+    if choices.lengths and not choices.copy_lengths:
         copy_lengths = None  # --lengths alone is every task's
-    long_lengths = chosen.get(
-        "long_lengths"
-    )  # the preset's unless --lengths was given (they would follow the preset's)
-    if not long_lengths and not chosen.get("lengths"):
+    long_lengths = choices.long_lengths  # the preset's unless --lengths was given (they would follow the preset's)
+    if not long_lengths and not choices.lengths:
         long_lengths = (defaults.get("long_lengths") or {}).get(device)
-    long_variants = chosen.get("long_variants")
-    for key in ("lengths", "copy_lengths", "long_lengths", "long_variants"):
-        recipe.pop(key, None)
+    long_variants = choices.long_variants
     seeds = recipe.pop("seeds")  # the command line's, else the preset's
     if not 1 <= seeds <= MAX_SEEDS:
         raise ArgumentError(f"--seeds {seeds} is not allowed; it must lie in 1..{MAX_SEEDS}")
@@ -156,15 +143,15 @@ def build_quality_config(
     long_list, long_names = _long_lengths(
         long_lengths, long_variants, _preset_variants(defaults.get("long_variants", ())), length_list, names
     )
-    if chosen.get("copy_lengths") and "copy" not in tasks:
+    if choices.copy_lengths and "copy" not in tasks:
         raise ArgumentError(
-            f"--copy-lengths {chosen['copy_lengths']}: the copy task's lengths, but the run trains "
+            f"--copy-lengths {choices.copy_lengths}: the copy task's lengths, but the run trains "
             f"{', '.join(tasks)} only (--task)"
         )
     for key, takers in (("pairs", ("recall", "mqar")), ("queries", ("recall",))):
-        if chosen.get(key) is not None and not set(takers) & set(tasks):
+        if getattr(choices, key) is not None and not set(takers) & set(tasks):
             raise ArgumentError(
-                f"--{key} {chosen[key]}: an option of {' and '.join(takers)}, but the run trains "
+                f"--{key} {getattr(choices, key)}: an option of {' and '.join(takers)}, but the run trains "
                 f"{', '.join(tasks)} only (--task)"
             )
     budget = dict(memory_budgets("auto", (device,), _quality_machine(device))).get(device)
@@ -196,7 +183,7 @@ def build_quality_config(
         device=device,
         dtype=dtype,
         preset=preset,
-        measure_cost=measure_cost,
+        measure_cost=choices.measure_cost,
         copy_lengths=copy_list if copy_list and copy_list != length_list and "copy" in tasks else None,
         long_lengths=long_list,
         long_variants=long_names,

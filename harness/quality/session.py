@@ -5,12 +5,12 @@ its lock while the trainings run, what an interruption keeps.
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Callable
 
 from harness import policy
-from harness.quality.config import QualityConfig
+from harness.quality.config import QualityChoices, QualityConfig
 from harness.quality.plan import build_quality_config
 from harness.quality.sweep import sweep_quality
 from harness.quality.trainings import keep_finished_runs, trainings
@@ -20,10 +20,10 @@ from harness.store.storage import QUALITY_RESULTS, RunLock
 
 @dataclass(frozen=True)
 class QualityRequest:
-    """What `bench quality` was asked, as checked command-line values. `build`: build_quality_config's
-    arguments for a new run (ignored when resuming: a run keeps its original options)."""
+    """What `bench quality` was asked, as checked command-line values. `choices`: a new run's (ignored when
+    resuming: a run keeps its original options)."""
 
-    build: dict = field(default_factory=dict)
+    choices: QualityChoices = QualityChoices()
     resume: Path | None = None
     out: Path | None = None
     imports: tuple[str, ...] = ()
@@ -63,7 +63,7 @@ def open_quality(request: QualityRequest, say: Callable[[str], None] = print) ->
         say(f"resuming {request.resume} with its original options (other options given now are ignored)")
         return QualitySession(request.resume, config)
     policy.import_modules(list(request.imports))
-    config = build_quality_config(**request.build, imports=list(request.imports))
+    config = build_quality_config(request.choices, list(request.imports))
     run_dir = rundir.new_run_dir(request.out, "quality-")
     rundir.start(run_dir, "quality", config.to_json(), variants=policy.recorded_facts(config.variants))
     return QualitySession(run_dir, config)
