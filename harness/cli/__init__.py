@@ -2,7 +2,7 @@
 that does the work (a run's life: `harness.sweep.session`, `harness.quality.session`, `harness.lm.session`;
 reading: `harness.readers`) and shows what comes back: progress bars, tables, paths, exit codes.
 
-A module a command, named after it (list, run, plot, report, advise, compare, viz, lm, quality), over
+A module a command, named after it (list, run, plot, report, advise, compare, viz, memory, lm, quality), over
 `common` (option checks, the options several commands share, the console, progress bars). The wings that load torch (the sessions, `policy`, `viz`, `variants`) are imported inside the
 commands that use them, so that `bench report`, `compare`, `advise` and `--help` never load torch.
 
@@ -15,7 +15,7 @@ from __future__ import annotations
 
 import typer
 
-from . import advise, compare, lm, plot, quality, report, run, viz
+from . import advise, compare, lm, memory, plot, quality, report, run, viz
 from .list import list_variants
 
 app = typer.Typer(
@@ -34,6 +34,7 @@ app.command()(report.report)
 app.command()(advise.advise)
 app.command()(compare.compare)
 app.command()(viz.viz)
+app.command()(memory.memory)
 app.command()(lm.lm)
 app.command()(quality.quality)
 
