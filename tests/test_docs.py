@@ -174,3 +174,7 @@ def test_a_default_in_a_help_text_is_read_from_where_it_is_set():
     assert f"stride c (default {signatures['compression']['memory_compressed']})" in text
     text = " ".join(bench("quality", "--help", columns=200).output.split())
     assert f"quick {PRESETS['quick']['options']['window']}, long {PRESETS['long']['options']['window']}:" in text
+    from harness.quality.config import TrainConfig  # the recipe's defaults, where no preset sets them
+
+    assert f"Layers (default {TrainConfig.layers};" in text and f"Attention heads (default {TrainConfig.heads};" in text
+    assert f"Training batch size (default {TrainConfig.batch})." in text

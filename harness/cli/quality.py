@@ -9,7 +9,7 @@ from typing import Annotated, Optional
 import typer
 
 from harness import options as opts
-from harness.quality.config import TASKS, QualityChoices
+from harness.quality.config import TASKS, QualityChoices, TrainConfig
 from harness.quality.presets import PRESETS
 from harness.store import rundir
 from harness.store.storage import QUALITY_RESULTS
@@ -32,7 +32,7 @@ from .common import (
 )
 from .training import print_accuracy, quality_with_progress
 
-
+TRAIN = TrainConfig()  # the recipe's defaults, read by the help texts
 Preset = Enum("Preset", {name: name for name in PRESETS}, type=str)  # --preset's choices: the presets, by name
 
 
@@ -149,12 +149,14 @@ DModelOption = Annotated[
 ]
 LayersOption = Annotated[
     Optional[int],
-    typer.Option(callback=at_least(1), help="Layers (default 2; zoology: a convolution, then attention)."),
+    typer.Option(callback=at_least(1), help=f"Layers (default {TRAIN.layers}; zoology: convolution, then attention)."),
 ]
 HeadsOption = Annotated[
-    Optional[int], typer.Option(callback=at_least(1), help="Attention heads (default 4; zoology 1).")
+    Optional[int], typer.Option(callback=at_least(1), help=f"Attention heads (default {TRAIN.heads}; zoology 1).")
 ]
-BatchOption = Annotated[Optional[int], typer.Option(callback=at_least(1), help="Training batch size (default 32).")]
+BatchOption = Annotated[
+    Optional[int], typer.Option(callback=at_least(1), help=f"Training batch size (default {TRAIN.batch}).")
+]
 BatchTokensOption = Annotated[
     Optional[int],
     typer.Option(
@@ -200,13 +202,9 @@ CostOption = Annotated[
 OutOption = out_option("quality-")
 ResumeOption = resume_option("quality run")
 
-CompressionOption = compression_option(
-    "default: the preset's, "
-    + ", ".join(
-        f"{name} {p.get('options', {}).get('compression', usual_default('compression'))}" for name, p in PRESETS.items()
-    )
-)
-
+USUAL_STRIDE = usual_default("compression")
+STRIDES = ", ".join(f"{name} {p.get('options', {}).get('compression', USUAL_STRIDE)}" for name, p in PRESETS.items())
+CompressionOption = compression_option(f"default: the preset's, {STRIDES}")
 CHOICES = {f.name: f.default for f in fields(QualityChoices)}  # a new run's defaults, written once: there
 
 
