@@ -193,7 +193,7 @@ MEASURE = r"""
 import json, sys, torch, variants
 from harness.core.memory import measure_peak, pin_mmap_threshold
 name, cases, backward, options, dv = sys.argv[1], json.loads(sys.argv[2]), sys.argv[3] == "1", json.loads(sys.argv[4]), int(sys.argv[5])
-torch.set_num_threads(2)
+torch.set_num_threads(int(sys.argv[6]))
 heads = options.get("num_heads", 1)
 kv_heads = options.pop("kv_heads", heads)  # (grouped-query: k and v of fewer heads than q)
 attn = variants.build(name, **options)
@@ -218,11 +218,17 @@ print(json.dumps(peaks))
 
 
 def peak_bytes(
-    name: str, n: int | list[int], backward: bool, dv: int = 32, causal: bool | list[bool] = False, **options
+    name: str,
+    n: int | list[int],
+    backward: bool,
+    dv: int = 32,
+    causal: bool | list[bool] = False,
+    threads: int = 2,
+    **options,
 ):
     """Peak extra bytes of one call at (B, H) = (1, 1) (or num_heads, with kv_heads K/V heads), D = 32 and the
-    given Dv, in a fresh process: one figure, or one per (length, causal) pair when given lists (measured one
-    after the other)."""
+    given Dv, in a fresh process of `threads` CPU threads (1 where two run side by side: the two cores shared,
+    not oversubscribed): one figure, or one per (length, causal) pair when given lists (measured in turn)."""
     many = isinstance(n, list) or isinstance(causal, list)
     lengths = n if isinstance(n, list) else [n]
     modes = causal if isinstance(causal, list) else [causal]
@@ -237,6 +243,7 @@ def peak_bytes(
             "1" if backward else "0",
             json.dumps(options),
             str(dv),
+            str(threads),
         ],
         capture_output=True,
         text=True,
@@ -248,8 +255,9 @@ def peak_bytes(
 
 
 def side_by_side(calls: list) -> list:
-    """Each of `calls` (no-argument functions, each starting a process and waiting for it) run two at a time
-    on the suite's two cores: for peaks of memory and outputs, never times, which a neighbour would change."""
+    """Each of `calls` (no-argument functions, each starting a process of one thread and waiting for it) run two
+    at a time on the suite's two cores: for peaks of memory and outputs, never times, which a neighbour would
+    change. (Two processes of two threads each measured slower than one after the other.)"""
     with ThreadPoolExecutor(max_workers=2) as pool:
         return list(pool.map(lambda call: call(), calls))
 

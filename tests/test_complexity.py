@@ -68,7 +68,7 @@ def peaks(request) -> dict[str, list[int]]:
     measured = side_by_side(
         [
             lambda name=name, options=options, backward=backward: peak_bytes(
-                name, [SHORT, LONG], backward, causal=_modes(name), **options
+                name, [SHORT, LONG], backward, causal=_modes(name), threads=1, **options
             )
             for name, options, backward in cases
         ]

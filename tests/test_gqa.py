@@ -107,7 +107,7 @@ def test_native_grouping_costs_no_memory_beyond_the_query_heads_work(name, heads
     grouped, plain = side_by_side(
         [
             lambda hkv=hkv: peak_bytes(
-                name, [n], False, causal=[True], num_heads=heads, num_kv_heads=hkv, head_dim=32, kv_heads=hkv
+                name, [n], False, causal=[True], threads=1, num_heads=heads, num_kv_heads=hkv, head_dim=32, kv_heads=hkv
             )[0]
             for hkv in (kv_heads, heads)
         ]

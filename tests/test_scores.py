@@ -8,7 +8,7 @@ import torch
 
 import variants
 from conftest import INDEPENDENT_REFERENCES, assert_close_with_grads, case_id, make_padding, make_qkv, ref_full
-from helpers import peak_bytes
+from helpers import peak_bytes, side_by_side
 
 
 def randomized(attn, seed=0):
@@ -71,8 +71,15 @@ def test_additive_memory_grows_linearly_not_with_the_pairs():
     # O(N²·A) time, O(N·A + tile) memory: 4x N (16x the pairs) may grow the peak about 4x, forward and backward
     mib = 2**20
     short, long = 1024, 4096  # long enough that the fixed-size tile (4 MiB) is far below N x N floats (64 MiB)
-    for backward in (False, True):
-        peaks = peak_bytes("additive", [short, long], backward, causal=[False], num_heads=1, head_dim=32)
+    measured = side_by_side(  # (forward and backward, two fresh processes at a time)
+        [
+            lambda backward=backward: peak_bytes(
+                "additive", [short, long], backward, causal=[False], threads=1, num_heads=1, head_dim=32
+            )
+            for backward in (False, True)
+        ]
+    )
+    for backward, peaks in zip((False, True), measured):
         assert peaks[1] <= 5 * peaks[0] + 4 * mib, (backward, [p / mib for p in peaks])
         assert peaks[1] < long * long * 32 * 4 / 32, (
             backward,
