@@ -36,11 +36,14 @@ def test_textbook_attention_keeps_its_score_buffers_and_fused_attention_keeps_a_
         assert row["kept"] == layers * row["kept_layer"] and row["total"] == row["kept"] + row["peak"]
 
 
-def test_inference_keeps_nothing_and_needs_one_calls_peak():
-    result = bench("memory", "--lengths", "512", "--variants", "full_naive", "--inference", "--heads", "2")
+def test_inference_keeps_nothing_and_needs_one_calls_peak_also_on_grouped_heads():
+    args = ["--lengths", "512", "--variants", "full_naive,mamba2", "--inference", "--heads", "2", "--kv-heads", "1"]
+    result = bench("memory", *args)
     assert result.exit_code == 0, result.output
-    row = next(line for line in result.output.splitlines() if line.strip().startswith("full_naive"))
-    assert row.split()[2:4] == ["0", "B"] and "inference" in result.output
+    for name in ("full_naive", "mamba2"):  # (mamba2's gates are per K/V head: built with the hint)
+        row = next(line for line in result.output.splitlines() if line.strip().startswith(name))
+        assert row.split()[2:4] == ["0", "B"], row
+    assert "inference" in result.output and "not counted" not in result.output
 
 
 def test_a_call_past_the_budget_is_named_not_run_and_bad_input_is_refused():

@@ -30,11 +30,15 @@ class Shape:
     dtype: torch.dtype = torch.float32
     causal: bool = True
 
+    def hints(self) -> dict:
+        """The shape options a variant is built with (its gates and maps are per head)."""
+        return {"num_heads": self.heads, "num_kv_heads": self.kv_heads, "head_dim": self.head_dim}
+
 
 def kept_bytes(name: str, options: dict, n: int, shape: Shape) -> int:
     """Bytes the forward of variant `name` at N = n leaves alive with its output held (its inputs not counted;
     the process's allocator is pinned to one mapping a block, as bench run's memory cells are)."""
-    attn = variants.build(name, num_heads=shape.heads, head_dim=shape.head_dim, **options).to(shape.dtype)
+    attn = variants.build(name, **shape.hints(), **options).to(shape.dtype)
     q = torch.randn(shape.batch, shape.heads, n, shape.head_dim, dtype=shape.dtype, requires_grad=True)
     k, v = (
         torch.randn(shape.batch, shape.kv_heads, n, shape.head_dim, dtype=shape.dtype, requires_grad=True)
@@ -54,7 +58,7 @@ def model_memory(name: str, options: dict, n: int, shape: Shape, layers: int, tr
     until the backward, plus one call's peak (bench run's prediction, backward included); in inference, one call's
     peak (the layers run one after another). Keys: kept_layer, kept, peak, total. ValueError where the call's
     predicted peak is over `budget` bytes (nothing is run then)."""
-    attn = variants.build(name, device="meta", num_heads=shape.heads, head_dim=shape.head_dim, **options)
+    attn = variants.build(name, device="meta", **shape.hints(), **options)
     size = torch.empty((), dtype=shape.dtype).element_size()
     b, h, d = shape.batch, shape.heads, shape.head_dim
     peak = attn.memory_estimate(b, h, n, n, d, d, size, shape.causal, training)
