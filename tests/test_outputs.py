@@ -79,8 +79,11 @@ def redrawn(request, tmp_path_factory) -> tuple[Path, dict, dict]:
                 **dict(cwd=root, env={**os.environ, "PYTHONPATH": str(ROOT)}, stderr=stderr, text=True),
                 **dict(stdin=subprocess.PIPE, stdout=subprocess.PIPE),
             )
-            while not jobs.empty():
-                run = jobs.get()
+            while True:
+                try:  # (empty() then get() could leave one worker waiting on the other's last run)
+                    run = jobs.get_nowait()
+                except queue.Empty:
+                    break
                 proc.stdin.write(f"{run}\n")
                 proc.stdin.flush()
                 line = proc.stdout.readline()
