@@ -6,6 +6,7 @@ from __future__ import annotations
 import json
 import math
 import re
+from contextlib import contextmanager
 from pathlib import Path
 
 SHAPE_HINTS = (
@@ -17,6 +18,18 @@ SHAPE_HINTS = (
 
 class ArgumentError(ValueError):
     """A command-line value that is not allowed; the message names the option, the value and what is allowed."""
+
+
+@contextmanager
+def as_argument_error():
+    """A ValueError raised inside (the variants' refusal of an option, whose message names it) becomes the command
+    line's ArgumentError, with the same message."""
+    try:
+        yield
+    except ArgumentError:
+        raise
+    except ValueError as err:
+        raise ArgumentError(str(err)) from None
 
 
 def read_text_file(path: str, option: str) -> str:

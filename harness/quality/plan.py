@@ -9,7 +9,7 @@ import torch
 
 import variants as registry
 from harness.fmt import fmt_bytes
-from harness.options import ArgumentError, check_number, parse_axis, parse_lengths
+from harness.options import ArgumentError, as_argument_error, check_number, parse_axis, parse_lengths
 from harness.policy import memory_budgets, require_cuda, resolve_variants
 from harness.quality.config import MAX_SEEDS, QualityChoices, QualityConfig, TrainConfig
 from harness.quality.model import cannot_train_reason, trainable_variants, training_memory_estimate
@@ -117,10 +117,8 @@ def build_quality_config(choices: QualityChoices, imports: list[str]) -> Quality
         reason = cannot_train_reason(name, device)
         if reason:
             raise ArgumentError(f"--variants: {name} cannot be trained on {device}: {reason}")
-    try:
+    with as_argument_error():
         registry.check_options(given, names, train.heads, train.d_model // train.heads)
-    except ValueError as err:  # (the variants' refusal, as the command line's)
-        raise ArgumentError(str(err)) from None
     options = {**defaults["options"], **given}
     for name in names:  # each method's own options at the run's reach, unless given (shared or scoped to it)
         taken = registry.options_taken(name, given)
@@ -132,12 +130,10 @@ def build_quality_config(choices: QualityChoices, imports: list[str]) -> Quality
             if key not in taken:
                 options.setdefault(f"{name}.{key}", value)
     for name in names:
-        try:
+        with as_argument_error():
             registry.check_variant_options(
                 name, registry.options_taken(name, options), name, train.heads, train.d_model // train.heads
             )
-        except ValueError as err:
-            raise ArgumentError(str(err)) from None
     length_list = parse_lengths(lengths)
     copy_list = parse_lengths(copy_lengths) if copy_lengths else None
     long_list, long_names = _long_lengths(

@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 import variants as registry
-from harness.options import ArgumentError, check_number, parse_list
+from harness.options import ArgumentError, as_argument_error, check_number, parse_list
 from harness.policy import resolve_devices, resolve_variants
 from harness.sweep.config import PASSES, Cell, RunConfig
 
@@ -96,10 +96,8 @@ def build_run_config(
     names = resolve_variants(variants, device_list, here=cluster is None)
     if not names:
         raise ArgumentError(f"--variants {variants}: no registered variant runs on {', '.join(device_list)}")
-    try:
+    with as_argument_error():
         registry.check_options(options, names, heads, settings.get("head_dim", RunConfig.head_dim))
-    except ValueError as err:  # (the variants' refusal, as the command line's)
-        raise ArgumentError(str(err)) from None
     pass_list = parse_list(passes, "--passes", PASSES)
     per_variant: dict[str, tuple[bool, ...]] = {}
     if causal is None:
