@@ -30,7 +30,8 @@ from ._registry import (
 )
 from ._spec import VariantSpec
 from ._variant import AttentionVariant
-from .modules import MultiHeadAttention, SinusoidalPositionalEncoding, TransformerBlock
+from .modules import MultiHeadAttention, TransformerBlock
+from .positions.sinusoidal import SinusoidalPositionalEncoding
 from .swap import swap_attention
 
 

@@ -8,9 +8,9 @@ _registry.py  register, build, and the options each variant takes
 from .._base import AttentionVariant, VariantSpec, register
 """
 
-from ._checks import causal_mask, dense_mask
+from ._checks import causal_mask, dense_mask, distances
 from ._registry import register
 from ._spec import VariantSpec
 from ._variant import AttentionVariant
 
-__all__ = ["AttentionVariant", "VariantSpec", "causal_mask", "dense_mask", "register"]
+__all__ = ["AttentionVariant", "VariantSpec", "causal_mask", "dense_mask", "distances", "register"]

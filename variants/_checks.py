@@ -10,6 +10,19 @@ import torch
 from torch import Tensor
 
 
+def check_positive_int(owner: str, name: str, value) -> None:
+    """ValueError naming `owner`'s argument unless `value` is an int >= 1."""
+    if not isinstance(value, int) or isinstance(value, bool) or value < 1:
+        raise ValueError(f"{owner}: {name} must be a positive int, got {value!r}")
+
+
+def check_model_input(owner: str, name: str, x: Tensor, d_model: int) -> None:
+    """ValueError naming `owner`'s input unless `x` is a float (B, N, d_model) tensor."""
+    if not isinstance(x, Tensor) or x.dim() != 3 or x.shape[-1] != d_model or not x.is_floating_point():
+        got = tuple(x.shape) if isinstance(x, Tensor) else type(x).__name__
+        raise ValueError(f"{owner}: {name} must be a float tensor of shape (B, N, d_model={d_model}), got {got}")
+
+
 def dense_mask(n_q: int, n_k: int, causal: bool, key_padding_mask: Tensor | None, device) -> Tensor | None:
     """Bool (B|1, 1, Nq, Nk) mask of exact attention: True = query i may attend key j."""
     allowed = None
@@ -24,6 +37,12 @@ def dense_mask(n_q: int, n_k: int, causal: bool, key_padding_mask: Tensor | None
 def causal_mask(n_q: int, n_k: int, device) -> Tensor:
     """Bool (Nq, Nk), bottom-right aligned: query i sits at position Nk - Nq + i and sees keys j <= it."""
     return torch.ones(n_q, n_k, dtype=torch.bool, device=device).tril(n_k - n_q)
+
+
+def distances(n_q: int, n_k: int, device) -> Tensor:
+    """(Nq, Nk) long: query position − key position, bottom-right aligned (query i at Nk − Nq + i): what a score
+    bias (ALiBi, T5's relative bias) is a function of."""
+    return torch.arange(n_k - n_q, n_k, device=device)[:, None] - torch.arange(n_k, device=device)[None, :]
 
 
 def check_inputs(attn, q: Tensor, k: Tensor, v: Tensor, causal: bool, key_padding_mask: Tensor | None) -> None:

@@ -27,6 +27,10 @@ class VariantSpec:
     max_len_option: str | None = None
     supports_cross_attention: bool = True  # Nq != Nk without causal (causal Nq <= Nk: every variant)
     supports_key_padding_mask: bool = True
+    # forms the query-key scores and adds a score bias to them (`forward(..., score_bias=)`: ALiBi, T5's relative
+    # bias); False: `why_no_score_bias`, or the reason its kind implies
+    carries_score_bias: bool = False
+    why_no_score_bias: str = ""
     devices: tuple[str, ...] = ("cpu", "cuda")  # device types it runs on
     backward_devices: tuple[str, ...] = ("cpu", "cuda")  # device types where backward works
     dtypes: tuple[str, ...] = ("float32", "float64", "float16", "bfloat16")

@@ -6,6 +6,8 @@ Every variant is an `nn.Module` with the same call:
     # q: (B, H, Nq, D)  k: (B, Hkv, Nk, D)  v: (B, Hkv, Nk, Dv)  ->  out: (B, H, Nq, Dv)
     # grouped-query attention: Hkv divides H, query head h reads K/V head h // (H / Hkv) (Hkv = H: every head its own)
     # key_padding_mask: bool (B, Nk), True = a real token, False = padding
+    # score_bias (variants whose spec carries_score_bias): a module, bias(distance, causal) -> (H, *distance.shape),
+    # added to the scores by distance = query position - key position (variants/positions: ALiBi, T5's bias)
     # causal with Nq < Nk: the queries are the last Nq positions of the keys' sequence (bottom-right
     # alignment, as FlashAttention >= 2.1 and transformers): query i sits at Nk - Nq + i, sees keys <= it
 
@@ -139,6 +141,26 @@ class AttentionVariant(Heads, Decodes, nn.Module):
         return cls.causal_unsupported_reason() if causal else cls.non_causal_unsupported_reason()
 
     @classmethod
+    def score_bias_unsupported_reason(cls) -> str | None:
+        """None when the variant adds a score bias by distance (ALiBi, T5's relative bias), else why not."""
+        spec = cls.spec
+        if spec.carries_score_bias:
+            return None
+        if spec.why_no_score_bias:
+            return f"{spec.name} takes no score bias: {spec.why_no_score_bias}"
+        if spec.kind in ("kernel", "recurrent"):
+            return (
+                f"{spec.name} never forms the query-key scores a bias is added to ({spec.kind} attention; its "
+                "decays, where it has them, act as one); a rotation (rope) or an input encoding reaches it"
+            )
+        if spec.kind == "low-rank and compressed":
+            return (
+                f"{spec.name} scores keys mixed across positions (projections, landmarks, compressed blocks), so no "
+                "score has one distance to bias; a rotation (rope) or an input encoding reaches it"
+            )
+        return f"{spec.name} takes no score bias: not implemented here (its spec does not carry one)"
+
+    @classmethod
     def backward_unsupported_reason(cls, device: str) -> str | None:
         dev = torch.device(device).type
         if dev not in cls.spec.backward_devices:
@@ -218,12 +240,21 @@ class AttentionVariant(Heads, Decodes, nn.Module):
 
     # -- the call -----------------------------------------------------------------------------
     def forward(
-        self, q: Tensor, k: Tensor, v: Tensor, *, causal: bool = False, key_padding_mask: Tensor | None = None
+        self,
+        q: Tensor,
+        k: Tensor,
+        v: Tensor,
+        *,
+        causal: bool = False,
+        key_padding_mask: Tensor | None = None,
+        score_bias: nn.Module | None = None,
     ) -> Tensor:
         """Attention of q over (k, v). Shapes (B, H, Nq, D), (B, H, Nk, D), (B, H, Nk, Dv) -> (B, H, Nq, Dv).
 
         NaN or infinite inputs propagate to the rows they reach (never hidden as zeros). Padded key
         positions (key_padding_mask False) may hold any finite values: they are never attended to.
+        score_bias: added to each score by distance (see the module docstring); a variant that forms no scores
+        refuses it, naming why.
         """
         if not isinstance(causal, bool) and causal not in (0, 1):
             raise TypeError(
@@ -238,8 +269,12 @@ class AttentionVariant(Heads, Decodes, nn.Module):
                     f"(or with inputs that do not require grad); to train, use a variant with a backward "
                     f"on {q.device.type} (see bench list)"
                 )
+        if score_bias is not None and self.score_bias_unsupported_reason():
+            raise ValueError(self.score_bias_unsupported_reason())
         if q.shape[-2] == 0:
             return q.new_zeros(*q.shape[:-1], v.shape[-1])
+        if score_bias is not None:  # (an optional argument of the `_attend` of the variants that carry a bias)
+            return self._attend(q, *self._grouped_kv(q, k, v), bool(causal), key_padding_mask, score_bias=score_bias)
         return self._attend(q, *self._grouped_kv(q, k, v), bool(causal), key_padding_mask)
 
     def _attend(self, q: Tensor, k: Tensor, v: Tensor, causal: bool, key_padding_mask: Tensor | None) -> Tensor:

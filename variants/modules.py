@@ -1,7 +1,6 @@
 """Modules that plug any registered attention variant into a model.
 
 - `MultiHeadAttention`: projections W_q, W_k, W_v, W_o around a variant.
-- `SinusoidalPositionalEncoding`: the fixed sin/cos table of Vaswani et al. 2017.
 - `TransformerBlock`: attention + position-wise FFN, each with a residual and LayerNorm (pre or post).
 
 `swap_attention` (variants/swap.py) replaces the attention of an existing `torch.nn` model instead.
@@ -9,25 +8,15 @@
 
 from __future__ import annotations
 
-import math
-
 import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
 
+from ._checks import check_model_input, check_positive_int
 from ._registry import build
 from ._variant import AttentionVariant
-
-
-def _check_positive_int(owner: str, name: str, value) -> None:
-    if not isinstance(value, int) or isinstance(value, bool) or value < 1:
-        raise ValueError(f"{owner}: {name} must be a positive int, got {value!r}")
-
-
-def _check_model_input(owner: str, name: str, x: Tensor, d_model: int) -> None:
-    if not isinstance(x, Tensor) or x.dim() != 3 or x.shape[-1] != d_model or not x.is_floating_point():
-        got = tuple(x.shape) if isinstance(x, Tensor) else type(x).__name__
-        raise ValueError(f"{owner}: {name} must be a float tensor of shape (B, N, d_model={d_model}), got {got}")
+from .positions import ENCODINGS, attention_encoding, encoding_unsupported_reason
+from .positions.rope import RotaryEmbedding
 
 
 def multi_head_attend(
@@ -40,9 +29,12 @@ def multi_head_attend(
     *,
     causal: bool,
     key_padding_mask: Tensor | None,
+    positions: nn.Module | None = None,
 ) -> Tensor:
     """Project (B, N, E) inputs with ((W_q, b_q), (W_k, b_k), (W_v, b_v)), split heads, attend.
 
+    positions: an attention's position encoding (variants/positions): a `RotaryEmbedding` turns q and k by their
+    positions (causal with Nq < Nk: the queries are the last Nq), any other module is a score bias the variant adds.
     Returns the concatenated heads, (B, Nq, num_heads * Dv), before the output projection.
     """
     (w_q, b_q), (w_k, b_k), (w_v, b_v) = projections
@@ -52,7 +44,15 @@ def multi_head_attend(
         b, n, e = x.shape
         return x.view(b, n, num_heads, e // num_heads).transpose(1, 2)
 
-    out = attn(split_heads(q), split_heads(k), split_heads(v), causal=causal, key_padding_mask=key_padding_mask)
+    q, k, v = split_heads(q), split_heads(k), split_heads(v)
+    bias = {}
+    if isinstance(positions, RotaryEmbedding):
+        n_q, n_k = q.shape[-2], k.shape[-2]
+        q = positions(q, torch.arange(n_k - n_q if causal else 0, n_k if causal else n_q, device=q.device))
+        k = positions(k, torch.arange(n_k, device=k.device))
+    elif positions is not None:
+        bias = {"score_bias": positions}
+    out = attn(q, k, v, causal=causal, key_padding_mask=key_padding_mask, **bias)
     b, h, n, dv = out.shape
     return out.transpose(1, 2).reshape(b, n, h * dv)  # (B, Nq, H*Dv)
 
@@ -63,7 +63,9 @@ class MultiHeadAttention(nn.Module):
     out = W_o · concat_h variant(q W_q^h, k W_k^h, v W_v^h). `dropout` applies to the attention
     output before W_o (a generic variant exposes no attention weights to drop). With `output_gate`, the
     concatenated heads are multiplied elementwise by σ(query W_g) first (Qwen3-Next's gated attention: Qiu et
-    al. 2025, "Gated Attention for Large Language Models"), whatever the variant.
+    al. 2025, "Gated Attention for Large Language Models"), whatever the variant. `positions` names an encoding
+    the attention applies (variants/positions): "rope" for every variant, "alibi" or "relative" (score biases)
+    for a variant that forms its scores; an encoding of the inputs ("sinusoidal", "learned") is the model's.
 
     Example:
         >>> mha = MultiHeadAttention(64, 4, variant="full")
@@ -80,13 +82,14 @@ class MultiHeadAttention(nn.Module):
         dropout: float = 0.0,
         bias: bool = True,
         output_gate: bool = False,
+        positions: str | None = None,
         **variant_options,
     ):
         super().__init__()
-        _check_positive_int("MultiHeadAttention", "d_model", d_model)
+        check_positive_int("MultiHeadAttention", "d_model", d_model)
         if not isinstance(output_gate, bool):
             raise ValueError(f"MultiHeadAttention: output_gate must be a bool, got {output_gate!r}")
-        _check_positive_int("MultiHeadAttention", "num_heads", num_heads)
+        check_positive_int("MultiHeadAttention", "num_heads", num_heads)
         if d_model % num_heads:
             raise ValueError(f"MultiHeadAttention: d_model={d_model} must be divisible by num_heads={num_heads}")
         if not (isinstance(dropout, (int, float)) and 0.0 <= dropout < 1.0):
@@ -101,6 +104,17 @@ class MultiHeadAttention(nn.Module):
         variant_options.setdefault("num_heads", num_heads)
         variant_options.setdefault("head_dim", d_model // num_heads)
         self.attention = build(variant, **variant_options)
+        if positions is not None and positions not in ENCODINGS or ENCODINGS.get(positions) == "input":
+            raise ValueError(
+                f"MultiHeadAttention: positions={positions!r} is not an encoding an attention applies; choose "
+                f"{', '.join(n for n, where in ENCODINGS.items() if where in ('rotation', 'bias'))} or None "
+                "(an input encoding is added to the embeddings by the model)"
+            )
+        if positions is not None and encoding_unsupported_reason(variant, positions):
+            raise ValueError(
+                f"MultiHeadAttention: positions={positions!r}: {encoding_unsupported_reason(variant, positions)}"
+            )
+        self.positions = attention_encoding(positions, num_heads, d_model // num_heads)
 
     def forward(
         self,
@@ -115,7 +129,7 @@ class MultiHeadAttention(nn.Module):
         key = query if key is None else key
         value = key if value is None else value
         for name, x in (("query", query), ("key", key), ("value", value)):
-            _check_model_input("MultiHeadAttention", name, x, self.d_model)
+            check_model_input("MultiHeadAttention", name, x, self.d_model)
         projections = tuple((p.weight, p.bias) for p in (self.q_proj, self.k_proj, self.v_proj))
         out = multi_head_attend(
             self.attention,
@@ -126,41 +140,11 @@ class MultiHeadAttention(nn.Module):
             self.num_heads,
             causal=causal,
             key_padding_mask=key_padding_mask,
+            positions=self.positions,
         )
         if self.gate_proj is not None:
             out = out * torch.sigmoid(self.gate_proj(query))
         return self.out_proj(self.dropout(out))
-
-
-class SinusoidalPositionalEncoding(nn.Module):
-    """Adds PE(pos, 2i) = sin(pos / 10000^(2i/d)), PE(pos, 2i+1) = cos(pos / 10000^(2i/d)) to (B, N, d) inputs.
-
-    Example:
-        >>> pe = SinusoidalPositionalEncoding(16, max_len=128)
-        >>> pe(torch.zeros(1, 5, 16))[0, 0, :2]
-        tensor([0., 1.])
-    """
-
-    def __init__(self, d_model: int, max_len: int = 8192):
-        super().__init__()
-        _check_positive_int("SinusoidalPositionalEncoding", "d_model", d_model)
-        _check_positive_int("SinusoidalPositionalEncoding", "max_len", max_len)
-        self.d_model, self.max_len = d_model, max_len
-        pos = torch.arange(max_len, dtype=torch.float64)[:, None]  # (max_len, 1)
-        inv_freq = torch.exp(
-            -math.log(10000.0) * torch.arange(0, d_model, 2, dtype=torch.float64) / d_model
-        )  # (ceil(d/2),)
-        pe = torch.zeros(max_len, d_model, dtype=torch.float64)
-        pe[:, 0::2] = torch.sin(pos * inv_freq)
-        pe[:, 1::2] = torch.cos(pos * inv_freq[: d_model // 2])
-        self.register_buffer("pe", pe.float(), persistent=False)
-
-    def forward(self, x: Tensor) -> Tensor:
-        _check_model_input("SinusoidalPositionalEncoding", "x", x, self.d_model)
-        n = x.shape[1]
-        if n > self.max_len:
-            raise ValueError(f"SinusoidalPositionalEncoding: sequence length {n} exceeds max_len={self.max_len}")
-        return x + self.pe[:n].to(x.dtype)
 
 
 class TransformerBlock(nn.Module):
@@ -181,15 +165,22 @@ class TransformerBlock(nn.Module):
         norm: str = "pre",
         dropout: float = 0.0,
         output_gate: bool = False,
+        positions: str | None = None,
         **variant_options,
     ):
         super().__init__()
         if norm not in ("pre", "post"):
             raise ValueError(f"TransformerBlock: norm must be 'pre' or 'post', got {norm!r}")
-        _check_positive_int("TransformerBlock", "d_ff", d_ff)
+        check_positive_int("TransformerBlock", "d_ff", d_ff)
         self.norm = norm
         self.attn = MultiHeadAttention(
-            d_model, num_heads, variant=variant, dropout=dropout, output_gate=output_gate, **variant_options
+            d_model,
+            num_heads,
+            variant=variant,
+            dropout=dropout,
+            output_gate=output_gate,
+            positions=positions,
+            **variant_options,
         )
         self.ff = nn.Sequential(nn.Linear(d_model, d_ff), nn.GELU(), nn.Linear(d_ff, d_model))
         self.norm1, self.norm2 = nn.LayerNorm(d_model), nn.LayerNorm(d_model)

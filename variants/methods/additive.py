@@ -130,6 +130,7 @@ class _TiledAdditive(torch.autograd.Function):
 @register
 class AdditiveAttention(AttentionVariant):
     spec = VariantSpec(
+        why_no_score_bias="its scores are not dot products but a bias could be added to them; not implemented here",
         name="additive",
         kind="exact",
         repeats_kv="W_k, the projection of the keys, is learned per query head",

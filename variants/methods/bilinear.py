@@ -24,6 +24,7 @@ from .full import FullAttention
 @register
 class BilinearAttention(FullAttention):
     spec = VariantSpec(
+        why_no_score_bias="a bias could be added to its scores; not implemented here",
         name="bilinear",
         kind="exact",
         summary="Luong's general score q W_h kᵀ (learned D x D per head, identity at init); fused SDPA on q W",

@@ -60,6 +60,7 @@ class DeepSeekSparseAttention(AttentionVariant):
     from it: k^I is a linear map of k)."""
 
     spec = VariantSpec(
+        why_no_score_bias="a bias would go on the top-k scores, after the indexer chose them; not implemented here",
         name="dsa",
         kind="local and sparse",
         summary="DeepSeek Sparse Attention: a lightning indexer picks each query's top_k keys, exact softmax over them",

@@ -11,7 +11,7 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor
 
-from .._base import AttentionVariant, VariantSpec, causal_mask, register
+from .._base import AttentionVariant, VariantSpec, causal_mask, dense_mask, distances, register
 from .._utils import dead_query_rows, zero_rows
 
 
@@ -84,9 +84,27 @@ def written_out(
     if is_causal:
         s = s.masked_fill(~torch.ones(s.shape[-2:], dtype=torch.bool, device=s.device).tril(), -torch.inf)
     if attn_mask is not None:
-        mask = attn_mask if attn_mask.dim() < 4 else attn_mask.view(attn_mask.shape[0], -1, 1, *attn_mask.shape[2:])
+        mask = attn_mask
+        if attn_mask.dim() == 4:  # (B|1, H|1, Nq, Nk) -> (B|1, Hkv|1, G|1, Nq, Nk), as the scores are grouped
+            per_head = attn_mask.shape[1] == h and h > 1
+            groups = (k.shape[1], h // k.shape[1]) if per_head else (1, 1)
+            mask = attn_mask.view(attn_mask.shape[0], *groups, *attn_mask.shape[2:])
         s = s.masked_fill(~mask, -torch.inf) if mask.dtype == torch.bool else s + mask
     return torch.matmul(torch.softmax(s, dim=-1), v[:, :, None]).flatten(1, 2).to(dtype)
+
+
+def biased_sdpa(q: Tensor, k: Tensor, v: Tensor, causal: bool, key_padding_mask, score_bias, scale: float) -> Tensor:
+    """Exact attention with score_bias(distance) added to the scores: the bias and the masks (-inf) as one float
+    (B|1, H, Nq, Nk) mask of the fused kernel, which differentiates it (a learned bias trains)."""
+    n_q, n_k = q.shape[-2], k.shape[-2]
+    bias = score_bias(distances(n_q, n_k, q.device), causal).to(q.dtype)[None]  # (1, H, Nq, Nk)
+    allowed = dense_mask(n_q, n_k, causal, key_padding_mask, q.device)  # (B|1, 1, Nq, Nk) or None
+    dead = dead_query_rows(key_padding_mask, n_q, causal)
+    if allowed is not None:
+        if dead is not None:  # rows with no key to see: opened to every key, zeroed after
+            allowed = allowed | dead[:, None, :, None]
+        bias = bias.masked_fill(~allowed, float("-inf"))
+    return zero_rows(sdpa(q, k, v, attn_mask=bias, scale=scale), dead)
 
 
 @register
@@ -101,11 +119,17 @@ class FullAttention(AttentionVariant):
         style=("#1f77b4", "o"),
         reference="Vaswani et al. 2017; torch.nn.functional.scaled_dot_product_attention",
         time_complexity="O(Nq Nk D)",
-        memory_complexity="O(N D) (key padding with causal, or causal with 1 < Nq < Nk: an Nq x Nk bool mask)",
+        memory_complexity="O(N D) (key padding with causal, or causal with 1 < Nq < Nk: an Nq x Nk bool mask; "
+        "a score bias: an H x Nq x Nk float mask)",
+        carries_score_bias=True,
     )
 
-    def _attend(self, q: Tensor, k: Tensor, v: Tensor, causal: bool, key_padding_mask: Tensor | None) -> Tensor:
+    def _attend(
+        self, q: Tensor, k: Tensor, v: Tensor, causal: bool, key_padding_mask: Tensor | None, score_bias=None
+    ) -> Tensor:
         scale = self._scale(q)
+        if score_bias is not None:
+            return biased_sdpa(q, k, v, causal, key_padding_mask, score_bias, scale)
         n_q, n_k = q.shape[-2], k.shape[-2]
         if key_padding_mask is None:
             if causal and n_q == 1:  # the last position sees every key

@@ -8,7 +8,7 @@ from __future__ import annotations
 import torch
 from torch import Tensor
 
-from .._base import AttentionVariant, VariantSpec, causal_mask, register
+from .._base import AttentionVariant, VariantSpec, causal_mask, distances, register
 from .._utils import masked_softmax
 from .full import full_attention_pairs
 
@@ -24,9 +24,12 @@ class NaiveFullAttention(AttentionVariant):
         time_complexity="O(Nq Nk D)",
         memory_complexity="O(Nq Nk) per head",
         same_function_as="full",
+        carries_score_bias=True,
     )
 
-    def _attend(self, q: Tensor, k: Tensor, v: Tensor, causal: bool, key_padding_mask: Tensor | None) -> Tensor:
+    def _attend(
+        self, q: Tensor, k: Tensor, v: Tensor, causal: bool, key_padding_mask: Tensor | None, score_bias=None
+    ) -> Tensor:
         # 16-bit inputs: the scores are formed in float32 (as fused kernels accumulate them); a bf16
         # product of large logits is off by whole units before the softmax sees it
         q32, k32 = (q.float(), k.float()) if q.dtype in (torch.float16, torch.bfloat16) else (q, k)
@@ -35,6 +38,9 @@ class NaiveFullAttention(AttentionVariant):
             q32 = q32.unflatten(1, (k.shape[1], groups))  # (B, Hkv, G, Nq, D)
             k32, v = k32[:, :, None], v[:, :, None]  # (B, Hkv, 1, Nk, ·): read by the group, never copied
         scores = torch.matmul(q32, k32.transpose(-1, -2)) * self._scale(q)  # (B, H, Nq, Nk) or (B, Hkv, G, Nq, Nk)
+        if score_bias is not None:  # (H, Nq, Nk), grouped as the scores are
+            bias = score_bias(distances(*scores.shape[-2:], q.device), causal).to(scores.dtype)
+            scores = scores + (bias.unflatten(0, (k.shape[1], groups)) if groups > 1 else bias)
         allowed = None
         if causal:
             allowed = causal_mask(*scores.shape[-2:], q.device)  # (Nq, Nk), bottom-right aligned

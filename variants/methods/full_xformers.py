@@ -54,6 +54,7 @@ def _causal_bias(xops, q: Tensor, k: Tensor):
 @register
 class XformersFullAttention(AttentionVariant):
     spec = VariantSpec(
+        why_no_score_bias="xformers takes an attn_bias, but this path is not wired for one (full carries it)",
         name="full_xformers",
         kind="exact",
         repeats_kv="xformers' grouped layout (B, M, G, H, K) is not wired here: K, V are repeated (CUDA only, and untested on hardware here)",

@@ -34,6 +34,7 @@ class MultiHeadLatentAttention(AttentionVariant):
     makes it the best rank-latent_dim projection of data (the model's own keys and values)."""
 
     spec = VariantSpec(
+        why_no_score_bias="its scores are exact softmax over keys rebuilt from the latent, where a bias would fit; not implemented here",
         name="mla",
         kind="low-rank and compressed",
         summary="multi-head latent attention: K, V through one latent per position (+ kept rotary key dims); decodes from the latent",

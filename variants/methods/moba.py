@@ -387,6 +387,7 @@ class MoBA(AttentionVariant):
     """
 
     spec = VariantSpec(
+        why_no_score_bias="a bias would go inside the blocks each query chooses; not implemented here",
         name="moba",
         kind="local and sparse",
         family="block-sparse selection",

@@ -234,6 +234,26 @@ def _band_attention_fused(
     return out
 
 
+def _band_attention_biased(q: Tensor, k: Tensor, v: Tensor, layout: _Layout, scale: float, score_bias) -> Tensor:
+    """The band with score_bias(distance) added, written out group by group and differentiated by autograd (a
+    learned bias trains; the fused kernels give no gradient of their mask). The distances inside every block's
+    band are the same, so the bias is formed once, (H, b, span). Autograd keeps each group's weights for the
+    backward: O(N (w + b)) memory a head, still linear in N."""
+    B, H, N, _ = q.shape
+    rel = (layout.r * layout.b + torch.arange(layout.b, device=q.device))[:, None] - torch.arange(
+        layout.span, device=q.device
+    )
+    bias = score_bias(rel, layout.causal).to(torch.promote_types(q.dtype, torch.float32))[:, None]  # (H, 1, b, span)
+    out = []
+    for t0, t1 in layout.groups(B, H, 0):
+        allowed, dead = layout.mask(t0, t1)  # (B|1, G, b, span), (B|1, G, b, 1)
+        s = torch.matmul(_rows(q, layout, t0, t1), _gather(k, layout, t0, t1, None).transpose(-1, -2)) * scale
+        s = (s.to(bias.dtype) + bias).masked_fill(~allowed[:, None], float("-inf"))
+        p = torch.softmax(s, dim=-1).to(v.dtype)  # (B, H, G, b, span)
+        out.append(torch.matmul(p, _gather(v, layout, t0, t1, None)).masked_fill(dead[:, None], 0.0))
+    return torch.cat(out, dim=2).flatten(2, 3)[:, :, :N]
+
+
 class _BandAttention(torch.autograd.Function):
     """Blocked band(+global) attention: fused forward; backward recomputes each group's weights.
 
@@ -375,10 +395,13 @@ class LongformerPattern(AttentionVariant):
         )
         return dense_attention(q, k, v, allowed, self._scale(q))
 
-    def _attend(self, q: Tensor, k: Tensor, v: Tensor, causal: bool, key_padding_mask: Tensor | None) -> Tensor:
+    def _attend(
+        self, q: Tensor, k: Tensor, v: Tensor, causal: bool, key_padding_mask: Tensor | None, score_bias=None
+    ) -> Tensor:
         n_q, n_k = q.shape[-2], k.shape[-2]
+        biased = {} if score_bias is None else {"score_bias": score_bias}  # (only a variant carrying one gets it)
         if n_q == n_k:
-            return self._attend_self(q, k, v, causal, key_padding_mask)
+            return self._attend_self(q, k, v, causal, key_padding_mask, **biased)
         # causal with Nq < Nk (the interface checked it): the queries are the last Nq positions, as when
         # decoding with a KV cache. Without global tokens they see only the last Nq + w keys: keep exactly
         # that many (padded keys before the first one, masked, while Nk is shorter), put the queries at
@@ -396,7 +419,7 @@ class LongformerPattern(AttentionVariant):
                 key_padding_mask = torch.nn.functional.pad(key_padding_mask, (-start, 0), value=False)
                 k, v = (torch.nn.functional.pad(t, (0, 0, -start, 0)) for t in (k, v))
         q = torch.nn.functional.pad(q, (0, 0, k.shape[-2] - n_q, 0))
-        return self._attend_self(q, k, v, True, key_padding_mask)[:, :, -n_q:]
+        return self._attend_self(q, k, v, True, key_padding_mask, **biased)[:, :, -n_q:]
 
     def _attend_self(self, q: Tensor, k: Tensor, v: Tensor, causal: bool, key_padding_mask: Tensor | None) -> Tensor:
         """Nq == Nk."""
@@ -512,6 +535,7 @@ class SlidingWindowAttention(LongformerPattern):
         memory_complexity="O(N D) + one group of block scores (bounded)",
         supports_cross_attention=False,
         subquadratic=True,
+        carries_score_bias=True,  # (without global tokens: blocks written out, autograd's backward)
         notes="self-attention (and causal with Nq < Nk: the last Nq positions); w >= N equals full attention",
         reach_option="window",
         function_options=("window", "global_tokens"),
@@ -528,9 +552,20 @@ class SlidingWindowAttention(LongformerPattern):
         self._check_int("block_size", block_size, 1, allow_none=True)
         self.block_size = block_size
 
-    def _attend_self(self, q: Tensor, k: Tensor, v: Tensor, causal: bool, key_padding_mask: Tensor | None) -> Tensor:
+    def _attend_self(
+        self, q: Tensor, k: Tensor, v: Tensor, causal: bool, key_padding_mask: Tensor | None, score_bias=None
+    ) -> Tensor:
         n = q.shape[-2]
         g = min(self.global_tokens, n)
+        if score_bias is not None:
+            if self.global_tokens:
+                raise ValueError(
+                    f"sliding_window: a score bias with global_tokens={self.global_tokens} is not implemented; "
+                    "use global_tokens=0 with a bias"
+                )
+            block = min(self.block_size, n) if self.block_size else default_block_size(self.window, n)
+            layout = _Layout(n, self.window, block, 0, causal, key_padding_mask, q.device)
+            return _band_attention_biased(q, k, v, layout, self._scale(q), score_bias)
         block = min(self.block_size, n) if self.block_size else default_block_size(self.window, n)
         layout = _Layout(n, self.window, block, g, causal, key_padding_mask, q.device)
         needs_grad = torch.is_grad_enabled() and (q.requires_grad or k.requires_grad or v.requires_grad)

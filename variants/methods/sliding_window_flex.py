@@ -103,6 +103,7 @@ def sliding_window_block_mask(n: int, window: int, n_global: int, causal: bool, 
 @register
 class FlexSlidingWindowAttention(LongformerPattern):
     spec = VariantSpec(
+        why_no_score_bias="FlexAttention's score_mod could add one; not implemented here (sliding_window carries it)",
         name="sliding_window_flex",
         kind="local and sparse",
         repeats_kv="its block mask and its NaN propagation are built per query head (flex_attention's enable_gqa is not used)",

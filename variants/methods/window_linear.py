@@ -87,6 +87,7 @@ class WindowLinearAttention(MapInputs, AttentionVariant):
     """
 
     spec = VariantSpec(
+        why_no_score_bias="only its window forms scores, the linear part beyond never does, so a bias would stop at the window",
         name="window_linear",
         kind="kernel",
         repeats_kv="its key feature map is learned per query head (LoLCATs applies it after repeating K), so window and state are per query head",
