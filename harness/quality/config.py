@@ -45,6 +45,8 @@ class TrainConfig:
     train_examples: int | None = None  # a fixed training set of this many sequences, in shuffled epochs; None: fresh
     early_stop: float | None = None  # stop a training once its held-out accuracy reaches this (Zoology: 0.99)
     adam_beta2: float = 0.98  # AdamW's second-moment decay (Zoology: torch's 0.999)
+    positions: str = "sinusoidal"  # the position encoding (variants/positions; zoology: none)
+    extrapolate: tuple[int, ...] = ()  # after training at L, also evaluate the model at each factor x L
 
     def batch_at(self, seq_len: int) -> int:
         """Sequences a training batch holds at `seq_len` tokens: `batch`, or fewer where `batch_tokens` caps it
@@ -74,6 +76,7 @@ STEP_FIELDS = (
     "queries",
     "batch",
     "batch_tokens",
+    "positions",
 )
 
 
@@ -113,6 +116,12 @@ class QualityConfig:
     # sweep axes: every training is made at each model width and each learning rate ((): the recipe's one value)
     d_models: tuple[int, ...] = ()
     lrs: tuple[float, ...] = ()
+    positions: tuple[str, ...] = ()  # an axis of encodings; each variant trains those it can carry
+    refused: tuple[tuple[str, str, str], ...] = ()  # (variant, encoding, why) pairs of the axis not trained
+
+    def carries(self, variant: str, positions: str) -> bool:
+        """Whether the run trains `variant` with encoding `positions` (not among the refused pairs)."""
+        return not any(v == variant and p == positions for v, p, _ in self.refused)
 
     @property
     def seeds_list(self) -> tuple[int, ...]:
@@ -126,9 +135,10 @@ class QualityConfig:
         return self.lengths + (self.long_lengths if variant in self.long_variants else ())
 
     def recipes(self) -> tuple[TrainConfig, ...]:
-        """The recipe of each point of the sweep: `train` at every (d_model, lr) of `d_models` x `lrs`."""
+        """The recipe of each point of the sweep: `train` at every (encoding, d_model, lr) of the axes."""
         return tuple(
-            replace(self.train, d_model=d, lr=lr)
+            replace(self.train, d_model=d, lr=lr, positions=p)
+            for p in self.positions or (self.train.positions,)
             for d in self.d_models or (self.train.d_model,)
             for lr in self.lrs or (self.train.lr,)
         )
@@ -139,6 +149,8 @@ class QualityConfig:
 
     def to_json(self) -> dict:
         axes = {"d_models": list(self.d_models), "lrs": list(self.lrs)} if self.d_models or self.lrs else {}
+        if self.positions:
+            axes.update(positions_axis=list(self.positions), refused=[list(r) for r in self.refused])
         return {
             **asdict(self.train),
             "tasks": list(self.tasks),
@@ -166,6 +178,7 @@ class QualityConfig:
                 f"the quality run's configuration lacks {', '.join(missing)}; it was not written by bench quality"
             )
         recipe = {f.name: data[f.name] for f in fields(TrainConfig) if f.name in data}
+        recipe["extrapolate"] = tuple(recipe.get("extrapolate") or ())
         extra = {key: data[key] for key in ("seeds", "device", "dtype", "preset", "measure_cost") if key in data}
         if data.get("copy_lengths"):
             extra["copy_lengths"] = tuple(data["copy_lengths"])
@@ -177,6 +190,9 @@ class QualityConfig:
         for axis, kind in (("d_models", int), ("lrs", float)):
             if data.get(axis):
                 extra[axis] = tuple(kind(value) for value in data[axis])
+        if data.get("positions_axis"):
+            extra["positions"] = tuple(data["positions_axis"])
+            extra["refused"] = tuple(tuple(r) for r in data.get("refused") or ())
         if "measure_cost" not in data:  # runs made before training costs were measured
             extra["measure_cost"] = False
         return cls(
@@ -294,3 +310,5 @@ class QualityChoices:
     output_gate: bool | None = None
     early_stop: float | None = None
     train_examples: int | None = None
+    positions: str | None = None  # "all", or encodings comma-separated (several: an axis)
+    extrapolate: str | None = None  # factors, comma-separated: "2,4,8"

@@ -10,6 +10,7 @@ from torch import nn
 
 import variants
 from harness.options import SHAPE_HINTS
+from variants.positions import ENCODINGS, input_encoding
 from harness.quality.config import TrainConfig
 
 
@@ -56,13 +57,15 @@ def attention_layers(model: nn.Module) -> list[variants.AttentionVariant]:
 
 
 class TinyDecoder(nn.Module):
-    """Token embedding + sinusoidal positions + pre-norm TransformerBlocks (causal) + LM head; with
-    cfg.short_conv, each block's input first passes a `ShortConv` (the same for every variant)."""
+    """Token embedding + positions (cfg.positions: added to the embeddings, or applied by each attention) +
+    pre-norm TransformerBlocks (causal) + LM head; with cfg.short_conv, each block's input first passes a
+    `ShortConv` (the same for every variant)."""
 
     def __init__(self, vocab_size: int, cfg: TrainConfig, variant: str, max_len: int, **variant_options):
         super().__init__()
         self.embed = nn.Embedding(vocab_size, cfg.d_model)
-        self.pos = variants.SinusoidalPositionalEncoding(cfg.d_model, max_len)
+        self.pos = input_encoding(cfg.positions, cfg.d_model, max_len) or nn.Identity()
+        in_attention = cfg.positions if ENCODINGS[cfg.positions] in ("rotation", "bias") else None
         self.blocks = nn.ModuleList(
             variants.TransformerBlock(
                 cfg.d_model,
@@ -71,6 +74,7 @@ class TinyDecoder(nn.Module):
                 variant=variant,
                 norm="pre",
                 output_gate=cfg.output_gate,
+                positions=in_attention,
                 **variant_options,
             )
             for _ in range(cfg.layers)
@@ -99,6 +103,8 @@ class ZoologyLM(nn.Module):
 
     def __init__(self, vocab_size: int, cfg: TrainConfig, variant: str, **variant_options):
         super().__init__()
+        if cfg.positions != "none":
+            raise ValueError(f"zoology: positions={cfg.positions!r}; Zoology's model has no position encoding (none)")
         d = cfg.d_model
         self.embed = nn.Embedding(vocab_size, d)
         self.mixers = nn.ModuleList(

@@ -15,6 +15,7 @@ from harness.quality.config import MAX_SEEDS, QualityChoices, QualityConfig, Tra
 from harness.quality.model import cannot_train_reason, trainable_variants, training_memory_estimate
 from harness.quality.presets import FAMILIES, PRESET_RECIPE, PRESETS
 from harness.quality.tasks import make_task
+from variants.positions import ENCODINGS, encoding_unsupported_reason
 
 
 def resolve_quality_device(text: str) -> str:
@@ -80,6 +81,8 @@ def build_quality_config(choices: QualityChoices, imports: list[str]) -> Quality
         if recipe.get(key) is None:
             value = defaults.get(key)
             recipe[key] = value.get(device) if isinstance(value, dict) else value  # a value per device
+    positions_text = recipe.pop("positions") or defaults.get("positions", TrainConfig.positions)
+    recipe["extrapolate"] = _factors(recipe.get("extrapolate") or ())
     d_models = parse_axis(recipe.pop("d_model") or TrainConfig.d_model, "--d-model", int, 0, 2**31)
     lrs = parse_axis(recipe.pop("lr") or TrainConfig.lr, "--lr", float, 0, 10)
     recipe["d_model"], recipe["lr"] = d_models[0], lrs[0]
@@ -117,6 +120,8 @@ def build_quality_config(choices: QualityChoices, imports: list[str]) -> Quality
         reason = cannot_train_reason(name, device)
         if reason:
             raise ArgumentError(f"--variants: {name} cannot be trained on {device}: {reason}")
+    encodings, refused = _positions(positions_text, names, train.arch)
+    train = replace(train, positions=encodings[0])
     with as_argument_error():
         registry.check_options(given, names, train.heads, train.d_model // train.heads)
     options = {**defaults["options"], **given}
@@ -179,13 +184,53 @@ def build_quality_config(choices: QualityChoices, imports: list[str]) -> Quality
         device=device,
         dtype=dtype,
         preset=preset,
-        measure_cost=choices.measure_cost,
+        measure_cost=choices.measure_cost and len(encodings) == 1,  # (an axis of encodings: no step costs)
         copy_lengths=copy_list if copy_list and copy_list != length_list and "copy" in tasks else None,
         long_lengths=long_list,
         long_variants=long_names,
         d_models=d_models if len(d_models) > 1 else (),
         lrs=lrs if len(lrs) > 1 else (),
+        positions=encodings if len(encodings) > 1 else (),
+        refused=refused,
     )
+
+
+MAX_EXTRAPOLATE = 64  # the largest --extrapolate factor: the positions tables are sized to it
+
+
+def _factors(value) -> tuple[int, ...]:
+    """--extrapolate's factors (a text, or the preset's tuple), each an int in 2..MAX_EXTRAPOLATE, ascending."""
+    parts = value.split(",") if isinstance(value, str) else list(value)
+    try:
+        factors = sorted({int(str(part).strip()) for part in parts if str(part).strip()})
+    except ValueError:
+        raise ArgumentError(f"--extrapolate {value!r}: give whole factors, comma-separated (2,4,8)") from None
+    if any(not 2 <= f <= MAX_EXTRAPOLATE for f in factors):
+        raise ArgumentError(
+            f"--extrapolate {value!r}: each factor must lie in 2..{MAX_EXTRAPOLATE} (1x is the training's own "
+            "evaluation; the positions tables are sized to the largest)"
+        )
+    return tuple(factors)
+
+
+def _positions(text: str, names: tuple[str, ...], arch: str) -> tuple[tuple[str, ...], tuple]:
+    """(the encodings of --positions, the (variant, encoding, why) pairs not trained). 'all': every encoding, each
+    variant with those it can carry; named encodings: every variant must carry each (else ArgumentError)."""
+    chosen = tuple(ENCODINGS) if text.strip() == "all" else tuple(dict.fromkeys(p.strip() for p in text.split(",")))
+    unknown = [p for p in chosen if p not in ENCODINGS]
+    if unknown or not chosen:
+        raise ArgumentError(f"--positions {text!r}: choose all, or some of {', '.join(ENCODINGS)}")
+    if arch == "zoology" and chosen != ("none",):
+        raise ArgumentError(f"--positions {text}: Zoology's model has no position encoding; leave it at none")
+    refused = tuple(
+        (name, p, why) for p in chosen for name in names for why in [encoding_unsupported_reason(name, p)] if why
+    )
+    if refused and text.strip() != "all":
+        raise ArgumentError(
+            f"--positions {text}: " + "; ".join(f"{why}" for _, _, why in refused) + " (--positions all trains "
+            "each variant with the encodings it can carry)"
+        )
+    return chosen, refused
 
 
 def _preset_variants(named) -> tuple[str, ...]:

@@ -82,9 +82,20 @@ ZOOLOGY = {
     "warmup": 0.0,
     "seeds": 1,
     "curriculum": False,
+    "positions": "none",  # Zoology's LanguageModel has none: its convolutions give the order
     "options": {"window": 16},
 }
 PRESETS["zoology"] = ZOOLOGY
+
+# The ALiBi paper's experiment at the quick layout: train at L, evaluate the same model at 2L, 4L and 8L, with
+# each encoding every variant can carry (docs/quality.md, results/quality-positions)
+PRESETS["positions"] = {
+    **PRESETS["quick"],
+    "variants": ("full", "sliding_window", "forgetting", "linear", "mamba2", "gated_deltanet"),
+    "positions": "all",
+    "extrapolate": (2, 4, 8),
+    "seeds": 3,
+}
 
 # the recipe values a preset may set (TrainConfig's fields), over TrainConfig's defaults and under the command line
 PRESET_RECIPE = (
@@ -108,4 +119,5 @@ PRESET_RECIPE = (
     "warmup",
     "eval_every",
     "eval_examples",
+    "extrapolate",
 )

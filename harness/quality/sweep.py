@@ -73,6 +73,8 @@ def sweep_quality(
                     )
     with RowWriter(run_dir, QUALITY_RESULTS) as writer:
         for cfg, (task, name, seed, chain) in ((c, t) for c in config.recipes() for t in trainings(config)):
+            if not config.carries(name, cfg.positions):
+                continue
             if all(key in finished for key in training_keys(cfg, task, name, seed, chain)):
                 continue
             if on_start:

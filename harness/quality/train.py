@@ -60,6 +60,33 @@ def evaluate(model: nn.Module, task, seed: int, cfg: TrainConfig, device: torch.
     }
 
 
+def longer_tasks(task_name: str, task, length: int, cfg: TrainConfig) -> list:
+    """The task at each factor f of cfg.extrapolate: f·L, with the vocabulary and the pairs trained on."""
+    pairs = getattr(task, "num_pairs", None)
+    return [
+        make_task(task_name, f * length, vocab=task.symbols, pairs=pairs, queries=cfg.queries) for f in cfg.extrapolate
+    ]
+
+
+def extrapolated(model: nn.Module, task_name: str, task, length: int, seed: int, cfg: TrainConfig, dev, autocast):
+    """The trained model's accuracy at each factor f of cfg.extrapolate: the same task at f·L, with the
+    vocabulary and the pairs it trained on (recall: the extra length is more places after the bindings, so
+    answers lie farther back), on a held-out set of its own; never trained there. One dict per factor."""
+    out = []
+    for factor, longer in zip(cfg.extrapolate, longer_tasks(task_name, task, length, cfg)):
+        scores = evaluate(model, longer, seed, cfg, dev, autocast)
+        out.append(
+            {
+                "factor": factor,
+                "length": factor * length,
+                "seq_len": longer.seq_len,
+                "eval_accuracy": scores["eval_accuracy"],
+                "eval_exact_match": scores["eval_exact_match"],
+            }
+        )
+    return out
+
+
 class TrainingDiverged(RuntimeError):
     """The loss became NaN or infinite: the training is abandoned, not scored."""
 
@@ -139,7 +166,8 @@ def train_one(
     torch.manual_seed(seed)
     tasks = [_task(task_name, n, cfg) for n in lengths]
     vocab_size = max(t.vocab_size for t in tasks)
-    model = decoder(vocab_size, cfg, variant, max_len=max(t.seq_len for t in tasks) + 1, **options).to(dev)
+    longest = max(t.seq_len for n, made in zip(lengths, tasks) for t in (made, *longer_tasks(task_name, made, n, cfg)))
+    model = decoder(vocab_size, cfg, variant, max_len=longest + 1, **options).to(dev)
     params = sum(p.numel() for p in model.parameters())
     opt = torch.optim.AdamW(model.parameters(), lr=cfg.lr, betas=(0.9, cfg.adam_beta2), weight_decay=cfg.weight_decay)
     g = torch.Generator().manual_seed(seed)
@@ -165,6 +193,8 @@ def train_one(
             if step % cfg.eval_every == 0 or step == cfg.steps:
                 scores = evaluate(model, task, seed, cfg, dev, autocast)
                 stop = cfg.early_stop is not None and scores["eval_accuracy"] >= cfg.early_stop
+                if cfg.extrapolate and (step == cfg.steps or stop):  # the final model, at lengths never trained
+                    scores["extrapolation"] = extrapolated(model, task_name, task, length, seed, cfg, dev, autocast)
                 row = {
                     "task": task_name,
                     "variant": variant,

@@ -10,7 +10,8 @@ from harness.store.storage import QUALITY_RESULTS, drop_torn_tail, read_rows, re
 
 
 def run_key(row: dict) -> tuple:
-    """(task, variant, length, seed, d_model, lr) of an evaluation row (rows of old runs carry no seed: 0)."""
+    """(task, variant, length, seed, d_model, lr, positions) of an evaluation row (rows of old runs carry no seed:
+    0; no encoding: their architecture's, sinusoidal or Zoology's none)."""
     return (
         row["task"],
         row["variant"],
@@ -18,12 +19,13 @@ def run_key(row: dict) -> tuple:
         int(row.get("seed", 0)),
         int(row.get("cfg_d_model", TrainConfig.d_model)),
         float(row.get("cfg_lr", TrainConfig.lr)),
+        row.get("cfg_positions") or ("none" if row.get("cfg_arch") == "zoology" else TrainConfig.positions),
     )
 
 
 def training_keys(recipe: TrainConfig, task: str, variant: str, seed: int, chain) -> list:
     """The run keys (`run_key`) of one training's final rows: one a length of its chain."""
-    return [(task, variant, n, seed, recipe.d_model, float(recipe.lr)) for n in chain]
+    return [(task, variant, n, seed, recipe.d_model, float(recipe.lr), recipe.positions) for n in chain]
 
 
 def trainings(config: QualityConfig) -> list[tuple[str, str, int, tuple[int, ...]]]:
@@ -54,7 +56,7 @@ def trainings(config: QualityConfig) -> list[tuple[str, str, int, tuple[int, ...
 
 def keep_finished_runs(run_dir: Path, config: QualityConfig | None = None) -> set[tuple]:
     """Drop the rows of trainings that did not finish (they are redone whole); return the finished
-    (task, variant, length, seed, d_model, lr) keys. With the curriculum, a training finishes when its last length does."""
+    run keys (`run_key`). With the curriculum, a training finishes when its last length does."""
     drop_torn_tail(run_dir, QUALITY_RESULTS)
     rows = read_rows(run_dir, QUALITY_RESULTS)
     finished = {run_key(r) for r in rows if r.get("final")}
