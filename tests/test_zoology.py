@@ -88,6 +88,7 @@ def test_the_sweep_axes_make_a_training_at_each_point_and_tables_never_pool_them
             "eval_accuracy": acc,
             "cfg_d_model": d,
             "cfg_lr": lr,
+            "cfg_arch": "zoology",  # (as every row records its recipe: its encoding, Zoology's none, follows)
             "state_bytes": 100 * d,
         }
         for d, lr, acc in [(16, 1e-3, 0.2), (16, 1e-2, 0.6), (32, 1e-3, 0.9), (32, 1e-2, 0.4)]

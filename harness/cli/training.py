@@ -7,6 +7,7 @@ import typer
 from rich.console import Console
 from rich.table import Table
 
+from harness.readers.quality.positions import positions_summary
 from harness.readers.quality.report import accuracy_text, final_accuracy_grid
 
 from .common import progress_bar
@@ -52,6 +53,15 @@ def quality_with_progress(session, console: Console) -> list[dict]:
 
 
 def print_accuracy(rows: list[dict], config, console: Console) -> None:
+    if config.positions:  # an axis of encodings: accuracy at each evaluated length, per (variant, encoding)
+        summary = positions_summary(rows)
+        table = Table(title="held-out token accuracy % at L and beyond (mean over seeds)", title_justify="left")
+        for name in ("task", "variant", "encoding", *(f"{f}x" for f in sorted(summary["factor"].unique()))):
+            table.add_column(name, justify="left" if name in ("task", "variant", "encoding") else "right")
+        for (task, variant, encoding), part in summary.groupby(["task", "variant", "positions"], sort=False):
+            table.add_row(task, variant, encoding, *(f"{100 * a:.1f}" for a in part.sort_values("factor")["accuracy"]))
+        console.print(table)
+        return
     columns, grid = final_accuracy_grid(rows)
     seeds = f" (mean of {config.seeds} seeds, min-max)" if config.seeds > 1 else ""
     table = Table(title=f"held-out token accuracy after training{seeds}", title_justify="left")

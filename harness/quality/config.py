@@ -45,8 +45,14 @@ class TrainConfig:
     train_examples: int | None = None  # a fixed training set of this many sequences, in shuffled epochs; None: fresh
     early_stop: float | None = None  # stop a training once its held-out accuracy reaches this (Zoology: 0.99)
     adam_beta2: float = 0.98  # AdamW's second-moment decay (Zoology: torch's 0.999)
-    positions: str = "sinusoidal"  # the position encoding (variants/positions; zoology: none)
+    positions: str | None = None  # the position encoding (variants/positions); None: the arch's own (`encoding`)
     extrapolate: tuple[int, ...] = ()  # after training at L, also evaluate the model at each factor x L
+
+    @property
+    def encoding(self) -> str:
+        """The position encoding the model carries: `positions`, else its architecture's (transformer: sinusoidal;
+        zoology: none, as Zoology's LanguageModel)."""
+        return self.positions or ("none" if self.arch == "zoology" else "sinusoidal")
 
     def batch_at(self, seq_len: int) -> int:
         """Sequences a training batch holds at `seq_len` tokens: `batch`, or fewer where `batch_tokens` caps it
@@ -119,7 +125,7 @@ class QualityConfig:
     positions: tuple[str, ...] = ()  # an axis of encodings; each variant trains those it can carry
     refused: tuple[tuple[str, str, str], ...] = ()  # (variant, encoding, why) pairs of the axis not trained
 
-    def carries(self, variant: str, positions: str) -> bool:
+    def carries(self, variant: str, positions: str | None) -> bool:
         """Whether the run trains `variant` with encoding `positions` (not among the refused pairs)."""
         return not any(v == variant and p == positions for v, p, _ in self.refused)
 

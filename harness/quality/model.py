@@ -64,8 +64,8 @@ class TinyDecoder(nn.Module):
     def __init__(self, vocab_size: int, cfg: TrainConfig, variant: str, max_len: int, **variant_options):
         super().__init__()
         self.embed = nn.Embedding(vocab_size, cfg.d_model)
-        self.pos = input_encoding(cfg.positions, cfg.d_model, max_len) or nn.Identity()
-        in_attention = cfg.positions if ENCODINGS[cfg.positions] in ("rotation", "bias") else None
+        self.pos = input_encoding(cfg.encoding, cfg.d_model, max_len) or nn.Identity()
+        in_attention = cfg.encoding if ENCODINGS[cfg.encoding] in ("rotation", "bias") else None
         self.blocks = nn.ModuleList(
             variants.TransformerBlock(
                 cfg.d_model,
@@ -103,7 +103,7 @@ class ZoologyLM(nn.Module):
 
     def __init__(self, vocab_size: int, cfg: TrainConfig, variant: str, **variant_options):
         super().__init__()
-        if cfg.positions != "none":
+        if cfg.encoding != "none":
             raise ValueError(f"zoology: positions={cfg.positions!r}; Zoology's model has no position encoding (none)")
         d = cfg.d_model
         self.embed = nn.Embedding(vocab_size, d)

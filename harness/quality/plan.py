@@ -81,7 +81,7 @@ def build_quality_config(choices: QualityChoices, imports: list[str]) -> Quality
         if recipe.get(key) is None:
             value = defaults.get(key)
             recipe[key] = value.get(device) if isinstance(value, dict) else value  # a value per device
-    positions_text = recipe.pop("positions") or defaults.get("positions", TrainConfig.positions)
+    positions_text = recipe.pop("positions") or defaults.get("positions")  # None: the architecture's own
     recipe["extrapolate"] = _factors(recipe.get("extrapolate") or ())
     d_models = parse_axis(recipe.pop("d_model") or TrainConfig.d_model, "--d-model", int, 0, 2**31)
     lrs = parse_axis(recipe.pop("lr") or TrainConfig.lr, "--lr", float, 0, 10)
@@ -120,8 +120,9 @@ def build_quality_config(choices: QualityChoices, imports: list[str]) -> Quality
         reason = cannot_train_reason(name, device)
         if reason:
             raise ArgumentError(f"--variants: {name} cannot be trained on {device}: {reason}")
-    encodings, refused = _positions(positions_text, names, train.arch)
-    train = replace(train, positions=encodings[0])
+    encodings, refused = _positions(positions_text, names, train.arch) if positions_text else ((), ())
+    if encodings:
+        train = replace(train, positions=encodings[0])
     with as_argument_error():
         registry.check_options(given, names, train.heads, train.d_model // train.heads)
     options = {**defaults["options"], **given}
@@ -184,7 +185,7 @@ def build_quality_config(choices: QualityChoices, imports: list[str]) -> Quality
         device=device,
         dtype=dtype,
         preset=preset,
-        measure_cost=choices.measure_cost and len(encodings) == 1,  # (an axis of encodings: no step costs)
+        measure_cost=choices.measure_cost and len(encodings) <= 1,  # (an axis of encodings: no step costs)
         copy_lengths=copy_list if copy_list and copy_list != length_list and "copy" in tasks else None,
         long_lengths=long_list,
         long_variants=long_names,

@@ -82,7 +82,6 @@ ZOOLOGY = {
     "warmup": 0.0,
     "seeds": 1,
     "curriculum": False,
-    "positions": "none",  # Zoology's LanguageModel has none: its convolutions give the order
     "options": {"window": 16},
 }
 PRESETS["zoology"] = ZOOLOGY

@@ -13,7 +13,7 @@ from harness import policy
 from harness.quality.config import QualityChoices, QualityConfig
 from harness.quality.plan import build_quality_config
 from harness.quality.sweep import sweep_quality
-from harness.quality.trainings import keep_finished_runs, trainings
+from harness.quality.trainings import keep_finished_runs, planned
 from harness.store import rundir
 from harness.store.storage import QUALITY_RESULTS, RunLock
 
@@ -48,7 +48,7 @@ class QualitySession:
             finished = keep_finished_runs(self.run_dir, self.config)
             steps = self.config.train.steps
             if before is not None:
-                chains = sum(len(chain) for *_, chain in trainings(self.config)) * len(self.config.recipes())
+                chains = sum(len(chain) for _, (*_, chain) in planned(self.config))
                 before(chains * steps, len(finished) * steps)
             return sweep_quality(self.run_dir, self.config, on_eval=on_eval, on_start=on_start, finished=finished)
 

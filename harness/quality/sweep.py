@@ -9,7 +9,7 @@ import variants
 from harness.core.isolation import run_isolated
 from harness.quality.config import QualityConfig, TrainConfig
 from harness.quality.train import measure_training_step, train_one
-from harness.quality.trainings import keep_finished_runs, training_keys, trainings
+from harness.quality.trainings import keep_finished_runs, planned, training_keys, trainings
 from harness.store.storage import QUALITY_RESULTS, TRAIN_COST, RowWriter, drop_torn_tail, read_rows
 
 
@@ -72,9 +72,7 @@ def sweep_quality(
                         measure_cost(run_dir, config, cfg, task, name, n, variants.options_taken(name, options))
                     )
     with RowWriter(run_dir, QUALITY_RESULTS) as writer:
-        for cfg, (task, name, seed, chain) in ((c, t) for c in config.recipes() for t in trainings(config)):
-            if not config.carries(name, cfg.positions):
-                continue
+        for cfg, (task, name, seed, chain) in planned(config):
             if all(key in finished for key in training_keys(cfg, task, name, seed, chain)):
                 continue
             if on_start:

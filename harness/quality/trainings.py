@@ -19,13 +19,13 @@ def run_key(row: dict) -> tuple:
         int(row.get("seed", 0)),
         int(row.get("cfg_d_model", TrainConfig.d_model)),
         float(row.get("cfg_lr", TrainConfig.lr)),
-        row.get("cfg_positions") or ("none" if row.get("cfg_arch") == "zoology" else TrainConfig.positions),
+        row.get("cfg_positions") or ("none" if row.get("cfg_arch") == "zoology" else "sinusoidal"),
     )
 
 
 def training_keys(recipe: TrainConfig, task: str, variant: str, seed: int, chain) -> list:
     """The run keys (`run_key`) of one training's final rows: one a length of its chain."""
-    return [(task, variant, n, seed, recipe.d_model, float(recipe.lr), recipe.positions) for n in chain]
+    return [(task, variant, n, seed, recipe.d_model, float(recipe.lr), recipe.encoding) for n in chain]
 
 
 def trainings(config: QualityConfig) -> list[tuple[str, str, int, tuple[int, ...]]]:
@@ -52,6 +52,12 @@ def trainings(config: QualityConfig) -> list[tuple[str, str, int, tuple[int, ...
         for v in config.variants
         if n in config.lengths_of(t, v)
     ]
+
+
+def planned(config: QualityConfig) -> list[tuple[TrainConfig, tuple[str, str, int, tuple[int, ...]]]]:
+    """(recipe, training) of every training the run makes: each point of its axes by each of `trainings`, but
+    a variant with an encoding it cannot carry (`config.refused`)."""
+    return [(c, t) for c in config.recipes() for t in trainings(config) if config.carries(t[1], c.positions)]
 
 
 def keep_finished_runs(run_dir: Path, config: QualityConfig | None = None) -> set[tuple]:

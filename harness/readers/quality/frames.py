@@ -18,6 +18,9 @@ def recipe(row: dict) -> dict:
     """What a row's accuracy depends on besides its seed: the training recipe (TrainConfig's fields, each
     at its default where the row predates it), the variant's options, the device and dtype."""
     fields = {f"cfg_{f.name}": row.get(f"cfg_{f.name}", f.default) for f in TrainConfig.__dataclass_fields__.values()}
+    fields["cfg_extrapolate"] = tuple(fields["cfg_extrapolate"])  # (JSON keeps it as a list)
+    arch_own = "none" if fields["cfg_arch"] == "zoology" else "sinusoidal"  # what positions=None (or no field) means
+    fields["cfg_positions"] = fields["cfg_positions"] or arch_own
     return {
         **{k: v for k, v in fields.items() if k not in NOT_RECIPE},
         "options": row.get("options") or {},
@@ -59,6 +62,12 @@ def mixed_recipe(rows_by_run: dict[str, list[dict]]) -> str | None:
 def final_frame(rows: list[dict]) -> pd.DataFrame:
     """The rows of finished trainings (the evaluation after each length's last step), with a seed column."""
     final = [{**r, "seed": int(r.get("seed", r.get("cfg_seed", 0)))} for r in rows if r.get("final")]
+    encodings = sorted({str(r.get("cfg_positions")) for r in final if r.get("cfg_positions")})
+    if len(encodings) > 1:  # (a run with an axis of encodings: harness/readers/quality/positions.py reads it)
+        raise ValueError(
+            f"these rows hold trainings with {len(encodings)} position encodings ({', '.join(encodings)}); they "
+            "would be pooled as seeds of one: read them by encoding (bench report draws such a run apart)"
+        )
     df = pd.DataFrame(final)
     if not df.empty:
         df["length"] = df["length"].astype(int)
@@ -179,9 +188,8 @@ def cost_frame(run_dir: Path) -> pd.DataFrame:
         for f in TrainConfig.__dataclass_fields__.values():
             column = f"cfg_{f.name}"
             measured_at = cfg.get(f.name, f.default)
-            df[column] = (
-                df[column].astype(object).where(df[column].notna(), measured_at) if column in df else measured_at
-            )
+            values = df[column] if column in df else [None] * len(df)  # (a value may be a list: filled one by one)
+            df[column] = [measured_at if v is None or (isinstance(v, float) and pd.isna(v)) else v for v in values]
     return df
 
 

@@ -18,6 +18,7 @@ from harness.readers.quality.frames import (
     sweep_rows,
     width_frame,
 )
+from harness.readers.quality.positions import positions_figure
 from harness.store.storage import read_metadata
 
 
@@ -37,6 +38,8 @@ def plot_quality(run_dir: Path, out_dir: Path | None = None, fmt: str = "png") -
     out_dir.mkdir(parents=True, exist_ok=True)
     meta = read_metadata(run_dir)
     cfg = meta.get("config", {})
+    if cfg.get("positions_axis"):  # encodings are read apart (never pooled as seeds of one)
+        return [positions_figure(run_dir, rows, out_dir, fmt)]
     summary = accuracy_summary(rows)
     tasks = list(dict.fromkeys(df["task"]))
     seeds = int(summary["seeds"].max()) if not summary.empty else 1

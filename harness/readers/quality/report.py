@@ -22,6 +22,7 @@ from harness.readers.quality.frames import (
     sweep_rows,
     width_frame,
 )
+from harness.readers.quality.positions import positions_section
 from harness.readers.tables import figure_links, markdown_table, md_text
 from harness.store.storage import variant_facts
 
@@ -144,8 +145,8 @@ TASK_NAMES = {"copy": "copy", "recall": "associative recall", "mqar": "multi-que
 
 def quality_section(run_dir: Path, cfg: dict, figures) -> list[str]:
     rows = quality_rows(run_dir)
-    if not rows:
-        return []
+    if not rows or cfg.get("positions_axis"):  # encodings are read apart (never pooled as seeds of one)
+        return positions_section(run_dir, cfg, rows, figures) if rows else []
     total = sum(r["wall_s"] for r in rows if r.get("final"))
     seeds = cfg.get("seeds", 1)
     columns, grid = final_accuracy_grid(rows)
