@@ -14,7 +14,7 @@ from dataclasses import replace
 
 import variants
 from harness.options import parse_axis
-from harness.quality.config import QualityChoices
+from harness.quality.choices import QualityChoices
 from harness.quality.plan import build_quality_config
 from harness.quality.train import measure_training_step
 

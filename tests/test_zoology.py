@@ -12,7 +12,8 @@ import torch
 from helpers import bench
 
 from harness.options import ArgumentError
-from harness.quality.config import QualityChoices, QualityConfig, TrainConfig
+from harness.quality.choices import QualityChoices
+from harness.quality.config import QualityConfig, TrainConfig
 from harness.quality.model import ZoologyLM, decoder, decoding_state
 from harness.quality.plan import build_quality_config
 from harness.quality.tasks import MQARTask, distinct_draws, make_task

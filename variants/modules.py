@@ -19,6 +19,33 @@ from .positions import ENCODINGS, attention_encoding, encoding_unsupported_reaso
 from .positions.rope import RotaryEmbedding
 
 
+def head_inputs(
+    query: Tensor,
+    key: Tensor,
+    value: Tensor,
+    projections: tuple[tuple[Tensor, Tensor | None], ...],
+    num_heads: int,
+    causal: bool,
+    positions: nn.Module | None,
+) -> tuple[Tensor, Tensor, Tensor, dict]:
+    """(q, k, v, the variant's extra arguments): the (B, N, E) inputs projected, split into (B, H, N, D) heads, q and
+    k rotated where `positions` is a `RotaryEmbedding`; any other `positions` module is a score bias to hand on."""
+    (w_q, b_q), (w_k, b_k), (w_v, b_v) = projections
+    q, k, v = F.linear(query, w_q, b_q), F.linear(key, w_k, b_k), F.linear(value, w_v, b_v)
+
+    def split_heads(x: Tensor) -> Tensor:  # (B, N, H*D) -> (B, H, N, D)
+        b, n, e = x.shape
+        return x.view(b, n, num_heads, e // num_heads).transpose(1, 2)
+
+    q, k, v = split_heads(q), split_heads(k), split_heads(v)
+    if isinstance(positions, RotaryEmbedding):
+        n_q, n_k = q.shape[-2], k.shape[-2]
+        q = positions(q, torch.arange(n_k - n_q if causal else 0, n_k if causal else n_q, device=q.device))
+        k = positions(k, torch.arange(n_k, device=k.device))
+        return q, k, v, {}
+    return q, k, v, {} if positions is None else {"score_bias": positions}
+
+
 def multi_head_attend(
     attn: AttentionVariant,
     query: Tensor,
@@ -37,21 +64,7 @@ def multi_head_attend(
     positions (causal with Nq < Nk: the queries are the last Nq), any other module is a score bias the variant adds.
     Returns the concatenated heads, (B, Nq, num_heads * Dv), before the output projection.
     """
-    (w_q, b_q), (w_k, b_k), (w_v, b_v) = projections
-    q, k, v = F.linear(query, w_q, b_q), F.linear(key, w_k, b_k), F.linear(value, w_v, b_v)
-
-    def split_heads(x: Tensor) -> Tensor:  # (B, N, H*D) -> (B, H, N, D)
-        b, n, e = x.shape
-        return x.view(b, n, num_heads, e // num_heads).transpose(1, 2)
-
-    q, k, v = split_heads(q), split_heads(k), split_heads(v)
-    bias = {}
-    if isinstance(positions, RotaryEmbedding):
-        n_q, n_k = q.shape[-2], k.shape[-2]
-        q = positions(q, torch.arange(n_k - n_q if causal else 0, n_k if causal else n_q, device=q.device))
-        k = positions(k, torch.arange(n_k, device=k.device))
-    elif positions is not None:
-        bias = {"score_bias": positions}
+    q, k, v, bias = head_inputs(query, key, value, projections, num_heads, causal, positions)
     out = attn(q, k, v, causal=causal, key_padding_mask=key_padding_mask, **bias)
     b, h, n, dv = out.shape
     return out.transpose(1, 2).reshape(b, n, h * dv)  # (B, Nq, H*Dv)
@@ -145,6 +158,19 @@ class MultiHeadAttention(nn.Module):
         if self.gate_proj is not None:
             out = out * torch.sigmoid(self.gate_proj(query))
         return self.out_proj(self.dropout(out))
+
+    @torch.no_grad()
+    def attention_weights(self, query: Tensor, *, causal: bool = False) -> Tensor:
+        """(B, H, N, N): the weights this module's attention applies to the values of self-attention over `query`
+        (out = weights @ v per head; every variant is linear in v), its positions included. For linear attention and
+        the recurrences, the matrix their computation implies (`AttentionVariant.attention_matrix`)."""
+        check_model_input("MultiHeadAttention", "query", query, self.d_model)
+        projections = tuple((p.weight, p.bias) for p in (self.q_proj, self.k_proj, self.v_proj))
+        q, k, _, bias = head_inputs(query, query, query, projections, self.num_heads, causal, self.positions)
+        if not bias:
+            return self.attention.attention_matrix(q, k, causal=causal)
+        eye = torch.eye(k.shape[-2], dtype=q.dtype, device=q.device).expand(*k.shape[:2], -1, -1)
+        return self.attention(q, k, eye, causal=causal, **bias)
 
 
 class TransformerBlock(nn.Module):

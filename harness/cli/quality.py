@@ -3,7 +3,8 @@
 from __future__ import annotations
 
 from harness import options as opts
-from harness.quality.config import TASKS, QualityChoices
+from harness.quality.choices import QualityChoices
+from harness.quality.config import TASKS
 from harness.store import rundir
 from harness.store.storage import QUALITY_RESULTS
 
@@ -55,6 +56,7 @@ from .quality_options import (
     ResumeOption,
     CompressionOption,
     CHOICES,
+    KeepModelsOption,
     ExtrapolateOption,
     PositionsOption,
 )
@@ -89,6 +91,7 @@ def quality(
     train_examples: TrainExamplesOption = None,
     positions: PositionsOption = None,
     extrapolate: ExtrapolateOption = None,
+    keep_models: KeepModelsOption = CHOICES["keep_models"],
     label_smoothing: LabelSmoothingOption = CHOICES["label_smoothing"],
     window: WindowOption = None,
     compression: CompressionOption = None,
@@ -142,6 +145,7 @@ def quality(
             train_examples=train_examples,
             positions=positions,
             extrapolate=extrapolate,
+            keep_models=keep_models,
         )
         request = QualityRequest(choices=choices, resume=resume, out=out, imports=tuple(import_ or []))
         session = open_quality(request, say(console))

@@ -8,7 +8,8 @@ from typing import Annotated, Optional
 
 import typer
 
-from harness.quality.config import QualityChoices, TrainConfig
+from harness.quality.choices import QualityChoices
+from harness.quality.config import TrainConfig
 from harness.quality.presets import PRESETS
 
 from .common import Task, at_least, compression_option, out_option, resume_option, usual_default
@@ -197,5 +198,12 @@ ExtrapolateOption = Annotated[
     Optional[str],
     typer.Option(
         help="After training at L, also evaluate the model at these factors of L, never trained there (2,4,8: the ALiBi paper's test). Default: the preset's (positions: 2,4,8)."
+    ),
+]
+KeepModelsOption = Annotated[
+    bool,
+    typer.Option(
+        "--keep-models/--no-keep-models",
+        help="Keep each trained model in RUN_DIR/models (about 0.5 MB each at the quick size), for bench viz --run.",
     ),
 ]

@@ -124,6 +124,7 @@ class QualityConfig:
     lrs: tuple[float, ...] = ()
     positions: tuple[str, ...] = ()  # an axis of encodings; each variant trains those it can carry
     refused: tuple[tuple[str, str, str], ...] = ()  # (variant, encoding, why) pairs of the axis not trained
+    keep_models: bool = False  # each trained model kept in RUN_DIR/models (bench viz --run)
 
     def carries(self, variant: str, positions: str | None) -> bool:
         """Whether the run trains `variant` with encoding `positions` (not among the refused pairs)."""
@@ -155,6 +156,7 @@ class QualityConfig:
 
     def to_json(self) -> dict:
         axes = {"d_models": list(self.d_models), "lrs": list(self.lrs)} if self.d_models or self.lrs else {}
+        axes.update(keep_models=True) if self.keep_models else None
         if self.positions:
             axes.update(positions_axis=list(self.positions), refused=[list(r) for r in self.refused])
         return {
@@ -185,7 +187,7 @@ class QualityConfig:
             )
         recipe = {f.name: data[f.name] for f in fields(TrainConfig) if f.name in data}
         recipe["extrapolate"] = tuple(recipe.get("extrapolate") or ())
-        extra = {key: data[key] for key in ("seeds", "device", "dtype", "preset", "measure_cost") if key in data}
+        extra = {k: data[k] for k in ("seeds", "device", "dtype", "preset", "measure_cost", "keep_models") if k in data}
         if data.get("copy_lengths"):
             extra["copy_lengths"] = tuple(data["copy_lengths"])
         if data.get("long_lengths"):
@@ -280,41 +282,3 @@ ZOOLOGY_VALUES = {
 }
 
 MAX_SEEDS = 1000  # seeds 0..K-1 of every training
-
-
-@dataclass(frozen=True)
-class QualityChoices:
-    """What `bench quality`'s command line chose for a new run, typed; None: the preset's value (or the recipe's
-    default). `build_quality_config` checks it and makes the run's QualityConfig from it, once."""
-
-    tasks: tuple[str, ...] | None = None
-    variants: str | None = None  # 'all' or names, comma-separated (None: the preset's)
-    preset: str = QualityConfig.preset
-    given: dict = field(default_factory=dict)  # the variant options given, over the preset's
-    measure_cost: bool = QualityConfig.measure_cost
-    device: str = QualityConfig.device  # or 'auto'
-    dtype: str = QualityConfig.dtype
-    lengths: str | None = None  # the command line's texts: "64,128"
-    copy_lengths: str | None = None
-    long_lengths: str | None = None
-    long_variants: str | None = None
-    seeds: int | None = None
-    d_model: str | None = None  # an axis: "64" or "64,128"
-    lr: str | None = None  # an axis: "1e-3" or "1e-3,3e-3"
-    label_smoothing: float = TrainConfig.label_smoothing
-    layers: int | None = None
-    heads: int | None = None
-    steps: int | None = None
-    batch: int | None = None
-    batch_tokens: int | None = None
-    curriculum: bool | None = None
-    pairs: int | None = None
-    queries: int | None = None
-    vocab: int | None = None
-    warm_start: int | None = None
-    short_conv: int | None = None
-    output_gate: bool | None = None
-    early_stop: float | None = None
-    train_examples: int | None = None
-    positions: str | None = None  # "all", or encodings comma-separated (several: an axis)
-    extrapolate: str | None = None  # factors, comma-separated: "2,4,8"

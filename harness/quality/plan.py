@@ -11,7 +11,8 @@ import variants as registry
 from harness.fmt import fmt_bytes
 from harness.options import ArgumentError, as_argument_error, check_number, parse_axis, parse_lengths
 from harness.policy import memory_budgets, require_cuda, resolve_variants
-from harness.quality.config import MAX_SEEDS, QualityChoices, QualityConfig, TrainConfig
+from harness.quality.choices import QualityChoices
+from harness.quality.config import MAX_SEEDS, QualityConfig, TrainConfig
 from harness.quality.model import cannot_train_reason, trainable_variants, training_memory_estimate
 from harness.quality.presets import FAMILIES, PRESET_RECIPE, PRESETS
 from harness.quality.tasks import make_task
@@ -193,6 +194,7 @@ def build_quality_config(choices: QualityChoices, imports: list[str]) -> Quality
         lrs=lrs if len(lrs) > 1 else (),
         positions=encodings if len(encodings) > 1 else (),
         refused=refused,
+        keep_models=choices.keep_models,
     )
 
 

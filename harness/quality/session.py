@@ -10,7 +10,8 @@ from pathlib import Path
 from typing import Callable
 
 from harness import policy
-from harness.quality.config import QualityChoices, QualityConfig
+from harness.quality.choices import QualityChoices
+from harness.quality.config import QualityConfig
 from harness.quality.plan import build_quality_config
 from harness.quality.sweep import sweep_quality
 from harness.quality.trainings import keep_finished_runs, planned

@@ -8,6 +8,7 @@ from pathlib import Path
 import variants
 from harness.core.isolation import run_isolated
 from harness.quality.config import QualityConfig, TrainConfig
+from harness.quality.kept_models import model_path
 from harness.quality.train import measure_training_step, train_one
 from harness.quality.trainings import keep_finished_runs, planned, training_keys, trainings
 from harness.store.storage import QUALITY_RESULTS, TRAIN_COST, RowWriter, drop_torn_tail, read_rows
@@ -93,5 +94,6 @@ def sweep_quality(
                 device=config.device,
                 dtype=config.dtype,
                 on_eval=record,
+                save_to=model_path(run_dir, config, cfg, task, name, chain[-1], seed) if config.keep_models else None,
             )
     return read_rows(run_dir, QUALITY_RESULTS)

@@ -13,6 +13,7 @@ from __future__ import annotations
 import math
 import statistics
 import time
+from pathlib import Path
 
 import torch
 import torch.nn.functional as F
@@ -22,6 +23,7 @@ from harness.core.timing import measure_time
 from harness.core.calls import set_threads
 from harness.core.memory import measure_peak, pin_mmap_threshold
 from harness.quality.config import TrainConfig
+from harness.quality.kept_models import model_facts, save_model
 from harness.quality.model import decoder, decoding_state, resolved_options
 from harness.quality.tasks import distance_buckets, make_task
 
@@ -155,9 +157,10 @@ def train_one(
     device: str = "cpu",
     dtype: str = "float32",
     on_eval=None,
+    save_to: Path | None = None,
 ) -> list[dict]:
     """Train one model at each length of `lengths` in turn and return its rows (one per evaluation);
-    on_eval(row) is called as each exists. Without cfg.curriculum, `lengths` is one length; with it, the
+    on_eval(row) is called as each exists. With `save_to`, the trained model is kept there before its final row. Without cfg.curriculum, `lengths` is one length; with it, the
     model trained at one length goes on to the next (cfg.steps steps each, the schedule restarting)."""
     lengths = (lengths,) if isinstance(lengths, int) else tuple(lengths)
     if cfg.threads:
@@ -218,6 +221,9 @@ def train_one(
                 }
                 loss_sum, loss_count = 0.0, 0
                 rows.append(row)
+                if save_to is not None and row["final"] and stage == len(lengths) - 1:
+                    facts = model_facts(task_name, variant, options, cfg, vocab_size, longest + 1, length, seed)
+                    save_model(save_to, model, facts)
                 if on_eval:
                     on_eval(row)
                 if stop:  # Zoology's early stop: this length is learned (with the curriculum, on to the next)
