@@ -13,8 +13,8 @@ from pathlib import Path
 import torch
 
 import variants
-from harness.quality.inspect import attention_maps, attribution, example, head_summary, rank_correlation
-from harness.quality.kept_models import kept_models, load_model
+from harness.quality.inspect import attention_maps, attribution, example, head_summary, load_model, rank_correlation
+from harness.quality.kept_models import kept_models
 from harness.readers.plots import matplotlib_rc, save_figure
 
 

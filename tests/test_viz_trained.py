@@ -13,8 +13,7 @@ from helpers import bench
 
 import variants
 from harness.quality.config import TrainConfig
-from harness.quality.inspect import attention_maps, head_summary, rank_correlation
-from harness.quality.kept_models import load_model
+from harness.quality.inspect import attention_maps, head_summary, load_model, rank_correlation
 from harness.quality.tasks import make_task
 from harness.quality.train import evaluate, precision, train_one
 from variants.modules import head_inputs

@@ -58,6 +58,9 @@ class VariantSpec:
     # the family of methods it stands for where a run trains one variant a family (bench quality --preset
     # long); "" none
     family: str = ""
+    # one of the variants `bench quality --preset positions` trains: a way a method handles order (exact softmax,
+    # a window, a kernel, decaying recurrences, a learned decay inside softmax)
+    position_study: bool = False
     # the kind of method the figures draw it among, a small multiple each (beside the baseline): "exact",
     # "local and sparse", "kernel", "low-rank and compressed", "recurrent"
     kind: str = ""

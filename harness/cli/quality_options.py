@@ -32,7 +32,7 @@ VariantsOption = Annotated[
 PresetOption = Annotated[
     Preset,
     typer.Option(
-        help="quick: minutes, one variant a family, recall and copy. long: L = 64 to 1024, 8 recall pairs, 3 seeds. zoology: Zoology's MQAR, d_model and lr swept. positions: every encoding, evaluated at 2-8x L (docs/quality.md)."
+        help="quick: minutes, a variant a family. long: L = 64-1024, 3 seeds. zoology: Zoology's MQAR, width and lr swept. positions: every encoding, evaluated at 2-8x L (docs/quality.md)."
     ),
 ]
 LengthsOption = Annotated[

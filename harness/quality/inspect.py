@@ -7,15 +7,29 @@ query gives each token (Spearman's rank correlation of the two)."""
 from __future__ import annotations
 
 import math
+from dataclasses import fields
+from pathlib import Path
 
 import torch
 from torch import Tensor, nn
 
 import variants
+from harness.quality.config import TrainConfig
+from harness.quality.model import decoder
 from harness.quality.tasks import make_task
 
 LOCAL_DISTANCE = 3  # a head is "local" when at least half its weight lies within this many positions back
 CAPTUM_INSTALL = "pip install 'captum>=0.8,<1'  (or: pip install -e '.[attribution]')"
+
+
+def load_model(path: Path) -> tuple[nn.Module, dict]:
+    """(the model in eval mode with its trained weights, its facts) from a file `save_model` wrote."""
+    kept = torch.load(path, map_location="cpu", weights_only=False)
+    known = {f.name for f in fields(TrainConfig)}
+    cfg = TrainConfig(**{k: tuple(v) if k == "extrapolate" else v for k, v in kept["cfg"].items() if k in known})
+    model = decoder(kept["vocab_size"], cfg, kept["variant"], kept["max_len"], **kept["options"])
+    model.load_state_dict(kept["state_dict"])
+    return model.eval(), {**{k: v for k, v in kept.items() if k != "state_dict"}, "cfg": cfg}
 
 
 def example(facts: dict, seed: int = 0):
@@ -44,7 +58,8 @@ def attention_maps(model: nn.Module, tokens: Tensor) -> list[Tensor]:
 def head_summary(weights: Tensor) -> list[dict]:
     """Per head of one layer's (H, N, N) weights: the mean distance back and the entropy (nats) of each query's row,
     taken over |w| normalised (a recurrence's implied matrix may hold negative entries), averaged over queries; the
-    share of weight within LOCAL_DISTANCE positions; and the head's kind, local or long-range."""
+    share of weight within LOCAL_DISTANCE positions; and the head's kind: local (half its weight that close),
+    long-range (a mean distance of N/4 or more: a retrieval head), else mixed."""
     n = weights.shape[-1]
     p = weights.abs().double()
     p = p / p.sum(-1, keepdim=True).clamp_min(1e-30)
@@ -60,7 +75,7 @@ def head_summary(weights: Tensor) -> list[dict]:
                 "distance": distance,
                 "entropy": entropy,
                 "local_share": local,
-                "kind": "local" if local >= 0.5 else "long-range",
+                "kind": "local" if local >= 0.5 else "long-range" if distance >= n / 4 else "mixed",
             }
         )
     return rows

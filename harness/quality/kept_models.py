@@ -1,17 +1,16 @@
 """The trained models a quality run keeps (`bench quality --keep-models`): one file per training, written before
-its final row (a finished training always has its model), and read back exactly as trained, for `bench viz --run`.
+its final row (a finished training always has its model), and read back exactly as trained (inspect.py), for `bench viz --run`.
 Each file holds the weights and everything needed to rebuild the model: the task, variant, options and recipe."""
 
 from __future__ import annotations
 
-from dataclasses import asdict, fields
+from dataclasses import asdict
 from pathlib import Path
 
 import torch
 from torch import nn
 
 from harness.quality.config import QualityConfig, TrainConfig
-from harness.quality.model import decoder
 
 MODELS = "models"  # RUN_DIR/models/<task>-<variant>-L<length>-seed<seed>[-<axes>].pt
 
@@ -32,16 +31,6 @@ def save_model(path: Path, model: nn.Module, facts: dict) -> None:
     part = path.with_suffix(".part")
     torch.save({"state_dict": model.state_dict(), **facts}, part)
     part.replace(path)
-
-
-def load_model(path: Path) -> tuple[nn.Module, dict]:
-    """(the model in eval mode with its trained weights, its facts) from a file `save_model` wrote."""
-    kept = torch.load(path, map_location="cpu", weights_only=False)
-    known = {f.name for f in fields(TrainConfig)}
-    cfg = TrainConfig(**{k: tuple(v) if k == "extrapolate" else v for k, v in kept["cfg"].items() if k in known})
-    model = decoder(kept["vocab_size"], cfg, kept["variant"], kept["max_len"], **kept["options"])
-    model.load_state_dict(kept["state_dict"])
-    return model.eval(), {**{k: v for k, v in kept.items() if k != "state_dict"}, "cfg": cfg}
 
 
 def kept_models(run_dir: Path) -> list[Path]:

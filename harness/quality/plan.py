@@ -14,7 +14,7 @@ from harness.policy import memory_budgets, require_cuda, resolve_variants
 from harness.quality.choices import QualityChoices
 from harness.quality.config import MAX_SEEDS, QualityConfig, TrainConfig
 from harness.quality.model import cannot_train_reason, trainable_variants, training_memory_estimate
-from harness.quality.presets import FAMILIES, PRESET_RECIPE, PRESETS
+from harness.quality.presets import FAMILIES, POSITION_STUDY, PRESET_RECIPE, PRESETS
 from harness.quality.tasks import make_task
 from variants.positions import ENCODINGS, encoding_unsupported_reason
 
@@ -237,10 +237,12 @@ def _positions(text: str, names: tuple[str, ...], arch: str) -> tuple[tuple[str,
 
 
 def _preset_variants(named) -> tuple[str, ...]:
-    """A preset's variants: its names, or FAMILIES, one variant a family (each that its spec gives a `family`)."""
-    if named != FAMILIES:
+    """A preset's variants: its names; FAMILIES, one variant a family (each that its spec gives a `family`); or
+    POSITION_STUDY, each whose spec says `position_study`."""
+    if named not in (FAMILIES, POSITION_STUDY):
         return tuple(named)
-    return tuple(name for name in registry.available() if registry.variant_class(name).spec.family)
+    key = "family" if named == FAMILIES else "position_study"
+    return tuple(name for name in registry.available() if getattr(registry.variant_class(name).spec, key))
 
 
 def _long_lengths(

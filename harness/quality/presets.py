@@ -9,6 +9,8 @@ QUALITY_OPTIONS = {"window": 16, "compression": 3}
 
 # the long preset trains its long lengths on one variant of each family: those whose spec names a `family`
 FAMILIES = "families"
+# the positions preset trains the variants whose spec says `position_study`: each way a method handles order
+POSITION_STUDY = "position_study"
 
 # What each preset sets where the command line does not. quick: short sequences, one seed, minutes on a
 # laptop. long: where subquadratic attention begins to pay, recall with few pairs asked once each among
@@ -90,7 +92,7 @@ PRESETS["zoology"] = ZOOLOGY
 # each encoding every variant can carry (docs/quality.md, results/quality-positions)
 PRESETS["positions"] = {
     **PRESETS["quick"],
-    "variants": ("full", "sliding_window", "forgetting", "linear", "mamba2", "gated_deltanet"),
+    "variants": POSITION_STUDY,
     "positions": "all",
     "extrapolate": (2, 4, 8),
     "seeds": 3,

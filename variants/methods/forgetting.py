@@ -90,6 +90,7 @@ class ForgettingAttention(AttentionVariant):
     read by the group's query heads."""
 
     spec = VariantSpec(
+        position_study=True,
         why_no_score_bias="its forget gate is already a learned bias by distance (ALiBi where f is a constant); a second one is not implemented",
         name="forgetting",
         kind="exact",

@@ -110,6 +110,7 @@ def biased_sdpa(q: Tensor, k: Tensor, v: Tensor, causal: bool, key_padding_mask,
 @register
 class FullAttention(AttentionVariant):
     spec = VariantSpec(
+        position_study=True,
         name="full",
         kind="exact",
         family="exact softmax",

@@ -30,6 +30,7 @@ from ._recurrence import SSDDecay
 class GatedDeltaNet(DeltaNet):
     spec = replace(
         DeltaNet.spec,
+        position_study=True,
         name="gated_deltanet",
         family="delta rules",
         summary=(

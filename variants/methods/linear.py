@@ -679,6 +679,7 @@ class FeatureMapAttention(AttentionVariant):
 @register
 class LinearAttention(MapInputs, FeatureMapAttention):
     spec = VariantSpec(
+        position_study=True,
         name="linear",
         kind="kernel",
         family="kernel feature maps",

@@ -28,6 +28,7 @@ class Mamba2(RecurrentAttention):
     """
 
     spec = VariantSpec(
+        position_study=True,
         name="mamba2",
         kind="recurrent",
         family="decaying recurrences",

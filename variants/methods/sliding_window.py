@@ -521,6 +521,7 @@ class SlidingWindowAttention(LongformerPattern):
     """
 
     spec = VariantSpec(
+        position_study=True,
         name="sliding_window",
         kind="local and sparse",
         family="sliding window",

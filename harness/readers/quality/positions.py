@@ -102,7 +102,12 @@ def positions_section(run_dir: Path, cfg: dict, rows: list[dict], figures) -> li
         length = int(part["train_length"].iloc[0])
         header = ["variant", "encoding", *[f"{f}x (L={f * length})" for f in factors]]
         table = []
-        for (variant, encoding), cells in part.groupby(["variant", "positions"], sort=False):
+        order = {name: i for i, name in enumerate(ENCODING_STYLE)}
+        groups = part.groupby(["variant", "positions"], sort=False)
+        variants = list(dict.fromkeys(part["variant"]))  # variant by variant, each encoding in the docs' order
+        for (variant, encoding), cells in sorted(
+            groups, key=lambda g: (variants.index(g[0][0]), order.get(g[0][1], 9))
+        ):
             by_factor = {int(c.factor): _cell(c) for c in cells.itertuples()}
             table.append([f"`{variant}`", encoding, *[by_factor.get(f, "") for f in factors]])
         lines += [f"### {task}, trained at L={length}", "", markdown_table(header, table), ""]
