@@ -219,16 +219,24 @@ class AttentionVariant(Heads, Decodes, nn.Module):
         )
 
     def attention_matrix(
-        self, q: Tensor, k: Tensor, *, causal: bool = False, key_padding_mask: Tensor | None = None
+        self,
+        q: Tensor,
+        k: Tensor,
+        *,
+        causal: bool = False,
+        key_padding_mask: Tensor | None = None,
+        score_bias: nn.Module | None = None,
     ) -> Tensor:
         """The (B, H, Nq, Nk) weights the variant applies to the values: out = weights @ v.
 
         Every variant here is linear in v, so calling it with v = identity (Dv = Nk) returns exactly
-        these weights. Variants that transform v first (memory_compressed) override this.
+        these weights. Variants that transform v first (memory_compressed) override this (they carry no
+        score bias).
         """
         eye = torch.eye(k.shape[-2], dtype=q.dtype, device=q.device).expand(*k.shape[:2], -1, -1)
+        biased = {} if score_bias is None else {"score_bias": score_bias}
         with torch.no_grad():
-            return self(q, k, eye, causal=causal, key_padding_mask=key_padding_mask)
+            return self(q, k, eye, causal=causal, key_padding_mask=key_padding_mask, **biased)
 
     def _grouped_kv(self, q: Tensor, k: Tensor, v: Tensor, reason: str | None = None) -> tuple[Tensor, Tensor]:
         """k and v as `_attend` (and, given the state's `reason`, `_step`) take them: repeated to q's heads where

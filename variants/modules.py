@@ -167,10 +167,7 @@ class MultiHeadAttention(nn.Module):
         check_model_input("MultiHeadAttention", "query", query, self.d_model)
         projections = tuple((p.weight, p.bias) for p in (self.q_proj, self.k_proj, self.v_proj))
         q, k, _, bias = head_inputs(query, query, query, projections, self.num_heads, causal, self.positions)
-        if not bias:
-            return self.attention.attention_matrix(q, k, causal=causal)
-        eye = torch.eye(k.shape[-2], dtype=q.dtype, device=q.device).expand(*k.shape[:2], -1, -1)
-        return self.attention(q, k, eye, causal=causal, **bias)
+        return self.attention.attention_matrix(q, k, causal=causal, **bias)
 
 
 class TransformerBlock(nn.Module):

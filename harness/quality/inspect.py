@@ -33,7 +33,8 @@ def load_model(path: Path) -> tuple[nn.Module, dict]:
 
 
 def example(facts: dict, seed: int = 0):
-    """One held-out example of the model's task at its training length: (tokens (N,), scored (N,) bool, the task)."""
+    """One held-out example of the model's task at its training length: (tokens (N,), scored (N,) bool, targets (N,),
+    the task)."""
     cfg = facts["cfg"]
     task = make_task(facts["task"], facts["length"], vocab=cfg.vocab, pairs=cfg.pairs, queries=cfg.queries)
     sample = task.sample(1, torch.Generator().manual_seed(30_000 + seed))  # a stream no training or evaluation draws
