@@ -70,6 +70,25 @@ class VariantSpec:
     # option sets `bench lm` measures the variant with by default, inside a pretrained model ((): not by default)
     lm_defaults: tuple[tuple[tuple[str, object], ...], ...] = ()
 
+    def score_bias_reason(self) -> str | None:
+        """None when the variant carries a score bias (`carries_score_bias`), else why not: `why_no_score_bias`, or
+        the reason its kind implies."""
+        if self.carries_score_bias:
+            return None
+        if self.why_no_score_bias:
+            return f"{self.name} takes no score bias: {self.why_no_score_bias}"
+        if self.kind in ("kernel", "recurrent"):
+            return (
+                f"{self.name} never forms the query-key scores a bias is added to ({self.kind} attention; its "
+                "decays, where it has them, act as one); a rotation (rope) or an input encoding reaches it"
+            )
+        if self.kind == "low-rank and compressed":
+            return (
+                f"{self.name} scores keys mixed across positions (projections, landmarks, compressed blocks), so no "
+                "score has one distance to bias; a rotation (rope) or an input encoding reaches it"
+            )
+        return f"{self.name} takes no score bias: not implemented here (its spec does not carry one)"
+
     def example_options(self) -> list[dict]:
         """`examples` as dicts: what the shared contract tests build the variant with."""
         return [dict(options) for options in self.examples]

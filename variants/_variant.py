@@ -143,22 +143,7 @@ class AttentionVariant(Heads, Decodes, nn.Module):
     @classmethod
     def score_bias_unsupported_reason(cls) -> str | None:
         """None when the variant adds a score bias by distance (ALiBi, T5's relative bias), else why not."""
-        spec = cls.spec
-        if spec.carries_score_bias:
-            return None
-        if spec.why_no_score_bias:
-            return f"{spec.name} takes no score bias: {spec.why_no_score_bias}"
-        if spec.kind in ("kernel", "recurrent"):
-            return (
-                f"{spec.name} never forms the query-key scores a bias is added to ({spec.kind} attention; its "
-                "decays, where it has them, act as one); a rotation (rope) or an input encoding reaches it"
-            )
-        if spec.kind == "low-rank and compressed":
-            return (
-                f"{spec.name} scores keys mixed across positions (projections, landmarks, compressed blocks), so no "
-                "score has one distance to bias; a rotation (rope) or an input encoding reaches it"
-            )
-        return f"{spec.name} takes no score bias: not implemented here (its spec does not carry one)"
+        return cls.spec.score_bias_reason()
 
     @classmethod
     def backward_unsupported_reason(cls, device: str) -> str | None:
