@@ -23,8 +23,12 @@ from torch.utils.checkpoint import checkpoint
 
 from .._base import AttentionVariant, VariantSpec, register
 from .._utils import masked_softmax, spans
+from .full import sdpa
 
 BLOCK = 64  # queries a step: their indexer scores (block x N) and gathered keys (block x top_k x D) at once
+# A block whose keys number at most DENSE_SPAN x top_k scores every key with one matmul and masks the unchosen:
+# on a CPU a gather moves each chosen key at the cost of tens of multiply-adds (docs/variants.md has the timing)
+DENSE_SPAN = 16
 
 
 class LightningIndexer(nn.Module):
@@ -48,7 +52,17 @@ class LightningIndexer(nn.Module):
         q_index = torch.einsum("bgnd,gjde->bgjne", q_mean, self.w_q.to(q_mean.dtype))  # (B, Hkv, heads, Nq, dI)
         w = torch.einsum("bgnd,gjd->bgjn", q_mean, self.u.to(q_mean.dtype)) + self.w0.to(q_mean.dtype)[None, :, :, None]
         relu = F.relu(torch.matmul(q_index, k_index[:, :, None].transpose(-1, -2)))  # (B, Hkv, heads, Nq, Nk)
+        if relu.shape[2] == 1:  # one indexer head: no sum over heads to form
+            return w[:, :, 0, :, None] * relu[:, :, 0]
         return (w[..., None] * relu).sum(2)
+
+
+def _indices(chosen: Tensor, slots: int) -> tuple[Tensor, Tensor]:
+    """(indices (..., slots), valid): each row's chosen keys in key order, then invalid slots (index 0)."""
+    place = torch.where(chosen, chosen.cumsum(-1) - 1, slots)  # each chosen key's slot; the others a spare one
+    index = torch.zeros(*chosen.shape[:-1], slots + 1, dtype=torch.long, device=chosen.device)
+    index.scatter_(-1, place, torch.arange(chosen.shape[-1], device=chosen.device).expand_as(place))
+    return index[..., :slots], torch.arange(slots, device=chosen.device) < chosen.sum(-1, keepdim=True)
 
 
 @register
@@ -67,11 +81,10 @@ class DeepSeekSparseAttention(AttentionVariant):
         style=("#de9ed6", "*"),
         reference="DeepSeek-AI 2025, 'DeepSeek-V3.2: Pushing the Frontier of Open Large Language Models'",
         time_complexity="O(N^2 d_I + N top_k D)",
-        memory_complexity="O(N D) + a block x N of indexer scores and block x top_k x D of keys",
+        memory_complexity="O(N D) + a block x N of scores (the indexer's; the keys' up to N = 16 top_k) or block x top_k x D of keys",
         supports_non_causal=False,
         why_not_non_causal="each query selects among the keys before it (DeepSeek-V3.2's decoder)",
         supports_cross_attention=False,
-        not_deployable=(("onnx", "torch.onnx has no conversion for aten.sort.stable, the indexer's selection"),),
         notes="causal only; needs num_heads and head_dim (an indexer per K/V head); with top_k >= N exact softmax",
         function_options=("top_k", "index_heads", "index_dim"),
         examples=((("top_k", 4), ("block", 3)), (("top_k", 2), ("index_heads", 2), ("index_dim", 3), ("block", 5))),
@@ -111,15 +124,17 @@ class DeepSeekSparseAttention(AttentionVariant):
         return self.top_k  # every query sees at most top_k keys: all of them
 
     def check_length(self, n: int) -> int:
-        return max(n, 2 * self.top_k + self.block + 1)  # queries with more keys than top_k, over several blocks
+        return max(n, self.top_k + self.block + 1)  # queries with more keys than top_k, in two blocks
 
     def selected(self, q: Tensor, k: Tensor, key_padding_mask: Tensor | None = None) -> tuple[Tensor, Tensor]:
-        """(indices (B, Hkv, Nq, min(top_k, Nk)), valid (bool, the same shape)): each query's chosen keys, by the
-        indexer, among the real keys up to it (queries the last Nq positions); invalid where it has fewer. Equal
-        scores (the ReLU's zeros) go to the earlier key."""
-        return self._selected(q, k, self.indexer.keys(k), key_padding_mask)
+        """(indices (B, Hkv, Nq, min(top_k, Nk)), valid (bool, the same shape)): each query's chosen keys in key
+        order (`_chosen`), then invalid slots where it has fewer."""
+        return _indices(self._chosen(q, k, self.indexer.keys(k), key_padding_mask), min(self.top_k, k.shape[-2]))
 
-    def _selected(self, q, k, k_index, key_padding_mask):
+    def _chosen(self, q, k, k_index, key_padding_mask):
+        """(B, Hkv, Nq, Nk) bool: each query's top_k keys by the indexer, among the real keys up to it (queries
+        the last Nq positions). Equal scores (the ReLU's zeros) go to the earlier key; a NaN score ranks first
+        (it reaches its row). One top_k's k-th score a row, not a sort: above it, then ties in key order."""
         n_q, n_k = q.shape[-2], k.shape[-2]
         q_mean = q.unflatten(1, (k.shape[1], q.shape[1] // k.shape[1])).mean(2)  # (B, Hkv, Nq, D)
         scores = self.indexer.scores(q_mean, k_index)
@@ -127,9 +142,14 @@ class DeepSeekSparseAttention(AttentionVariant):
         allowed = torch.arange(n_k, device=q.device)[None, :] <= i
         if key_padding_mask is not None:
             allowed = allowed & key_padding_mask[:, None, None, :n_k]
-        top, index = scores.masked_fill(~allowed, -torch.inf).sort(dim=-1, descending=True, stable=True)
-        top, index = top[..., : self.top_k], index[..., : self.top_k]
-        return index, top != -torch.inf  # (a NaN score counts: it reaches its row)
+        allowed = allowed.expand(scores.shape)
+        if n_k <= self.top_k:
+            return allowed
+        s = scores.nan_to_num(nan=torch.inf).masked_fill(~allowed, -torch.inf)
+        kth = s.topk(self.top_k, dim=-1, sorted=False).values.amin(-1, keepdim=True)
+        above, tie = s > kth, s == kth
+        room = self.top_k - above.sum(-1, keepdim=True)  # the places the k-th score's ties fill, earliest first
+        return (above | (tie & (tie.cumsum(-1) <= room))) & allowed
 
     def _attend(self, q, k, v, causal, key_padding_mask):
         n_q, n_k = q.shape[-2], k.shape[-2]
@@ -145,25 +165,30 @@ class DeepSeekSparseAttention(AttentionVariant):
 
     def _block(self, q, k, v, k_index, key_padding_mask):
         """Queries q (the last of them at k's last position) over their selected keys of k, v."""
-        index, valid = self._selected(q, k, k_index, key_padding_mask)
+        chosen = self._chosen(q, k, k_index, key_padding_mask)
+        groups = q.shape[1] // k.shape[1]
+        if k.shape[-2] <= DENSE_SPAN * min(self.top_k, k.shape[-2]):
+            # few keys beside the chosen: the fused kernel over every key, the unchosen masked (the same softmax);
+            # a row with no key to see is opened to every key and zeroed after, as `full` does
+            chosen = chosen.repeat_interleave(groups, 1)  # (B, H, rows, Nk)
+            seen = chosen.any(-1, keepdim=True)
+            return torch.where(seen, sdpa(q, k, v, attn_mask=chosen | ~seen, scale=self._scale(q)), 0.0)
+        qg = q.unflatten(1, (k.shape[1], groups))  # (B, Hkv, G, rows, D)
+        seen = chosen.any(-1)[:, :, None, :, None]  # a query with no real key gives zeros (NaN inputs reach theirs)
+        index, valid = _indices(chosen, min(self.top_k, k.shape[-2]))
         take = lambda x: torch.gather(  # noqa: E731  (B, Hkv, rows, top_k, ·): each query's own keys
             x[:, :, None].expand(-1, -1, index.shape[2], -1, -1),
             3,
             index[..., None].expand(-1, -1, -1, -1, x.shape[-1]),
         )
         keys, values = take(k), take(v)
-        qg = q.unflatten(1, (k.shape[1], q.shape[1] // k.shape[1]))  # (B, Hkv, G, rows, D)
         s = torch.einsum("bgmrd,bgrkd->bgmrk", qg, keys) * self._scale(q)
-        # a query with no real key gives zeros (NaN inputs still reach theirs)
-        seen = valid.any(-1)[:, :, None, :, None]
         p = masked_softmax(s, valid[:, :, None])  # an empty row: zeros, no NaN gradient
         return torch.where(seen, torch.einsum("bgmrk,bgrke->bgmre", p, values), 0.0).flatten(1, 2)
 
     def reference(self, q, k, v, *, causal=False, key_padding_mask=None):
         """Softmax over every key with the unselected ones masked (O(N²)): the selection as a dense mask."""
-        index, valid = self.selected(q, k, key_padding_mask)
-        chosen = torch.zeros(*index.shape[:-1], k.shape[-2], dtype=torch.bool, device=q.device)
-        chosen.scatter_(-1, index, valid)  # (B, Hkv, Nq, Nk)
+        chosen = self._chosen(q, k, self.indexer.keys(k), key_padding_mask)  # (B, Hkv, Nq, Nk)
         groups = q.shape[1] // k.shape[1]
         k, v, chosen = (x.repeat_interleave(groups, 1) for x in (k, v, chosen))
         s = torch.matmul(q, k.transpose(-1, -2)) * self._scale(q)
@@ -182,11 +207,15 @@ class DeepSeekSparseAttention(AttentionVariant):
         return 2.0 * pairs * heads * dim + 2.0 * (n_q + n_k) * d * dim * heads + 2.0 * chosen * (d + dv)
 
     def memory_estimate(self, batch, heads, n_q, n_k, d, dv, element_size, causal, backward):
+        """One block at a time, forward and backward (each block is recomputed in the backward, not kept):
+        its indexer scores with their sort (int64) and, per query, every key's score (DENSE_SPAN) or the
+        gathered keys and values."""
         rows = min(self.block, n_q)
         kv_heads = self.num_kv_heads or self.num_heads
-        per_block = batch * kv_heads * rows * (n_k * (2 + self.indexer.w_q.shape[1]) + min(self.top_k, n_k) * (d + dv))
-        blocks = -(-n_q // rows) if backward else 1
-        return int(4 * per_block * 2 * blocks) + super().memory_estimate(
+        chosen = min(self.top_k, n_k)
+        attend = (heads // kv_heads) * n_k * 3 if n_k <= DENSE_SPAN * chosen else chosen * (d + dv)
+        per_block = batch * kv_heads * rows * (n_k * (2 + self.indexer.w_q.shape[1]) + attend)
+        return int(8 * per_block * (3 if backward else 1)) + super().memory_estimate(
             batch, heads, n_q, n_k, d, dv, element_size, causal, backward
         )
 
