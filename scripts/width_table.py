@@ -12,11 +12,13 @@ and a width two runs both trained is read at the best rate of either. Reading on
 from __future__ import annotations
 
 import sys
+from dataclasses import MISSING, fields
 from pathlib import Path
 
 import pandas as pd
 
 from harness.fmt import fmt_bytes
+from harness.quality.config import TrainConfig
 from harness.readers.quality.frames import sweep_rows, width_frame
 from harness.readers.quality.plots import width_figure
 from harness.readers.tables import markdown_table, replace_block
@@ -35,12 +37,20 @@ def label(run_dir: Path, variant: str) -> str:
     return f"`{variant}`" + (f" ({', '.join(f'{k}={v}' for k, v in named.items())})" if named else "")
 
 
+def recipe(run: Path) -> dict:
+    """A run's configuration outside the sweep, a field added after the run was made read as its default (a run
+    from before `output_gate` existed trained without one)."""
+    defaults = {f.name: f.default for f in fields(TrainConfig) if f.default is not MISSING}
+    config = {**defaults, **read_metadata(run).get("config", {})}
+    return {k: list(v) if isinstance(v, tuple) else v for k, v in config.items() if k not in SWEEP_KEYS}
+
+
 def same_recipe(runs: list[Path]) -> None:
     """Refuse runs whose recipes differ outside the sweep (a longer training is another measurement)."""
-    first = {k: v for k, v in read_metadata(runs[0]).get("config", {}).items() if k not in SWEEP_KEYS}
+    first = recipe(runs[0])
     for run in runs[1:]:
-        config = read_metadata(run).get("config", {})
-        differ = sorted(k for k in first.keys() | (config.keys() - SWEEP_KEYS) if config.get(k) != first.get(k))
+        config = recipe(run)
+        differ = sorted(k for k in first.keys() | config.keys() if config.get(k) != first.get(k))
         if differ:
             raise SystemExit(f"{run} differs from {runs[0]} in {', '.join(differ)}: one recipe a table")
 

@@ -295,6 +295,19 @@ def test_spec_limits_are_skipped_with_reason(tmp_path):
     assert "unavailable: full_xformers runs on cuda, not cpu" in rows.loc[("full_xformers", "fwd"), "message"]
 
 
+def test_a_decode_cell_past_the_length_a_variant_holds_is_skipped(tmp_path):
+    # a decode cell steps to position N + 1: log_linear with levels=6 holds 32 positions, so its forward at 32
+    # runs and its decode is skipped with the reason (it had raised a bare IndexError inside the step)
+    out = tmp_path / "levels"
+    args = ("--variants", "log_linear", "--option", "levels=6", "--lengths", "32", "--passes", "fwd,decode")
+    result = bench("run", *args, "--causal", "yes", "--out", str(out), *FAST)
+    assert result.exit_code == 0, result.output
+    rows = run_dir_rows(out).set_index("pass")
+    assert rows.loc["fwd", "status"] == "ok"
+    assert rows.loc["decode", "status"] == "skipped"
+    assert "N=33: levels=6 fits up to 32 positions" in rows.loc["decode", "message"]
+
+
 @pytest.mark.parametrize(
     "args, message",
     [

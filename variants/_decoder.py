@@ -100,7 +100,7 @@ class Decodes:
         key_padding_mask: bool (B, t) for the new positions (True = a real token), as the forward takes for
         all of them: padded positions are never attended to (the recurrences skip them). Equals the causal
         forward over the whole sequence at those positions, with the whole mask (tested for every variant)."""
-        check_step(self.spec.name, state, q, k, v, key_padding_mask)
+        self._check_decoding(state, q, k, v, key_padding_mask)
         keep = (
             None
             if key_padding_mask is None or (bool(key_padding_mask.all()) and not padded(state))
@@ -117,6 +117,14 @@ class Decodes:
             outs.append(out)
         return torch.cat(outs, dim=2), state
 
+    def _check_decoding(self, state, q, k, v, key_padding_mask) -> None:
+        """check_step's checks, and the length the sequence reaches, as the forward over it would check it."""
+        check_step(self.spec.name, state, q, k, v, key_padding_mask)
+        n = state.length + q.shape[2]
+        reason = self.length_unsupported_reason(n, n)
+        if reason:
+            raise ValueError(f"{self.spec.name}: {q.shape[2]} position(s) after {state.length}: {reason}")
+
     def step_read_bytes(self, state: DecodingState) -> int:
         """Bytes of `state` that one step of one new position must read: all of it, unless the method reads
         only part (moba: its block sums and the blocks it selects). What a decode cell's bandwidth counts."""
@@ -127,7 +135,7 @@ class Decodes:
     ) -> DecodingState:
         """The state after these positions when their outputs are not needed (a prompt before decoding):
         `step`'s state, without computing what only the outputs need (a KV cache only appends)."""
-        check_step(self.spec.name, state, q, k, v, key_padding_mask)
+        self._check_decoding(state, q, k, v, key_padding_mask)
         keep = (
             None
             if key_padding_mask is None or (bool(key_padding_mask.all()) and not padded(state))

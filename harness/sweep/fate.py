@@ -183,9 +183,10 @@ def decide(config: RunConfig, cell: Cell, state: SweepState, planned: dict, log_
         return "skipped", f"series stopped at N={stopped[0]} ({stopped[1]})", None, None
     try:  # what the parent needs of the variant: its FLOPs and memory estimate, from a shape-only instance
         attn = shape_only_variant(config, cell.variant)
-        reason = attn.length_unsupported_reason(cell.n, cell.n)
+        n = cell.n + 1 if cell.pass_ == "decode" else cell.n  # a decode cell steps to position N + 1
+        reason = attn.length_unsupported_reason(n, n)
         if reason:
-            return "skipped", f"{cell.variant} at N={cell.n}: {reason}", None, None
+            return "skipped", f"{cell.variant} at N={n}: {reason}", None, None
         planned["flops"] = useful_flops(config, cell, attn)
         planned["predicted_bytes"] = predicted = predicted_bytes(config, cell, attn)
     except Exception as err:  # noqa: BLE001 — a plug-in variant's fault costs its cells, not the sweep
