@@ -26,7 +26,7 @@ def test_a_level_count_that_cannot_hold_n_is_refused():
     with pytest.raises(ValueError, match=r"levels=5 fits up to 16 positions, not N=17; use levels=6"):
         attn(x, x, x, causal=True)
     state = attn.prefill(x[:, :, :16], x[:, :, :16], x[:, :, :16], attn.init_state(1, 2, 8, 8))
-    with pytest.raises(ValueError, match=r"1 position\(s\) after 16: levels=5 fits up to 16 positions, not N=17"):
+    with pytest.raises(ValueError, match=r"cannot step to 17 positions: levels=5 fits up to 16 positions, not N=17"):
         attn.step(x[:, :, 16:], x[:, :, 16:], x[:, :, 16:], state)  # decoding is held to it too
     with pytest.raises(ValueError, match=r"chunk_size=3 is invalid; expected a power of two"):
         variants.build("log_linear", num_heads=2, head_dim=8, chunk_size=3)

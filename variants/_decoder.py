@@ -123,7 +123,7 @@ class Decodes:
         n = state.length + q.shape[2]
         reason = self.length_unsupported_reason(n, n)
         if reason:
-            raise ValueError(f"{self.spec.name}: {q.shape[2]} position(s) after {state.length}: {reason}")
+            raise ValueError(f"{self.spec.name}: cannot step to {n} positions: {reason}")
 
     def step_read_bytes(self, state: DecodingState) -> int:
         """Bytes of `state` that one step of one new position must read: all of it, unless the method reads
