@@ -1,6 +1,6 @@
 """How much of DeepSeek Sparse Attention's forward its lightning indexer takes: the whole causal forward, and
 its selection alone (the indexer's scores and each query's top_k, block by block as the forward runs them),
-median of a few calls each, side by side in one process.
+the median of a few calls each (timed as `bench run` times a cell), side by side in one process.
 
     python scripts/dsa_indexer_share.py            # N = 16384, B = 1, H = 8, D = 64, float32, top_k 2048
     python scripts/dsa_indexer_share.py --n 4096 --calls 5
@@ -10,22 +10,18 @@ from __future__ import annotations
 
 import argparse
 import statistics
-import time
 
 import torch
 
 import variants
+from harness.core.timing import measure_time
 from variants._utils import spans
 
 
 def median_time(call, calls: int) -> float:
-    call()  # warm-up
-    times = []
-    for _ in range(calls):
-        start = time.perf_counter()
-        call()
-        times.append(time.perf_counter() - start)
-    return statistics.median(times)
+    """Seconds a call, timed as `bench run` times a cell (warm-up, then the median of `calls` samples)."""
+    timing = measure_time(call, torch.device("cpu"), warmup=1, repeats=calls, min_time=0.0, min_repeats=calls)
+    return statistics.median(timing.times)
 
 
 def main() -> None:
