@@ -26,7 +26,7 @@ from .._utils import masked_softmax, spans
 from .full import sdpa
 
 BLOCK = 64  # queries a step: their indexer scores (block x N) and gathered keys (block x top_k x D) at once
-# A block whose keys number at most DENSE_SPAN x top_k scores every key with one matmul and masks the unchosen:
+# A block whose keys number at most DENSE_SPAN x top_k runs the fused kernel over every key, the unchosen masked:
 # on a CPU a gather moves each chosen key at the cost of tens of multiply-adds (docs/variants.md has the timing)
 DENSE_SPAN = 16
 
@@ -166,8 +166,8 @@ class DeepSeekSparseAttention(AttentionVariant):
     def _block(self, q, k, v, k_index, key_padding_mask):
         """Queries q (the last of them at k's last position) over their selected keys of k, v."""
         chosen = self._chosen(q, k, k_index, key_padding_mask)
-        groups = q.shape[1] // k.shape[1]
-        if k.shape[-2] <= DENSE_SPAN * min(self.top_k, k.shape[-2]):
+        groups, slots = q.shape[1] // k.shape[1], min(self.top_k, k.shape[-2])
+        if k.shape[-2] <= DENSE_SPAN * slots:
             # few keys beside the chosen: the fused kernel over every key, the unchosen masked (the same softmax);
             # a row with no key to see is opened to every key and zeroed after, as `full` does
             chosen = chosen.repeat_interleave(groups, 1)  # (B, H, rows, Nk)
@@ -175,7 +175,7 @@ class DeepSeekSparseAttention(AttentionVariant):
             return torch.where(seen, sdpa(q, k, v, attn_mask=chosen | ~seen, scale=self._scale(q)), 0.0)
         qg = q.unflatten(1, (k.shape[1], groups))  # (B, Hkv, G, rows, D)
         seen = chosen.any(-1)[:, :, None, :, None]  # a query with no real key gives zeros (NaN inputs reach theirs)
-        index, valid = _indices(chosen, min(self.top_k, k.shape[-2]))
+        index, valid = _indices(chosen, slots)
         take = lambda x: torch.gather(  # noqa: E731  (B, Hkv, rows, top_k, ·): each query's own keys
             x[:, :, None].expand(-1, -1, index.shape[2], -1, -1),
             3,
@@ -208,8 +208,8 @@ class DeepSeekSparseAttention(AttentionVariant):
 
     def memory_estimate(self, batch, heads, n_q, n_k, d, dv, element_size, causal, backward):
         """One block at a time, forward and backward (each block is recomputed in the backward, not kept):
-        its indexer scores with their sort (int64) and, per query, every key's score (DENSE_SPAN) or the
-        gathered keys and values."""
+        its indexer scores with the selection's masks and counts (at 8 bytes an element) and, per query, every
+        key's mask (DENSE_SPAN) or the gathered keys and values."""
         rows = min(self.block, n_q)
         kv_heads = self.num_kv_heads or self.num_heads
         chosen = min(self.top_k, n_k)

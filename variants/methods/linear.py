@@ -806,12 +806,6 @@ class LinearAttention(MapInputs, FeatureMapAttention):
         # the running sums Σ φ(k_j) [v_j, 1]ᵀ need k and v only: one per K/V head, unless φ is learned per query head
         return "its key feature map is learned per query head, so its sums are too" if self._learned() else ""
 
-    def _step(self, q, k, v, state, keep):
-        reason = self.length_unsupported_reason(state.length + q.shape[2], state.length + q.shape[2])
-        if reason:
-            raise ValueError(f"linear: cannot step to {state.length + q.shape[2]} positions: {reason}")
-        return super()._step(q, k, v, state, keep)
-
     def _feature_inputs(self, x: Tensor, query: bool, start: int = 0) -> Tensor:
         if self._learned():
             return self.q_features(self._map_query(x, start)) if query else self.k_features(self._pre_rope(x, start))
