@@ -51,3 +51,22 @@ def test_bad_options_are_named():
             variants.build("mla", num_heads=4, head_dim=64, num_kv_heads=2, **options)
     with pytest.raises(ValueError, match=r"num_heads and head_dim are required"):
         variants.build("mla")
+
+
+def test_mqar_probe_lossless_layout_starts_as_softmax():
+    """scripts/mla_mqar_probe.py's lossless layout (a square orthonormal basis past the variant's own bound) passes
+    keys and values through exactly before training: the probe's claim that a failure there is training's."""
+    import importlib.util
+    from pathlib import Path
+
+    path = Path(__file__).resolve().parents[1] / "scripts" / "mla_mqar_probe.py"
+    spec = importlib.util.spec_from_file_location("mla_mqar_probe", path)
+    probe = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(probe)
+    torch.manual_seed(0)
+    attn = variants.build("mla", num_heads=2, head_dim=8).double()
+    probe.lossless(attn)
+    assert attn.latent_dim == 2 * 2 * 8 and attn.down.shape == (32, 32)
+    q, k, v = (torch.randn(2, 2, 12, 8, dtype=torch.float64) for _ in range(3))
+    full = variants.build("full")
+    torch.testing.assert_close(attn(q, k, v, causal=True), full(q, k, v, causal=True))

@@ -158,9 +158,10 @@ def train_one(
     dtype: str = "float32",
     on_eval=None,
     save_to: Path | None = None,
+    prepare=None,
 ) -> list[dict]:
     """Train one model at each length of `lengths` in turn and return its rows (one per evaluation);
-    on_eval(row) is called as each exists. With `save_to`, the trained model is kept there before its final row. Without cfg.curriculum, `lengths` is one length; with it, the
+    on_eval(row) is called as each exists; prepare(model), before the optimiser is built (a probe's changes). With `save_to`, the trained model is kept there before its final row. Without cfg.curriculum, `lengths` is one length; with it, the
     model trained at one length goes on to the next (cfg.steps steps each, the schedule restarting)."""
     lengths = (lengths,) if isinstance(lengths, int) else tuple(lengths)
     if cfg.threads:
@@ -171,6 +172,8 @@ def train_one(
     vocab_size = max(t.vocab_size for t in tasks)
     longest = max(t.seq_len for n, made in zip(lengths, tasks) for t in (made, *longer_tasks(task_name, made, n, cfg)))
     model = decoder(vocab_size, cfg, variant, max_len=longest + 1, **options).to(dev)
+    if prepare is not None:
+        prepare(model)
     params = sum(p.numel() for p in model.parameters())
     opt = torch.optim.AdamW(model.parameters(), lr=cfg.lr, betas=(0.9, cfg.adam_beta2), weight_decay=cfg.weight_decay)
     g = torch.Generator().manual_seed(seed)

@@ -31,7 +31,9 @@ class MultiHeadLatentAttention(AttentionVariant):
     reconstruction is low-rank) but the cost is softmax's, and the decoding state shrinks. The kept key dims
     are the highest-frequency rotary pairs (i and i + D/2 for the first rope_dim/2 i, as transformers rotates
     them), what MHA2MLA keeps of RoPE. A fresh layer projects [k̂, v] onto a random orthonormal basis; `fit`
-    makes it the best rank-latent_dim projection of data (the model's own keys and values)."""
+    makes it the best rank-latent_dim projection of data (the model's own keys and values). Trained from
+    scratch, keep some key dims out (rope_dim > 0, DeepSeek's decoupled key): with every key dim rebuilt from the
+    latent, Zoology's MQAR model stayed at chance (docs/quality.md, "The methods of 2025–26 on MQAR")."""
 
     spec = VariantSpec(
         why_no_score_bias="its scores are exact softmax over keys rebuilt from the latent, where a bias would fit; not implemented here",
