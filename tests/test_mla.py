@@ -27,8 +27,13 @@ def test_fit_makes_low_rank_keys_and_values_exact():
     state = attn.prefill(
         q[:, :, :19], k[:, :, :19], v[:, :, :19], attn.init_state(3, 4, 8, 8, torch.float64, kv_heads=2)
     )
-    out, state = attn.step(q[:, :, 19:], k[:, :, 19:], v[:, :, 19:], state)  # the absorbed form
+    out, after = attn.step(q[:, :, 19:], k[:, :, 19:], v[:, :, 19:], state)  # the absorbed form
     torch.testing.assert_close(out, full(q, k, v, causal=True)[:, :, 19:])
+    empty = attn.init_state(3, 4, 8, 8, torch.float64, kv_heads=2)
+    out, _ = attn.step(
+        q[:, :, 4:], k[:, :, 4:], v[:, :, 4:], attn.prefill(q[:, :, :4], k[:, :, :4], v[:, :, :4], empty)
+    )
+    torch.testing.assert_close(out, full(q, k, v, causal=True)[:, :, 4:])  # 16 new queries: expanded (4·16 > 2·2·8)
 
 
 def test_the_state_is_a_quarter_of_the_kv_cache_by_default():

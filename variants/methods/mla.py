@@ -164,9 +164,16 @@ class MultiHeadLatentAttention(AttentionVariant):
         return self._appended(k, v, state, keep)[3]
 
     def _step(self, q, k, v, state, keep):
-        """Scores q̂ W_uk,hᵀ · c_s + q^R · k^R_s; output (Σ_s p_s c_s) W_uv,h: the latents never expanded."""
+        """Scores q̂ W_uk,hᵀ · c_s + q^R · k^R_s; output (Σ_s p_s c_s) W_uv,h: the latents never expanded.
+
+        The absorbed form holds H · t scores a cached position where the expanded one holds 2 · Hkv · D keys
+        and values; a chunk of more new queries than that (a prompt fed as a step) is expanded and read by the
+        fused kernel, bottom-right causal, so no t × n scores are stored."""
         c, k_rope, mask, after = self._appended(k, v, state, keep)
         b, h, t, d = q.shape
+        if h * t > 2 * self.kv_heads * d:
+            keys, values = self.expand(c, k_rope)
+            return self._softmax(q, keys, values, causal=True, key_padding_mask=mask), after
         kv, groups, n = self.kv_heads, h // self.kv_heads, c.shape[1]
         up_k = self.up_k.to(q.dtype).view(self.latent_dim, kv, d - self.rope_dim)  # (d_c, Hkv, D − r)
         up_v = self.up_v.to(q.dtype).view(self.latent_dim, kv, d)
