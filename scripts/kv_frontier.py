@@ -4,8 +4,10 @@
         --out results/lm-smollm2-kv/frontier.png
 
 The sweep's policies at every ratio and its full cache are measured on the same prompts; another run's points
-(hollow diamonds) come from that run's own passkey prompts at the sweep's length, and the legend says so with
-their trial counts: they sit on the same axes, never pooled with the sweep's cells.
+(hollow diamonds) are its passkey rows at the sweep's length. The legend says whether they are the sweep's prompts
+(the same depths and keys) or the run's own, with their trial counts: they sit on the same axes, never pooled with
+the sweep's cells. The model's own `sdpa` is the sweep's full cache and is left out; a zero-shot setting measured
+on the sweep's prompts by several runs is drawn once.
 """
 
 from __future__ import annotations
@@ -14,7 +16,7 @@ import argparse
 from pathlib import Path
 
 from harness.readers.lm.frames import lm_frame
-from harness.readers.lm.kv import draw_kv_frontier, kv_rows, other_points
+from harness.readers.lm.kv import draw_kv_frontier, kv_rows, other_points, sweep_prompts
 
 
 def main() -> None:
@@ -27,7 +29,15 @@ def main() -> None:
     if kv_rows(df).empty:
         raise SystemExit(f"{args.run}: no KV sweep rows (bench lm --kv-policy)")
     length = int(kv_rows(df)["length"].max())
-    points = [p for other in args.others for p in other_points(lm_frame(other), length, other.name)]
+    prompts = sweep_prompts(df, length)
+    points, drawn = [], set()
+    for other in args.others:
+        for point in other_points(lm_frame(other), length, other.name, prompts):
+            once = point["shared"] and " + " not in point["setting"]  # zero-shot: the same cell in every run
+            if once and point["setting"] in drawn:
+                continue
+            drawn |= {point["setting"]} if once else set()
+            points.append(point)
     print(draw_kv_frontier(df, args.out, points))
 
 

@@ -139,3 +139,22 @@ def test_the_readers_pair_each_window_with_the_full_caches():
     assert ppl.loc["full cache", "low"] < ppl.loc["full cache", "ppl"] < ppl.loc["full cache", "high"]
     acc = lm_kv.kv_accuracy_table(pd.DataFrame(rows)).iloc[0]
     assert acc["accuracy"] == 0.7 and acc["trials"] == 10 and 0.39 < acc["low"] < 0.4 and 0.89 < acc["high"] < 0.9
+
+
+def test_another_runs_points_say_whether_they_are_the_sweeps_prompts():
+    keys = [(50, i, f"{i}{i}{i}") for i in range(3)]
+    sweep = pd.DataFrame(
+        {"task": "kv:passkey", "length": 64, "policy": "none", "depth": d, "key_index": i, "key": k} for d, i, k in keys
+    )
+    prompts = lm_kv.sweep_prompts(sweep, 64)
+    other = pd.DataFrame(
+        {"task": "passkey", "length": 64, "setting": s, "variant": s.split(" ")[0], "state_bytes": 10}
+        | {"depth": d, "key_index": i, "key": k if s != "mla" else "999", "correct": i == 0}
+        for s in ["sdpa", "window_linear", "mla"]
+        for d, i, k in keys
+    )
+    points = {p["setting"]: p for p in lm_kv.other_points(other, 64, "run", prompts)}
+    assert set(points) == {"window_linear", "mla"}, "the model's own sdpa is the sweep's full cache"
+    assert points["window_linear"]["shared"] and "the sweep's prompts, 3 trials" in points["window_linear"]["label"]
+    assert not points["mla"]["shared"] and "its own prompts" in points["mla"]["label"]
+    assert points["window_linear"]["value"] == pytest.approx(1 / 3)

@@ -157,17 +157,34 @@ def kv_section(df: pd.DataFrame, figure: Path | None) -> list[str]:
     return lines
 
 
-def other_points(df: pd.DataFrame, length: int, run: str) -> list[dict]:
+def sweep_prompts(df: pd.DataFrame, length: int) -> set[tuple]:
+    """The sweep's passkey prompts at `length`, as (depth, key index, key): what another run's prompts are
+    compared with."""
+    rows = kv_rows(df)
+    rows = rows[(rows["task"] == "kv:passkey") & (rows["length"] == length) & (rows["policy"] == "none")]
+    return set(zip(rows["depth"], rows["key_index"], rows["key"]))
+
+
+def other_points(df: pd.DataFrame, length: int, run: str, prompts: set[tuple] = frozenset()) -> list[dict]:
     """Another lm run's attentions as points of the passkey panel at `length`: accuracy (Wilson), trials and the
-    decoding state's bytes its passkey rows kept (their prompts are that run's own, said in the legend)."""
+    decoding state's bytes its passkey rows kept. The model's own `sdpa` rows are left out (the sweep's full
+    cache is that attention). The label says "the sweep's prompts" when a setting's prompts are exactly
+    `prompts` (sweep_prompts), otherwise "its own prompts": on the same axes, never pooled."""
     rows = df[(df["task"] == "passkey") & (df["length"] == length)] if "task" in df else df.iloc[:0]
+    rows = rows[rows["variant"] != "sdpa"]
     table = _accuracy(rows, ["setting"], "trials")
     state = rows.groupby("setting")["state_bytes"].mean()
-    return [
-        {"label": f"{r.setting} ({run}: its prompts, {int(r.trials)} trials)", "bytes": float(state[r.setting])}
-        | {"value": r.accuracy, "low": r.low, "high": r.high}
-        for r in table.itertuples()
-    ]
+    asked = {s: set(zip(g["depth"], g["key_index"], g["key"])) for s, g in rows.groupby("setting")}
+    points = []
+    for r in table.itertuples():
+        shared = bool(prompts) and asked[r.setting] == set(prompts)
+        whose = "the sweep's prompts" if shared else "its own prompts"
+        label = f"{r.setting} ({run}: {whose}, {int(r.trials)} trials)"
+        points.append(
+            {"label": label, "setting": r.setting, "shared": shared, "bytes": float(state[r.setting])}
+            | {"value": r.accuracy, "low": r.low, "high": r.high}
+        )
+    return points
 
 
 def draw_kv_frontier(df: pd.DataFrame, path: Path, others: list[dict] = ()) -> Path | None:
@@ -215,7 +232,7 @@ def draw_kv_frontier(df: pd.DataFrame, path: Path, others: list[dict] = ()) -> P
         if task == "kv:passkey":
             for i, point in enumerate(others):
                 err = [[(point["value"] - point["low"]) * 100], [(point["high"] - point["value"]) * 100]]
-                x, y, shade = point["bytes"] / 2**20, point["value"] * 100, f"C{(len(policies) + i) % 10}"
+                x, y, shade = point["bytes"] / 2**20, point["value"] * 100, plt.cm.tab20b(i % 20)
                 ax.errorbar([x], [y], yerr=err, fmt="D", mfc="none", color=shade, capsize=2, label=point["label"])
         ax.set_xscale("log")
         plain_log_labels(ax.xaxis)
