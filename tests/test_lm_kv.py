@@ -155,6 +155,6 @@ def test_another_runs_points_say_whether_they_are_the_sweeps_prompts():
     )
     points = {p["setting"]: p for p in lm_kv.other_points(other, 64, "run", prompts)}
     assert set(points) == {"window_linear", "mla"}, "the model's own sdpa is the sweep's full cache"
-    assert points["window_linear"]["shared"] and "the sweep's prompts, 3 trials" in points["window_linear"]["label"]
-    assert not points["mla"]["shared"] and "its own prompts" in points["mla"]["label"]
+    assert points["window_linear"]["shared"] and "(run: the same prompts)" in points["window_linear"]["label"]
+    assert not points["mla"]["shared"] and "(run: its own prompts, 3 trials)" in points["mla"]["label"]
     assert points["window_linear"]["value"] == pytest.approx(1 / 3)

@@ -168,8 +168,8 @@ def sweep_prompts(df: pd.DataFrame, length: int) -> set[tuple]:
 def other_points(df: pd.DataFrame, length: int, run: str, prompts: set[tuple] = frozenset()) -> list[dict]:
     """Another lm run's attentions as points of the passkey panel at `length`: accuracy (Wilson), trials and the
     decoding state's bytes its passkey rows kept. The model's own `sdpa` rows are left out (the sweep's full
-    cache is that attention). The label says "the sweep's prompts" when a setting's prompts are exactly
-    `prompts` (sweep_prompts), otherwise "its own prompts": on the same axes, never pooled."""
+    cache is that attention). The label says "the same prompts" when a setting's prompts are exactly `prompts`
+    (sweep_prompts), otherwise "its own prompts" and their count: on the same axes, never pooled."""
     rows = df[(df["task"] == "passkey") & (df["length"] == length)] if "task" in df else df.iloc[:0]
     rows = rows[rows["variant"] != "sdpa"]
     table = _accuracy(rows, ["setting"], "trials")
@@ -178,8 +178,8 @@ def other_points(df: pd.DataFrame, length: int, run: str, prompts: set[tuple] = 
     points = []
     for r in table.itertuples():
         shared = bool(prompts) and asked[r.setting] == set(prompts)
-        whose = "the sweep's prompts" if shared else "its own prompts"
-        label = f"{r.setting} ({run}: {whose}, {int(r.trials)} trials)"
+        whose = "the same prompts" if shared else f"its own prompts, {int(r.trials)} trials"
+        label = f"{r.setting} ({run}: {whose})"
         points.append(
             {"label": label, "setting": r.setting, "shared": shared, "bytes": float(state[r.setting])}
             | {"value": r.accuracy, "low": r.low, "high": r.high}
@@ -243,7 +243,8 @@ def draw_kv_frontier(df: pd.DataFrame, path: Path, others: list[dict] = ()) -> P
     for ax in list(axes.flat)[len(panels) :]:
         ax.axis("off")
     handles, labels = axes[0][0].get_legend_handles_labels()
-    fig.legend(handles, labels, fontsize=8, loc="center left", bbox_to_anchor=(1.0, 0.5))
+    title = "◇: other runs' attentions (passkey)" if others else None
+    fig.legend(handles, labels, fontsize=8, title=title, title_fontsize=8, loc="center left", bbox_to_anchor=(1.0, 0.5))
     fig.tight_layout()
     return save_figure(fig, path)
 
