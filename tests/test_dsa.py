@@ -35,3 +35,31 @@ def test_the_gate_reaches_queries_with_more_keys_than_top_k():
     attn = variants.build("dsa", num_heads=2, head_dim=8, top_k=100, block=16)
     n = attn.check_length(10)
     assert n > attn.top_k + attn.block  # the last block's queries choose among more keys than top_k
+
+
+def test_the_indexer_warm_up_is_the_kl_to_the_dense_attention_query_by_query():
+    """transfer_loss against its definition, one query at a time (float64); then a few steps of it on the
+    indexer alone bring the chosen keys' output closer to dense softmax (DeepSeek-V3.2's dense warm-up)."""
+    torch.manual_seed(0)
+    attn = variants.build("dsa", num_heads=4, head_dim=8, num_kv_heads=2, top_k=3, index_heads=2, block=4).double()
+    with torch.no_grad():
+        attn.indexer.w_q.normal_(), attn.indexer.w_k.normal_(), attn.indexer.u.normal_()
+    q, k, v = torch.randn(1, 4, 12, 8, dtype=torch.float64), *torch.randn(2, 1, 2, 12, 8, dtype=torch.float64)
+    want = []
+    index = attn.indexer.scores(q.unflatten(1, (2, 2)).mean(2), attn.indexer.keys(k))  # (its own test: above)
+    for g in range(2):
+        for t in range(12):
+            p = sum(torch.softmax(q[0, h, t] @ k[0, g, : t + 1].T * 8**-0.5, -1) for h in (2 * g, 2 * g + 1)) / 2
+            want.append((p * (p.log() - torch.log_softmax(index[0, g, t, : t + 1], -1))).sum())
+    torch.testing.assert_close(attn.transfer_loss(q, k, v, None), torch.stack(want).mean())
+
+    full = variants.build("full")(q, k, v, causal=True)
+    error = lambda: float((attn(q, k, v, causal=True) - full).pow(2).mean())  # noqa: E731
+    before, first = error(), float(attn.transfer_loss(q, k, v, None))
+    optimizer = torch.optim.Adam(attn.indexer.parameters(), lr=0.05)
+    for _ in range(100):
+        optimizer.zero_grad()
+        attn.transfer_loss(q, k, v, None).backward()
+        optimizer.step()
+    assert float(attn.transfer_loss(q, k, v, None)) < 0.5 * first
+    assert error() < before

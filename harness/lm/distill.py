@@ -184,6 +184,14 @@ def _error(module, samples) -> float:
         ) / len(samples)
 
 
+def variant_loss(module, q, k, v, target, causal: bool = True):
+    """What attention transfer minimises for a variant: its own `transfer_loss` where it defines one (dsa: the
+    indexer's KL to the softmax's attention, DeepSeek-V3.2's warm-up), else its output's MSE to the softmax's."""
+    if hasattr(module, "transfer_loss"):
+        return module.transfer_loss(q, k, v, target, causal=causal)
+    return F.mse_loss(module.forward(q, k, v, causal=causal), target)  # (not module(...): a teacher hook's)
+
+
 def transfer(model, sequences: torch.Tensor, steps: int, lr: float, seed: int = 0) -> dict:
     """Train every attached variant's own parameters `steps` AdamW steps (one captured sequence a step, cycling
     through all but the last) to reproduce softmax attention; the model's weights are left as they are. Returns
@@ -200,7 +208,7 @@ def transfer(model, sequences: torch.Tensor, steps: int, lr: float, seed: int = 
             optimizer = torch.optim.AdamW(params, lr=lr, weight_decay=0.0)
             for step in range(steps):
                 q, k, v, target = train[step % len(train)]
-                loss = F.mse_loss(module(q, k, v, causal=True), target)
+                loss = variant_loss(module, q, k, v, target)
                 optimizer.zero_grad(set_to_none=True)
                 loss.backward()
                 optimizer.step()

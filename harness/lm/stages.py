@@ -116,15 +116,16 @@ def positions(ids: torch.Tensor, start: int) -> torch.Tensor:
 
 
 def transfer_step(model, ids: torch.Tensor, start: int = 0, weight: float = 1.0) -> float:
-    """One forward of the softmax model over `ids` (at positions start ..); at every layer the variant's MSE against
-    the softmax output, times `weight`, back-propagated into the variant's parameters only (each layer's graph freed
-    at once; gradients add up over calls). The mean loss."""
+    """One forward of the softmax model over `ids` (at positions start ..); at every layer the variant's loss
+    (distill.variant_loss: its output's MSE to the softmax's, or its own), times `weight`, back-propagated into
+    the variant's parameters only (each layer's graph freed at once; gradients add up over calls). The mean
+    loss."""
     losses = []
     layers = len(attached_variants(model))
 
     def on_layer(path, module, q, k, v, target, causal):
         with torch.enable_grad():
-            loss = F.mse_loss(module.forward(q, k, v, causal=causal), target)
+            loss = transfer.variant_loss(module, q, k, v, target, causal)
             (loss * weight / layers).backward()
         losses.append(float(loss.detach()))
 

@@ -196,6 +196,22 @@ class DeepSeekSparseAttention(AttentionVariant):
         out = torch.matmul(masked_softmax(s, chosen), v)
         return torch.where(seen, out, 0.0)
 
+    # -- training the indexer --------------------------------------------------------------------
+    def transfer_loss(self, q: Tensor, k: Tensor, v: Tensor, target: Tensor, causal: bool = True) -> Tensor:
+        """DeepSeek-V3.2's dense warm-up of the indexer, what attention transfer minimises here (the output's
+        loss gives the discrete selection no gradient): per query, KL(p_t ‖ softmax_s I_ts) over the keys
+        s <= t, p_t the softmax attention of the group's query heads summed and L1-normalised, averaged over
+        queries and K/V heads. O(N²) per call: a training loss, not a forward. `v` and `target` are unused."""
+        groups, n_q, n_k = q.shape[1] // k.shape[1], q.shape[-2], k.shape[-2]
+        qg = q.unflatten(1, (k.shape[1], groups))  # (B, Hkv, G, Nq, D)
+        i = torch.arange(n_k - n_q, n_k, device=q.device)[:, None]
+        allowed = torch.arange(n_k, device=q.device)[None, :] <= i  # bottom-right causal (Nq, Nk)
+        s = torch.einsum("bgmnd,bgsd->bgmns", qg, k) * self._scale(q)
+        p = masked_softmax(s, allowed).mean(2).detach()  # (B, Hkv, Nq, Nk): the heads' mass, L1-normalised
+        scores = self.indexer.scores(qg.mean(2), self.indexer.keys(k)).masked_fill(~allowed, -torch.inf)
+        log_i = torch.log_softmax(scores, dim=-1).masked_fill(~allowed, 0.0)
+        return (torch.xlogy(p, p) - p * log_i).sum(-1).mean()
+
     # -- what the harness reads ------------------------------------------------------------------
     def flops(self, n_q, n_k, d, dv, causal):
         heads, dim = self.indexer.w_q.shape[1], self.indexer.w_q.shape[-1]
