@@ -11,7 +11,8 @@ top_k keys it scored highest:
 Here per K/V head g (DeepSeek's MLA runs as one shared K/V head, g = 1): q^I_tj = q̄_t W_q,gj, k^I_s = k_s W_k,g,
 w_tj = q̄_t·u_gj, with q̄_t the mean of the group's queries (the paper reads the hidden state). The indexer
 starts as ReLU(q̄_t·k_s) (W = I, one head, w = 1). Its selection is discrete: the output's loss gives it no
-gradient (DeepSeek trains it with a KL loss to the dense attention). O(N² d_I) indexer, O(N top_k D) attention.
+gradient: DeepSeek trains it by a KL loss to the dense attention (`transfer_loss`, which attention transfer
+minimises here). O(N² d_I) indexer, O(N top_k D) attention.
 """
 
 from __future__ import annotations
