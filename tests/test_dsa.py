@@ -54,12 +54,12 @@ def test_the_indexer_warm_up_is_the_kl_to_the_dense_attention_query_by_query():
     torch.testing.assert_close(attn.transfer_loss(q, k, v, None), torch.stack(want).mean())
 
     full = variants.build("full")(q, k, v, causal=True)
-    error = lambda: float((attn(q, k, v, causal=True) - full).pow(2).mean())  # noqa: E731
-    before, first = error(), float(attn.transfer_loss(q, k, v, None))
+    error = lambda: float((attn(q, k, v, causal=True) - full).pow(2).mean().detach())  # noqa: E731
+    before, first = error(), float(attn.transfer_loss(q, k, v, None).detach())
     optimizer = torch.optim.Adam(attn.indexer.parameters(), lr=0.05)
     for _ in range(100):
         optimizer.zero_grad()
         attn.transfer_loss(q, k, v, None).backward()
         optimizer.step()
-    assert float(attn.transfer_loss(q, k, v, None)) < 0.5 * first
+    assert float(attn.transfer_loss(q, k, v, None).detach()) < 0.5 * first
     assert error() < before
