@@ -23,6 +23,7 @@ from torch import Tensor, nn
 from torch.utils.checkpoint import checkpoint
 
 from .._base import AttentionVariant, VariantSpec, register
+from .._checks import causal_mask
 from .._utils import masked_softmax, spans
 from .full import sdpa
 
@@ -139,8 +140,7 @@ class DeepSeekSparseAttention(AttentionVariant):
         n_q, n_k = q.shape[-2], k.shape[-2]
         q_mean = q.unflatten(1, (k.shape[1], q.shape[1] // k.shape[1])).mean(2)  # (B, Hkv, Nq, D)
         scores = self.indexer.scores(q_mean, k_index)
-        i = torch.arange(n_k - n_q, n_k, device=q.device)[:, None]
-        allowed = torch.arange(n_k, device=q.device)[None, :] <= i
+        allowed = causal_mask(n_q, n_k, q.device)
         if key_padding_mask is not None:
             allowed = allowed & key_padding_mask[:, None, None, :n_k]
         allowed = allowed.expand(scores.shape)
@@ -205,8 +205,7 @@ class DeepSeekSparseAttention(AttentionVariant):
         queries and K/V heads. O(N²) per call: a training loss, not a forward. `v` and `target` are unused."""
         groups, n_q, n_k = q.shape[1] // k.shape[1], q.shape[-2], k.shape[-2]
         qg = q.unflatten(1, (k.shape[1], groups))  # (B, Hkv, G, Nq, D)
-        i = torch.arange(n_k - n_q, n_k, device=q.device)[:, None]
-        allowed = torch.arange(n_k, device=q.device)[None, :] <= i  # bottom-right causal (Nq, Nk)
+        allowed = causal_mask(n_q, n_k, q.device)  # bottom-right (Nq, Nk)
         s = torch.einsum("bgmnd,bgsd->bgmns", qg, k) * self._scale(q)
         p = masked_softmax(s, allowed).mean(2).detach()  # (B, Hkv, Nq, Nk): the heads' mass, L1-normalised
         scores = self.indexer.scores(qg.mean(2), self.indexer.keys(k)).masked_fill(~allowed, -torch.inf)
