@@ -20,6 +20,7 @@ import torch
 from torch import Tensor, nn
 
 from .._base import AttentionVariant, VariantSpec, register
+from .._checks import causal_mask
 from .._decoding import masks_appended
 from .._utils import masked_softmax
 from .full import FullAttention, full_attention_pairs
@@ -182,8 +183,7 @@ class MultiHeadLatentAttention(AttentionVariant):
         scores = torch.einsum("bgmtc,bnc->bgmtn", q_latent, c)
         if self.rope_dim:
             scores = scores + torch.einsum("bgmtr,bgnr->bgmtn", qg.index_select(-1, self.kept), k_rope)
-        i = torch.arange(n - t, n, device=q.device)[:, None]
-        allowed = (torch.arange(n, device=q.device)[None, :] <= i)[None, None, None]
+        allowed = causal_mask(t, n, q.device)[None, None, None]
         if mask is not None:
             allowed = allowed & mask[:, None, None, None, :]
         seen = allowed.any(-1, keepdim=True)
