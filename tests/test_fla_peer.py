@@ -111,7 +111,7 @@ def test_rwkv7_agrees_with_fla(kv_heads):
     k_t v_tᵀ, q scaled by D^-½ inside), with RWKV-7's α = −κ̂ and β = a ⊙ κ̂ (as fla's RWKV-7 layer passes them)."""
     naive = fla_naive("generalized_delta_rule/dplr").dplr_recurrence
     torch.manual_seed(0)
-    attn = variants.build("rwkv7", num_heads=4, head_dim=16, num_kv_heads=kv_heads, group=7)
+    attn = variants.build("rwkv7", num_heads=4, head_dim=16, num_kv_heads=kv_heads, group=7, chunk_size=3)
     with torch.no_grad():
         attn.gates.w_w.mul_(10), attn.gates.w_a.mul_(10), attn.gates.xi.uniform_(0.5, 1.5)
     q = torch.randn(2, 4, 40, 16)

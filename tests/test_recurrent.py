@@ -483,6 +483,8 @@ def test_non_causal_calls_are_refused_with_the_reason(name):
     [
         ("retention", {"chunk_size": 0}, r"option chunk_size=0 is invalid; expected an int >= 1"),
         ("gla", {"chunk_size": 32}, r"option chunk_size=32 is invalid; expected an int in 1..16"),
+        ("rwkv7", {"chunk_size": 256}, r"option chunk_size=256 is invalid; expected an int in 1..128"),
+        ("rwkv7", {"chunk_size": 0}, r"option chunk_size=0 is invalid; expected an int >= 1"),
         ("mamba2", {"scale": math.inf}, r"option scale=inf is invalid; expected a positive finite number"),
         ("deltanet", {"scale": math.nan}, r"option scale=nan is invalid"),
         ("moba", {"block": 0}, r"option block=0 is invalid; expected an int >= 1"),

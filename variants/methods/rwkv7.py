@@ -10,9 +10,18 @@ association — a diagonal-plus-rank-one transition (DPLR), more expressive than
 
     w_t = exp(−e^−½ σ(k_t W_w,h + b_w,h)),   a_t = σ(k_t W_a,h + b_a,h)       (from the keys, per head)
 
-Computed as the recurrence it is, position by position (a D x Dv update each: O(N D Dv)), in groups of
-GROUP positions that a backward recomputes from the state before them (memory: the states at the groups'
-edges and one group's graph). RWKV-7's token shift, its key's lerp with a and its output gate are the layer's.
+Computed chunk-wise (`dplr_chunks`, after fla's chunked DPLR form): inside a chunk of C positions, with
+γ_t = Π_{r<=t} w_r from the chunk's start, α_t = −a_t ⊙ κ̂_t and the unknown reads x_t = κ̂_tᵀ S_{t-1},
+
+    S_t = diag(γ_t) S_0 + Σ_{s<=t} diag(γ_t / γ_s) (α_s x_sᵀ + k_s v_sᵀ)     (a gated form with two writes)
+    X = (I − M_α)⁻¹ (diag(γ_{t-1}) κ̂ S_0 + M_k V),   M_x[t, s] = Σ_d κ̂_td (γ_{t-1} / γ_s)_d x_sd  (s < t)
+
+one triangular solve a chunk, then the state carried across chunks (a loop over chunks, never positions):
+O(N C (D + Dv) + N D Dv). Since w_t >= 0.545, the per-channel ratios γ_t / γ_s are taken relative to the
+chunk's middle, within exp(±C/2 · 0.61) (C = 64: exp(±19.4), inside float32). `dplr_steps` is the
+recurrence position by position, beside it as the reference. Groups of GROUP positions are recomputed by a
+backward from the state before them (memory: the states at the groups' edges and one group's graph).
+RWKV-7's token shift, its key's lerp with a and its output gate are the layer's.
 """
 
 from __future__ import annotations
@@ -24,9 +33,11 @@ import torch.nn.functional as F
 from torch import Tensor, nn
 
 from .._base import AttentionVariant, VariantSpec, register
-from ._recurrence import _GroupedScan, _scan_groups
+from .._utils import pad_to_multiple
+from ._recurrence import _GroupedScan, _chunked, _scan_groups
 
 GROUP = 256  # positions a backward recomputes at once
+CHUNK = 64  # positions of a chunk: exp(±C/2 · 0.61) stays inside float32 up to C = 128
 DECAY_SCALE = math.exp(-0.5)  # w = exp(−e^−½ σ(·)) lies in [0.545, 1]
 
 
@@ -67,6 +78,41 @@ def dplr_steps(q, k, v, log_w, a, removal, keep, state, scale):
     return torch.stack(outs, dim=3) * scale, state
 
 
+def dplr_chunks(q, k, v, log_w, alpha, kappa, state, chunk):
+    """`dplr_steps`' recurrence, S_t = diag(w_t) S_{t-1} + α_t (κ̂_tᵀ S_{t-1}) + k_t v_tᵀ, chunk by chunk (see the
+    module docstring): q (B, Hkv, G, L, D) already scaled, k, log_w, α, κ̂ (B, Hkv, L, D), v (B, Hkv, L, Dv),
+    L a multiple of `chunk`, from state (B, Hkv, D, Dv). Returns the outputs (B, Hkv, G, L, Dv), the state after."""
+    kc, vc, ac, kappa_c, lw = _chunked(k, v, alpha, kappa, log_w, chunk=chunk)  # (B, Hkv, c, C, ·)
+    qc = q.unflatten(3, (-1, chunk))  # (B, Hkv, G, c, C, D)
+    b = lw.cumsum(3)  # log γ_t, inclusive
+    before = b - lw  # log γ_{t-1}
+    mid = b[:, :, :, chunk // 2 : chunk // 2 + 1]
+    into = (mid - b).exp()  # 1 / γ_s, relative to the middle
+    a_in, k_in = ac * into, kc * into
+    reads = kappa_c * (before - mid).exp()  # κ̂_t γ_{t-1}, relative to the middle
+    m_a = torch.matmul(reads, a_in.transpose(-1, -2)).tril_(-1)  # (B, Hkv, c, C, C), s < t
+    m_k = torch.matmul(reads, k_in.transpose(-1, -2)).tril_(-1)
+    q_mid = qc * (b - mid).exp()[:, :, None]
+    q_a = torch.matmul(q_mid, a_in[:, :, None].transpose(-1, -2)).tril_()  # (B, Hkv, G, c, C, C), s <= t
+    q_k = torch.matmul(q_mid, k_in[:, :, None].transpose(-1, -2)).tril_()
+    eye = torch.eye(chunk, dtype=q.dtype, device=q.device).expand_as(m_a)
+    solve = torch.linalg.solve_triangular(-m_a, eye, upper=False, unitriangular=True)  # (I − M_α)⁻¹
+    w_read = torch.matmul(solve, kappa_c * before.exp())  # X = W S_0 + U'
+    u_known = torch.matmul(solve, torch.matmul(m_k, vc))
+    q_gamma = qc * b.exp()[:, :, None]
+    out = torch.matmul(q_k, vc[:, :, None])  # (B, Hkv, G, c, C, Dv): the writes of v inside the chunk
+    total = b[:, :, :, -1]  # (B, Hkv, c, D)
+    to_end = (total[:, :, :, None] - b).exp()
+    a_out = (ac * to_end).transpose(-1, -2)
+    writes = torch.matmul((kc * to_end).transpose(-1, -2), vc)  # (B, Hkv, c, D, Dv)
+    for i in range(kc.shape[2]):  # across chunks: the state
+        x = torch.matmul(w_read[:, :, i], state) + u_known[:, :, i]  # the reads κ̂_tᵀ S_{t-1}: (B, Hkv, C, Dv)
+        seen = torch.matmul(q_gamma[:, :, :, i], state[:, :, None]) + torch.matmul(q_a[:, :, :, i], x[:, :, None])
+        out[:, :, :, i] += seen
+        state = total[:, :, i, :, None].exp() * state + torch.matmul(a_out[:, :, i], x) + writes[:, :, i]
+    return out.flatten(3, 4), state
+
+
 @register
 class RWKV7(AttentionVariant):
     """Grouped-query inputs are computed natively: the gates, the writes and the state are per K/V head, read by
@@ -75,30 +121,38 @@ class RWKV7(AttentionVariant):
     spec = VariantSpec(
         name="rwkv7",
         kind="recurrent",
-        summary="RWKV-7: the generalised delta rule, a per-channel decay and in-context learning rate (DPLR); D x Dv state",
+        summary="RWKV-7: the generalised delta rule, a per-channel decay and in-context learning rate (DPLR), chunked; D x Dv state",
         style=("#bd9e39", "h"),
         reference="Peng et al. 2025, \"RWKV-7 'Goose' with Expressive Dynamic State Evolution\"",
-        time_complexity="O(N D Dv)",
+        time_complexity="O(N C D + N D Dv)",
         memory_complexity="O(N Dv) + one group's graph",
         supports_non_causal=False,
         why_not_non_causal="a recurrence over positions: the state at t holds positions <= t only",
         subquadratic=True,
         notes="causal only; needs num_heads and head_dim (gates per head from the keys); decodes with a constant "
         "D x Dv state",
-        examples=((("group", 4),), (("group", 64),)),
+        examples=((("group", 4),), (("chunk_size", 4),), (("chunk_size", 3), ("group", 8))),
     )
     state_kind = "recurrent"
 
-    def __init__(self, *, group: int = GROUP, **base):
+    def __init__(self, *, group: int = GROUP, chunk_size: int = CHUNK, **base):
         """
         Args:
             group: positions a backward recomputes at once. A tuning knob: the result does not depend on it.
+            chunk_size: C, positions of a chunk (the C x C form inside, the state across); at most 128, where
+                the ratios of decays inside a chunk would leave float32. A tuning knob, as group.
             scale: factor of q in o_t = scale · q_tᵀ S_t; None means D ** -0.5.
         """
         super().__init__(**base)
         self._check_int("group", group, 1)
+        self._check_int("chunk_size", chunk_size, 1)
+        if chunk_size > 128:
+            raise ValueError(
+                f"rwkv7: option chunk_size={chunk_size} is invalid; expected an int in 1..128 (the decays inside a "
+                f"chunk are taken relative to its middle: their factors exp(±C/2 · 0.61) stay inside float32 up to 128)"
+            )
         self._require_head_shape("its gates are parameters per head over the key dims")
-        self.group = group
+        self.group, self.chunk_size = group, chunk_size
         self.gates = DplrGates(self._kv_parameter_heads(), self.head_dim)
 
     def kv_heads_unsupported_reason(self, kv_heads: int) -> str | None:
@@ -110,17 +164,24 @@ class RWKV7(AttentionVariant):
         params = tuple(p for p in self.parameters() if p.requires_grad)
         grad = torch.is_grad_enabled() and any(t.requires_grad for t in (q, k, v, state, *params))
         if not grad:
-            return _scan_groups(self, q, k, v, keep, state, None, self.group)
-        return _GroupedScan.apply(self, None, self.group, keep, state, q, k, v, *params)
+            return _scan_groups(self, q, k, v, keep, state, self.chunk_size, self.group)
+        return _GroupedScan.apply(self, self.chunk_size, self.group, keep, state, q, k, v, *params)
 
     def _group(self, q, k, v, keep, state, chunk=None):
-        """One group's positions (q: (B, H, L, D), each K/V head's group of query heads reading its state)."""
+        """One group's positions (q: (B, H, L, D), each K/V head's group of query heads reading its state): in
+        chunks of `chunk` (the last padded with skipped positions), or position by position (chunk None, or
+        fewer positions than a chunk)."""
         log_w, a, removal = self.gates(k)
         if keep is not None:  # a skipped position: no decay, no removal, no write
             log_w, a, k = log_w * keep[..., None], a * keep[..., None], k * keep[..., None]
         qg = q.unflatten(1, (k.shape[1], q.shape[1] // k.shape[1]))
-        out, state = dplr_steps(qg, k, v, log_w, a, removal, keep, state, float(self._scale(q)))
-        return out.flatten(1, 2), state
+        scale, n = float(self._scale(q)), k.shape[2]
+        if chunk is None or n < chunk:
+            out, state = dplr_steps(qg, k, v, log_w, a, removal, keep, state, scale)
+            return out.flatten(1, 2), state
+        padded = [pad_to_multiple(x, chunk, dim=-2)[0] for x in (k, v, log_w, -a * removal, removal)]
+        out, state = dplr_chunks(pad_to_multiple(qg * scale, chunk, dim=-2)[0], *padded, state, chunk)
+        return out[..., :n, :].flatten(1, 2), state
 
     def _attend(self, q, k, v, causal, key_padding_mask):
         if q.dtype in (torch.float16, torch.bfloat16):
@@ -133,12 +194,13 @@ class RWKV7(AttentionVariant):
         return self._scan(q, k, v, keep, state)[0][:, :, n_k - n_q :]
 
     def reference(self, q, k, v, *, causal=False, key_padding_mask=None):
-        """The same recurrence in one group, no recomputation: what the grouped forward must equal."""
+        """The same recurrence position by position (`dplr_steps`), in one group, no recomputation: what the
+        chunked and grouped forward must equal."""
         n_q, n_k = q.shape[-2], k.shape[-2]
         q = F.pad(q, (0, 0, n_k - n_q, 0))
         keep = None if key_padding_mask is None else key_padding_mask[:, None, :].to(k.dtype)
         state = k.new_zeros(k.shape[0], k.shape[1], k.shape[-1], v.shape[-1])
-        return self._group(q, k, v, keep, state)[0][:, :, n_k - n_q :]
+        return self._group(q, k, v, keep, state, chunk=None)[0][:, :, n_k - n_q :]
 
     # -- decoding: the state ------------------------------------------------------------------------
     def _empty_state(self, batch, heads, head_dim, value_dim, dtype, device):
@@ -159,15 +221,18 @@ class RWKV7(AttentionVariant):
 
     # -- what the harness reads ------------------------------------------------------------------
     def flops(self, n_q, n_k, d, dv, causal):
-        return n_k * (8.0 * d * dv + 4.0 * d * d)  # the state's update and read; the gates' two D x D maps
+        # the chunked form, per position: four C-wide products over the key dims (M_α, M_k, the query's two) and
+        # four over the values, the triangular solve, the state read and written (8 D Dv), the gates' two D x D maps
+        c = min(self.chunk_size, n_k)
+        return n_k * (8.0 * c * (d + dv) + c * (d + dv) + 8.0 * d * dv + 4.0 * d * d)
 
     def memory_estimate(self, batch, heads, n_q, n_k, d, dv, element_size, causal, backward):
-        gates = batch * heads * n_k * d * 4 * 4
-        group = batch * heads * min(n_k, self.group) * d * dv * 4 * (4 if backward else 0)
+        c = min(self.chunk_size, n_k)  # one group's chunk matrices (C x C) and its gates and factors (D, Dv)
+        group = batch * heads * min(n_k, self.group) * (4 * c + 12 * d + 4 * dv) * 4 * (4 if backward else 2)
         edges = batch * heads * d * dv * 4 * (math.ceil(n_k / self.group) if backward else 2)
-        return int(gates + group + edges) + super().memory_estimate(
+        return int(group + edges) + super().memory_estimate(
             batch, heads, n_q, n_k, d, dv, element_size, causal, backward
         )
 
     def extra_repr(self) -> str:
-        return f"group={self.group}"
+        return f"group={self.group}, chunk_size={self.chunk_size}"
