@@ -10,18 +10,9 @@ association — a diagonal-plus-rank-one transition (DPLR), more expressive than
 
     w_t = exp(−e^−½ σ(k_t W_w,h + b_w,h)),   a_t = σ(k_t W_a,h + b_a,h)       (from the keys, per head)
 
-Computed chunk-wise (`dplr_chunks`, after fla's chunked DPLR form): inside a chunk of C positions, with
-γ_t = Π_{r<=t} w_r from the chunk's start, α_t = −a_t ⊙ κ̂_t and the unknown reads x_t = κ̂_tᵀ S_{t-1},
-
-    S_t = diag(γ_t) S_0 + Σ_{s<=t} diag(γ_t / γ_s) (α_s x_sᵀ + k_s v_sᵀ)     (a gated form with two writes)
-    X = (I − M_α)⁻¹ (diag(γ_{t-1}) κ̂ S_0 + M_k V),   M_x[t, s] = Σ_d κ̂_td (γ_{t-1} / γ_s)_d x_sd  (s < t)
-
-one triangular solve a chunk, then the state carried across chunks (a loop over chunks, never positions):
-O(N C (D + Dv) + N D Dv). Since w_t >= 0.545, the per-channel ratios γ_t / γ_s are taken relative to the
-chunk's middle, within exp(±C/2 · 0.61) (C = 64: exp(±19.4), inside float32). `dplr_steps` is the
-recurrence position by position, beside it as the reference. Groups of GROUP positions are recomputed by a
-backward from the state before them (memory: the states at the groups' edges and one group's graph).
-RWKV-7's token shift, its key's lerp with a and its output gate are the layer's.
+Computed chunk-wise (`dplr_chunks`, after fla's chunked DPLR form: one triangular solve a chunk, the
+state carried across chunks), `dplr_steps` beside it as the position-by-position reference; groups of
+GROUP positions are rebuilt by a backward. RWKV-7's token shift, lerp and output gate are the layer's.
 """
 
 from __future__ import annotations
@@ -79,9 +70,19 @@ def dplr_steps(q, k, v, log_w, a, removal, keep, state, scale):
 
 
 def dplr_chunks(q, k, v, log_w, alpha, kappa, state, chunk):
-    """`dplr_steps`' recurrence, S_t = diag(w_t) S_{t-1} + α_t (κ̂_tᵀ S_{t-1}) + k_t v_tᵀ, chunk by chunk (see the
-    module docstring): q (B, Hkv, G, L, D) already scaled, k, log_w, α, κ̂ (B, Hkv, L, D), v (B, Hkv, L, Dv),
-    L a multiple of `chunk`, from state (B, Hkv, D, Dv). Returns the outputs (B, Hkv, G, L, Dv), the state after."""
+    """`dplr_steps`' recurrence, S_t = diag(w_t) S_{t-1} + α_t (κ̂_tᵀ S_{t-1}) + k_t v_tᵀ with α_t = −a_t ⊙ κ̂_t,
+    chunk by chunk: q (B, Hkv, G, L, D) already scaled, k, log_w, α, κ̂ (B, Hkv, L, D), v (B, Hkv, L, Dv), L a
+    multiple of `chunk`, from state (B, Hkv, D, Dv). Returns the outputs (B, Hkv, G, L, Dv), the state after.
+
+    Inside a chunk, with γ_t = Π_{r<=t} w_r from its start and the unknown reads x_t = κ̂_tᵀ S_{t-1}, it is a
+    gated recurrence with two writes, so the reads solve one unit-triangular system:
+
+        S_t = diag(γ_t) S_0 + Σ_{s<=t} diag(γ_t / γ_s) (α_s x_sᵀ + k_s v_sᵀ)
+        X = (I − M_α)⁻¹ (diag(γ_{t-1}) κ̂ S_0 + M_k V),   M_y[t, s] = Σ_d κ̂_td (γ_{t-1} / γ_s)_d y_sd  (s < t)
+        O = diag(γ) Q S_0 + (Q ⊙ Γ) [Aᵀ; Kᵀ] [X; V]  (s <= t),   S_C = γ_C S_0 + Σ_s (γ_C / γ_s) (α_s x_sᵀ + k_s v_sᵀ)
+
+    Since w_t >= 0.545, each ratio γ_t / γ_s is split at the chunk's middle: factors within exp(±C/2 · 0.61)
+    (C = 64: exp(±19.4), inside float32)."""
     kc, vc, ac, kappa_c, lw = _chunked(k, v, alpha, kappa, log_w, chunk=chunk)  # (B, Hkv, c, C, ·)
     qc = q.unflatten(3, (-1, chunk))  # (B, Hkv, G, c, C, D)
     b = lw.cumsum(3)  # log γ_t, inclusive
