@@ -28,7 +28,8 @@ from .._utils import pad_to_multiple
 from ._recurrence import _GroupedScan, _chunked, _scan_groups
 
 GROUP = 256  # positions a backward recomputes at once
-CHUNK = 64  # positions of a chunk: exp(±C/2 · 0.61) stays inside float32 up to C = 128
+CHUNK = 64  # positions of a chunk
+MAX_CHUNK = 128  # the factors exp(±C/2 · 0.61) of a chunk's decay ratios stay inside float32 up to it
 DECAY_SCALE = math.exp(-0.5)  # w = exp(−e^−½ σ(·)) lies in [0.545, 1]
 
 
@@ -140,17 +141,18 @@ class RWKV7(AttentionVariant):
         """
         Args:
             group: positions a backward recomputes at once. A tuning knob: the result does not depend on it.
-            chunk_size: C, positions of a chunk (the C x C form inside, the state across); at most 128, where
-                the ratios of decays inside a chunk would leave float32. A tuning knob, as group.
+            chunk_size: C, positions of a chunk (the C x C form inside, the state across); at most MAX_CHUNK
+                (128), past which the ratios of decays inside a chunk would leave float32. A tuning knob, as group.
             scale: factor of q in o_t = scale · q_tᵀ S_t; None means D ** -0.5.
         """
         super().__init__(**base)
         self._check_int("group", group, 1)
         self._check_int("chunk_size", chunk_size, 1)
-        if chunk_size > 128:
+        if chunk_size > MAX_CHUNK:
             raise ValueError(
-                f"rwkv7: option chunk_size={chunk_size} is invalid; expected an int in 1..128 (the decays inside a "
-                f"chunk are taken relative to its middle: their factors exp(±C/2 · 0.61) stay inside float32 up to 128)"
+                f"rwkv7: option chunk_size={chunk_size} is invalid; expected an int in 1..{MAX_CHUNK} (the decays "
+                f"inside a chunk are taken relative to its middle: their factors exp(±C/2 · 0.61) stay inside "
+                f"float32 up to {MAX_CHUNK})"
             )
         self._require_head_shape("its gates are parameters per head over the key dims")
         self.group, self.chunk_size = group, chunk_size
